@@ -1,0 +1,1 @@
+"""Renderers: a ``Schedule`` to Python source. Renderers hold no fusion logic."""

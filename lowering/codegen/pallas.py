@@ -1,0 +1,580 @@
+"""Pallas renderer: each scheduled kernel becomes a readable Pallas kernel
+(Triton lowering on the GPU, interpret mode on the CPU) plus a launcher; a
+wrapper ``call`` runs kernels and externs in order.
+
+[Note: kernel shape]
+Every kernel works on a 2-D tile of ``BLOCK_R x BLOCK_C`` over kernel
+coordinates ``xr`` (rows) and ``xc`` (columns). Buffers are passed as flat 1-D
+refs in ``pl.ANY`` memory and read with gather-style loads at computed offsets,
+masked at the edges, so no array inside a kernel needs a power-of-two extent
+(DESIGN.md). Each value in a kernel is one of (1, 1), (BLOCK_R, 1), (1, BLOCK_C)
+or (BLOCK_R, BLOCK_C); operands are broadcast to a common shape before an op.
+A reduction kernel reduces along columns, either in one tile (persistent) or
+in a loop over column chunks, one loop per phase when a reduction depends on
+an earlier one (e.g. variance after mean).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+import sympy
+
+from lowering import heuristics, ir, sizes
+from lowering.codegen.writer import SourceWriter
+from lowering.options import CompileOptions
+from lowering.scheduler import XC, XR, Kernel, Member, Schedule
+
+# op name -> source template over broadcast operands {0}, {1}...; params by name.
+OPS = {
+    "add": "lax.add({0}, {1})", "sub": "lax.sub({0}, {1})", "mul": "lax.mul({0}, {1})",
+    "div": "lax.div({0}, {1})", "rem": "lax.rem({0}, {1})", "neg": "lax.neg({0})",
+    "max": "lax.max({0}, {1})", "min": "lax.min({0}, {1})", "pow": "lax.pow({0}, {1})",
+    "integer_pow": "lax.integer_pow({0}, {y})", "square": "lax.square({0})", "abs": "lax.abs({0})",
+    "sign": "lax.sign({0})", "nextafter": "lax.nextafter({0}, {1})", "atan2": "lax.atan2({0}, {1})",
+    "exp": "lax.exp({0})", "exp2": "lax.exp2({0})", "log": "lax.log({0})", "log1p": "lax.log1p({0})",
+    "expm1": "lax.expm1({0})", "tanh": "lax.tanh({0})", "logistic": "lax.logistic({0})",
+    "sqrt": "lax.sqrt({0})", "rsqrt": "lax.rsqrt({0})", "cbrt": "lax.cbrt({0})",
+    "erf": "_erf({0})", "erfc": "_erfc({0})", "erf_inv": "_erf_inv({0})",
+    "sin": "lax.sin({0})", "cos": "lax.cos({0})", "tan": "lax.tan({0})", "asin": "lax.asin({0})",
+    "acos": "lax.acos({0})", "atan": "lax.atan({0})", "sinh": "lax.sinh({0})", "cosh": "lax.cosh({0})",
+    "asinh": "lax.asinh({0})", "acosh": "lax.acosh({0})", "atanh": "lax.atanh({0})",
+    "floor": "lax.floor({0})", "ceil": "lax.ceil({0})", "round": "_round({0}, {rounding_method})",
+    "is_finite": "lax.is_finite({0})",
+    "eq": "lax.eq({0}, {1})", "ne": "lax.ne({0}, {1})", "lt": "lax.lt({0}, {1})", "le": "lax.le({0}, {1})",
+    "gt": "lax.gt({0}, {1})", "ge": "lax.ge({0}, {1})",
+    "select_n": "lax.select_n({args})", "clamp": "lax.clamp({0}, {1}, {2})",
+    "and": "lax.bitwise_and({0}, {1})", "or": "lax.bitwise_or({0}, {1})", "not": "lax.bitwise_not({0})",
+    "xor": "lax.bitwise_xor({0}, {1})", "shift_left": "lax.shift_left({0}, {1})",
+    "shift_right_logical": "lax.shift_right_logical({0}, {1})",
+    "shift_right_arithmetic": "lax.shift_right_arithmetic({0}, {1})",
+    "population_count": "lax.population_count({0})", "clz": "lax.clz({0})",
+    "convert_element_type": "lax.convert_element_type({0}, {new_dtype})",
+}
+
+# Helpers for primitives Pallas' Triton lowering lacks, written with ops it has.
+HELPERS = {
+    "_erf": '''
+def _erf(x):
+    """erf by the rational approximation XLA uses for float32 (|err| < 2 ulp)."""
+    xf = jnp.clip(x.astype(jnp.float32), -4.0, 4.0)
+    x2 = xf * xf
+    p = x2 * -2.72614225801306e-10 + 2.77068142495902e-08
+    for c in (-2.10102402082508e-06, -5.69250639462346e-05, -7.34990630326855e-04,
+              -2.95459980854025e-03, -1.60960333262415e-02):
+        p = p * x2 + c
+    q = x2 * -1.45660718464996e-05 + -2.13374055278905e-04
+    for c in (-1.68282697438203e-03, -7.37332916720468e-03, -1.42647390514189e-02):
+        q = q * x2 + c
+    return (xf * p / q).astype(x.dtype)
+''',
+    "_erfc": '''
+def _erfc(x):
+    return (1.0 - _erf(x.astype(jnp.float32))).astype(x.dtype)
+''',
+    "_erf_inv": '''
+def _erf_inv(x):
+    return lax.erf_inv(x.astype(jnp.float32)).astype(x.dtype)
+''',
+    "_round": '''
+def _round(x, method):
+    """lax.round: method 0 rounds half away from zero, 1 half to even."""
+    xf = x.astype(jnp.float32) if x.dtype.itemsize < 4 else x
+    a = lax.abs(xf)
+    fl = lax.floor(a)
+    frac = a - fl
+    if method == 0:
+        r = jnp.where(frac >= 0.5, fl + 1.0, fl)
+    else:
+        odd = (fl - 2.0 * lax.floor(fl * 0.5)) != 0.0
+        r = jnp.where((frac > 0.5) | ((frac == 0.5) & odd), fl + 1.0, fl)
+    return (lax.sign(xf) * r).astype(x.dtype)
+''',
+}
+_HELPER_DEPS = {"_erfc": ("_erf",)}
+
+_PRELUDE = '''\
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plt
+
+INTERPRET = {interpret}
+ANY = pl.BlockSpec(memory_space=pl.ANY)
+'''
+
+
+@dataclasses.dataclass
+class RenderedKernel:
+    name: str
+    source: str  # kernel body + launcher
+    equations: list[str]
+    config: heuristics.TileConfig
+
+
+@dataclasses.dataclass
+class RenderedProgram:
+    source: str  # the whole module: prelude, helpers, kernels, wrapper ``call``
+    kernels: list[RenderedKernel]
+    externs: list  # (primitive, params) in wrapper order; the module's ``EXTERNS``
+    input_names: list[str]
+    output_names: list
+
+
+def dtype_source(dt) -> str:
+    dt = np.dtype(dt)
+    return "jnp.bool_" if dt == np.bool_ else f"jnp.{dt.name}"
+
+
+def const_source(value, dt) -> str:
+    dt = np.dtype(dt)
+    if dt == np.bool_:
+        return repr(bool(value))
+    if dt.kind == "f":
+        v = float(value)
+        if np.isnan(v):
+            return "float('nan')"
+        if np.isinf(v):
+            return "float('inf')" if v > 0 else "float('-inf')"
+        return repr(v)
+    return repr(int(value))
+
+
+def _reduction_identity(op: str, dt) -> str:
+    dt = np.dtype(dt)
+    if op in ("sum", "or"):
+        return "0"
+    if op in ("prod", "and"):
+        return "1"
+    big = op in ("min", "argmin")
+    if dt.kind == "f":
+        return "float('inf')" if big else "float('-inf')"
+    info = np.iinfo(np.int32 if dt == np.bool_ else dt)
+    return str(info.max if big else info.min)
+
+
+def _acc_dtype(op, dt):
+    dt = np.dtype(dt)
+    if op in ("and", "or") or dt == np.bool_:
+        return np.dtype(np.int32)
+    if dt.kind == "f" and dt.itemsize < 4:
+        return np.dtype(np.float32)
+    return dt
+
+
+# --------------------------------------------------------------------------- #
+# Kernel bodies
+# --------------------------------------------------------------------------- #
+class _KernelEmitter:
+    def __init__(self, kernel: Kernel, schedule: Schedule, cfg: heuristics.TileConfig):
+        self.k, self.schedule, self.cfg = kernel, schedule, cfg
+        self.graph = schedule.graph
+        self.w = SourceWriter(1)
+        self.in_refs = {b: f"in_ptr{i}" for i, b in enumerate(kernel.reads)}
+        self.out_refs = {m.name: f"out_ptr{i}" for i, m in enumerate(m for m in kernel.members if m.store)}
+        self.helpers: set[str] = set()
+        self.row_values: dict[str, str] = {}  # in-kernel row-level buffers -> var
+        self.scopes: list[dict] = [{}]  # CSE: key -> (var, extent)
+        self.counter = 0
+        self.index_dtype = "jnp.int64" if self._needs_int64() else "jnp.int32"
+
+    def _needs_int64(self):
+        big = max([self.k.rows * self.k.cols] + [sizes.numel(self.graph.buffer_aval(b)[0]) for b in self.k.reads])
+        return big >= 2**31 - 1
+
+    # -- CSE ---------------------------------------------------------------------
+    def lookup(self, key):
+        for scope in reversed(self.scopes):
+            if key in scope:
+                return scope[key]
+        return None
+
+    def bind(self, key, text, extent, prefix="tmp"):
+        found = self.lookup(key)
+        if found is not None:
+            return found
+        name = f"{prefix}{self.counter}"
+        self.counter += 1
+        self.w.line(f"{name} = {text}")
+        self.scopes[-1][key] = (name, extent)
+        return name, extent
+
+    def shape_of(self, extent) -> str:
+        r = "BLOCK_R" if "r" in extent else "1"
+        c = "BLOCK_C" if "c" in extent else "1"
+        return f"({r}, {c})"
+
+    def broadcast(self, var, extent, to) -> str:
+        if extent == to:
+            return var
+        return self.bind(("bcast", var, to), f"jnp.broadcast_to({var}, {self.shape_of(to)})", to)[0]
+
+    # -- index expressions --------------------------------------------------------
+    @staticmethod
+    def extent_of(expr) -> frozenset:
+        free = expr.free_symbols if hasattr(expr, "free_symbols") else set()
+        return frozenset(({"r"} if XR in free else set()) | ({"c"} if XC in free else set()))
+
+    def index(self, expr) -> tuple[str, frozenset]:
+        expr = sizes.simplify(sympy.sympify(expr))
+        ext = self.extent_of(expr)
+        if not ext:
+            return self.bind(("index", expr), f"jnp.full((1, 1), {sizes.to_source(expr)}, {self.index_dtype})", ext, "idx")
+        return self.bind(("index", expr), sizes.to_source(expr), ext, "idx")
+
+    def condition(self, cond) -> tuple[str, frozenset]:
+        ext = self.extent_of(cond)
+        text = sizes.to_source(cond)
+        if not ext:
+            text = f"jnp.full((1, 1), {text})"
+        return self.bind(("cond", cond), text, ext, "mask")
+
+    def edge_mask(self, extent) -> tuple[str, frozenset] | None:
+        parts = [m for m, e in (("rmask", "r"), ("cmask", "c")) if e in extent]
+        if not parts:
+            return None
+        if len(parts) == 1:
+            return parts[0], frozenset(extent)
+        return self.bind(("edge", "rc"), "rmask & cmask", frozenset("rc"), "mask")
+
+    def offset(self, buffer: str, index) -> sympy.Expr:
+        shape, _ = self.graph.buffer_aval(buffer)
+        return sizes.simplify(sizes.ravel(index, shape))
+
+    # -- values -------------------------------------------------------------------
+    def value(self, expr: ir.Expr) -> tuple[str, frozenset]:
+        """Emit ``expr`` (indices in kernel coordinates); returns (var, extent)."""
+        memo = {}
+        for e in ir.walk(expr):
+            memo[e] = self._emit(e, memo)
+        return memo[expr]
+
+    def _emit(self, e, memo):
+        if isinstance(e, ir.Const):
+            return self.bind(("const", e), f"jnp.full((1, 1), {const_source(e.value, e.dtype)}, {dtype_source(e.dtype)})",
+                             frozenset(), "cst")
+        if isinstance(e, ir.IndexValue):
+            if isinstance(e.expr, sympy.logic.boolalg.Boolean):
+                var, ext = self.condition(e.expr)
+                return var, ext
+            var, ext = self.index(e.expr)
+            return self.bind(("iv", e), f"{var}.astype({dtype_source(e.dtype)})", ext)
+        if isinstance(e, ir.Load):
+            return self._load(e)
+        # Op
+        args = [memo[a] for a in e.args]
+        extent = frozenset().union(*[x for _, x in args]) if args else frozenset()
+        names = [self.broadcast(v, x, extent) for v, x in args]
+        params = {k: (dtype_source(v) if isinstance(v, np.dtype) else v) for k, v in e.params}
+        template = OPS[e.op]
+        for h in HELPERS:
+            if h + "(" in template:
+                self.helpers.add(h)
+                self.helpers.update(_HELPER_DEPS.get(h, ()))
+        text = template.format(*names, args=", ".join(names), **params)
+        return self.bind(("op", e.op, tuple(names), e.params), text, extent)
+
+    def _load(self, ld: ir.Load):
+        if ld.buffer in self.row_values:
+            return self.row_values[ld.buffer], frozenset("r")
+        off, off_ext = self.index(self.offset(ld.buffer, ld.index))
+        extent = off_ext
+        masks = []
+        edge = self.edge_mask(off_ext)
+        if edge is not None:
+            masks.append(edge)
+        if ld.mask is not None:
+            cond = self.condition(ld.mask)
+            masks.append(cond)
+            extent = extent | cond[1]
+        off = self.broadcast(off, off_ext, extent)
+        mask_names = [self.broadcast(v, x, extent) for v, x in masks]
+        if len(mask_names) > 1:
+            mask = self.bind(("and", tuple(mask_names)), " & ".join(mask_names), extent, "mask")[0]
+        else:
+            mask = mask_names[0] if mask_names else None
+        ref = self.in_refs[ld.buffer]
+        other = "False" if ld.dtype == np.bool_ else "0"
+        mask_arg = f", mask={mask}, other={other}" if mask else ""
+        return self.bind(("load", ref, off, mask), f"plt.load({ref}.at[{off}]{mask_arg})", extent)
+
+    def store(self, m: Member, var: str, extent):
+        own = tuple(sizes.simplify(m.coords.get(s, s)) for s in m.node.symbols)
+        off, off_ext = self.index(self.offset(m.name, own))
+        full = off_ext | extent
+        off = self.broadcast(off, off_ext, full)
+        val = self.broadcast(var, extent, full)
+        edge = self.edge_mask(full)
+        mask = f", mask={self.broadcast(edge[0], edge[1], full)}" if edge else ""
+        self.w.line(f"plt.store({self.out_refs[m.name]}.at[{off}], {val}.astype({dtype_source(m.node.dtype)}){mask})")
+
+
+def _kernel_coords_body(m: Member) -> ir.Expr:
+    return ir.substitute_index(m.body, {s: sizes.simplify(v) for s, v in m.coords.items()})
+
+
+def _phases(kernel: Kernel):
+    """Phase of each member: a reduction runs in the loop after every in-kernel
+    row value it reads is final; row-wise stores and row values likewise."""
+    names = {m.name for m in kernel.members}
+    phase = {}
+    for m in kernel.members:  # members are in topological order
+        deps = [ld.buffer for ld in ir.loads(m.body) if ld.buffer in names]
+        after = max((phase[d] + (1 if _is_reduction(kernel, d) else 0) for d in deps), default=0)
+        phase[m.name] = after
+    return phase
+
+
+def _is_reduction(kernel, name):
+    return any(m.name == name and m.role == "reduction" for m in kernel.members)
+
+
+def kernel_config(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> heuristics.TileConfig:
+    if kernel.kind == "pointwise":
+        cfg = heuristics.pointwise_config(kernel.rows, kernel.cols)
+    else:
+        inner = _reduction_is_inner(kernel, schedule)
+        prod = any(m.role == "reduction" and m.node.op == "prod" for m in kernel.members)
+        cfg = heuristics.reduction_config(kernel.rows, kernel.cols, max_persistent_cols=options.max_persistent_cols,
+                                          inner_contiguous=inner, force_width_one=prod)
+    if options.num_warps:
+        cfg = dataclasses.replace(cfg, num_warps=options.num_warps)
+    return cfg
+
+
+def _reduction_is_inner(kernel, schedule) -> bool:
+    """Is xc the fastest-moving index of the kernel's main loads?"""
+    for m in kernel.members:
+        if m.role != "reduction":
+            continue
+        for ld in ir.loads(_kernel_coords_body(m)):
+            if ld.buffer not in kernel.reads:
+                continue
+            shape, _ = schedule.graph.buffer_aval(ld.buffer)
+            off = sizes.simplify(sizes.ravel(ld.index, shape))
+            return off.coeff(XC) == 1 or XR not in off.free_symbols
+    return True
+
+
+def render_kernel(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> tuple[RenderedKernel, set]:
+    cfg = kernel_config(kernel, schedule, options)
+    em = _KernelEmitter(kernel, schedule, cfg)
+    w = em.w
+    bodies = {m.name: _kernel_coords_body(m) for m in kernel.members}
+    w.line("pid = pl.program_id(0)")
+    if kernel.kind == "pointwise":
+        w.line(f"col_blocks = {-(-kernel.cols // cfg.block_cols)}")
+        w.line("xr = (pid // col_blocks) * BLOCK_R + lax.broadcasted_iota(IDX, (BLOCK_R, 1), 0)")
+        w.line("xc = (pid % col_blocks) * BLOCK_C + lax.broadcasted_iota(IDX, (1, BLOCK_C), 1)")
+        w.line("rmask = xr < ROWS")
+        w.line("cmask = xc < COLS")
+        for m in kernel.members:
+            var, ext = em.value(bodies[m.name])
+            if m.store:
+                em.store(m, var, ext)
+    else:
+        _render_reduction(em, kernel, bodies, cfg)
+    body = w.source()
+    return _wrap_kernel(kernel, schedule, cfg, em, body), em.helpers
+
+
+def _render_reduction(em: _KernelEmitter, kernel: Kernel, bodies, cfg):
+    w = em.w
+    w.line("xr = pid * BLOCK_R + lax.broadcasted_iota(IDX, (BLOCK_R, 1), 0)")
+    w.line("rmask = xr < ROWS")
+    phase = _phases(kernel)
+    n_phases = max(phase.values()) + 1
+    for p in range(n_phases):
+        reds = [m for m in kernel.members if m.role == "reduction" and phase[m.name] == p]
+        rowwise = [m for m in kernel.members if m.role == "rowwise" and m.store and phase[m.name] == p]
+        if reds or rowwise:
+            if cfg.persistent:
+                if p == 0:
+                    w.line("xc = lax.broadcasted_iota(IDX, (1, BLOCK_C), 1)")
+                    w.line("cmask = xc < COLS")
+                results = {}
+                for m in reds:
+                    var, ext = em.value(bodies[m.name])
+                    results[m.name] = _reduce_tile(em, m, var, ext)
+                for m in rowwise:
+                    em.store(m, *em.value(bodies[m.name]))
+                for m in reds:
+                    em.row_values[m.name] = results[m.name]
+            else:
+                _render_loop(em, kernel, bodies, reds, rowwise, p, cfg)
+        # row values (epilogues) whose inputs are final after this phase
+        for m in kernel.members:
+            if m.role == "row" and m.name not in em.row_values and _row_ready(m, em, kernel):
+                var, ext = em.value(bodies[m.name])
+                var = em.broadcast(var, ext, frozenset("r"))
+                em.row_values[m.name] = var
+                if m.store:
+                    em.store(m, var, frozenset("r"))
+    for m in kernel.members:
+        if m.role == "reduction" and m.store:
+            em.store(m, em.row_values[m.name], frozenset("r"))
+
+
+def _row_ready(m, em, kernel):
+    names = {x.name for x in kernel.members}
+    return all(ld.buffer in em.row_values for ld in ir.loads(m.body) if ld.buffer in names)
+
+
+def _reduce_tile(em, m: Member, var, ext) -> str:
+    node = m.node
+    full = frozenset("rc")
+    acc_dt = _acc_dtype(node.op, m.body.dtype)
+    v = em.broadcast(var, ext, full)
+    if acc_dt != m.body.dtype:
+        v = em.bind(("cast", v, acc_dt), f"{v}.astype({dtype_source(acc_dt)})", full)[0]
+    ident = _reduction_identity(node.op, m.body.dtype)
+    masked = em.bind(("masked", v), f"jnp.where(cmask, {v}, {ident})", full)[0]
+    fn = {"sum": "jnp.sum", "max": "jnp.max", "min": "jnp.min", "and": "jnp.min", "or": "jnp.max",
+          "argmax": "jnp.argmax", "argmin": "jnp.argmin"}[node.op]
+    text = f"{fn}({masked}, axis=1, keepdims=True).astype({dtype_source(node.dtype)})"
+    return em.bind(("reduce", node.name), text, frozenset("r"), "red")[0]
+
+
+_COMBINE = {"sum": "lax.add({a}, {v})", "prod": "lax.mul({a}, {v})", "max": "lax.max({a}, {v})",
+            "min": "lax.min({a}, {v})", "and": "lax.min({a}, {v})", "or": "lax.max({a}, {v})"}
+
+
+def _render_loop(em, kernel, bodies, reds, rowwise, p, cfg):
+    w = em.w
+    for m in reds:
+        if m.node.op in ("argmax", "argmin"):
+            raise NotImplementedError("looped argmax")  # the rule keeps these persistent
+    accs = []
+    for i, m in enumerate(reds):
+        acc_dt = _acc_dtype(m.node.op, m.body.dtype)
+        ident = _reduction_identity(m.node.op, m.body.dtype)
+        name = f"acc{p}_{i}"
+        w.line(f"{name} = jnp.full((BLOCK_R, BLOCK_C), {ident}, {dtype_source(acc_dt)})")
+        accs.append((name, acc_dt, m))
+    carry = ", ".join(a for a, _, _ in accs) + ("," if len(accs) == 1 else "")
+    w.line(f"def phase{p}(chunk, carry):")
+    with w.indent():
+        w.line(f"{carry or '_'} = carry")
+        w.line("xc = chunk * BLOCK_C + lax.broadcasted_iota(IDX, (1, BLOCK_C), 1)")
+        w.line("cmask = xc < COLS")
+        em.scopes.append({})
+        outs = []
+        for name, acc_dt, m in accs:
+            var, ext = em.value(bodies[m.name])
+            v = em.broadcast(var, ext, frozenset("rc"))
+            if acc_dt != m.body.dtype:
+                v = em.bind(("cast", v, acc_dt), f"{v}.astype({dtype_source(acc_dt)})", frozenset("rc"))[0]
+            ident = _reduction_identity(m.node.op, m.body.dtype)
+            masked = em.bind(("masked", v), f"jnp.where(cmask, {v}, {ident})", frozenset("rc"))[0]
+            outs.append(_COMBINE[m.node.op].format(a=name, v=masked))
+        for m in rowwise:
+            em.store(m, *em.value(bodies[m.name]))
+        em.scopes.pop()
+        w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})" if outs else "return carry")
+    n_chunks = -(-kernel.cols // cfg.block_cols)
+    init = f"({carry})" if accs else "0"
+    w.line(f"{carry or '_'} = lax.fori_loop(0, {n_chunks}, phase{p}, {init})")
+    for name, acc_dt, m in accs:
+        fn = {"sum": "jnp.sum", "prod": "jnp.prod", "max": "jnp.max", "min": "jnp.min", "and": "jnp.min",
+              "or": "jnp.max"}[m.node.op]
+        if cfg.block_cols == 1:
+            text = f"{name}.astype({dtype_source(m.node.dtype)})"
+        else:
+            text = f"{fn}({name}, axis=1, keepdims=True).astype({dtype_source(m.node.dtype)})"
+        em.row_values[m.name] = em.bind(("reduce", m.name), text, frozenset("r"), "red")[0]
+
+
+def _wrap_kernel(kernel: Kernel, schedule: Schedule, cfg, em: _KernelEmitter, body: str) -> RenderedKernel:
+    graph = schedule.graph
+    w = SourceWriter()
+    w.line(f"# kernel {kernel.name}: {kernel.kind}, {kernel.rows} x {kernel.cols}, "
+           f"block {cfg.block_rows} x {cfg.block_cols}, {'persistent' if cfg.persistent else 'looped'}")
+    w.line("# from:")
+    for eq in kernel.origin:
+        w.line(f"#   {eq}")
+    ins = list(em.in_refs.values())
+    outs = list(em.out_refs.values())
+    w.line(f"def {kernel.name}_kernel({', '.join(ins + outs)}):")
+    with w.indent():
+        w.line(f"ROWS, COLS = {kernel.rows}, {kernel.cols}")
+        w.line(f"BLOCK_R, BLOCK_C = {cfg.block_rows}, {cfg.block_cols}")
+        w.line(f"IDX = {em.index_dtype}")
+    w.lines.append(body.rstrip("\n"))
+    w.line()
+    if kernel.kind == "pointwise":
+        grid = (-(-kernel.rows // cfg.block_rows)) * (-(-kernel.cols // cfg.block_cols))
+    else:
+        grid = -(-kernel.rows // cfg.block_rows)
+    out_shapes = []
+    for m in kernel.members:
+        if m.store:
+            out_shapes.append(f"jax.ShapeDtypeStruct(({m.node.numel},), {dtype_source(m.node.dtype)})")
+    args = [f"in{i}" for i in range(len(ins))]
+    w.line(f"def {kernel.name}({', '.join(args)}):")
+    with w.indent():
+        w.line("return pl.pallas_call(")
+        with w.indent():
+            w.line(f"{kernel.name}_kernel,")
+            w.line(f"out_shape=({', '.join(out_shapes)},),")
+            w.line(f"grid=({grid},),")
+            w.line(f"in_specs=[{', '.join(['ANY'] * len(ins))}],")
+            w.line(f"out_specs=({', '.join(['ANY'] * len(outs))},),")
+            w.line("interpret=INTERPRET,")
+            w.line(f"name={kernel.name!r},")
+            w.line(f"compiler_params=plt.CompilerParams(num_warps={cfg.num_warps}, num_stages=1),")
+        w.line(f")({', '.join(a + '.reshape(-1)' for a in args)})")
+    return RenderedKernel(kernel.name, w.source(), list(kernel.origin), cfg)
+
+
+# --------------------------------------------------------------------------- #
+# The whole program
+# --------------------------------------------------------------------------- #
+def render(schedule: Schedule, options: CompileOptions, title: str = "") -> RenderedProgram:
+    graph = schedule.graph
+    kernels, helpers = [], set()
+    for k in schedule.kernels:
+        rk, hs = render_kernel(k, schedule, options)
+        kernels.append(rk)
+        helpers |= hs
+    w = SourceWriter()
+    w.line(f"# Generated by pallaskit{': ' + title if title else ''}")
+    w.lines.extend(_PRELUDE.format(interpret=options.interpret).splitlines())
+    for h in sorted(helpers):
+        w.lines.extend(HELPERS[h].splitlines())
+    w.line()
+    for rk in kernels:
+        w.line()
+        w.lines.extend(rk.source.rstrip("\n").splitlines())
+        w.line()
+    externs = []
+    w.line()
+    w.line(f"def call({', '.join(graph.inputs)}):")
+    with w.indent():
+        rendered = {k.name: k for k in kernels}
+        for step in schedule.steps:
+            if isinstance(step, Kernel):
+                outs = [f"{m.name}" for m in step.members if m.store]
+                w.line(f"{', '.join(outs)}, = {step.name}({', '.join(step.reads)})")
+                for m in step.members:
+                    if m.store:
+                        w.line(f"{m.name} = {m.name}.reshape({tuple(m.node.shape)})")
+            else:
+                args = []
+                for x in step.inputs:
+                    if isinstance(x, ir.Const):
+                        args.append(f"jnp.asarray({const_source(x.value, x.dtype)}, {dtype_source(x.dtype)})")
+                    else:
+                        args.append(x)
+                w.line(f"{', '.join(step.outputs)}, = EXTERNS[{len(externs)}]({', '.join(args)})  "
+                       f"# {step.primitive.name}")
+                externs.append((step.primitive, step.params))
+        outs = []
+        for o in graph.outputs:
+            if isinstance(o, ir.Const):
+                outs.append(f"jnp.asarray({const_source(o.value, o.dtype)}, {dtype_source(o.dtype)})")
+            else:
+                outs.append(o)
+        w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+    return RenderedProgram(w.source(), kernels, externs, list(graph.inputs), list(graph.outputs))

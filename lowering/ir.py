@@ -1,0 +1,333 @@
+"""The loop-level IR.
+
+[Note: pallaskit IR]
+A ``Graph`` is a list of ``Node``s in topological order plus its inputs and
+outputs. A node computes one buffer:
+
+* ``Pointwise``: ``value[i0..in] = body`` over the node's shape.
+* ``Reduction``: ``value[kept dims] = op over reduced dims of body``; the body
+  is indexed by the domain's symbols ``i*`` (kept dims, in order) and ``r*``
+  (reduced dims, in order).
+* ``Extern``: one primitive run through XLA; its operands and results are
+  materialized buffers.
+
+A body is a small immutable expression DAG (``Load``, ``Const``, ``IndexValue``,
+``Op``). Loads name a buffer and give its logical index as sympy expressions
+of the node's symbols (see ``sizes``); layout is applied only when code is
+rendered. Views (reshape, transpose, slices...) are ``Pointwise`` nodes whose
+body is a single load, so the scheduler folds them into index expressions by
+inlining.
+
+Everything here is plain data: it prints deterministically (``Graph.format``),
+which is what the golden tests and cache keys read.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+import sympy
+
+from lowering import sizes
+
+
+# --------------------------------------------------------------------------- #
+# Body expressions
+# --------------------------------------------------------------------------- #
+class Expr:
+    """Base of body expressions: immutable, hashable, with a dtype."""
+
+    dtype: np.dtype
+
+    def children(self) -> tuple["Expr", ...]:
+        return ()
+
+
+def _cached_hash(cls):
+    """Frozen dataclasses rehash their fields on every call; bodies are DAGs
+    that get hashed often, so cache it."""
+    field_names = [f.name for f in dataclasses.fields(cls)]
+
+    def __hash__(self):
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((cls.__name__,) + tuple(getattr(self, n) for n in field_names))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    cls.__hash__ = __hash__
+    return cls
+
+
+@_cached_hash
+@dataclasses.dataclass(frozen=True, eq=True)
+class Load(Expr):
+    buffer: str
+    index: tuple  # sympy expressions, one per dim of the buffer
+    dtype: np.dtype
+    mask: object = None  # sympy boolean: where the load is valid (pad/concat); else 0
+
+    def __str__(self):
+        idx = ", ".join(str(i) for i in self.index)
+        m = f" if {self.mask}" if self.mask is not None else ""
+        return f"{self.buffer}[{idx}]{m}"
+
+
+@_cached_hash
+@dataclasses.dataclass(frozen=True, eq=True)
+class Const(Expr):
+    value: object  # python bool / int / float
+    dtype: np.dtype
+
+    def __str__(self):
+        return f"{self.value!r}:{self.dtype.name}"
+
+
+@_cached_hash
+@dataclasses.dataclass(frozen=True, eq=True)
+class IndexValue(Expr):
+    """An index expression used as a value (iota, pad/concat conditions)."""
+
+    expr: object  # sympy integer or boolean expression
+    dtype: np.dtype
+
+    def __str__(self):
+        return f"index({self.expr}):{self.dtype.name}"
+
+
+@_cached_hash
+@dataclasses.dataclass(frozen=True, eq=True)
+class Op(Expr):
+    """An elementwise primitive applied to argument expressions.
+
+    ``op`` is the jax primitive name (``add``, ``exp``, ``select_n``...);
+    ``params`` are its static parameters as a sorted tuple of (name, value)."""
+
+    op: str
+    args: tuple
+    dtype: np.dtype
+    params: tuple = ()
+
+    def children(self):
+        return self.args
+
+    def param(self, name, default=None):
+        return dict(self.params).get(name, default)
+
+    def __str__(self):
+        p = "".join(f", {k}={v}" for k, v in self.params)
+        return f"{self.op}({', '.join(str(a) for a in self.args)}{p})"
+
+
+def walk(expr: Expr) -> Iterator[Expr]:
+    """Every distinct sub-expression of ``expr``, children before parents."""
+    seen = set()
+    stack = [(expr, False)]
+    while stack:
+        e, done = stack.pop()
+        if done:
+            yield e
+            continue
+        if e in seen:
+            continue
+        seen.add(e)
+        stack.append((e, True))
+        for c in reversed(e.children()):
+            if c not in seen:
+                stack.append((c, False))
+
+
+def loads(expr: Expr) -> list[Load]:
+    return [e for e in walk(expr) if isinstance(e, Load)]
+
+
+def rewrite(expr: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
+    """Bottom-up rewrite; ``fn`` returns a replacement or None to keep the node."""
+    memo: dict[Expr, Expr] = {}
+    for e in walk(expr):
+        if isinstance(e, Op):
+            args = tuple(memo[a] for a in e.args)
+            new = e if args == e.args else dataclasses.replace(e, args=args)
+        else:
+            new = e
+        out = fn(new)
+        memo[e] = new if out is None else out
+    return memo[expr]
+
+
+def substitute_index(expr: Expr, mapping: dict) -> Expr:
+    """Substitute index symbols in every load index, mask and index value."""
+    if not mapping:
+        return expr
+
+    def sub(e):
+        if isinstance(e, Load):
+            idx = tuple(sizes.simplify(sympy.sympify(i).xreplace(mapping)) for i in e.index)
+            mask = None if e.mask is None else e.mask.xreplace(mapping)
+            return dataclasses.replace(e, index=idx, mask=mask)
+        if isinstance(e, IndexValue):
+            ex = e.expr.xreplace(mapping)
+            return dataclasses.replace(e, expr=sizes.simplify(ex) if not isinstance(ex, sympy.logic.boolalg.Boolean) else ex)
+        return None
+
+    return rewrite(expr, sub)
+
+
+def format_expr(expr: Expr) -> str:
+    """Deterministic text of a body as numbered lets (shared nodes printed once)."""
+    names: dict[Expr, str] = {}
+    lines = []
+    for e in walk(expr):
+        if isinstance(e, Op):
+            p = "".join(f", {k}={v}" for k, v in e.params)
+            text = f"{e.op}({', '.join(names[a] for a in e.args)}{p})"
+        else:
+            text = str(e)
+        if e is expr or isinstance(e, Op):
+            name = f"t{len(names)}"
+            names[e] = name
+            lines.append(f"{name} = {text}")
+        else:
+            names[e] = text
+    if not lines:
+        return str(expr)
+    return "; ".join(lines)
+
+
+# --------------------------------------------------------------------------- #
+# Nodes
+# --------------------------------------------------------------------------- #
+@dataclasses.dataclass
+class Node:
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    origin: tuple[str, ...] = ()  # jaxpr equations this node came from (text)
+
+    def reads(self) -> list[str]:
+        return []
+
+    @property
+    def numel(self) -> int:
+        return sizes.numel(self.shape)
+
+
+@dataclasses.dataclass
+class InputNode(Node):
+    """A graph input (argument or hoisted constant)."""
+
+    def format(self):
+        return f"{self.name}: {self.dtype.name}{list(self.shape)} = input"
+
+
+@dataclasses.dataclass
+class Pointwise(Node):
+    body: Expr = None
+
+    @property
+    def symbols(self):
+        return sizes.index_symbols("i", len(self.shape))
+
+    def reads(self):
+        return sorted({ld.buffer for ld in loads(self.body)})
+
+    def format(self):
+        return f"{self.name}: {self.dtype.name}{list(self.shape)} = pointwise {{ {format_expr(self.body)} }}"
+
+
+REDUCTION_OPS = ("sum", "max", "min", "prod", "and", "or", "argmax", "argmin")
+
+
+@dataclasses.dataclass
+class Reduction(Node):
+    """``shape`` is the kept dims; ``reduced`` the reduced dims' sizes; ``axes`` where
+    the reduced dims sat in the domain (the operand's shape)."""
+
+    body: Expr = None
+    reduced: tuple[int, ...] = ()
+    axes: tuple[int, ...] = ()
+    op: str = "sum"
+
+    @property
+    def symbols(self):
+        return sizes.index_symbols("i", len(self.shape))
+
+    @property
+    def reduction_symbols(self):
+        return sizes.index_symbols("r", len(self.reduced))
+
+    @property
+    def domain(self) -> tuple[int, ...]:
+        dims, kept, red = [], iter(self.shape), iter(self.reduced)
+        for k in range(len(self.shape) + len(self.reduced)):
+            dims.append(next(red) if k in self.axes else next(kept))
+        return tuple(dims)
+
+    @property
+    def reduced_numel(self) -> int:
+        return sizes.numel(self.reduced)
+
+    def reads(self):
+        return sorted({ld.buffer for ld in loads(self.body)})
+
+    def format(self):
+        return (f"{self.name}: {self.dtype.name}{list(self.shape)} = reduce_{self.op} over "
+                f"{list(self.reduced)} (axes {list(self.axes)}) {{ {format_expr(self.body)} }}")
+
+
+@dataclasses.dataclass
+class Extern(Node):
+    """A primitive run by XLA. ``outputs`` names the buffers it defines (this node's
+    own name is the first); their avals are in ``out_avals``."""
+
+    primitive: object = None  # the jax Primitive
+    params: dict = dataclasses.field(default_factory=dict)
+    inputs: tuple = ()  # buffer names or Const for literals
+    outputs: tuple[str, ...] = ()
+    out_avals: tuple = ()
+    effectful: bool = False  # has side effects: never dropped as dead code
+
+    def reads(self):
+        return sorted({i for i in self.inputs if isinstance(i, str)})
+
+    def format(self):
+        ins = ", ".join(i if isinstance(i, str) else str(i) for i in self.inputs)
+        outs = ", ".join(f"{n}: {a.dtype.name}{list(a.shape)}" for n, a in zip(self.outputs, self.out_avals))
+        return f"{outs} = extern {self.primitive.name}({ins})"
+
+
+@dataclasses.dataclass
+class Graph:
+    inputs: list[str]
+    nodes: dict[str, Node]  # insertion order is a topological order
+    outputs: list  # buffer name, or Const for a literal output
+    constants: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+
+    def node(self, name: str) -> Node:
+        return self.nodes[name]
+
+    def users(self) -> dict[str, list[str]]:
+        out = {n: [] for n in self.nodes}
+        for node in self.nodes.values():
+            for r in node.reads():
+                out.setdefault(r, []).append(node.name)
+        return out
+
+    def format(self) -> str:
+        lines = [f"inputs: {', '.join(self.inputs)}"]
+        lines += [n.format() for n in self.nodes.values() if not isinstance(n, InputNode)]
+        lines.append("outputs: " + ", ".join(o if isinstance(o, str) else str(o) for o in self.outputs))
+        return "\n".join(lines)
+
+    def buffer_aval(self, name: str):
+        """(shape, dtype) of any buffer, extern outputs included."""
+        if name in self.nodes:
+            n = self.nodes[name]
+            return n.shape, n.dtype
+        for n in self.nodes.values():
+            if isinstance(n, Extern) and name in n.outputs:
+                a = n.out_avals[n.outputs.index(name)]
+                return tuple(a.shape), np.dtype(a.dtype)
+        raise KeyError(name)

@@ -1,0 +1,193 @@
+"""jaxpr → IR graph: walk the equations, inline call bodies, apply one lowering
+rule per equation; equations without a rule become ``Extern`` nodes."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import numpy as np
+import sympy
+from jax.extend import core as jex_core
+
+from lowering import ir, sizes, trace
+from lowering.rules import RULES
+
+log = logging.getLogger("pallaskit")
+
+
+def _is_plain(aval) -> bool:
+    """Arrays a kernel can hold: numeric or bool, non-empty, concrete shape."""
+    try:
+        dt = np.dtype(aval.dtype)
+    except TypeError:  # extended dtypes (PRNG keys, float0)
+        return False
+    if dt.kind not in "biuf" or dt.itemsize > 8:
+        return False
+    return all(isinstance(d, int) for d in aval.shape) and sizes.numel(aval.shape) > 0
+
+
+class LoweringContext:
+    """What rules see: value loading and node creation."""
+
+    def __init__(self):
+        self.nodes: dict[str, ir.Node] = {}
+        self.inputs: list[str] = []
+        self.constants: dict[str, np.ndarray] = {}
+        self.current_eqn: str = ""
+        self.var_names = trace.VarNames()
+        self._count = 0
+
+    # -- names and symbols ------------------------------------------------------
+    def new_name(self, prefix="buf") -> str:
+        name = f"{prefix}{self._count}"
+        self._count += 1
+        return name
+
+    @staticmethod
+    def symbols(n: int, prefix: str = "i"):
+        return sizes.index_symbols(prefix, n)
+
+    # -- values -----------------------------------------------------------------
+    def aval_of(self, value):
+        if isinstance(value, ir.Const):
+            return (), value.dtype
+        n = self.nodes[value] if value in self.nodes else None
+        if n is not None:
+            return n.shape, n.dtype
+        for node in self.nodes.values():
+            if isinstance(node, ir.Extern) and value in node.outputs:
+                a = node.out_avals[node.outputs.index(value)]
+                return tuple(a.shape), np.dtype(a.dtype)
+        raise KeyError(value)
+
+    def load(self, value, index, mask=None) -> ir.Expr:
+        """The expression reading ``value`` at ``index``; scalar operands of
+        elementwise ops broadcast (their index is dropped)."""
+        if isinstance(value, ir.Const):
+            return value
+        shape, dtype = self.aval_of(value)
+        if len(shape) == 0:
+            index = ()
+        elif len(index) != len(shape):
+            raise ValueError(f"index {index} does not match {value}{list(shape)}")
+        index = tuple(sympy.Integer(0) if d == 1 else sizes.simplify(sympy.sympify(i)) for i, d in zip(index, shape))
+        return ir.Load(value, index, dtype, mask)
+
+    # -- nodes ------------------------------------------------------------------
+    def _add(self, node):
+        self.nodes[node.name] = node
+        return node.name
+
+    def pointwise(self, aval, body) -> str:
+        dtype = np.dtype(aval.dtype)
+        if body.dtype != dtype:
+            body = ir.Op("convert_element_type", (body,), dtype, (("new_dtype", dtype),))
+        return self._add(ir.Pointwise(self.new_name(), tuple(aval.shape), dtype, (self.current_eqn,), body=body))
+
+    def reduction(self, aval, body, *, reduced, axes, op) -> str:
+        node = ir.Reduction(self.new_name(), tuple(aval.shape), np.dtype(aval.dtype), (self.current_eqn,),
+                            body=body, reduced=tuple(reduced), axes=tuple(axes), op=op)
+        return self._add(node)
+
+    def extern(self, eqn, args) -> list[str]:
+        names = [self.new_name() for _ in eqn.outvars]
+        first = eqn.outvars[0].aval
+        node = ir.Extern(names[0], tuple(getattr(first, "shape", ())), _safe_dtype(first), (self.current_eqn,),
+                         primitive=eqn.primitive, params=dict(eqn.params), inputs=tuple(args),
+                         outputs=tuple(names), out_avals=tuple(v.aval for v in eqn.outvars),
+                         effectful=bool(eqn.effects))
+        self._add(node)
+        return names
+
+    def input(self, aval, prefix="arg") -> str:
+        name = self.new_name(prefix)
+        self.nodes[name] = ir.InputNode(name, tuple(aval.shape), _safe_dtype(aval))
+        self.inputs.append(name)
+        return name
+
+
+def _safe_dtype(aval):
+    try:
+        return np.dtype(aval.dtype)
+    except TypeError:
+        return np.dtype("V")  # extended dtype: only externs touch it
+
+
+@dataclasses.dataclass
+class LoweredGraph:
+    graph: ir.Graph
+    fallbacks: list[str]  # primitive names run through XLA, in first-seen order
+
+
+def lower(closed: jex_core.ClosedJaxpr) -> LoweredGraph:
+    """Lower a closed jaxpr to an IR graph. Its constants become graph inputs
+    (hoisted), listed after the arguments in ``graph.constants``."""
+    ctx = LoweringContext()
+    fallbacks: list[str] = []
+    args = [ctx.input(v.aval) for v in closed.jaxpr.invars]
+    consts = []
+    for c in closed.consts:
+        name = ctx.input(jex_core.get_aval(c), prefix="const")
+        ctx.constants[name] = c
+        consts.append(name)
+    outs = _lower_jaxpr(ctx, closed.jaxpr, consts, args, fallbacks)
+    graph = ir.Graph(inputs=list(ctx.inputs), nodes=ctx.nodes, outputs=list(outs), constants=ctx.constants)
+    return LoweredGraph(graph, fallbacks)
+
+
+def _literal(lit) -> ir.Const:
+    v = np.asarray(lit.val)
+    return ir.Const(v.item(), v.dtype)
+
+
+def _lower_jaxpr(ctx, jaxpr, consts, args, fallbacks):
+    env = {}
+    for v, val in zip(jaxpr.constvars, consts):
+        env[v] = val
+    for v, val in zip(jaxpr.invars, args):
+        env[v] = val
+
+    def read(v):
+        if isinstance(v, jex_core.Literal):
+            if np.shape(v.val) == ():
+                return _literal(v)
+            raise NotImplementedError("non-scalar literal")
+        return env[v]
+
+    for eqn in jaxpr.eqns:
+        invals = [read(v) for v in eqn.invars]
+        body = trace.inlined_body(eqn)
+        if body is not None:
+            sub_jaxpr, sub_consts = body
+            const_vals = [_const_input(ctx, c) for c in sub_consts]
+            outs = _lower_jaxpr(ctx, sub_jaxpr, const_vals, invals, fallbacks)
+        else:
+            outs = _lower_eqn(ctx, eqn, invals, fallbacks)
+        for v, val in zip(eqn.outvars, outs):
+            env[v] = val
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _const_input(ctx, c):
+    aval = jex_core.get_aval(c)
+    if np.shape(c) == () and _is_plain(aval):
+        v = np.asarray(c)
+        return ir.Const(v.item(), v.dtype)
+    name = ctx.input(aval, prefix="const")
+    ctx.constants[name] = c
+    return name
+
+
+def _lower_eqn(ctx, eqn, invals, fallbacks):
+    ctx.current_eqn = trace.equation_text(eqn, ctx.var_names)
+    rule = RULES.get(eqn.primitive.name)
+    avals = [v.aval for v in eqn.invars] + [v.aval for v in eqn.outvars]
+    if rule is not None and not eqn.effects and all(_is_plain(a) for a in avals):
+        try:
+            return rule.fn(ctx, eqn, *invals)
+        except NotImplementedError:
+            pass
+    # Literal operands of an extern must be real arrays.
+    if eqn.primitive.name not in fallbacks:
+        fallbacks.append(eqn.primitive.name)
+    return ctx.extern(eqn, invals)

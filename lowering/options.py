@@ -1,0 +1,18 @@
+"""The one options object the compiler reads. Built by the runtime from
+``pallaskit.config``; the compiler never looks anywhere else."""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileOptions:
+    interpret: bool = False  # render Pallas calls with interpret=True (CPU)
+    fusion: bool = True  # greedy fusion of materialized groups
+    max_persistent_cols: int = 8192  # larger reductions loop over column chunks
+    num_warps: int = 0  # 0: from the heuristics
+    debug_checks: bool = False  # validate the IR after every pass
+
+    def key(self) -> str:
+        """Stable text of every field, for cache keys."""
+        return ",".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))

@@ -1,0 +1,47 @@
+"""The lowering-rule registry: one rule per jax primitive.
+
+A rule receives the ``LoweringContext``, the equation and its operand values
+(buffer names, or ``ir.Const`` for literals) and returns one value per output
+of the equation. Rules only add IR nodes; they never decide fusion.
+
+Primitives with no rule run through XLA as ``ir.Extern`` nodes.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+RULES: dict[str, "Rule"] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    primitive: str
+    fn: Callable
+    kind: str  # "pointwise" | "view" | "reduction"
+    note: str = ""
+
+
+def register_lowering(*primitives: str, kind: str, note: str = ""):
+    def deco(fn):
+        for p in primitives:
+            if p in RULES:
+                raise ValueError(f"duplicate lowering rule for {p}")
+            RULES[p] = Rule(p, fn, kind, note)
+        return fn
+
+    return deco
+
+
+def coverage_table() -> str:
+    """Markdown table of every primitive with a rule, generated from the registry."""
+    from lowering.rules import pointwise, reductions, views  # noqa: F401  (registration)
+
+    lines = ["| primitive | kind | note |", "|---|---|---|"]
+    for name in sorted(RULES):
+        r = RULES[name]
+        lines.append(f"| `{name}` | {r.kind} | {r.note} |")
+    return "\n".join(lines)
+
+
+from lowering.rules import pointwise, reductions, views  # noqa: E402,F401  (registration)

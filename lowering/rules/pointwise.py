@@ -1,0 +1,68 @@
+"""Elementwise primitives: one ``ir.Op`` over the operands loaded at the same index."""
+from __future__ import annotations
+
+import numpy as np
+
+from lowering import ir
+from lowering.rules import register_lowering
+
+# Primitives whose body is ``Op(name, loaded operands)``. The renderer has one
+# entry per name in its op table (codegen/pallas.py).
+ELEMENTWISE = (
+    # arithmetic
+    "add", "sub", "mul", "div", "rem", "neg", "max", "min", "pow", "integer_pow", "square",
+    "abs", "sign", "nextafter", "atan2",
+    # exponential / logarithmic / special
+    "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sqrt", "rsqrt", "cbrt",
+    "erf", "erfc", "erf_inv",
+    # trigonometric / hyperbolic
+    "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
+    # rounding and classification
+    "floor", "ceil", "round", "is_finite",
+    # comparisons and selection
+    "eq", "ne", "lt", "le", "gt", "ge", "select_n", "clamp",
+    # logical / bitwise
+    "and", "or", "not", "xor", "shift_left", "shift_right_logical", "shift_right_arithmetic",
+    "population_count", "clz",
+    # types
+    "convert_element_type",
+)
+
+IDENTITY = ("copy", "copy_p", "stop_gradient", "optimization_barrier_identity", "reduce_precision_identity")
+
+# Static parameters that change what an op computes; everything else
+# (shardings, accuracy=None, out_dtype=None) is dropped.
+_KEPT_PARAMS = {
+    "integer_pow": ("y",),
+    "convert_element_type": ("new_dtype",),
+    "round": ("rounding_method",),
+}
+
+
+def op_params(eqn) -> tuple:
+    keep = _KEPT_PARAMS.get(eqn.primitive.name, ())
+    out = []
+    for k in keep:
+        v = eqn.params[k]
+        if k == "new_dtype":
+            v = np.dtype(v)
+        elif k == "rounding_method":
+            v = int(v)
+        out.append((k, v))
+    return tuple(out)
+
+
+def _elementwise(ctx, eqn, *args):
+    aval = eqn.outvars[0].aval
+    idx = ctx.symbols(len(aval.shape))
+    operands = tuple(ctx.load(a, idx) for a in args)
+    body = ir.Op(eqn.primitive.name, operands, np.dtype(aval.dtype), op_params(eqn))
+    return [ctx.pointwise(aval, body)]
+
+
+register_lowering(*ELEMENTWISE, kind="pointwise")(_elementwise)
+
+
+@register_lowering(*IDENTITY, kind="pointwise", note="identity")
+def _identity(ctx, eqn, x):
+    return [x]

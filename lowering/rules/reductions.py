@@ -1,0 +1,29 @@
+"""Reductions over one or more axes: ``ir.Reduction`` nodes."""
+from __future__ import annotations
+
+import numpy as np
+
+from lowering import ir
+from lowering.rules import register_lowering
+
+_OPS = {
+    "reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min", "reduce_prod": "prod",
+    "reduce_and": "and", "reduce_or": "or", "argmax": "argmax", "argmin": "argmin",
+}
+
+
+@register_lowering(*_OPS, kind="reduction")
+def _reduce(ctx, eqn, x):
+    out_aval = eqn.outvars[0].aval
+    in_shape = tuple(eqn.invars[0].aval.shape)
+    axes = tuple(sorted(int(a) for a in eqn.params["axes"]))
+    if not axes:
+        return [x]
+    kept = [d for k, d in enumerate(in_shape) if k not in axes]
+    reduced = tuple(in_shape[a] for a in axes)
+    i_syms = ctx.symbols(len(kept))
+    r_syms = ctx.symbols(len(reduced), prefix="r")
+    it_i, it_r = iter(i_syms), iter(r_syms)
+    domain_index = tuple(next(it_r) if k in axes else next(it_i) for k in range(len(in_shape)))
+    body = ctx.load(x, domain_index)
+    return [ctx.reduction(out_aval, body, reduced=reduced, axes=axes, op=_OPS[eqn.primitive.name])]

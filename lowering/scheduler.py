@@ -1,0 +1,460 @@
+"""Scheduling: which buffers are materialized, and which nodes share a kernel.
+
+[Note: fusion in pallaskit]
+1. Dead code is dropped (``live_nodes``).
+2. Every ``Pointwise`` node is inlined into its readers: its body replaces the
+   loads of it, with the reader's index substituted (``inline_bodies``). What
+   stays materialized: graph outputs, reductions, and extern operands/results.
+   Inlining is vertical fusion of pointwise producers; recomputation is free
+   where readers share a kernel (the renderer keeps one copy per expression).
+3. Each materialized node starts as its own group. Groups merge greedily, best
+   score first, until no pair can merge (``fuse_groups``). ``can_fuse`` says
+   whether a merge is legal (same iteration space, no cycle through another
+   kernel, every in-kernel read at the reader's own point); ``fusion_score``
+   says what it is worth (bytes no longer moved, then fewer launches).
+   Legality and profit never mix.
+4. Groups and externs are ordered topologically into a ``Schedule``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Iterable
+
+import numpy as np
+import sympy
+
+from lowering import ir, sizes
+from lowering.options import CompileOptions
+
+XR, XC = sizes.symbol("xr"), sizes.symbol("xc")
+
+
+# --------------------------------------------------------------------------- #
+# Schedule data
+# --------------------------------------------------------------------------- #
+@dataclasses.dataclass
+class Member:
+    """One materialized node inside a kernel.
+
+    ``role``: "reduction", "rowwise" (a pointwise node over the kernel's whole
+    iteration space) or "row" (a pointwise node with one value per row, such as
+    a normalization's epilogue). ``coords`` maps the node's own index symbols
+    to the kernel coordinates ``xr`` (row) and ``xc`` (column)."""
+
+    node: ir.Node
+    role: str
+    body: ir.Expr
+    coords: dict
+    store: bool = False
+
+    @property
+    def name(self):
+        return self.node.name
+
+
+@dataclasses.dataclass
+class Kernel:
+    name: str
+    kind: str  # "pointwise" | "reduction"
+    rows: int
+    cols: int
+    members: list[Member]
+    reads: list[str]  # buffers loaded from memory
+    origin: list[str]  # jaxpr equations
+
+    @property
+    def stores(self) -> list[str]:
+        return [m.name for m in self.members if m.store]
+
+
+@dataclasses.dataclass
+class Schedule:
+    graph: ir.Graph
+    steps: list  # Kernel | ir.Extern, in execution order
+    stored: set  # buffers written to memory (kernel stores, externs, inputs)
+    nodes_before: int
+    nodes_after: int
+
+    @property
+    def kernels(self) -> list[Kernel]:
+        return [s for s in self.steps if isinstance(s, Kernel)]
+
+
+# --------------------------------------------------------------------------- #
+# 1. Dead code
+# --------------------------------------------------------------------------- #
+def live_nodes(graph: ir.Graph) -> set[str]:
+    producer = _producers(graph)
+    live, stack = set(), [o for o in graph.outputs if isinstance(o, str)]
+    stack += [n.name for n in graph.nodes.values() if isinstance(n, ir.Extern) and n.effectful]
+    while stack:
+        buf = stack.pop()
+        node = producer[buf]
+        if node.name in live:
+            continue
+        live.add(node.name)
+        stack.extend(node.reads())
+    return live
+
+
+def _producers(graph: ir.Graph) -> dict[str, ir.Node]:
+    out = {}
+    for n in graph.nodes.values():
+        if isinstance(n, ir.Extern):
+            for o in n.outputs:
+                out[o] = n
+        else:
+            out[n.name] = n
+    return out
+
+
+# --------------------------------------------------------------------------- #
+# 2. Inlining
+# --------------------------------------------------------------------------- #
+def materialized(graph: ir.Graph, live: set[str]) -> set[str]:
+    keep = {o for o in graph.outputs if isinstance(o, str)}
+    for n in graph.nodes.values():
+        if n.name not in live:
+            continue
+        if isinstance(n, (ir.InputNode, ir.Reduction)):
+            keep.add(n.name)
+        elif isinstance(n, ir.Extern):
+            keep.update(n.outputs)
+            keep.update(n.reads())
+    return keep
+
+
+class _Inliner:
+    def __init__(self, graph: ir.Graph, keep: set[str]):
+        self.graph, self.keep = graph, keep
+        self.memo: dict = {}
+
+    def body(self, node) -> ir.Expr:
+        return self._inline(node.body)
+
+    def _inline(self, expr: ir.Expr) -> ir.Expr:
+        def sub(e):
+            if isinstance(e, ir.Load) and e.buffer not in self.keep:
+                return self._load(e)
+            return None
+
+        return ir.rewrite(expr, sub)
+
+    def _load(self, ld: ir.Load) -> ir.Expr:
+        key = (ld.buffer, ld.index, ld.mask)
+        if key not in self.memo:
+            producer = self.graph.nodes[ld.buffer]
+            mapping = dict(zip(producer.symbols, ld.index))
+            body = ir.substitute_index(self._inline(producer.body), mapping)
+            if ld.mask is not None:
+                body = _and_mask(body, ld.mask)
+            self.memo[key] = body
+        return self.memo[key]
+
+
+def _and_mask(expr, mask):
+    def sub(e):
+        if isinstance(e, ir.Load):
+            m = mask if e.mask is None else sympy.And(e.mask, mask)
+            return dataclasses.replace(e, mask=m)
+        return None
+
+    return ir.rewrite(expr, sub)
+
+
+# --------------------------------------------------------------------------- #
+# 3. Groups
+# --------------------------------------------------------------------------- #
+@dataclasses.dataclass
+class _Group:
+    kind: str  # "pointwise" | "reduction"
+    rows: int
+    cols: int
+    domain: tuple  # pointwise: its shape; reduction: (domain, axes)
+    members: list[Member]
+    order: int  # position of the first member in the graph
+
+    def produces(self) -> set[str]:
+        return {m.name for m in self.members}
+
+    def reads(self) -> set[str]:
+        own = self.produces()
+        return {ld.buffer for m in self.members for ld in ir.loads(m.body)} - own
+
+
+def _coords_pointwise(node, shape):
+    return dict(zip(node.symbols, sizes.unravel(XC, shape)))
+
+
+def _reduction_coords(node: ir.Reduction):
+    coords = dict(zip(node.symbols, sizes.unravel(XR, node.shape)))
+    coords.update(zip(node.reduction_symbols, sizes.unravel(XC, node.reduced)))
+    return coords
+
+
+def _rowwise_coords(shape, domain, axes):
+    """Coordinates of a pointwise node whose shape is a reduction's domain."""
+    kept = [d for k, d in enumerate(domain) if k not in axes]
+    red = [domain[a] for a in axes]
+    kept_idx, red_idx = iter(sizes.unravel(XR, kept)), iter(sizes.unravel(XC, red))
+    syms = sizes.index_symbols("i", len(shape))
+    return {s: (next(red_idx) if k in axes else next(kept_idx)) for k, s in enumerate(syms)}
+
+
+def _position(member: Member, index) -> sympy.Expr:
+    """Linear position, in kernel coordinates, of reading ``member`` at ``index``
+    (already in kernel coordinates)."""
+    return sizes.simplify(sizes.ravel(index, member.node.shape))
+
+
+def _own_position(member: Member) -> sympy.Expr:
+    own = tuple(member.coords.get(s, s) for s in member.node.symbols)
+    return _position(member, own)
+
+
+def _in_kernel_reads_ok(members: list[Member]) -> bool:
+    """Every read of a buffer produced in the kernel is at the reader's own point."""
+    by_name = {m.name: m for m in members}
+    for m in members:
+        for ld in ir.loads(m.body):
+            prod = by_name.get(ld.buffer)
+            if prod is None:
+                continue
+            if prod.role == "rowwise":
+                return False  # row-wise values are inlined, never re-read
+            if ld.mask is not None:
+                return False
+            idx = tuple(sizes.simplify(sympy.sympify(i).xreplace(m.coords)) for i in ld.index)
+            if m.role == "reduction" or m.role == "rowwise" or m.role == "row":
+                if sizes.simplify(_position(prod, idx) - _own_position(prod)) != 0:
+                    return False
+    return True
+
+
+def _member_for(node, body, group_kind, rows, cols, domain) -> Member | None:
+    """How ``node`` would sit in a group with this iteration space, or None."""
+    if isinstance(node, ir.Reduction):
+        if group_kind != "reduction" or (node.domain, node.axes) != domain:
+            return None
+        return Member(node, "reduction", body, _reduction_coords(node))
+    if group_kind == "pointwise":
+        if node.shape != domain:
+            return None
+        return Member(node, "rowwise", body, _coords_pointwise(node, node.shape))
+    dom, axes = domain
+    if node.shape == dom:
+        return Member(node, "rowwise", body, _rowwise_coords(node.shape, dom, axes))
+    if node.numel == rows:
+        return Member(node, "row", body, dict(zip(node.symbols, sizes.unravel(XR, node.shape))))
+    return None
+
+
+def build_groups(graph, keep, live, inliner) -> list[_Group]:
+    groups = []
+    for pos, node in enumerate(graph.nodes.values()):
+        if node.name not in keep or node.name not in live:
+            continue
+        if isinstance(node, ir.Reduction):
+            body = inliner.body(node)
+            rows, cols = sizes.numel(node.shape), node.reduced_numel
+            m = Member(node, "reduction", body, _reduction_coords(node))
+            groups.append(_Group("reduction", rows, cols, (node.domain, node.axes), [m], pos))
+        elif isinstance(node, ir.Pointwise):
+            body = inliner.body(node)
+            m = Member(node, "rowwise", body, _coords_pointwise(node, node.shape))
+            groups.append(_Group("pointwise", 1, node.numel, node.shape, [m], pos))
+    return groups
+
+
+def _merge(a: _Group, b: _Group) -> _Group | None:
+    """The group holding both, if their iteration spaces agree; None otherwise."""
+    if a.kind == "pointwise" and b.kind == "reduction":
+        a, b = b, a
+    base = a
+    if a.kind == "reduction" or b.kind == "reduction":
+        members = []
+        for m in a.members + b.members:
+            mm = _member_for(m.node, m.body, "reduction", base.rows, base.cols, base.domain)
+            if mm is None:
+                return None
+            members.append(mm)
+    else:
+        if a.domain != b.domain:
+            return None
+        members = a.members + b.members
+    members.sort(key=lambda m: _node_order(m))
+    return _Group(base.kind, base.rows, base.cols, base.domain, members, min(a.order, b.order))
+
+
+def _node_order(m: Member):
+    return int(m.name.lstrip("abcdefghijklmnopqrstuvwxyz_") or 0)
+
+
+class Fuser:
+    """Greedy pairwise fusion of groups; legality (``can_fuse``) and profit
+    (``fusion_score``) are separate."""
+
+    def __init__(self, graph, groups, options: CompileOptions):
+        self.graph, self.groups, self.options = graph, groups, options
+        self.producer = _producers(graph)
+        self.byte_size = {}
+
+    def bytes_of(self, buf: str) -> int:
+        shape, dtype = self.graph.buffer_aval(buf)
+        return sizes.numel(shape) * np.dtype(dtype).itemsize
+
+    # -- legality ------------------------------------------------------------------
+    def can_fuse(self, a: _Group, b: _Group) -> _Group | None:
+        merged = _merge(a, b)
+        if merged is None:
+            return None
+        if self._path_through_other(a, b) or self._path_through_other(b, a):
+            return None
+        if not _in_kernel_reads_ok(merged.members):
+            return None
+        return merged
+
+    def _path_through_other(self, src: _Group, dst: _Group) -> bool:
+        """Does ``dst`` depend on ``src`` through a step that is neither?"""
+        produced = src.produces()
+        group_of = {m.name: g for g in self.groups for m in g.members}
+        stack = list(dst.reads())
+        seen = set()
+        while stack:
+            buf = stack.pop()
+            if buf in seen:
+                continue
+            seen.add(buf)
+            if buf in produced:
+                continue  # direct edge: fine
+            g = group_of.get(buf)
+            if g is not None:
+                if g is src or g is dst:
+                    continue
+                reads = g.reads()
+            else:
+                node = self.producer.get(buf)
+                if node is None or isinstance(node, ir.InputNode):
+                    continue
+                reads = set(node.reads())
+            if reads & produced:
+                return True
+            stack.extend(reads)
+        return False
+
+    # -- profit ---------------------------------------------------------------------
+    def fusion_score(self, a: _Group, b: _Group) -> tuple[int, int]:
+        """(bytes no longer read twice or round-tripped, launches saved)."""
+        shared = (a.reads() & b.reads()) | (a.produces() & b.reads()) | (b.produces() & a.reads())
+        return sum(self.bytes_of(s) for s in shared), 1
+
+    # -- driver ----------------------------------------------------------------------
+    def run(self) -> list[_Group]:
+        if not self.options.fusion:
+            return self.groups
+        while True:
+            best = None
+            for a, b in itertools.combinations(self.groups, 2):
+                score = self.fusion_score(a, b)
+                if score[0] <= 0:
+                    continue
+                if best is not None and score <= best[0]:
+                    continue
+                merged = self.can_fuse(a, b)
+                if merged is not None:
+                    best = (score, a, b, merged)
+            if best is None:
+                return self.groups
+            _, a, b, merged = best
+            self.groups = [g for g in self.groups if g is not a and g is not b] + [merged]
+
+
+# --------------------------------------------------------------------------- #
+# 4. Order
+# --------------------------------------------------------------------------- #
+def schedule(graph: ir.Graph, options: CompileOptions) -> Schedule:
+    live = live_nodes(graph)
+    keep = materialized(graph, live)
+    inliner = _Inliner(graph, keep)
+    groups = Fuser(graph, build_groups(graph, keep, live, inliner), options).run()
+
+    externs = [n for n in graph.nodes.values() if isinstance(n, ir.Extern) and n.name in live]
+    outputs = {o for o in graph.outputs if isinstance(o, str)}
+    needed_outside = set(outputs)
+    for e in externs:
+        needed_outside.update(e.reads())
+    for g in groups:
+        needed_outside.update(g.reads())
+    for g in groups:
+        for m in g.members:
+            m.store = m.name in needed_outside
+
+    steps = _topological(groups, externs, graph)
+    kernels = []
+    for k, step in enumerate(steps):
+        if isinstance(step, _Group):
+            kernels.append(_to_kernel(step, k, graph))
+        else:
+            kernels.append(step)
+    stored = set(graph.inputs)
+    for s in kernels:
+        stored.update(s.stores if isinstance(s, Kernel) else s.outputs)
+    n_before = sum(1 for n in graph.nodes.values() if not isinstance(n, ir.InputNode))
+    return Schedule(graph, kernels, stored, n_before, len(kernels))
+
+
+def _topological(groups, externs, graph):
+    steps = list(groups) + list(externs)
+    prod = {}
+    for s in steps:
+        for name in (s.produces() if isinstance(s, _Group) else s.outputs):
+            prod[name] = s
+    deps = {id(s): {id(prod[r]) for r in (s.reads() if isinstance(s, _Group) else s.reads()) if r in prod and prod[r] is not s}
+            for s in steps}
+    order_key = {id(s): (s.order if isinstance(s, _Group) else list(graph.nodes).index(s.name)) for s in steps}
+    done, out = set(), []
+    pending = sorted(steps, key=lambda s: order_key[id(s)])
+    while pending:
+        for s in pending:
+            if deps[id(s)] <= done:
+                out.append(s)
+                done.add(id(s))
+                pending.remove(s)
+                break
+        else:
+            raise AssertionError("cycle in schedule")
+    return out
+
+
+def _to_kernel(g: _Group, index: int, graph) -> Kernel:
+    ops = []
+    for m in g.members:
+        for e in ir.walk(m.body):
+            if isinstance(e, ir.Op) and e.op not in ops and e.op != "convert_element_type":
+                ops.append(e.op)
+        if isinstance(m.node, ir.Reduction):
+            ops.append(m.node.op)
+    prefix = "red" if g.kind == "reduction" else "poi"
+    name = f"{prefix}_fused_{'_'.join(ops[:4]) or 'copy'}_{index}"
+    origin = []
+    for m in g.members:
+        origin += [o for o in _origins(graph, m) if o not in origin]
+    return Kernel(name, g.kind, g.rows, g.cols, g.members, sorted(g.reads()), origin)
+
+
+def _origins(graph, m: Member) -> list[str]:
+    """Equations behind a member: its own and those of the nodes inlined into it."""
+    out = list(m.node.origin)
+    seen = {m.name}
+    stack = list(m.node.reads())
+    while stack:
+        b = stack.pop()
+        if b in seen or b not in graph.nodes:
+            continue
+        seen.add(b)
+        n = graph.nodes[b]
+        if isinstance(n, ir.Pointwise):
+            out += list(n.origin)
+            stack += n.reads()
+    return out

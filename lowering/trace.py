@@ -1,0 +1,81 @@
+"""Tracing: a function and abstract arguments to a closed jaxpr, and the
+call-like equations whose bodies the lowering inlines."""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+from jax.extend import core as jex_core
+
+# Equations that only wrap another jaxpr: their bodies are lowered in place.
+# Each entry: primitive name -> parameter holding the body.
+_CALL_BODIES = {
+    "pjit": "jaxpr",
+    "jit": "jaxpr",
+    "closed_call": "call_jaxpr",
+    "core_call": "call_jaxpr",
+    "remat": "jaxpr",
+    "remat2": "jaxpr",
+    "checkpoint": "jaxpr",
+    "custom_jvp_call": "call_jaxpr",
+    "custom_vjp_call": "call_jaxpr",
+    "custom_vjp_call_jaxpr": "fun_jaxpr",
+    "custom_lin": None,  # never primal; left to XLA
+}
+
+
+def trace(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]) -> jex_core.ClosedJaxpr:
+    """Trace ``fn`` over flat abstract arguments."""
+    return jax.make_jaxpr(fn)(*avals)
+
+
+def inlined_body(eqn) -> tuple[Any, Sequence[Any]] | None:
+    """(jaxpr, consts) of a call-like equation whose body should be inlined, else None."""
+    param = _CALL_BODIES.get(eqn.primitive.name)
+    if param is None or param not in eqn.params:
+        return None
+    body = eqn.params[param]
+    if isinstance(body, jex_core.ClosedJaxpr):
+        return body.jaxpr, body.consts
+    if isinstance(body, jex_core.Jaxpr):
+        return body, ()
+    return None
+
+
+class VarNames:
+    """Short, stable names for jaxpr variables (a, b, ..., z, ba, ...) in order of first sight."""
+
+    def __init__(self):
+        self.names: dict[int, str] = {}
+
+    def __call__(self, v) -> str:
+        if isinstance(v, jex_core.Literal):
+            return repr(v.val.item()) if hasattr(v.val, "item") else repr(v.val)
+        key = id(v)
+        if key not in self.names:
+            n, s = len(self.names), ""
+            while True:
+                s = chr(ord("a") + n % 26) + s
+                n = n // 26
+                if n == 0:
+                    break
+            self.names[key] = s
+        return self.names[key]
+
+
+_SHOWN_PARAMS = ("axes", "dimension", "dimensions", "permutation", "y", "new_dtype", "shape",
+                 "broadcast_dimensions", "start_indices", "limit_indices")
+
+
+def equation_text(eqn, names: VarNames) -> str:
+    """One line naming a jaxpr equation, like jaxpr's own printing."""
+    def typed(v):
+        a = v.aval
+        dt = getattr(a.dtype, "name", str(a.dtype))
+        return f"{names(v)}:{dt}[{','.join(str(d) for d in a.shape)}]"
+
+    outs = " ".join(typed(v) for v in eqn.outvars)
+    params = [f"{k}={eqn.params[k]}" for k in _SHOWN_PARAMS if k in eqn.params]
+    p = f"[{' '.join(params)}]" if params else ""
+    ins = " ".join(names(v) for v in eqn.invars)
+    return f"{outs} = {eqn.primitive.name}{p} {ins}".strip()

@@ -1,0 +1,232 @@
+"""``pallaskit.jit``: jax.jit's calling convention over pallaskit's compiler."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import logging
+import os
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+import lowering
+from lowering.options import CompileOptions
+from pallaskit import metrics
+from pallaskit.config import config
+from pallaskit.runtime import loader
+
+log = logging.getLogger("pallaskit")
+_logged_fallbacks: set[str] = set()
+
+
+def compile_options() -> CompileOptions:
+    """The compiler's options from the effective configuration."""
+    snap = config.snapshot()
+    interpret = snap["interpret"]
+    if interpret == "auto":
+        interpret = jax.default_backend() == "cpu"
+    return CompileOptions(interpret=interpret, fusion=snap["fusion"],
+                          max_persistent_cols=snap["max_persistent_cols"], num_warps=snap["num_warps"])
+
+
+@dataclasses.dataclass
+class Compiled:
+    """One compiled signature."""
+
+    result: lowering.CompileResult
+    jaxpr: Any
+    executable: Callable  # jitted: flat dynamic leaves -> flat outputs
+    constants: list
+    out_tree: Any
+    ran: bool = False
+
+
+class JitFunction:
+    """A function compiled by pallaskit, with jax.jit's semantics."""
+
+    def __init__(self, fn: Callable, static_argnums=(), static_argnames=()):
+        if not callable(fn):
+            raise TypeError(f"pallaskit.jit expects a callable, got {type(fn).__name__}")
+        self.fn = fn
+        self._sig = _signature(fn)
+        self.static_argnums, self.static_argnames = _resolve_static(self._sig, static_argnums, static_argnames)
+        self._cache: dict = {}
+        functools.update_wrapper(self, fn)
+
+    # -- signature --------------------------------------------------------------
+    def _split(self, args, kwargs):
+        """Separate static from dynamic arguments; checks every dynamic leaf."""
+        static_pos = tuple((i, _hashable(args[i], f"argument {i}")) for i in self.static_argnums if i < len(args))
+        static_kw = tuple(sorted((k, _hashable(v, f"argument {k!r}")) for k, v in kwargs.items()
+                                 if k in self.static_argnames))
+        dyn_args = [a for i, a in enumerate(args) if i not in self.static_argnums]
+        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_argnames}
+        leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs))
+        leaves, avals = [], []
+        dyn_positions = [i for i in range(len(args)) if i not in self.static_argnums]
+        for path, leaf in leaves_with_path:
+            avals.append(_abstractify(leaf, _describe(path, dyn_positions, self._sig)))
+            leaves.append(leaf)
+        key = (treedef, tuple(avals), static_pos, static_kw, len(args))
+        return key, leaves, avals, treedef, static_pos, static_kw
+
+    def __call__(self, *args, **kwargs):
+        key, leaves, avals, treedef, static_pos, static_kw = self._split(args, kwargs)
+        entry = self._cache.get(key)
+        if entry is None:
+            entry = self._compile(avals, treedef, static_pos, static_kw, len(args))
+            self._cache[key] = entry
+        outs = entry.executable(*leaves, *entry.constants)
+        if not entry.ran:
+            entry.ran = True
+            metrics.counters["kernels_compiled"] += len(entry.result.program.kernels)
+        return jax.tree_util.tree_unflatten(entry.out_tree, outs)
+
+    def lower_to_result(self, *args, **kwargs) -> Compiled:
+        key, leaves, avals, treedef, static_pos, static_kw = self._split(args, kwargs)
+        entry = self._cache.get(key)
+        if entry is None:
+            entry = self._compile(avals, treedef, static_pos, static_kw, len(args))
+            self._cache[key] = entry
+        return entry
+
+    def _compile(self, avals, treedef, static_pos, static_kw, n_args) -> Compiled:
+        options = compile_options()
+        out_tree_box = []
+        static_pos_d = dict(static_pos)
+        static_kw_d = {k: v.value if isinstance(v, _Static) else v for k, v in static_kw}
+
+        def flat_fn(*leaves):
+            dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
+            it = iter(dyn_args)
+            full = [static_pos_d[i].value if i in static_pos_d else next(it) for i in range(n_args)]
+            out = self.fn(*full, **dyn_kwargs, **static_kw_d)
+            flat, tree = jax.tree_util.tree_flatten(out)
+            out_tree_box.append(tree)
+            return flat
+
+        t0 = time.perf_counter()
+        structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+        closed = jax.make_jaxpr(flat_fn)(*structs)
+        title = getattr(self.fn, "__qualname__", "fn")
+        result = lowering.compile_jaxpr(closed, options, title)
+        call = loader.load(result.program)
+        constants = [result.schedule.graph.constants[n] for n in result.schedule.graph.inputs
+                     if n in result.schedule.graph.constants]
+        executable = jax.jit(call)
+        metrics.counters["graphs_compiled"] += 1
+        metrics.counters["generated_kernel_count"] += len(result.program.kernels)
+        metrics.counters["fallback_count"] += len(result.program.externs)
+        metrics.counters["ir_nodes_before_fusion"] += result.schedule.nodes_before
+        metrics.counters["ir_nodes_after_fusion"] += result.schedule.nodes_after
+        _log_fallbacks(result.fallbacks)
+        if config.debug_dir:
+            _dump(config.debug_dir, title, closed, result)
+        log.debug("pallaskit compiled %s in %.3fs: %d kernels", title, time.perf_counter() - t0,
+                  len(result.program.kernels))
+        return Compiled(result, closed, executable, constants, out_tree_box[-1])
+
+
+def jit(fn: Callable | None = None, *, static_argnums: int | Sequence[int] = (),
+        static_argnames: str | Sequence[str] = ()):
+    """Compile ``fn`` with pallaskit. Usable as ``@pallaskit.jit``,
+    ``@pallaskit.jit(static_argnums=...)`` or ``pallaskit.jit(fn, ...)``."""
+    if fn is None:
+        return lambda f: JitFunction(f, static_argnums, static_argnames)
+    return JitFunction(fn, static_argnums, static_argnames)
+
+
+# --------------------------------------------------------------------------- #
+# helpers
+# --------------------------------------------------------------------------- #
+@dataclasses.dataclass(frozen=True)
+class _Static:
+    value: Any
+
+    def __hash__(self):
+        return hash((type(self.value).__name__, self.value))
+
+    def __eq__(self, other):
+        return isinstance(other, _Static) and type(self.value) is type(other.value) and self.value == other.value
+
+
+def _hashable(v, what):
+    try:
+        hash(v)
+    except TypeError:
+        raise TypeError(f"static {what} must be hashable, got {type(v).__name__}") from None
+    return _Static(v)
+
+
+def _signature(fn):
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
+def _resolve_static(sig, argnums, argnames):
+    argnums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    argnames = (argnames,) if isinstance(argnames, str) else tuple(argnames)
+    if sig is not None:
+        params = list(sig.parameters.values())
+        names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        argnums = tuple(sorted({a if a >= 0 else len(names) + a for a in argnums}
+                               | {names.index(n) for n in argnames if n in names}))
+        argnames = tuple(sorted(set(argnames) | {names[i] for i in argnums if i < len(names)}))
+    return argnums, argnames
+
+
+def _describe(path, dyn_positions, sig) -> str:
+    """Human name of a leaf: the argument and the path inside it."""
+    first = path[0].idx if hasattr(path[0], "idx") else 0  # 0: args, 1: kwargs
+    rest = path[1:]
+    if first == 0 and rest:
+        pos = dyn_positions[rest[0].idx] if rest[0].idx < len(dyn_positions) else rest[0].idx
+        name = f"argument {pos}"
+        if sig is not None:
+            names = list(sig.parameters)
+            if pos < len(names) and sig.parameters[names[pos]].kind != inspect.Parameter.VAR_POSITIONAL:
+                name = f"argument {names[pos]!r}"
+        rest = rest[1:]
+    elif rest:
+        name = f"argument {rest[0].key!r}"
+        rest = rest[1:]
+    else:
+        name = "argument"
+    return name + jax.tree_util.keystr(tuple(rest))
+
+
+_SCALARS = (bool, int, float, complex, np.generic)
+
+
+def _abstractify(leaf, where: str):
+    if isinstance(leaf, (jax.Array, np.ndarray)) or isinstance(leaf, _SCALARS):
+        return jax.typeof(leaf) if hasattr(jax, "typeof") else jax.api_util.shaped_abstractify(leaf)
+    if hasattr(leaf, "__jax_array__"):
+        return jax.typeof(leaf.__jax_array__())
+    raise TypeError(f"pallaskit.jit: {where} is a {type(leaf).__name__}, not an array or scalar; "
+                    f"mark it static (static_argnums/static_argnames) or pass an array")
+
+
+def _log_fallbacks(prims):
+    if not config.log_fallbacks:
+        return
+    for p in prims:
+        if p not in _logged_fallbacks:
+            _logged_fallbacks.add(p)
+            log.warning("pallaskit: %s runs through XLA (no lowering rule)", p)
+
+
+def _dump(root, title, closed, result):
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in title)
+    folder = os.path.join(root, f"{safe}_{metrics.counters['graphs_compiled']:03d}")
+    os.makedirs(folder, exist_ok=True)
+    files = {"jaxpr.txt": str(closed), "ir_before_fusion.txt": result.ir_before,
+             "ir_after_fusion.txt": result.ir_after, "program.py": result.program.source}
+    for name, text in files.items():
+        with open(os.path.join(folder, name), "w") as f:
+            f.write(text)

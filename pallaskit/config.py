@@ -1,0 +1,170 @@
+"""pallaskit's options: one object, ``pallaskit.config``.
+
+Each option can be set, in increasing precedence, by its default, the
+environment variable ``PALLASKIT_<NAME>``, the absl flag ``--pallaskit_<name>``
+(once absl has parsed flags; the library works without that), and
+``pallaskit.config.update(name=value)`` or ``with pallaskit.config.override(...)``.
+An unknown name or a bad value raises an error listing what is valid.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from typing import Any, Callable
+
+from absl import flags as absl_flags
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    name: str
+    default: Any
+    help: str
+    parse: Callable[[str], Any]  # from env / flag text
+    check: Callable[[Any], Any] | None = None  # validate and normalize a value
+    valid: str = ""  # what is valid, for error messages
+
+
+def _parse_bool(text):
+    t = str(text).strip().lower()
+    if t in ("1", "true", "yes", "on"):
+        return True
+    if t in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def _check_bool(v):
+    if isinstance(v, str):
+        return _parse_bool(v)
+    if not isinstance(v, bool):
+        raise ValueError(f"expected a bool, got {v!r}")
+    return v
+
+
+def _check_interpret(v):
+    if isinstance(v, str):
+        v = v.strip().lower()
+        if v == "auto":
+            return "auto"
+        return _parse_bool(v)
+    if v == "auto" or isinstance(v, bool):
+        return v
+    raise ValueError(f"expected 'auto', True or False, got {v!r}")
+
+
+def _check_nonneg_int(v):
+    if isinstance(v, str):
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"expected an int >= 0, got {v!r}")
+    return v
+
+
+def _check_str(v):
+    if not isinstance(v, str):
+        raise ValueError(f"expected a string, got {v!r}")
+    return v
+
+
+OPTIONS: dict[str, Option] = {o.name: o for o in [
+    Option("interpret", "auto", "Render Pallas kernels in interpret mode: 'auto' (when JAX's backend is the CPU), "
+           "true or false.", str, _check_interpret, "'auto', true, false"),
+    Option("fusion", True, "Fuse materialized nodes into shared kernels.", _parse_bool, _check_bool, "true, false"),
+    Option("max_persistent_cols", 8192, "Largest reduced extent kept in one tile; larger reductions loop.",
+           int, _check_nonneg_int, "an int >= 0"),
+    Option("num_warps", 0, "Force the warps of every kernel (0: the heuristics decide).", int, _check_nonneg_int,
+           "an int >= 0"),
+    Option("debug_dir", "", "If set, write the jaxpr, the IR before and after fusion and the generated source "
+           "of every compiled function into a folder per function under this directory.", str, _check_str,
+           "a directory path or ''"),
+    Option("log_fallbacks", True, "Log one line per primitive run through XLA (once per primitive).",
+           _parse_bool, _check_bool, "true, false"),
+]}
+
+
+def _define_absl_flags():
+    for o in OPTIONS.values():
+        name = f"pallaskit_{o.name}"
+        if name in absl_flags.FLAGS:
+            continue
+        absl_flags.DEFINE_string(name, None, o.help)
+
+
+_define_absl_flags()
+
+
+class Config:
+    """The options object. Attribute access reads the effective value."""
+
+    def __init__(self):
+        object.__setattr__(self, "_explicit", {})
+
+    def _unknown(self, name):
+        return AttributeError(f"unknown pallaskit option {name!r}; valid options: {', '.join(sorted(OPTIONS))}")
+
+    @staticmethod
+    def _validate(o: Option, value, source: str):
+        try:
+            return o.check(value) if o.check else value
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"bad value for pallaskit option {o.name!r} from {source}: {e}. "
+                             f"Valid: {o.valid}") from None
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        o = OPTIONS.get(name)
+        if o is None:
+            raise self._unknown(name)
+        if name in self._explicit:
+            return self._explicit[name]
+        flag = absl_flags.FLAGS[f"pallaskit_{name}"] if absl_flags.FLAGS.is_parsed() else None
+        if flag is not None and flag.value is not None:
+            return self._validate(o, flag.value, f"--pallaskit_{name}")
+        env = os.environ.get(f"PALLASKIT_{name.upper()}")
+        if env is not None:
+            return self._validate(o, env, f"PALLASKIT_{name.upper()}")
+        return o.default
+
+    def __setattr__(self, name, value):
+        self.update(**{name: value})
+
+    def update(self, **values):
+        for name, value in values.items():
+            o = OPTIONS.get(name)
+            if o is None:
+                raise self._unknown(name)
+            self._explicit[name] = self._validate(o, value, "config.update")
+
+    def reset(self, name: str | None = None):
+        if name is None:
+            self._explicit.clear()
+        else:
+            self._explicit.pop(name, None)
+
+    @contextlib.contextmanager
+    def override(self, **values):
+        saved = dict(self._explicit)
+        self.update(**values)
+        try:
+            yield self
+        finally:
+            self._explicit.clear()
+            self._explicit.update(saved)
+
+    def snapshot(self) -> dict:
+        """Every option's effective value; also checks the environment for
+        misspelled PALLASKIT_* variables."""
+        for key in os.environ:
+            if key.startswith("PALLASKIT_") and key[len("PALLASKIT_"):].lower() not in OPTIONS:
+                raise ValueError(f"unknown environment variable {key}; valid: "
+                                 f"{', '.join('PALLASKIT_' + n.upper() for n in sorted(OPTIONS))}")
+        return {name: getattr(self, name) for name in OPTIONS}
+
+    def __repr__(self):
+        return "pallaskit.config(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in OPTIONS) + ")"
+
+
+config = Config()

@@ -1,0 +1,1 @@
+"""Runtime: loading generated programs and running them."""

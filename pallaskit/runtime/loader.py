@@ -1,0 +1,27 @@
+"""Turn a rendered program (Python source) into a callable."""
+from __future__ import annotations
+
+import hashlib
+import linecache
+
+from lowering.codegen.pallas import RenderedProgram
+
+
+def _extern_callable(primitive, params):
+    def run(*args):
+        out = primitive.bind(*args, **params)
+        return tuple(out) if primitive.multiple_results else (out,)
+
+    run.__name__ = f"extern_{primitive.name}"
+    return run
+
+
+def load(program: RenderedProgram):
+    """Execute the module source; returns its ``call`` function. The source is
+    registered with linecache so tracebacks show generated lines."""
+    digest = hashlib.sha256(program.source.encode()).hexdigest()[:16]
+    filename = f"<pallaskit-{digest}>"
+    linecache.cache[filename] = (len(program.source), None, program.source.splitlines(True), filename)
+    namespace = {"EXTERNS": [_extern_callable(p, params) for p, params in program.externs]}
+    exec(compile(program.source, filename, "exec"), namespace)
+    return namespace["call"]
