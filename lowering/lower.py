@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import sympy
 from jax.extend import core as jex_core
@@ -21,7 +23,7 @@ def _is_plain(aval) -> bool:
         dt = np.dtype(aval.dtype)
     except TypeError:  # extended dtypes (PRNG keys, float0)
         return False
-    if dt.kind not in "biuf" or dt.itemsize > 8:
+    if not (jnp.issubdtype(dt, jnp.floating) or jnp.issubdtype(dt, jnp.integer) or dt == np.bool_):
         return False
     return all(isinstance(d, int) for d in aval.shape) and sizes.numel(aval.shape) > 0
 
@@ -127,7 +129,7 @@ def lower(closed: jex_core.ClosedJaxpr) -> LoweredGraph:
     args = [ctx.input(v.aval) for v in closed.jaxpr.invars]
     consts = []
     for c in closed.consts:
-        name = ctx.input(jex_core.get_aval(c), prefix="const")
+        name = ctx.input(jax.typeof(c), prefix="const")
         ctx.constants[name] = c
         consts.append(name)
     outs = _lower_jaxpr(ctx, closed.jaxpr, consts, args, fallbacks)
@@ -136,8 +138,7 @@ def lower(closed: jex_core.ClosedJaxpr) -> LoweredGraph:
 
 
 def _literal(lit) -> ir.Const:
-    v = np.asarray(lit.val)
-    return ir.Const(v.item(), v.dtype)
+    return ir.Const(np.asarray(lit.val).item(), np.dtype(lit.aval.dtype))
 
 
 def _lower_jaxpr(ctx, jaxpr, consts, args, fallbacks):
@@ -169,7 +170,7 @@ def _lower_jaxpr(ctx, jaxpr, consts, args, fallbacks):
 
 
 def _const_input(ctx, c):
-    aval = jex_core.get_aval(c)
+    aval = jax.typeof(c)
     if np.shape(c) == () and _is_plain(aval):
         v = np.asarray(c)
         return ir.Const(v.item(), v.dtype)

@@ -19,7 +19,6 @@ from pallaskit.config import config
 from pallaskit.runtime import loader
 
 log = logging.getLogger("pallaskit")
-_logged_fallbacks: set[str] = set()
 
 
 def compile_options() -> CompileOptions:
@@ -216,8 +215,8 @@ def _log_fallbacks(prims):
     if not config.log_fallbacks:
         return
     for p in prims:
-        if p not in _logged_fallbacks:
-            _logged_fallbacks.add(p)
+        if p not in metrics.logged_fallbacks:
+            metrics.logged_fallbacks.add(p)
             log.warning("pallaskit: %s runs through XLA (no lowering rule)", p)
 
 

@@ -13,8 +13,11 @@ COUNTER_NAMES = (
 )
 
 counters: collections.Counter = collections.Counter({n: 0 for n in COUNTER_NAMES})
+logged_fallbacks: set[str] = set()  # primitives already named in the log
 
 
 def reset():
+    """Zero the counters and forget which fallbacks were logged."""
+    logged_fallbacks.clear()
     counters.clear()
     counters.update({n: 0 for n in COUNTER_NAMES})

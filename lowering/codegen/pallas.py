@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+import jax.numpy as jnp
 import numpy as np
 import sympy
 
@@ -123,6 +124,10 @@ class RenderedProgram:
     output_names: list
 
 
+def is_float(dt) -> bool:
+    return bool(jnp.issubdtype(np.dtype(dt), jnp.floating))
+
+
 def dtype_source(dt) -> str:
     dt = np.dtype(dt)
     return "jnp.bool_" if dt == np.bool_ else f"jnp.{dt.name}"
@@ -132,7 +137,7 @@ def const_source(value, dt) -> str:
     dt = np.dtype(dt)
     if dt == np.bool_:
         return repr(bool(value))
-    if dt.kind == "f":
+    if is_float(dt):
         v = float(value)
         if np.isnan(v):
             return "float('nan')"
@@ -149,7 +154,7 @@ def _reduction_identity(op: str, dt) -> str:
     if op in ("prod", "and"):
         return "1"
     big = op in ("min", "argmin")
-    if dt.kind == "f":
+    if is_float(dt):
         return "float('inf')" if big else "float('-inf')"
     info = np.iinfo(np.int32 if dt == np.bool_ else dt)
     return str(info.max if big else info.min)
@@ -159,7 +164,7 @@ def _acc_dtype(op, dt):
     dt = np.dtype(dt)
     if op in ("and", "or") or dt == np.bool_:
         return np.dtype(np.int32)
-    if dt.kind == "f" and dt.itemsize < 4:
+    if is_float(dt) and dt.itemsize < 4:
         return np.dtype(np.float32)
     return dt
 

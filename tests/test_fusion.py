@@ -1,0 +1,143 @@
+"""Fusion shown by kernel counts, and every fused program checked against jax.jit."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallaskit
+from conftest import assert_close
+
+
+def _check(fn, *args):
+    out = pallaskit.jit(fn)(*args)
+    ref = jax.jit(fn)(*args)
+    for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(ref)):
+        assert a.dtype == b.dtype
+        assert_close(a, b, b.dtype)
+    return pallaskit.explain(fn, *args)
+
+
+def rmsnorm(x, w, eps=1e-6):
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (y * w.astype(jnp.float32)).astype(x.dtype)
+
+
+def layernorm(x, w, b, eps=1e-5):
+    xf = x.astype(jnp.float32)
+    mean = jnp.mean(xf, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
+    y = (xf - mean) * jax.lax.rsqrt(var + eps)
+    return (y * w.astype(jnp.float32) + b.astype(jnp.float32)).astype(x.dtype)
+
+
+DTYPES = [jnp.float32, jnp.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pointwise_chain_of_ten_is_one_kernel(rng, dtype):
+    def chain(x, y):
+        z = x * 2.0 + y
+        z = jnp.tanh(z) - jnp.exp(-jnp.abs(x))
+        z = jnp.maximum(z, y) * jax.nn.sigmoid(y)
+        return jnp.sqrt(jnp.abs(z) + 1.0) / (1.0 + y * y)
+
+    x = jnp.asarray(rng.standard_normal((37, 129)), dtype)
+    y = jnp.asarray(rng.standard_normal((37, 129)), dtype)
+    e = _check(chain, x, y)
+    assert len(e.kernels) == 1
+    assert len(e.kernels[0].equations) >= 10
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(33, 100), (4, 1, 257), (1, 7)])
+def test_softmax_last_axis_is_one_kernel(rng, dtype, shape):
+    x = jnp.asarray(rng.standard_normal(shape) * 3, dtype)
+    e = _check(lambda a: jax.nn.softmax(a, axis=-1), x)
+    assert len(e.kernels) == 1 and e.kernels[0].kind == "reduction"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(37, 384), (3, 5, 100), (1, 1)])
+def test_rmsnorm_forward_is_one_kernel(rng, dtype, shape):
+    x = jnp.asarray(rng.standard_normal(shape), dtype)
+    w = jnp.asarray(rng.standard_normal(shape[-1:]), dtype)
+    e = _check(rmsnorm, x, w)
+    assert len(e.kernels) == 1
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(37, 384), (2, 9, 100)])
+def test_layernorm_forward_is_one_kernel(rng, dtype, shape):
+    x = jnp.asarray(rng.standard_normal(shape) + 0.5, dtype)
+    w = jnp.asarray(rng.standard_normal(shape[-1:]), dtype)
+    b = jnp.asarray(rng.standard_normal(shape[-1:]), dtype)
+    e = _check(layernorm, x, w, b)
+    assert len(e.kernels) == 1
+
+
+def test_mean_and_variance_take_one_pass(rng):
+    x = jnp.asarray(rng.standard_normal((20, 300)) + 1.0, jnp.float32)
+    e = _check(lambda a: (jnp.mean(a, axis=1), jnp.var(a, axis=1)), x)
+    assert len(e.kernels) == 1
+    assert e.kernels[0].source.count("plt.load(in_ptr0") == 1  # the input is read once
+
+
+def test_jax_nn_layer_norm_style_and_gelu(rng):
+    def block(x, w):
+        h = jax.nn.gelu(x * w, approximate=False)
+        return h - h.mean(-1, keepdims=True)
+
+    x = jnp.asarray(rng.standard_normal((16, 96)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((96,)), jnp.float32)
+    e = _check(block, x, w)
+    assert len(e.kernels) == 1
+
+
+def test_looped_reduction_matches(rng):
+    x = jnp.asarray(rng.standard_normal((3, 5000)), jnp.float32)
+    with pallaskit.config.override(max_persistent_cols=1024):
+        e = _check(lambda a: jax.nn.softmax(a, axis=-1), x)
+        assert "fori_loop" in e.kernels[0].source
+        _check(lambda a: (jnp.sum(a, -1), jnp.max(a, -1), jnp.min(a * 2, -1)), x)
+
+
+@pytest.mark.parametrize("axes", [(0,), (1,), (0, 2), None])
+def test_reductions_over_other_axes(rng, axes):
+    x = jnp.asarray(rng.standard_normal((6, 7, 33)), jnp.float32)
+    _check(lambda a: (jnp.sum(jnp.exp(a), axis=axes), jnp.max(a, axis=axes)), x)
+
+
+def test_column_reduction_long(rng):
+    x = jnp.asarray(rng.standard_normal((9001, 3)), jnp.float32)
+    _check(lambda a: jnp.sum(a, axis=0), x)
+
+
+def test_reduction_epilogue_and_outputs_share_a_kernel(rng):
+    def f(x):
+        m = jnp.max(x, -1)
+        s = jnp.sum(jnp.exp(x - m[:, None]), -1)
+        return jnp.log(s) + m, jnp.exp(x) * 2
+
+    x = jnp.asarray(rng.standard_normal((13, 70)), jnp.float32)
+    e = _check(f, x)
+    assert len(e.kernels) == 1
+
+
+def test_views_fold_into_index_expressions(rng):
+    def f(x, y):
+        t = jnp.transpose(x, (1, 0)).reshape(6, 35)[:, ::2]
+        return jnp.concatenate([t, jnp.flip(y, 0)], axis=1) * 2.0
+
+    x = jnp.asarray(rng.standard_normal((35, 6)), jnp.float32)
+    y = jnp.asarray(rng.standard_normal((6, 5)), jnp.float32)
+    e = _check(f, x, y)
+    assert len(e.kernels) == 1
+
+
+def test_fusion_off_gives_more_kernels(rng):
+    x = jnp.asarray(rng.standard_normal((8, 50)), jnp.float32)
+    f = lambda a: jax.nn.softmax(a, -1)
+    with pallaskit.config.override(fusion=False):
+        e = _check(f, x)
+    assert len(e.kernels) > 1
