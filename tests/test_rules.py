@@ -1,0 +1,481 @@
+"""Op-info-style table test of every lowering rule against ``jax.jit``.
+
+``TABLE`` holds one small ``OpInfo`` entry per tested use of a primitive: the
+function, an input generator, the dtypes and shapes to run, and a tolerance.
+``test_op`` runs every (entry, dtype, shape) case through ``pallaskit.jit`` and
+``jax.jit`` on fresh seeded random inputs, compares the results, and checks with
+``pallaskit.explain`` that the primitive was really lowered by a rule (no XLA
+fallback, at least one generated kernel). ``test_every_rule_has_an_entry``
+fails when a rule in ``lowering.rules.RULES`` has no entry.
+
+Cases that fail because of a compiler bug are marked ``xfail(strict=True)``
+in the table (``OpInfo.xfail``) with a one-line reason.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import zlib
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.extend import core as jex_core
+
+import pallaskit
+from lowering.rules import RULES
+
+F32, BF16, I32, BOOL = np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(np.int32), np.dtype(np.bool_)
+FLOAT = (F32, BF16)
+INT = (I32,)
+NUM = FLOAT + INT
+LOGIC = (BOOL, I32)
+
+# Default shapes: a size-1 dimension, non-power-of-two extents. Everything stays
+# well under ~4000 elements (interpret mode is slow).
+SHAPES = ((5, 1, 37), (3, 50))
+WITH_SCALAR = SHAPES + ((),)
+RED_SHAPES = ((5, 1, 37), (6, 7, 19))
+
+# (rtol, atol) per tolerance class for float outputs; ints and bools are always exact.
+TOLS = {
+    "default": {F32: (1e-5, 1e-5), BF16: (2e-2, 2e-2)},
+    "trans": {F32: (2e-4, 1e-5), BF16: (2e-2, 2e-2)},  # erf, cbrt, pow, tan, erf_inv...
+    "sum": {F32: (1e-5, 5e-5), BF16: (2e-2, 2e-2)},  # reductions: summation order differs
+    "exact": None,  # data movement, rounding, comparisons, min/max, conversions: bit-exact
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class OpInfo:
+    name: str  # unique entry name (the test id prefix)
+    prim: str  # the RULES key this entry exercises; must appear in fn's jaxpr
+    fn: Callable
+    gen: Callable  # (rng, shape, dtype) -> list of numpy arrays (the arguments)
+    dtypes: tuple = FLOAT
+    shapes: tuple = SHAPES
+    tol: str = "default"
+    allow_nonfinite: bool = False  # reference may hold inf/nan (else it must be finite)
+    xfail: tuple = ()  # ((dtype or None, shape or None, reason), ...): None matches all
+
+
+# --------------------------------------------------------------------------- #
+# Input generators. A leaf takes (rng, shape, dtype) and returns one array of
+# that dtype; ``args`` combines leaves into an argument list.
+# --------------------------------------------------------------------------- #
+def _as(a, dtype):
+    return np.asarray(a).astype(dtype)
+
+
+def uniform(lo, hi, ilo=-100, ihi=100):
+    """Floats in [lo, hi) for float dtypes; ints in [ilo, ihi) for int dtypes."""
+    def g(rng, shape, dtype):
+        if dtype == BOOL:
+            return rng.random(shape) < 0.5
+        if dtype.kind in "iu":
+            return _as(rng.integers(ilo, ihi, size=shape), dtype)
+        return _as(rng.uniform(lo, hi, size=shape), dtype)
+    return g
+
+
+def signed(lo, hi, ilo=1, ihi=10):
+    """Magnitude in [lo, hi) (ints: [ilo, ihi)) with a random sign: never zero."""
+    mag = uniform(lo, hi, ilo, ihi)
+
+    def g(rng, shape, dtype):
+        s = np.where(rng.random(shape) < 0.5, -1, 1)
+        return _as(s * mag(rng, shape, dtype).astype(np.float64 if dtype.kind == "f" else np.int64), dtype)
+    return g
+
+
+def normal(scale=1.0, ilo=-100, ihi=100):
+    def g(rng, shape, dtype):
+        if dtype == BOOL:
+            return rng.random(shape) < 0.5
+        if dtype.kind in "iu":
+            return _as(rng.integers(ilo, ihi, size=shape), dtype)
+        return _as(rng.normal(0.0, scale, size=shape), dtype)
+    return g
+
+
+def full_int32(rng, shape, dtype):
+    return _as(rng.integers(np.iinfo(np.int32).min, np.iinfo(np.int32).max, size=shape, endpoint=True), dtype)
+
+
+def bools(p_true=0.5):
+    def g(rng, shape, dtype=None):
+        return rng.random(shape) < p_true
+    return g
+
+
+def logic(rng, shape, dtype):
+    return bools()(rng, shape) if dtype == BOOL else full_int32(rng, shape, dtype)
+
+
+def with_zeros(leaf, frac=0.2):
+    def g(rng, shape, dtype):
+        a = leaf(rng, shape, dtype)
+        return np.where(rng.random(shape) < frac, np.zeros((), dtype), a).astype(dtype)
+    return g
+
+
+def with_nonfinite(leaf, frac=0.15):
+    def g(rng, shape, dtype):
+        a = leaf(rng, shape, dtype).astype(np.float64)
+        specials = rng.choice(np.array([np.inf, -np.inf, np.nan]), size=shape)
+        return _as(np.where(rng.random(shape) < frac, specials, a), dtype)
+    return g
+
+
+def halves(rng, shape, dtype):
+    """Exact .5 ties (k/2) mixed with random fractions, for rounding."""
+    k = rng.integers(-40, 41, size=shape) / 2.0
+    noise = np.where(rng.random(shape) < 0.5, 0.0, rng.uniform(-0.45, 0.45, size=shape))
+    return _as(k + noise, dtype)
+
+
+def args(*leaves):
+    def g(rng, shape, dtype):
+        return [leaf(rng, shape, dtype) for leaf in leaves]
+    return g
+
+
+def tied_pair(leaf, p_tie=0.3, nan=False):
+    """(x, y) where y equals x in ~30% of places (and optionally holds NaNs)."""
+    def g(rng, shape, dtype):
+        x = leaf(rng, shape, dtype)
+        y = np.where(rng.random(shape) < p_tie, x, leaf(rng, shape, dtype)).astype(dtype)
+        if nan and dtype.kind == "f":
+            x = np.where(rng.random(shape) < 0.1, np.nan, x).astype(dtype)
+            y = np.where(rng.random(shape) < 0.1, np.nan, y).astype(dtype)
+        return [x, y]
+    return g
+
+
+def fixed_dtype(leaf, dt):
+    def g(rng, shape, dtype):
+        return leaf(rng, shape, np.dtype(dt))
+    return g
+
+
+# --------------------------------------------------------------------------- #
+# The table
+# --------------------------------------------------------------------------- #
+TABLE: list[OpInfo] = []
+
+
+def op(name, prim, fn, gen, dtypes=FLOAT, **kw):
+    TABLE.append(OpInfo(name, prim, fn, gen, tuple(np.dtype(d) for d in dtypes), **kw))
+
+
+N2 = args(normal(2.0), normal(2.0))
+
+# -- arithmetic ---------------------------------------------------------------
+op("add", "add", lax.add, N2, NUM, shapes=WITH_SCALAR)
+op("add_bcast", "add", lambda x, y: x + y,
+   lambda rng, s, d: [normal(2.0)(rng, s, d), normal(2.0)(rng, s[-1:], d)], NUM)
+op("sub", "sub", lax.sub, N2, NUM)
+op("mul", "mul", lax.mul, N2, NUM, shapes=WITH_SCALAR)
+op("mul_literal", "mul", lambda x: x * 3, args(normal(2.0)), NUM)
+op("div", "div", lax.div, args(normal(3.0, -1000, 1000), signed(0.25, 4.0, 1, 13)), NUM, shapes=WITH_SCALAR)
+op("rem", "rem", lax.rem, args(normal(5.0, -1000, 1000), signed(0.3, 3.0, 1, 13)), NUM)
+op("neg", "neg", lax.neg, args(normal(2.0)), NUM, tol="exact")
+op("max", "max", lax.max, tied_pair(normal(2.0)), NUM, tol="exact")
+op("min", "min", lax.min, tied_pair(normal(2.0)), NUM, tol="exact")
+op("pow", "pow", lax.pow, args(uniform(0.1, 4.0), uniform(-2.0, 2.5)), tol="trans")
+op("pow_negative_base", "pow", lax.pow,
+   args(signed(0.2, 3.0), lambda rng, s, d: _as(rng.integers(-3, 4, size=s), d)), tol="trans")
+op("integer_pow_3", "integer_pow", lambda x: x ** 3, args(normal(1.5, -50, 50)), NUM, tol="trans")
+op("integer_pow_neg2", "integer_pow", lambda x: x ** -2, args(signed(0.3, 3.0)), tol="trans")
+op("square", "square", jnp.square, args(normal(2.0, -1000, 1000)), NUM)
+op("abs", "abs", jnp.abs, args(with_zeros(normal(2.0))), NUM, tol="exact")
+op("sign", "sign", jnp.sign, args(with_zeros(normal(2.0))), NUM, tol="exact")
+op("nextafter", "nextafter", jnp.nextafter, tied_pair(normal(2.0)), tol="exact")
+op("atan2", "atan2", jnp.arctan2, args(normal(2.0), with_zeros(normal(2.0), 0.05)), tol="trans")
+
+# -- exponential / logarithmic / special ---------------------------------------
+op("exp", "exp", jnp.exp, args(normal(2.0)), shapes=WITH_SCALAR)
+op("exp2", "exp2", jnp.exp2, args(normal(3.0)))
+op("log", "log", jnp.log, args(uniform(0.01, 20.0)))
+op("log1p", "log1p", jnp.log1p, args(uniform(-0.9, 10.0)))
+op("expm1", "expm1", jnp.expm1, args(normal(1.5)))
+op("tanh", "tanh", jnp.tanh, args(normal(2.0)), shapes=WITH_SCALAR)
+op("logistic", "logistic", jax.nn.sigmoid, args(normal(3.0)))
+op("sqrt", "sqrt", jnp.sqrt, args(uniform(0.01, 50.0)))
+op("rsqrt", "rsqrt", lax.rsqrt, args(uniform(0.01, 50.0)))
+op("cbrt", "cbrt", jnp.cbrt, args(normal(5.0)), tol="trans")
+op("erf", "erf", lax.erf, args(normal(1.5)), tol="trans")
+op("erfc", "erfc", lax.erfc, args(normal(1.5)), tol="trans")
+op("erf_inv", "erf_inv", lax.erf_inv, args(uniform(-0.99, 0.99)), tol="trans")
+
+# -- trigonometric / hyperbolic -----------------------------------------------
+op("sin", "sin", jnp.sin, args(uniform(-6.0, 6.0)), shapes=WITH_SCALAR)
+op("cos", "cos", jnp.cos, args(uniform(-6.0, 6.0)))
+op("tan", "tan", jnp.tan, args(uniform(-1.4, 1.4)), tol="trans")
+op("asin", "asin", jnp.arcsin, args(uniform(-0.99, 0.99)))
+op("acos", "acos", jnp.arccos, args(uniform(-0.99, 0.99)))
+op("atan", "atan", jnp.arctan, args(normal(3.0)))
+op("sinh", "sinh", jnp.sinh, args(uniform(-4.0, 4.0)))
+op("cosh", "cosh", jnp.cosh, args(uniform(-4.0, 4.0)))
+op("asinh", "asinh", jnp.arcsinh, args(normal(5.0)))
+op("acosh", "acosh", jnp.arccosh, args(uniform(1.01, 20.0)))
+op("atanh", "atanh", jnp.arctanh, args(uniform(-0.99, 0.99)))
+
+# -- rounding and classification ----------------------------------------------
+op("floor", "floor", jnp.floor, args(halves), tol="exact")
+op("ceil", "ceil", jnp.ceil, args(halves), tol="exact")
+op("round_away_from_zero", "round", lambda x: lax.round(x, lax.RoundingMethod.AWAY_FROM_ZERO),
+   args(halves), tol="exact")
+op("round_to_nearest_even", "round", lambda x: lax.round(x, lax.RoundingMethod.TO_NEAREST_EVEN),
+   args(halves), tol="exact")
+op("round_jnp", "round", jnp.round, args(halves), tol="exact")
+op("is_finite", "is_finite", jnp.isfinite, args(with_nonfinite(normal(2.0))), tol="exact")
+
+# -- comparisons and selection ----------------------------------------------
+for _name, _fn in (("eq", lax.eq), ("ne", lax.ne), ("lt", lax.lt), ("le", lax.le), ("gt", lax.gt), ("ge", lax.ge)):
+    op(_name, _name, _fn, tied_pair(normal(2.0, -5, 5), nan=True), NUM)
+op("where", "select_n", jnp.where,
+   lambda rng, s, d: [bools()(rng, s), normal(2.0)(rng, s, d), normal(2.0)(rng, s, d)], NUM + (BOOL,),
+   shapes=WITH_SCALAR, tol="exact")
+op("select_n_3", "select_n", lax.select_n,
+   lambda rng, s, d: [_as(rng.integers(0, 3, size=s), np.int32)] + [normal(2.0)(rng, s, d) for _ in range(3)],
+   NUM, tol="exact")
+
+
+def _clamp_arrays(rng, s, d):
+    a, b = normal(2.0)(rng, s, d), normal(2.0)(rng, s, d)
+    lo, hi = np.minimum(a, b), np.maximum(a, b)
+    return [lo, normal(3.0)(rng, s, d), hi]
+
+
+def _clamp_scalars(rng, s, d):
+    lo, hi = sorted(normal(1.0, -30, 0)(rng, (2,), d))
+    return [np.asarray(lo, d), normal(2.0, -60, 60)(rng, s, d), np.asarray(hi, d) + np.asarray(1, d)]
+
+
+op("clamp", "clamp", lax.clamp, _clamp_arrays, NUM, tol="exact")
+op("clamp_scalar_bounds", "clamp", lax.clamp, _clamp_scalars, NUM, tol="exact")
+
+# -- logical / bitwise ---------------------------------------------------------
+op("and", "and", lambda x, y: x & y, args(logic, logic), LOGIC)
+op("or", "or", lambda x, y: x | y, args(logic, logic), LOGIC)
+op("xor", "xor", lambda x, y: x ^ y, args(logic, logic), LOGIC)
+op("not", "not", lambda x: ~x, args(logic), LOGIC)
+_shift_args = lambda rng, s, d: [full_int32(rng, s, d), _as(rng.integers(0, 32, size=s), d)]  # noqa: E731
+op("shift_left", "shift_left", lax.shift_left, _shift_args, INT)
+op("shift_right_logical", "shift_right_logical", lax.shift_right_logical, _shift_args, INT)
+op("shift_right_arithmetic", "shift_right_arithmetic", lax.shift_right_arithmetic, _shift_args, INT)
+op("population_count", "population_count", lax.population_count, args(full_int32), INT)
+op("clz", "clz", lax.clz, args(full_int32), INT)
+
+# -- conversions ---------------------------------------------------------------
+op("convert_f32_to_bf16", "convert_element_type", lambda x: x.astype(jnp.bfloat16),
+   args(normal(100.0)), (F32,), tol="exact")
+op("convert_bf16_to_f32", "convert_element_type", lambda x: x.astype(jnp.float32),
+   args(normal(100.0)), (BF16,), tol="exact")
+op("convert_f32_to_int32", "convert_element_type", lambda x: x.astype(jnp.int32),
+   args(uniform(-1000.0, 1000.0)), (F32,), tol="exact")
+op("convert_int32_to_f32", "convert_element_type", lambda x: x.astype(jnp.float32),
+   args(full_int32), (I32,), tol="exact")
+op("convert_bool_to_f32", "convert_element_type", lambda x: x.astype(jnp.float32),
+   args(bools()), (BOOL,), tol="exact")
+
+# -- iota ----------------------------------------------------------------------
+op("arange", "iota", lambda x: x + jnp.arange(x.shape[-1], dtype=x.dtype), args(normal(2.0)), NUM, tol="exact")
+op("broadcasted_iota_dim0", "iota", lambda x: x + lax.broadcasted_iota(x.dtype, x.shape, 0),
+   args(normal(2.0)), NUM, tol="exact")
+op("broadcasted_iota_last", "iota", lambda x: x * lax.broadcasted_iota(x.dtype, x.shape, x.ndim - 1),
+   args(normal(2.0)), NUM, tol="exact")
+op("iota_only", "iota", lambda x: lax.broadcasted_iota(jnp.int32, x.shape, 0), args(normal(2.0)), INT, tol="exact")
+
+# -- shape ops -----------------------------------------------------------------
+_VIEW = NUM  # view ops move data: exact for every dtype
+_X = args(normal(2.0))
+_SPLIT = {(3, 50): (3, 5, 10), (6, 35): (2, 3, 5, 7)}
+_MIXED = {(5, 1, 37): (37, 5), (6, 35): (14, 15)}
+op("reshape_merge", "reshape", lambda x: x.reshape(-1), _X, _VIEW + (BOOL,), tol="exact")
+op("reshape_split", "reshape", lambda x: x.reshape(_SPLIT[x.shape]), _X, _VIEW, shapes=tuple(_SPLIT), tol="exact")
+op("reshape_split_merge", "reshape", lambda x: x.reshape(_MIXED[x.shape]), _X, _VIEW, shapes=tuple(_MIXED),
+   tol="exact")
+op("transpose", "transpose", lambda x: jnp.transpose(x, tuple(range(x.ndim))[::-1]), _X, _VIEW, tol="exact")
+op("transpose_3d", "transpose", lambda x: jnp.transpose(x, (1, 2, 0)), _X, _VIEW,
+   shapes=((5, 1, 37), (4, 6, 5)), tol="exact")
+op("broadcast_leading", "broadcast_in_dim", lambda x: jnp.broadcast_to(x, (2,) + x.shape), _X, _VIEW,
+   shapes=WITH_SCALAR, tol="exact")
+op("broadcast_size1", "broadcast_in_dim",
+   lambda x: jnp.broadcast_to(x, tuple(4 if d == 1 else d for d in x.shape)), _X, _VIEW,
+   shapes=((5, 1, 37), (1, 50)), tol="exact")
+op("broadcast_jnp_expand_dims", "broadcast_in_dim", lambda x: jnp.expand_dims(x, (0, 2)), _X, _VIEW, tol="exact")
+op("squeeze", "squeeze", lambda x: jnp.squeeze(x, 1), _X, _VIEW, shapes=((5, 1, 37), (3, 1)), tol="exact")
+op("expand_dims", "expand_dims", lambda x: jnp.expand_dims(x, (0, 2)), _X, (F32,), tol="exact",
+   xfail=((None, None, "jax 0.10.2 has no expand_dims primitive (jnp.expand_dims traces to broadcast_in_dim): "
+                       "the expand_dims rule is unreachable"),))
+_SLICES = {(5, 1, 37): ((1, 0, 2), (4, 1, 35), (2, 1, 3)), (3, 50): ((0, 5), (3, 48), (2, 4))}
+op("slice_strided", "slice", lambda x: lax.slice(x, *_SLICES[x.shape]), _X, _VIEW, tol="exact")
+op("slice_unit_stride", "slice", lambda x: x[1:-1, ..., 3:-2], _X, _VIEW, tol="exact")
+op("rev", "rev", lambda x: jnp.flip(x, (0, x.ndim - 1)), _X, _VIEW, tol="exact")
+_PADS = {(5, 1, 37): ((2, -1, 1), (1, 0, 0), (-3, 4, 2)), (3, 50): ((-1, 2, 2), (3, -5, 1))}
+op("pad", "pad", lambda x, v: lax.pad(x, v, _PADS[x.shape]),
+   lambda rng, s, d: [normal(2.0)(rng, s, d), normal(2.0, 1, 100)(rng, (), d)], _VIEW, tol="exact")
+op("pad_literal_value", "pad", lambda x: lax.pad(x, jnp.asarray(-7, x.dtype), _PADS[x.shape]), _X, _VIEW,
+   tol="exact")
+
+
+def _pieces(axis, sizes=(5, 1, 17)):
+    def g(rng, s, d):
+        out = []
+        for n in sizes:
+            sh = list(s)
+            sh[axis] = n
+            out.append(normal(2.0)(rng, tuple(sh), d))
+        return out
+    return g
+
+
+op("concatenate_last", "concatenate", lambda a, b, c: jnp.concatenate([a, b, c], axis=-1), _pieces(-1),
+   _VIEW, tol="exact")
+op("concatenate_first", "concatenate", lambda a, b, c: jnp.concatenate([a, b, c], axis=0), _pieces(0),
+   _VIEW, tol="exact")
+op("split_last", "split", lambda x: jnp.split(x, [7, 20], axis=-1), _X, _VIEW, tol="exact")
+op("split_first", "split", lambda x: jnp.split(x, [1, 2], axis=0), _X, _VIEW, tol="exact")
+
+# -- reductions ----------------------------------------------------------------
+_AXES = (("last", -1), ("mid", 1), ("first", 0), ("all", None))
+
+
+def _reduced_count(shape, axis):
+    return int(np.prod(shape)) if axis is None else shape[axis]
+
+
+def _bools_for(kind, axis):
+    """Bools whose all()/any() over the reduced axis is True about half the time."""
+    def g(rng, s, d):
+        n = _reduced_count(s, axis)
+        p = 0.5 ** (1.0 / n)
+        return [bools(p if kind == "all" else 1.0 - p)(rng, s)]
+    return g
+
+
+_prod_gen = args(lambda rng, s, d: (signed(0.8, 1.25)(rng, s, d) if d.kind == "f"
+                                    else _as(rng.choice([-3, -1, 1, 3], size=s), d)))
+for _aname, _axis in _AXES:
+    _ax = functools.partial
+    op(f"reduce_sum_{_aname}", "reduce_sum", _ax(jnp.sum, axis=_axis), _X, NUM, shapes=RED_SHAPES, tol="sum")
+    op(f"reduce_max_{_aname}", "reduce_max", _ax(jnp.max, axis=_axis), _X, NUM, shapes=RED_SHAPES, tol="exact")
+    op(f"reduce_min_{_aname}", "reduce_min", _ax(jnp.min, axis=_axis), _X, NUM, shapes=RED_SHAPES, tol="exact")
+    op(f"reduce_prod_{_aname}", "reduce_prod", _ax(jnp.prod, axis=_axis), _prod_gen, NUM, shapes=RED_SHAPES,
+       tol="sum")
+    op(f"reduce_and_{_aname}", "reduce_and", _ax(jnp.all, axis=_axis), _bools_for("all", _axis), (BOOL,),
+       shapes=RED_SHAPES)
+    op(f"reduce_or_{_aname}", "reduce_or", _ax(jnp.any, axis=_axis), _bools_for("any", _axis), (BOOL,),
+       shapes=RED_SHAPES)
+    # small int range: ties, which must resolve to the first index like jax
+    op(f"argmax_{_aname}", "argmax", _ax(jnp.argmax, axis=_axis), args(normal(2.0, -20, 20)), NUM,
+       shapes=RED_SHAPES)
+    op(f"argmin_{_aname}", "argmin", _ax(jnp.argmin, axis=_axis), args(normal(2.0, -20, 20)), NUM,
+       shapes=RED_SHAPES)
+
+
+# --------------------------------------------------------------------------- #
+# Cases
+# --------------------------------------------------------------------------- #
+def _shape_id(shape):
+    return "x".join(map(str, shape)) if shape else "scalar"
+
+
+def _cases():
+    out = []
+    for info in TABLE:
+        for dt in info.dtypes:
+            for shape in info.shapes:
+                cid = f"{info.name}-{dt.name}-{_shape_id(shape)}"
+                marks = [pytest.mark.xfail(strict=True, reason=reason)
+                         for xd, xs, reason in info.xfail
+                         if (xd is None or np.dtype(xd) == dt) and (xs is None or tuple(xs) == shape)]
+                out.append(pytest.param(info, dt, shape, id=cid, marks=marks[:1]))
+    return out
+
+
+def _primitives(jaxpr) -> set[str]:
+    """Every primitive name in a jaxpr, sub-jaxprs included."""
+    names = set()
+    for eqn in jaxpr.eqns:
+        names.add(eqn.primitive.name)
+        for p in eqn.params.values():
+            for sub in (p if isinstance(p, (tuple, list)) else (p,)):
+                if isinstance(sub, jex_core.ClosedJaxpr):
+                    names |= _primitives(sub.jaxpr)
+                elif isinstance(sub, jex_core.Jaxpr):
+                    names |= _primitives(sub)
+    return names
+
+
+def _to_np(x):
+    a = np.asarray(x)
+    return a.astype(np.float64) if a.dtype.kind == "f" or a.dtype == BF16 else a
+
+
+def _check(out, ref, info, dt, where):
+    out, ref = np.asarray(out), np.asarray(ref)
+    assert out.shape == ref.shape, f"{where}: shape {out.shape} != jax {ref.shape}"
+    assert out.dtype == ref.dtype, f"{where}: dtype {out.dtype} != jax {ref.dtype}"
+    o, r = _to_np(out), _to_np(ref)
+    if ref.dtype.kind == "f" or ref.dtype == BF16:
+        if not info.allow_nonfinite:
+            assert np.isfinite(r).all(), f"{where}: reference is not finite (input out of the op's domain)"
+        # NaN passes only where the reference is NaN too.
+        np.testing.assert_array_equal(np.isnan(o), np.isnan(r), err_msg=f"{where}: NaN positions differ")
+        tols = TOLS[info.tol]
+        if tols is None:
+            np.testing.assert_array_equal(o, r, err_msg=where)
+        else:
+            rtol, atol = tols[np.dtype(ref.dtype)] if np.dtype(ref.dtype) in tols else tols[dt]
+            np.testing.assert_allclose(o, r, rtol=rtol, atol=atol, equal_nan=True, err_msg=where)
+    else:
+        np.testing.assert_array_equal(o, r, err_msg=where)
+
+
+@pytest.mark.parametrize("info,dtype,shape", _cases())
+def test_op(info: OpInfo, dtype, shape, request):
+    cid = request.node.callspec.id
+    rng = np.random.default_rng(zlib.crc32(cid.encode()))
+    np_args = info.gen(rng, shape, dtype)
+    jargs = [jnp.asarray(a) for a in np_args]
+
+    # The entry really exercises its primitive.
+    prims = _primitives(jax.make_jaxpr(info.fn)(*jargs).jaxpr)
+    assert info.prim in prims, f"{info.prim} not in the traced jaxpr (primitives: {sorted(prims)})"
+
+    ref = jax.jit(info.fn)(*jargs)
+    jf = pallaskit.jit(info.fn)
+    out = jf(*jargs)
+    ref_leaves, ref_tree = jax.tree_util.tree_flatten(ref)
+    out_leaves, out_tree = jax.tree_util.tree_flatten(out)
+    assert out_tree == ref_tree
+    for k, (o, r) in enumerate(zip(out_leaves, ref_leaves)):
+        _check(o, r, info, dtype, f"{cid} output {k}")
+
+    # Lowered by a rule, not run through XLA.
+    ex = pallaskit.explain(jf, *jargs)
+    assert ex.fallbacks == [], f"primitives ran through XLA: {ex.fallbacks}"
+    assert len(ex.kernels) >= 1, "no kernel generated"
+
+
+def test_every_rule_has_an_entry():
+    tested = {info.prim for info in TABLE}
+    required = {name for name, rule in RULES.items() if rule.note != "identity"}
+    missing = sorted(required - tested)
+    assert not missing, f"lowering rules without an entry in tests/test_rules.py TABLE: {missing}"
+    unknown = sorted(tested - set(RULES))
+    assert not unknown, f"TABLE entries for primitives with no rule: {unknown}"
+
+
+def test_table_is_well_formed():
+    names = [info.name for info in TABLE]
+    assert len(names) == len(set(names)), "duplicate entry names"
+    for info in TABLE:
+        for shape in info.shapes:
+            assert int(np.prod(shape)) < 4000, f"{info.name}: {shape} too large for interpret mode"
