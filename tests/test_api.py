@@ -218,3 +218,12 @@ def test_generated_source_is_stable(rng):
     x = jnp.asarray(rng.standard_normal((6, 30)), jnp.float32)
     f = lambda a: jax.nn.softmax(a, -1)
     assert pallaskit.explain(f, x).source == pallaskit.explain(f, x).source
+
+
+def test_coverage_doc_is_current():
+    from pathlib import Path
+
+    from lowering.rules import coverage_markdown
+
+    doc = Path(__file__).resolve().parent.parent / "docs" / "coverage.md"
+    assert doc.read_text() == coverage_markdown(), "run: python -m lowering.rules > docs/coverage.md"

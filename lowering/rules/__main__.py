@@ -1,0 +1,3 @@
+from lowering.rules import coverage_markdown
+
+print(coverage_markdown(), end="")
