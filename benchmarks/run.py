@@ -152,7 +152,12 @@ def main(argv):
     rows = []
     for wname in FLAGS.workloads:
         for dtype in FLAGS.dtypes:
-            rows += run_one(WORKLOADS[wname], dtype, FLAGS.backends, notes, FLAGS.repeats)
+            try:
+                rows += run_one(WORKLOADS[wname], dtype, FLAGS.backends, notes, FLAGS.repeats)
+            except Exception as e:  # one broken workload must not hide the others
+                notes.add(f"{wname}/{dtype}: FAILED: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+                print(f"{wname} {dtype} FAILED: {e!r}"[:2000], flush=True)
+    failed = any("FAILED" in n for n in notes)
     os.makedirs(FLAGS.output, exist_ok=True)
     with open(os.path.join(FLAGS.output, "results.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows, "notes": sorted(notes)}, f, indent=1)
@@ -160,6 +165,8 @@ def main(argv):
     with open(os.path.join(FLAGS.output, "results.md"), "w") as f:
         f.write(md)
     print(md)
+    if failed:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -66,6 +66,10 @@ class OpInfo:
 # Input generators. A leaf takes (rng, shape, dtype) and returns one array of
 # that dtype; ``args`` combines leaves into an argument list.
 # --------------------------------------------------------------------------- #
+def _isfloat(dtype) -> bool:
+    return jnp.issubdtype(dtype, jnp.floating)  # bfloat16's numpy kind is "V", not "f"
+
+
 def _as(a, dtype):
     return np.asarray(a).astype(dtype)
 
@@ -87,7 +91,7 @@ def signed(lo, hi, ilo=1, ihi=10):
 
     def g(rng, shape, dtype):
         s = np.where(rng.random(shape) < 0.5, -1, 1)
-        return _as(s * mag(rng, shape, dtype).astype(np.float64 if dtype.kind == "f" else np.int64), dtype)
+        return _as(s * mag(rng, shape, dtype).astype(np.float64 if _isfloat(dtype) else np.int64), dtype)
     return g
 
 
@@ -148,7 +152,7 @@ def tied_pair(leaf, p_tie=0.3, nan=False):
     def g(rng, shape, dtype):
         x = leaf(rng, shape, dtype)
         y = np.where(rng.random(shape) < p_tie, x, leaf(rng, shape, dtype)).astype(dtype)
-        if nan and dtype.kind == "f":
+        if nan and _isfloat(dtype):
             x = np.where(rng.random(shape) < 0.1, np.nan, x).astype(dtype)
             y = np.where(rng.random(shape) < 0.1, np.nan, y).astype(dtype)
         return [x, y]
@@ -359,7 +363,7 @@ def _bools_for(kind, axis):
     return g
 
 
-_prod_gen = args(lambda rng, s, d: (signed(0.8, 1.25)(rng, s, d) if d.kind == "f"
+_prod_gen = args(lambda rng, s, d: (signed(0.8, 1.25)(rng, s, d) if _isfloat(d)
                                     else _as(rng.choice([-3, -1, 1, 3], size=s), d)))
 for _aname, _axis in _AXES:
     _ax = functools.partial
@@ -415,7 +419,7 @@ def _primitives(jaxpr) -> set[str]:
 
 def _to_np(x):
     a = np.asarray(x)
-    return a.astype(np.float64) if a.dtype.kind == "f" or a.dtype == BF16 else a
+    return a.astype(np.float64) if _isfloat(a.dtype) else a
 
 
 def _check(out, ref, info, dt, where):
@@ -423,7 +427,7 @@ def _check(out, ref, info, dt, where):
     assert out.shape == ref.shape, f"{where}: shape {out.shape} != jax {ref.shape}"
     assert out.dtype == ref.dtype, f"{where}: dtype {out.dtype} != jax {ref.dtype}"
     o, r = _to_np(out), _to_np(ref)
-    if ref.dtype.kind == "f" or ref.dtype == BF16:
+    if _isfloat(ref.dtype):
         if not info.allow_nonfinite:
             assert np.isfinite(r).all(), f"{where}: reference is not finite (input out of the op's domain)"
         # NaN passes only where the reference is NaN too.

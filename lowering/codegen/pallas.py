@@ -54,6 +54,16 @@ OPS = {
     "convert_element_type": "lax.convert_element_type({0}, {new_dtype})",
 }
 
+# Ops computed in float32 when their operands are 16-bit floats, then rounded
+# back: Pallas' Triton lowering rejects bf16 division and transcendentals, and
+# XLA also computes these in float32 and rounds each result.
+UPCAST_16BIT = frozenset({
+    "add", "sub", "mul", "div", "rem", "pow", "integer_pow", "square", "atan2",
+    "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sqrt", "rsqrt", "cbrt",
+    "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
+    "floor", "ceil", "eq", "ne", "lt", "le", "gt", "ge", "max", "min", "clamp", "sign", "abs", "neg",
+})
+
 # Helpers for primitives Pallas' Triton lowering lacks, written with ops it has.
 HELPERS = {
     "_erf": '''
@@ -122,6 +132,10 @@ class RenderedProgram:
     externs: list  # (primitive, params) in wrapper order; the module's ``EXTERNS``
     input_names: list[str]
     output_names: list
+
+
+def _is_16bit_float(dt) -> bool:
+    return is_float(dt) and np.dtype(dt).itemsize == 2
 
 
 def is_float(dt) -> bool:
@@ -272,6 +286,17 @@ class _KernelEmitter:
         args = [memo[a] for a in e.args]
         extent = frozenset().union(*[x for _, x in args]) if args else frozenset()
         names = [self.broadcast(v, x, extent) for v, x in args]
+        if e.op in UPCAST_16BIT and any(_is_16bit_float(a.dtype) for a in e.args):
+            names = [self.bind(("f32", n), f"{n}.astype(jnp.float32)", extent)[0] if _is_16bit_float(a.dtype) else n
+                     for n, a in zip(names, e.args)]
+            wide = dataclasses.replace(e, dtype=np.dtype(np.float32) if _is_16bit_float(e.dtype) else e.dtype)
+            var, ext = self._op(wide, names, extent)
+            if not _is_16bit_float(e.dtype):
+                return var, ext
+            return self.bind(("narrow", var, e.dtype), f"{var}.astype({dtype_source(e.dtype)})", ext)
+        return self._op(e, names, extent)
+
+    def _op(self, e, names, extent):
         params = {k: (dtype_source(v) if isinstance(v, np.dtype) else v) for k, v in e.params}
         template = OPS[e.op]
         for h in HELPERS:
