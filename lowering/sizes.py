@@ -105,15 +105,34 @@ def to_source(expr) -> str:
 
 class _Printer(sympy.printing.str.StrPrinter):
     def _print_FloorDiv(self, e):
-        return f"({self._print(e.args[0])} // {self._print(e.args[1])})"
+        num, den = (self._print(a) if a.is_Atom else f"({self._print(a)})" for a in e.args)
+        return f"({num} // {den})"
+
+    def _print_Add(self, e):
+        # Print ``a - b*FloorDiv(a, b)`` (what sympy makes of a modulo) as ``a % b``,
+        # taking the widest ``a`` first so nested modulos print nested.
+        best = None
+        for term in e.args:
+            coeff, f = term.as_coeff_Mul()
+            if isinstance(f, FloorDiv) and f.args[1].is_Integer and coeff == -f.args[1]:
+                rest = sympy.expand(e - f.args[0] - term)
+                width = len(sympy.Add.make_args(f.args[0]))
+                if len(sympy.Add.make_args(rest)) < len(e.args) and (best is None or width > best[0]):
+                    best = (width, f, rest)
+        if best is None:
+            return super()._print_Add(e)
+        _, f, rest = best
+        a, b = f.args
+        mod = f"({self._print(a) if a.is_Atom else f'({self._print(a)})'} % {int(b)})"
+        return mod if rest == 0 else f"{self._print(rest)} + {mod}"
 
     def _print_Integer(self, e):
         return str(int(e))
 
     def _print_Mul(self, e):
         coeff, rest = e.as_coeff_Mul()
-        if coeff == -1:
-            return f"-{self.parenthesize(rest, 50)}"
+        if coeff < 0:
+            return f"-{self._print(-e)}"
         factors = [self.parenthesize(a, 50) for a in e.as_ordered_factors()]
         return " * ".join(factors)
 

@@ -44,6 +44,9 @@ RED_SHAPES = ((5, 1, 37), (6, 7, 19))
 TOLS = {
     "default": {F32: (1e-5, 1e-5), BF16: (2e-2, 2e-2)},
     "trans": {F32: (2e-4, 1e-5), BF16: (2e-2, 2e-2)},  # erf, cbrt, pow, tan, erf_inv...
+    # jax lowers bf16 exp2 as exp(ln2 * x) with the product rounded to bf16: a relative
+    # error of |x ln2| * 2**-8 that the kernel (which computes in float32) does not make.
+    "amplified": {F32: (2e-5, 1e-5), BF16: (5e-2, 2e-2)},
     "sum": {F32: (1e-5, 5e-5), BF16: (2e-2, 2e-2)},  # reductions: summation order differs
     "exact": None,  # data movement, rounding, comparisons, min/max, conversions: bit-exact
 }
@@ -202,7 +205,7 @@ op("atan2", "atan2", jnp.arctan2, args(normal(2.0), with_zeros(normal(2.0), 0.05
 
 # -- exponential / logarithmic / special ---------------------------------------
 op("exp", "exp", jnp.exp, args(normal(2.0)), shapes=WITH_SCALAR)
-op("exp2", "exp2", jnp.exp2, args(normal(3.0)))
+op("exp2", "exp2", jnp.exp2, args(normal(3.0)), tol="amplified")
 op("log", "log", jnp.log, args(uniform(0.01, 20.0)))
 op("log1p", "log1p", jnp.log1p, args(uniform(-0.9, 10.0)))
 op("expm1", "expm1", jnp.expm1, args(normal(1.5)))

@@ -187,8 +187,9 @@ def _acc_dtype(op, dt):
 # Kernel bodies
 # --------------------------------------------------------------------------- #
 class _KernelEmitter:
-    def __init__(self, kernel: Kernel, schedule: Schedule, cfg: heuristics.TileConfig):
+    def __init__(self, kernel: Kernel, schedule: Schedule, cfg: heuristics.TileConfig, interpret: bool):
         self.k, self.schedule, self.cfg = kernel, schedule, cfg
+        self.interpret = interpret
         self.graph = schedule.graph
         self.w = SourceWriter(1)
         self.in_refs = {b: f"in_ptr{i}" for i, b in enumerate(kernel.reads)}
@@ -337,7 +338,16 @@ class _KernelEmitter:
         off = self.broadcast(off, off_ext, full)
         val = self.broadcast(var, extent, full)
         edge = self.edge_mask(full)
-        mask = f", mask={self.broadcast(edge[0], edge[1], full)}" if edge else ""
+        mask = ""
+        if edge:
+            mask_var = self.broadcast(edge[0], edge[1], full)
+            mask = f", mask={mask_var}"
+            if self.interpret:
+                # Masked-off lanes may compute offsets that alias live lanes (an
+                # index folded modulo a dimension). The GPU never writes them;
+                # interpret mode scatters every lane, so send them out of bounds,
+                # where the scatter drops them.
+                off = self.bind(("oob", off, mask_var), f"jnp.where({mask_var}, {off}, {m.node.numel})", full, "idx")[0]
         self.w.line(f"plt.store({self.out_refs[m.name]}.at[{off}], {val}.astype({dtype_source(m.node.dtype)}){mask})")
 
 
@@ -390,7 +400,7 @@ def _reduction_is_inner(kernel, schedule) -> bool:
 
 def render_kernel(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> tuple[RenderedKernel, set]:
     cfg = kernel_config(kernel, schedule, options)
-    em = _KernelEmitter(kernel, schedule, cfg)
+    em = _KernelEmitter(kernel, schedule, cfg, options.interpret)
     w = em.w
     bodies = {m.name: _kernel_coords_body(m) for m in kernel.members}
     w.line("pid = pl.program_id(0)")
