@@ -12,6 +12,9 @@ class CompileOptions:
     max_persistent_cols: int = 8192  # larger reductions loop over column chunks
     num_warps: int = 0  # 0: from the heuristics
     debug_checks: bool = False  # validate the IR after every pass
+    mix_order_reduction: bool = True  # row and column reductions of one input in one kernel
+    split_reductions: bool = True  # long reductions with few outputs run in two stages
+    layout_propagation: bool = True  # intermediates take their dominant input's stride order
 
     def key(self) -> str:
         """Stable text of every field, for cache keys."""

@@ -22,13 +22,13 @@ log = logging.getLogger("pallaskit")
 
 
 def compile_options() -> CompileOptions:
-    """The compiler's options from the effective configuration."""
+    """The compiler's options from the effective configuration: every
+    ``CompileOptions`` field named like a config option takes its value."""
     snap = config.snapshot()
-    interpret = snap["interpret"]
-    if interpret == "auto":
-        interpret = jax.default_backend() == "cpu"
-    return CompileOptions(interpret=interpret, fusion=snap["fusion"],
-                          max_persistent_cols=snap["max_persistent_cols"], num_warps=snap["num_warps"])
+    values = {f.name: snap[f.name] for f in dataclasses.fields(CompileOptions) if f.name in snap}
+    if values.get("interpret") == "auto":
+        values["interpret"] = jax.default_backend() == "cpu"
+    return CompileOptions(**values)
 
 
 @dataclasses.dataclass

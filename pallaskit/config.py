@@ -79,6 +79,13 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("debug_dir", "", "If set, write the jaxpr, the IR before and after fusion and the generated source "
            "of every compiled function into a folder per function under this directory.", str, _check_str,
            "a directory path or ''"),
+    Option("mix_order_reduction", True, "Fuse a per-row reduction and per-column reductions of the same input "
+           "into one kernel plus a small partial-sum kernel (norm backward).", _parse_bool, _check_bool,
+           "true, false"),
+    Option("split_reductions", True, "Run a long reduction with few outputs in two stages so it fills the GPU.",
+           _parse_bool, _check_bool, "true, false"),
+    Option("layout_propagation", True, "Give intermediates the stride order of their dominant input so that "
+           "transposes cancel.", _parse_bool, _check_bool, "true, false"),
     Option("log_fallbacks", True, "Log one line per primitive run through XLA (once per primitive).",
            _parse_bool, _check_bool, "true, false"),
 ]}
