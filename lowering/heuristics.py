@@ -12,6 +12,8 @@ import dataclasses
 
 from lowering.sizes import next_power_of_2
 
+ceil_div = lambda a, b: -(-a // b)  # noqa: E731
+
 
 @dataclasses.dataclass(frozen=True)
 class TileConfig:
@@ -49,3 +51,63 @@ def reduction_config(rows: int, cols: int, *, max_persistent_cols: int, inner_co
     if inner_contiguous:
         return TileConfig(1 if rows < 1024 else 2, 2048, 8, False)
     return TileConfig(min(next_power_of_2(rows), 64), 64, 4, False)
+
+
+# --------------------------------------------------------------------------- #
+# Split reductions and mix-order fusion
+# --------------------------------------------------------------------------- #
+# A column reduction (reduced dims lead) over M rows and N columns gives each
+# program a block of columns and makes it walk all M rows: with N = 384 that
+# is 6 programs on a 132-SM GPU. Splitting it into per-program partial sums
+# (programs x N, float32) and a second small reduction fills the GPU.
+#
+# MIN_SPLIT_ROWS: below this the second kernel's launch (~4 us) costs more
+#   than the idle SMs of the unsplit one (1024 rows x 384 bf16 is 0.8 MB, a
+#   ~1 us read).
+# PROGRAMS_PER_SM: a persistent grid of two programs per SM hides one
+#   program's tail behind the other's loads.
+# MIN_ROWS_PER_PROGRAM: each program's partial row costs an extra N floats
+#   written and read; 64 rows per program keeps that under 1/16 of the input.
+MIN_SPLIT_ROWS = 1024
+PROGRAMS_PER_SM = 2
+MIN_ROWS_PER_PROGRAM = 64
+
+
+def partial_programs(rows: int, num_sms: int) -> int:
+    """Programs (= partial rows) for a column reduction split over ``rows``."""
+    return max(1, min(num_sms * PROGRAMS_PER_SM, ceil_div(rows, MIN_ROWS_PER_PROGRAM)))
+
+
+def column_reduction_underfilled(rows: int, cols: int, num_sms: int) -> bool:
+    """Would a column reduction (``cols`` outputs, ``rows`` reduced) leave SMs idle?"""
+    return rows >= MIN_SPLIT_ROWS and ceil_div(cols, 64) < num_sms
+
+
+def row_split(outputs: int, reduced: int, num_sms: int) -> int:
+    """Chunks to split each output's inner (contiguous) reduction into; 1: no split.
+
+    Splits when there are fewer outputs than SMs and each would loop over at
+    least 32k elements; aims at ~4 programs per SM with chunks of >= 4096."""
+    if outputs >= num_sms or reduced < 32768:
+        return 1
+    chunks = ceil_div(num_sms * 4, outputs)
+    return max(1, min(chunks, reduced // 4096))
+
+
+def fits_in_tile(cols: int, max_persistent_cols: int) -> bool:
+    """Can a whole row of ``cols`` elements live in one tile (persistent)?"""
+    return next_power_of_2(cols) <= max_persistent_cols
+
+
+def mix_config(rows: int, cols: int, *, whole_rows: bool, programs: int) -> TileConfig:
+    """Tile of a mix kernel: each of ``programs`` programs walks row blocks of
+    ``block_rows`` rows. ``whole_rows``: the kernel also computes row
+    reductions, so a tile spans the full row (one column block)."""
+    if whole_rows:
+        width = next_power_of_2(cols)
+        br = max(1, min(next_power_of_2(ceil_div(rows, programs)), 2048 // width, 16))
+        warps = 4 if br * width <= 2048 else 8
+        return TileConfig(br, width, warps, True)
+    bc = min(next_power_of_2(cols), 256)
+    br = max(1, min(next_power_of_2(ceil_div(rows, programs)), 4096 // bc, 64))
+    return TileConfig(br, bc, 4, False)

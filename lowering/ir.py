@@ -278,6 +278,46 @@ class Reduction(Node):
 
 
 @dataclasses.dataclass
+class PartialReduction(Node):
+    """Per-program partial results of a reduction over the *leading* dims of its
+    domain (a column reduction): ``shape`` is ``(programs, *kept)``. Program
+    ``p`` combines the rows it owns; a ``Reduction`` over axis 0 finishes the
+    job. The body is the original reduction's (symbols ``i*`` for ``kept``,
+    ``r*`` for ``reduced``). Made by the scheduler (split reductions and
+    mix-order fusion); ``acc_dtype`` is what the partials are kept in."""
+
+    body: Expr = None
+    kept: tuple[int, ...] = ()
+    reduced: tuple[int, ...] = ()
+    op: str = "sum"
+    programs: int = 1
+
+    @property
+    def symbols(self):
+        return sizes.index_symbols("i", len(self.kept))
+
+    @property
+    def reduction_symbols(self):
+        return sizes.index_symbols("r", len(self.reduced))
+
+    @property
+    def domain(self) -> tuple[int, ...]:
+        return tuple(self.reduced) + tuple(self.kept)
+
+    @property
+    def row_axes(self) -> tuple[int, ...]:
+        """The domain axes a row reduction fused with this one reduces."""
+        return tuple(range(len(self.reduced), len(self.reduced) + len(self.kept)))
+
+    def reads(self):
+        return sorted({ld.buffer for ld in loads(self.body)})
+
+    def format(self):
+        return (f"{self.name}: {self.dtype.name}{list(self.shape)} = partial_{self.op} over "
+                f"{list(self.reduced)} in {self.programs} programs {{ {format_expr(self.body)} }}")
+
+
+@dataclasses.dataclass
 class Extern(Node):
     """A primitive run by XLA. ``outputs`` names the buffers it defines (this node's
     own name is the first); their avals are in ``out_avals``."""

@@ -24,7 +24,8 @@ from typing import Iterable
 import numpy as np
 import sympy
 
-from lowering import ir, sizes
+from lowering import heuristics, ir, sizes
+from lowering.split import split_reductions
 from lowering.options import CompileOptions
 
 XR, XC = sizes.symbol("xr"), sizes.symbol("xc")
@@ -38,8 +39,9 @@ class Member:
     """One materialized node inside a kernel.
 
     ``role``: "reduction", "rowwise" (a pointwise node over the kernel's whole
-    iteration space) or "row" (a pointwise node with one value per row, such as
-    a normalization's epilogue). ``coords`` maps the node's own index symbols
+    iteration space), "row" (a pointwise node with one value per row, such as
+    a normalization's epilogue) or "column" (a ``PartialReduction``: one value
+    per column, combined over the rows a program owns). ``coords`` maps the node's own index symbols
     to the kernel coordinates ``xr`` (row) and ``xc`` (column)."""
 
     node: ir.Node
@@ -56,12 +58,18 @@ class Member:
 @dataclasses.dataclass
 class Kernel:
     name: str
-    kind: str  # "pointwise" | "reduction"
+    kind: str  # "pointwise" | "reduction" | "mix" (row blocks walked by a persistent grid)
     rows: int
     cols: int
     members: list[Member]
     reads: list[str]  # buffers loaded from memory
     origin: list[str]  # jaxpr equations
+    programs: int = 0  # mix kernels: the grid's programs (= rows of each partial buffer)
+
+    @property
+    def mix_order(self) -> bool:
+        """A mix kernel that also reduces rows: mix-order fusion."""
+        return self.kind == "mix" and any(m.role in ("reduction", "row") for m in self.members)
 
     @property
     def stores(self) -> list[str]:
@@ -117,7 +125,7 @@ def materialized(graph: ir.Graph, live: set[str]) -> set[str]:
     for n in graph.nodes.values():
         if n.name not in live:
             continue
-        if isinstance(n, (ir.InputNode, ir.Reduction)):
+        if isinstance(n, (ir.InputNode, ir.Reduction, ir.PartialReduction)):
             keep.add(n.name)
         elif isinstance(n, ir.Extern):
             keep.update(n.outputs)
@@ -168,10 +176,10 @@ def _and_mask(expr, mask):
 # --------------------------------------------------------------------------- #
 @dataclasses.dataclass
 class _Group:
-    kind: str  # "pointwise" | "reduction"
+    kind: str  # "pointwise" | "reduction" | "mix"
     rows: int
     cols: int
-    domain: tuple  # pointwise: its shape; reduction: (domain, axes)
+    domain: tuple  # pointwise: its shape; reduction and mix: (domain, axes reduced per row)
     members: list[Member]
     order: int  # position of the first member in the graph
 
@@ -190,6 +198,12 @@ def _coords_pointwise(node, shape):
 def _reduction_coords(node: ir.Reduction):
     coords = dict(zip(node.symbols, sizes.unravel(XR, node.shape)))
     coords.update(zip(node.reduction_symbols, sizes.unravel(XC, node.reduced)))
+    return coords
+
+
+def _partial_coords(node: ir.PartialReduction):
+    coords = dict(zip(node.symbols, sizes.unravel(XC, node.kept)))
+    coords.update(zip(node.reduction_symbols, sizes.unravel(XR, node.reduced)))
     return coords
 
 
@@ -226,7 +240,7 @@ def _in_kernel_reads_ok(members: list[Member]) -> bool:
             if ld.mask is not None:
                 return False
             idx = tuple(sizes.simplify(sympy.sympify(i).xreplace(m.coords)) for i in ld.index)
-            if m.role == "reduction" or m.role == "rowwise" or m.role == "row":
+            if m.role in ("reduction", "rowwise", "row", "column"):
                 if sizes.simplify(_position(prod, idx) - _own_position(prod)) != 0:
                     return False
     return True
@@ -234,8 +248,12 @@ def _in_kernel_reads_ok(members: list[Member]) -> bool:
 
 def _member_for(node, body, group_kind, rows, cols, domain) -> Member | None:
     """How ``node`` would sit in a group with this iteration space, or None."""
+    if isinstance(node, ir.PartialReduction):
+        if group_kind != "mix" or (node.domain, node.row_axes) != domain:
+            return None
+        return Member(node, "column", body, _partial_coords(node))
     if isinstance(node, ir.Reduction):
-        if group_kind != "reduction" or (node.domain, node.axes) != domain:
+        if group_kind == "pointwise" or (node.domain, node.axes) != domain:
             return None
         return Member(node, "reduction", body, _reduction_coords(node))
     if group_kind == "pointwise":
@@ -260,6 +278,10 @@ def build_groups(graph, keep, live, inliner) -> list[_Group]:
             rows, cols = sizes.numel(node.shape), node.reduced_numel
             m = Member(node, "reduction", body, _reduction_coords(node))
             groups.append(_Group("reduction", rows, cols, (node.domain, node.axes), [m], pos))
+        elif isinstance(node, ir.PartialReduction):
+            m = Member(node, "column", inliner.body(node), _partial_coords(node))
+            groups.append(_Group("mix", sizes.numel(node.reduced), sizes.numel(node.kept),
+                                 (node.domain, node.row_axes), [m], pos))
         elif isinstance(node, ir.Pointwise):
             body = inliner.body(node)
             m = Member(node, "rowwise", body, _coords_pointwise(node, node.shape))
@@ -267,28 +289,31 @@ def build_groups(graph, keep, live, inliner) -> list[_Group]:
     return groups
 
 
-def _merge(a: _Group, b: _Group) -> _Group | None:
-    """The group holding both, if their iteration spaces agree; None otherwise."""
-    if a.kind == "pointwise" and b.kind == "reduction":
+_KIND_RANK = {"pointwise": 0, "reduction": 1, "mix": 2}
+
+
+def _merge(a: _Group, b: _Group, order: dict) -> _Group | None:
+    """The group holding both, if their iteration spaces agree; None otherwise.
+    A mix group takes row reductions over its domain; a reduction group takes
+    pointwise nodes over its domain or over its rows."""
+    if _KIND_RANK[a.kind] < _KIND_RANK[b.kind]:
         a, b = b, a
     base = a
-    if a.kind == "reduction" or b.kind == "reduction":
-        members = []
-        for m in a.members + b.members:
-            mm = _member_for(m.node, m.body, "reduction", base.rows, base.cols, base.domain)
-            if mm is None:
-                return None
-            members.append(mm)
-    else:
+    if base.kind == "pointwise":
         if a.domain != b.domain:
             return None
         members = a.members + b.members
-    members.sort(key=lambda m: _node_order(m))
+    else:
+        if b.kind != "pointwise" and b.domain != base.domain:
+            return None
+        members = []
+        for m in a.members + b.members:
+            mm = _member_for(m.node, m.body, base.kind, base.rows, base.cols, base.domain)
+            if mm is None:
+                return None
+            members.append(mm)
+    members.sort(key=lambda m: order[m.name])
     return _Group(base.kind, base.rows, base.cols, base.domain, members, min(a.order, b.order))
-
-
-def _node_order(m: Member):
-    return int(m.name.lstrip("abcdefghijklmnopqrstuvwxyz_") or 0)
 
 
 class Fuser:
@@ -298,7 +323,7 @@ class Fuser:
     def __init__(self, graph, groups, options: CompileOptions):
         self.graph, self.groups, self.options = graph, groups, options
         self.producer = _producers(graph)
-        self.byte_size = {}
+        self.order = {name: k for k, name in enumerate(graph.nodes)}
 
     def bytes_of(self, buf: str) -> int:
         shape, dtype = self.graph.buffer_aval(buf)
@@ -306,9 +331,16 @@ class Fuser:
 
     # -- legality ------------------------------------------------------------------
     def can_fuse(self, a: _Group, b: _Group) -> _Group | None:
-        merged = _merge(a, b)
+        merged = _merge(a, b, self.order)
         if merged is None:
             return None
+        if merged.kind == "mix" and any(m.role in ("reduction", "row") for m in merged.members):
+            # Mix-order fusion: whole rows must fit in one tile (the row
+            # reductions are persistent) and the option must allow it.
+            if not self.options.mix_order_reduction:
+                return None
+            if not heuristics.fits_in_tile(merged.cols, self.options.max_persistent_cols):
+                return None
         if self._path_through_other(a, b) or self._path_through_other(b, a):
             return None
         if not _in_kernel_reads_ok(merged.members):
@@ -345,9 +377,14 @@ class Fuser:
 
     # -- profit ---------------------------------------------------------------------
     def fusion_score(self, a: _Group, b: _Group) -> tuple[int, int]:
-        """(bytes no longer read twice or round-tripped, launches saved)."""
+        """(bytes no longer read twice or round-tripped, launches saved); (0, 0):
+        not worth it. Groups over the same iteration space that share nothing
+        still save a launch (the finishing sums of a norm backward's dw and db)."""
         shared = (a.reads() & b.reads()) | (a.produces() & b.reads()) | (b.produces() & a.reads())
-        return sum(self.bytes_of(s) for s in shared), 1
+        saved = sum(self.bytes_of(s) for s in shared)
+        if saved == 0 and (a.kind, a.domain) != (b.kind, b.domain):
+            return 0, 0
+        return saved, 1
 
     # -- driver ----------------------------------------------------------------------
     def run(self) -> list[_Group]:
@@ -357,7 +394,7 @@ class Fuser:
             best = None
             for a, b in itertools.combinations(self.groups, 2):
                 score = self.fusion_score(a, b)
-                if score[0] <= 0:
+                if score == (0, 0):
                     continue
                 if best is not None and score <= best[0]:
                     continue
@@ -374,6 +411,8 @@ class Fuser:
 # 4. Order
 # --------------------------------------------------------------------------- #
 def schedule(graph: ir.Graph, options: CompileOptions) -> Schedule:
+    n_before = sum(1 for n in graph.nodes.values() if not isinstance(n, ir.InputNode))
+    graph = split_reductions(graph, options)
     live = live_nodes(graph)
     keep = materialized(graph, live)
     inliner = _Inliner(graph, keep)
@@ -400,7 +439,6 @@ def schedule(graph: ir.Graph, options: CompileOptions) -> Schedule:
     stored = set(graph.inputs)
     for s in kernels:
         stored.update(s.stores if isinstance(s, Kernel) else s.outputs)
-    n_before = sum(1 for n in graph.nodes.values() if not isinstance(n, ir.InputNode))
     return Schedule(graph, kernels, stored, n_before, len(kernels))
 
 
@@ -433,14 +471,15 @@ def _to_kernel(g: _Group, index: int, graph) -> Kernel:
         for e in ir.walk(m.body):
             if isinstance(e, ir.Op) and e.op not in ops and e.op != "convert_element_type":
                 ops.append(e.op)
-        if isinstance(m.node, ir.Reduction):
+        if isinstance(m.node, (ir.Reduction, ir.PartialReduction)):
             ops.append(m.node.op)
-    prefix = "red" if g.kind == "reduction" else "poi"
+    prefix = {"reduction": "red", "pointwise": "poi", "mix": "mix"}[g.kind]
     name = f"{prefix}_fused_{'_'.join(ops[:4]) or 'copy'}_{index}"
     origin = []
     for m in g.members:
         origin += [o for o in _origins(graph, m) if o not in origin]
-    return Kernel(name, g.kind, g.rows, g.cols, g.members, sorted(g.reads()), origin)
+    programs = max((m.node.programs for m in g.members if m.role == "column"), default=0)
+    return Kernel(name, g.kind, g.rows, g.cols, g.members, sorted(g.reads()), origin, programs)
 
 
 def _origins(graph, m: Member) -> list[str]:

@@ -14,7 +14,8 @@ import numpy as np
 
 import lowering
 from lowering.options import CompileOptions
-from pallaskit import metrics
+from pallaskit import cache, metrics
+from pallaskit import autodiff
 from pallaskit.config import config
 from pallaskit.runtime import loader
 
@@ -28,7 +29,16 @@ def compile_options() -> CompileOptions:
     values = {f.name: snap[f.name] for f in dataclasses.fields(CompileOptions) if f.name in snap}
     if values.get("interpret") == "auto":
         values["interpret"] = jax.default_backend() == "cpu"
+    values["num_sms"] = _num_sms()
     return CompileOptions(**values)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms() -> int:
+    """SMs of the default device (grid sizing); 4 on the CPU, where interpret
+    mode runs programs one after another."""
+    device = jax.devices()[0]
+    return int(getattr(device, "core_count", 0) or 132) if device.platform == "gpu" else 4
 
 
 @dataclasses.dataclass
@@ -53,7 +63,9 @@ class JitFunction:
         self._sig = _signature(fn)
         self.static_argnums, self.static_argnames = _resolve_static(self._sig, static_argnums, static_argnames)
         self._cache: dict = {}
-        functools.update_wrapper(self, fn)
+        # updated=(): a function wrapping a JitFunction (jax.grad(f) of one) carries its
+        # __dict__ (fn, _cache); copying that would make this one run the wrapped function.
+        functools.update_wrapper(self, fn, updated=())
 
     # -- signature --------------------------------------------------------------
     def _split(self, args, kwargs):
@@ -74,6 +86,8 @@ class JitFunction:
 
     def __call__(self, *args, **kwargs):
         key, leaves, avals, treedef, static_pos, static_kw = self._split(args, kwargs)
+        if autodiff.transformed(leaves):  # grad / jvp / vmap tracers: pallaskit/autodiff.py
+            return autodiff.call(self, args, kwargs)
         entry = self._cache.get(key)
         if entry is None:
             entry = self._compile(avals, treedef, static_pos, static_kw, len(args))
@@ -87,12 +101,18 @@ class JitFunction:
     def lower_to_result(self, *args, **kwargs) -> Compiled:
         key, leaves, avals, treedef, static_pos, static_kw = self._split(args, kwargs)
         entry = self._cache.get(key)
+        if entry is not None and entry.result is None:  # loaded from the disk cache: run the compiler for it
+            return self._compile(avals, treedef, static_pos, static_kw, len(args), aot=False)
         if entry is None:
-            entry = self._compile(avals, treedef, static_pos, static_kw, len(args))
+            entry = self._compile(avals, treedef, static_pos, static_kw, len(args), aot=False)
             self._cache[key] = entry
         return entry
 
-    def _compile(self, avals, treedef, static_pos, static_kw, n_args) -> Compiled:
+    def _compile(self, avals, treedef, static_pos, static_kw, n_args, aot=True) -> Compiled:
+        """Trace and compile one signature. ``aot``: compile the executable now,
+        through the on-disk graph cache (``pallaskit/cache``), where a hit skips
+        the compiler and XLA (``Compiled.result`` is then None); otherwise only
+        run the compiler and jit its program lazily (``explain``)."""
         options = compile_options()
         out_tree_box = []
         static_pos_d = dict(static_pos)
@@ -111,22 +131,24 @@ class JitFunction:
         structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
         closed = jax.make_jaxpr(flat_fn)(*structs)
         title = getattr(self.fn, "__qualname__", "fn")
-        result = lowering.compile_jaxpr(closed, options, title)
-        call = loader.load(result.program)
-        constants = [result.schedule.graph.constants[n] for n in result.schedule.graph.inputs
-                     if n in result.schedule.graph.constants]
-        executable = jax.jit(call)
-        metrics.counters["graphs_compiled"] += 1
-        metrics.counters["generated_kernel_count"] += len(result.program.kernels)
-        metrics.counters["fallback_count"] += len(result.program.externs)
-        metrics.counters["ir_nodes_before_fusion"] += result.schedule.nodes_before
-        metrics.counters["ir_nodes_after_fusion"] += result.schedule.nodes_after
-        _log_fallbacks(result.fallbacks)
-        if config.debug_dir:
-            _dump(config.debug_dir, title, closed, result)
-        log.debug("pallaskit compiled %s in %.3fs: %d kernels", title, time.perf_counter() - t0,
-                  len(result.program.kernels))
-        return Compiled(result, closed, executable, constants, out_tree_box[-1])
+
+        def build():
+            result = lowering.compile_jaxpr(closed, options, title)
+            call = loader.load(result.program)
+            constants = [result.schedule.graph.constants[n] for n in result.schedule.graph.inputs
+                         if n in result.schedule.graph.constants]
+            _log_fallbacks(result.fallbacks)
+            if config.debug_dir:
+                _dump(config.debug_dir, title, closed, result)
+            return result, call, constants
+
+        if aot:
+            served = cache.serve(closed, avals, static_pos + static_kw, options, title, build, t0)
+            log.debug("pallaskit served %s in %.3fs (cache: %s)", title, time.perf_counter() - t0, served.cache)
+            return Compiled(served.result, closed, served.executable, served.constants, out_tree_box[-1], ran=True)
+        result, call, constants = build()
+        metrics.apply_deltas(metrics.graph_deltas(result))
+        return Compiled(result, closed, jax.jit(call), constants, out_tree_box[-1])
 
 
 def jit(fn: Callable | None = None, *, static_argnums: int | Sequence[int] = (),

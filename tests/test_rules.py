@@ -220,6 +220,9 @@ op("erf_inv", "erf_inv", lax.erf_inv, args(uniform(-0.99, 0.99)), tol="trans")
 
 # -- trigonometric / hyperbolic -----------------------------------------------
 op("sin", "sin", jnp.sin, args(uniform(-6.0, 6.0)), shapes=WITH_SCALAR)
+# add_any is autodiff's cotangent sum: y is used twice, so its gradient adds two terms.
+op("add_any", "add_any", lambda x: jax.grad(lambda y: jnp.sum(jnp.sin(y) * y))(x), args(uniform(-3.0, 3.0)),
+   tol="trans")
 op("cos", "cos", jnp.cos, args(uniform(-6.0, 6.0)))
 op("tan", "tan", jnp.tan, args(uniform(-1.4, 1.4)), tol="trans")
 op("asin", "asin", jnp.arcsin, args(uniform(-0.99, 0.99)))

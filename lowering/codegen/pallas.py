@@ -196,6 +196,7 @@ class _KernelEmitter:
         self.out_refs = {m.name: f"out_ptr{i}" for i, m in enumerate(m for m in kernel.members if m.store)}
         self.helpers: set[str] = set()
         self.row_values: dict[str, str] = {}  # in-kernel row-level buffers -> var
+        self.wide_of: dict[str, str] = {}  # 16-bit var -> the float32 var it was rounded from
         self.scopes: list[dict] = [{}]  # CSE: key -> (var, extent)
         self.counter = 0
         self.index_dtype = "jnp.int64" if self._needs_int64() else "jnp.int32"
@@ -288,14 +289,23 @@ class _KernelEmitter:
         extent = frozenset().union(*[x for _, x in args]) if args else frozenset()
         names = [self.broadcast(v, x, extent) for v, x in args]
         if e.op in UPCAST_16BIT and any(_is_16bit_float(a.dtype) for a in e.args):
-            names = [self.bind(("f32", n), f"{n}.astype(jnp.float32)", extent)[0] if _is_16bit_float(a.dtype) else n
-                     for n, a in zip(names, e.args)]
+            # Computed in float32. An operand that is itself a rounded float32
+            # result is used unrounded (XLA's allow_excess_precision does the
+            # same): chains of 16-bit ops round once, at the store.
+            names = [self._widen(n, extent) if _is_16bit_float(a.dtype) else n for n, a in zip(names, e.args)]
             wide = dataclasses.replace(e, dtype=np.dtype(np.float32) if _is_16bit_float(e.dtype) else e.dtype)
             var, ext = self._op(wide, names, extent)
             if not _is_16bit_float(e.dtype):
                 return var, ext
-            return self.bind(("narrow", var, e.dtype), f"{var}.astype({dtype_source(e.dtype)})", ext)
+            narrow = self.bind(("narrow", var, e.dtype), f"{var}.astype({dtype_source(e.dtype)})", ext)
+            self.wide_of[narrow[0]] = var
+            return narrow
         return self._op(e, names, extent)
+
+    def _widen(self, var, extent) -> str:
+        if var in self.wide_of:
+            return self.wide_of[var]
+        return self.bind(("f32", var), f"{var}.astype(jnp.float32)", extent)[0]
 
     def _op(self, e, names, extent):
         params = {k: (dtype_source(v) if isinstance(v, np.dtype) else v) for k, v in e.params}
@@ -374,6 +384,9 @@ def _is_reduction(kernel, name):
 def kernel_config(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> heuristics.TileConfig:
     if kernel.kind == "pointwise":
         cfg = heuristics.pointwise_config(kernel.rows, kernel.cols)
+    elif kernel.kind == "mix":
+        cfg = heuristics.mix_config(kernel.rows, kernel.cols, whole_rows=_whole_rows(kernel),
+                                    programs=kernel.programs)
     else:
         inner = _reduction_is_inner(kernel, schedule)
         prod = any(m.role == "reduction" and m.node.op == "prod" for m in kernel.members)
@@ -414,15 +427,19 @@ def render_kernel(kernel: Kernel, schedule: Schedule, options: CompileOptions) -
             var, ext = em.value(bodies[m.name])
             if m.store:
                 em.store(m, var, ext)
+    elif kernel.kind == "mix":
+        _render_mix(em, kernel, bodies, cfg)
     else:
         _render_reduction(em, kernel, bodies, cfg)
     body = w.source()
     return _wrap_kernel(kernel, schedule, cfg, em, body), em.helpers
 
 
-def _render_reduction(em: _KernelEmitter, kernel: Kernel, bodies, cfg):
+def _render_reduction(em: _KernelEmitter, kernel: Kernel, bodies, cfg, *, row_block="pid", columns_ready=False):
+    """Row reductions, row values and row-wise stores of one block of rows
+    (``row_block``). ``columns_ready``: ``xc``/``cmask`` are already defined."""
     w = em.w
-    w.line("xr = pid * BLOCK_R + lax.broadcasted_iota(IDX, (BLOCK_R, 1), 0)")
+    w.line(f"xr = {row_block} * BLOCK_R + lax.broadcasted_iota(IDX, (BLOCK_R, 1), 0)")
     w.line("rmask = xr < ROWS")
     phase = _phases(kernel)
     n_phases = max(phase.values()) + 1
@@ -431,7 +448,7 @@ def _render_reduction(em: _KernelEmitter, kernel: Kernel, bodies, cfg):
         rowwise = [m for m in kernel.members if m.role == "rowwise" and m.store and phase[m.name] == p]
         if reds or rowwise:
             if cfg.persistent:
-                if p == 0:
+                if p == 0 and not columns_ready:
                     w.line("xc = lax.broadcasted_iota(IDX, (1, BLOCK_C), 1)")
                     w.line("cmask = xc < COLS")
                 results = {}
@@ -455,6 +472,73 @@ def _render_reduction(em: _KernelEmitter, kernel: Kernel, bodies, cfg):
     for m in kernel.members:
         if m.role == "reduction" and m.store:
             em.store(m, em.row_values[m.name], frozenset("r"))
+
+
+def _whole_rows(kernel: Kernel) -> bool:
+    """Does a mix kernel need whole rows in a tile (it reduces rows)?"""
+    return any(m.role in ("reduction", "row") for m in kernel.members)
+
+
+def _render_mix(em: _KernelEmitter, kernel: Kernel, bodies, cfg):
+    """A persistent grid of ``PROGRAMS`` programs; each walks the row blocks
+    ``program, program + PROGRAMS, ...``, doing the row work of each block (row
+    reductions, row values, row-wise stores) and folding each column member
+    into a (1, BLOCK_C) accumulator, stored as the program's partial row."""
+    w = em.w
+    columns = [m for m in kernel.members if m.role == "column"]
+    whole = _whole_rows(kernel)
+    w.line(f"PROGRAMS = {kernel.programs}")
+    if whole:
+        w.line("program = pid")
+        w.line("xc = lax.broadcasted_iota(IDX, (1, BLOCK_C), 1)")
+    else:
+        w.line(f"col_blocks = {-(-kernel.cols // cfg.block_cols)}")
+        w.line("program = pid // col_blocks")
+        w.line("xc = (pid % col_blocks) * BLOCK_C + lax.broadcasted_iota(IDX, (1, BLOCK_C), 1)")
+    w.line("cmask = xc < COLS")
+    accs = []
+    for i, m in enumerate(columns):
+        acc_dt = m.node.dtype
+        name = f"acc{i}"
+        w.line(f"{name} = jnp.full((1, BLOCK_C), {_reduction_identity(m.node.op, acc_dt)}, {dtype_source(acc_dt)})")
+        accs.append((name, acc_dt, m))
+    carry = ", ".join(a for a, _, _ in accs) + ("," if len(accs) == 1 else "")
+    n_iter = -(-(-(-kernel.rows // cfg.block_rows)) // kernel.programs)
+    w.line("def row_block(step, carry):")
+    with w.indent():
+        w.line(f"{carry} = carry")
+        em.scopes.append({})
+        em.row_values = {}
+        row_block = "(program + step * PROGRAMS)"
+        if whole:
+            _render_reduction(em, kernel, bodies, cfg, row_block=row_block, columns_ready=True)
+        else:
+            w.line(f"xr = {row_block} * BLOCK_R + lax.broadcasted_iota(IDX, (BLOCK_R, 1), 0)")
+            w.line("rmask = xr < ROWS")
+            for m in kernel.members:
+                if m.role == "rowwise" and m.store:
+                    em.store(m, *em.value(bodies[m.name]))
+        full = frozenset("rc")
+        outs = []
+        for name, acc_dt, m in accs:
+            var, ext = em.value(bodies[m.name])
+            v = em.broadcast(var, ext, full)
+            if acc_dt != m.body.dtype:
+                v = em.bind(("cast", v, acc_dt), f"{v}.astype({dtype_source(acc_dt)})", full)[0]
+            edge = em.edge_mask(full)[0]
+            ident = _reduction_identity(m.node.op, acc_dt)
+            masked = em.bind(("masked", v, "rc"), f"jnp.where({edge}, {v}, {ident})", full)[0]
+            fn = {"sum": "jnp.sum", "max": "jnp.max", "min": "jnp.min"}[m.node.op]
+            part = em.bind(("colred", masked), f"{fn}({masked}, axis=0, keepdims=True)", frozenset("c"), "red")[0]
+            outs.append(_COMBINE[m.node.op].format(a=name, v=part))
+        em.scopes.pop()
+        w.line(f"return ({', '.join(outs)},)")
+    w.line(f"{carry} = lax.fori_loop(0, {n_iter}, row_block, ({carry}))")
+    for name, acc_dt, m in accs:
+        off = em.bind(("partial_offset",), f"program * {kernel.cols} + xc", frozenset("c"), "idx")[0]
+        if em.interpret:
+            off = em.bind(("oob", off, "cmask"), f"jnp.where(cmask, {off}, {m.node.numel})", frozenset("c"), "idx")[0]
+        w.line(f"plt.store({em.out_refs[m.name]}.at[{off}], {name}, mask=cmask)")
 
 
 def _row_ready(m, em, kernel):
@@ -545,6 +629,8 @@ def _wrap_kernel(kernel: Kernel, schedule: Schedule, cfg, em: _KernelEmitter, bo
     w.line()
     if kernel.kind == "pointwise":
         grid = (-(-kernel.rows // cfg.block_rows)) * (-(-kernel.cols // cfg.block_cols))
+    elif kernel.kind == "mix":
+        grid = kernel.programs * (1 if _whole_rows(kernel) else -(-kernel.cols // cfg.block_cols))
     else:
         grid = -(-kernel.rows // cfg.block_rows)
     out_shapes = []

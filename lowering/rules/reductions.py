@@ -25,5 +25,13 @@ def _reduce(ctx, eqn, x):
     r_syms = ctx.symbols(len(reduced), prefix="r")
     it_i, it_r = iter(i_syms), iter(r_syms)
     domain_index = tuple(next(it_r) if k in axes else next(it_i) for k in range(len(in_shape)))
+    op = _OPS[eqn.primitive.name]
+    if int(np.prod(reduced)) == 1:
+        # Reducing extent-1 axes (what autodiff's broadcast transposes produce)
+        # is a pointwise copy, so it fuses like one.
+        if op in ("argmax", "argmin"):
+            return [ctx.pointwise(out_aval, ir.Const(0, np.dtype(out_aval.dtype)))]
+        return [ctx.pointwise(out_aval, ctx.load(x, tuple(0 if k in axes else s for k, s in
+                                                          zip(range(len(in_shape)), domain_index))))]
     body = ctx.load(x, domain_index)
-    return [ctx.reduction(out_aval, body, reduced=reduced, axes=axes, op=_OPS[eqn.primitive.name])]
+    return [ctx.reduction(out_aval, body, reduced=reduced, axes=axes, op=op)]
