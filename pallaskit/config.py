@@ -68,6 +68,14 @@ def _check_str(v):
     return v
 
 
+def _check_partitioner(v):
+    from lowering.partition import PARTITIONERS
+
+    if v not in PARTITIONERS:
+        raise ValueError(f"expected one of {', '.join(PARTITIONERS)}, got {v!r}")
+    return v
+
+
 OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("interpret", "auto", "Render Pallas kernels in interpret mode: 'auto' (when JAX's backend is the CPU), "
            "true or false.", str, _check_interpret, "'auto', true, false"),
@@ -88,6 +96,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "transposes cancel.", _parse_bool, _check_bool, "true, false"),
     Option("log_fallbacks", True, "Log one line per primitive run through XLA (once per primitive).",
            _parse_bool, _check_bool, "true, false"),
+    Option("partitioner", "min_cut", "How a differentiated function is split into forward and backward "
+           "(pallaskit/autodiff.py): 'min_cut' recomputes cheap pointwise values in the backward to save the "
+           "fewest bytes; 'default' saves what JAX's partial evaluation saves.", str, _check_partitioner,
+           "'min_cut', 'default'"),
 ]}
 
 

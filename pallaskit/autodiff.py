@@ -1,0 +1,454 @@
+"""JAX transformations of pallaskit functions.
+
+``JitFunction.__call__`` sends a call here when an argument is a tracer of a
+transformation (``jax.grad``/``jax.vjp``/``jax.jvp``/``jax.vmap``); a plain
+``jax.jit`` tracer stays on the ordinary path, where the compiled program is
+simply traced into the caller's jaxpr. Each transformation peels one level
+and calls pallaskit again one level down, so nesting (vmap of grad, grad of
+vmap, jacfwd) composes:
+
+- reverse mode (a ``LinearizeTracer``, or a ``JVPTracer`` whose tangent is
+  being partially evaluated): a ``jax.custom_vjp`` whose forward and backward
+  are the two halves of the joint graph, partitioned by
+  ``lowering.partition`` (option ``partitioner``) and compiled by pallaskit;
+- forward mode (a ``JVPTracer``): a ``jax.custom_jvp`` whose rule is the
+  compiled ``jax.jvp`` of the function;
+- batching (a ``BatchTracer``): a ``jax.custom_batching.custom_vmap`` whose
+  rule is the compiled ``jax.vmap`` of the function.
+
+What pallaskit does not handle runs the original function under JAX's own
+transformation (through XLA), with one log line: nested differentiation (grad
+of grad, jvp of grad, hessians) and tracers of other transformations. Known
+limit: ``jax.linearize`` of a pallaskit function fails like ``jax.linearize``
+of any ``custom_vjp`` function; ``jax.jvp`` works.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import weakref
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.custom_batching import custom_vmap
+from jax.custom_derivatives import SymbolicZero
+from jax.extend import core as jex_core
+
+from lowering import partition as partition_mod
+from pallaskit import metrics
+from pallaskit.config import config
+
+log = logging.getLogger("pallaskit")
+
+_Tracer = jax.core.Tracer
+_STAGING = "DynamicJaxprTracer"  # jax.jit / make_jaxpr: the ordinary path handles it
+_REVERSE = "LinearizeTracer"
+_FORWARD = "JVPTracer"
+_BATCH = "BatchTracer"
+
+
+def transformed(leaves) -> bool:
+    """Whether any argument leaf is a tracer of a transformation other than
+    staging (``jax.jit``)."""
+    return any(isinstance(x, _Tracer) and type(x).__name__ != _STAGING for x in leaves)
+
+
+# --------------------------------------------------------------------------- #
+# which transformation
+# --------------------------------------------------------------------------- #
+def _inner(x):
+    """The value one transformation level down, or None."""
+    name = type(x).__name__
+    if name in (_REVERSE, _FORWARD):
+        return x.primal
+    if name == _BATCH:
+        return x.val
+    return None
+
+
+def _is_reverse(x) -> bool:
+    if type(x).__name__ == _REVERSE:
+        return True
+    # jvp + partial evaluation (jax without direct linearize): the tangent is unknown
+    return type(x).__name__ == _FORWARD and type(getattr(x, "tangent", None)).__name__ == "JaxprTracer"
+
+
+def _plan(leaves) -> tuple[str, str]:
+    """('vjp' | 'jvp' | 'vmap' | 'fallback', reason)."""
+    ad_traces: list = []
+    for leaf in leaves:
+        x = leaf
+        while isinstance(x, _Tracer) and type(x).__name__ != _STAGING:
+            name = type(x).__name__
+            if name not in (_REVERSE, _FORWARD, _BATCH):
+                return "fallback", f"{name} arguments are not handled by pallaskit"
+            if name != _BATCH and not any(t is x._trace for t in ad_traces):
+                ad_traces.append(x._trace)
+            x = _inner(x)
+    if len(ad_traces) > 1:
+        return "fallback", "nested differentiation (e.g. grad of grad, jvp of grad)"
+    top = [x for x in leaves if isinstance(x, _Tracer)]
+    if any(_is_reverse(x) for x in top):
+        return "vjp", ""
+    if any(type(x).__name__ == _FORWARD for x in top):
+        return "jvp", ""
+    return "vmap", ""
+
+
+_logged: set = set()
+
+
+def _log_once(jf, message):
+    title = _title(jf)
+    metrics.counters["autodiff_fallbacks"] += 1
+    if config.log_fallbacks and (title, message) not in _logged:
+        _logged.add((title, message))
+        log.warning("pallaskit: %s: %s", title, message)
+
+
+def _fallback(jf, args, kwargs, reason):
+    _log_once(jf, f"{reason}; transforming the original function through XLA")
+    return jf.fn(*args, **kwargs)
+
+
+# --------------------------------------------------------------------------- #
+# the flat function of one signature
+# --------------------------------------------------------------------------- #
+_STORES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _store(jf) -> dict:
+    """What this module caches for one JitFunction: signatures, partitions and
+    the JitFunctions of derived functions (forward, backward, jvp, vmap)."""
+    store = _STORES.get(jf)
+    if store is None:
+        store = _STORES[jf] = {}
+    return store
+
+
+def _title(jf) -> str:
+    return getattr(jf.fn, "__qualname__", "fn")
+
+
+@dataclasses.dataclass
+class _Signature:
+    """One call signature of a JitFunction: its flat function of the dynamic
+    leaves and the avals of those leaves."""
+
+    jf: Any
+    key: Any
+    avals: list
+    flat: Callable  # flat leaves -> flat list of outputs
+    out_tree: Any
+    out_avals: list
+    _jaxpr: Any = None
+
+    def jaxpr(self) -> jex_core.ClosedJaxpr:
+        if self._jaxpr is None:
+            structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in self.avals]
+            self._jaxpr = jax.make_jaxpr(self.flat)(*structs)
+        return self._jaxpr
+
+
+def _signature(jf, args, kwargs) -> tuple[_Signature, list]:
+    key, leaves, avals, treedef, static_pos, static_kw = jf._split(args, kwargs)
+    store = _store(jf)
+    sig = store.get(("signature", key))
+    if sig is None:
+        static_pos_d = dict(static_pos)
+        static_kw_d = {k: getattr(v, "value", v) for k, v in static_kw}
+
+        def user(*xs):  # the user's function of the flat dynamic leaves
+            dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(treedef, xs)
+            it = iter(dyn_args)
+            full = [static_pos_d[i].value if i in static_pos_d else next(it) for i in range(len(args))]
+            return jf.fn(*full, **dyn_kwargs, **static_kw_d)
+
+        structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+        out_avals, out_tree = jax.tree_util.tree_flatten(jax.eval_shape(user, *structs))
+        sig = _Signature(jf, key, list(avals), lambda *xs: jax.tree_util.tree_leaves(user(*xs)), out_tree,
+                         out_avals)
+        store[("signature", key)] = sig
+    return sig, leaves
+
+
+def _compiled(sig: _Signature, what: tuple, make: Callable[[], Callable], name: str):
+    """A pallaskit.jit of a derived flat function, cached per signature."""
+    from pallaskit.api import JitFunction
+
+    store = _store(sig.jf)
+    k = (what, sig.key)
+    jf = store.get(k)
+    if jf is None:
+        fn = make()
+        fn.__qualname__ = fn.__name__ = f"{_title(sig.jf)}.{name}"
+        jf = store[k] = JitFunction(fn)
+    return jf
+
+
+def _inexact(aval) -> bool:
+    try:
+        return jnp.issubdtype(aval.dtype, jnp.inexact)
+    except TypeError:
+        return False
+
+
+def _float0_zeros(aval):
+    return np.zeros(aval.shape, jax.dtypes.float0)
+
+
+# --------------------------------------------------------------------------- #
+# entry point
+# --------------------------------------------------------------------------- #
+def call(jf, args, kwargs):
+    """Call ``jf`` on arguments holding transformation tracers."""
+    _, leaves, *_ = jf._split(args, kwargs)
+    mode, reason = _plan(leaves)
+    if mode == "fallback":
+        return _fallback(jf, args, kwargs, reason)
+    try:
+        sig, leaves = _signature(jf, args, kwargs)
+    except Exception as e:  # noqa: BLE001  -- jax's own transformation raises what jax.jit would
+        return _fallback(jf, args, kwargs, f"could not trace the function ({type(e).__name__}: {e})")
+    run = {"vjp": _call_vjp, "jvp": _call_jvp, "vmap": _call_vmap}[mode]
+    outs = run(sig, leaves)
+    return jax.tree_util.tree_unflatten(sig.out_tree, list(outs))
+
+
+def _primal(sig: _Signature):
+    return _compiled(sig, ("primal",), lambda: (lambda *xs: sig.flat(*xs)), "primal")
+
+
+# --------------------------------------------------------------------------- #
+# reverse mode
+# --------------------------------------------------------------------------- #
+@dataclasses.dataclass
+class GradEntry:
+    """One differentiated signature: the partition and its compiled halves."""
+
+    partition: partition_mod.Partition
+    forward: Any  # JitFunction: primals -> outputs + saved
+    backwards: dict  # nonzero-cotangent mask -> JitFunction: saved + nonzero cotangents -> input cotangents
+    sig: _Signature
+
+    def backward(self, mask: tuple[bool, ...]):
+        jf = self.backwards.get(mask)
+        if jf is None:
+            jf = self.backwards[mask] = _backward_fn(self, mask)
+        return jf
+
+
+def grad_entry(sig: _Signature, perturbed: tuple[bool, ...], method: str) -> GradEntry:
+    """Partition and compile (lazily) the signature differentiated with respect
+    to the perturbed inputs."""
+    from pallaskit.api import JitFunction
+
+    store = _store(sig.jf)
+    k = ("grad", sig.key, perturbed, method)
+    entry = store.get(k)
+    if entry is None:
+        joint = partition_mod.joint_jaxpr(sig.flat, sig.avals, perturbed)
+        part = partition_mod.partition(joint, method)
+        fwd = jex_core.jaxpr_as_fun(part.forward)
+        fwd.__qualname__ = fwd.__name__ = f"{_title(sig.jf)}.forward"
+        entry = store[k] = GradEntry(part, JitFunction(fwd), {}, sig)
+    return entry
+
+
+def _backward_fn(entry: GradEntry, mask):
+    from pallaskit.api import JitFunction
+
+    part = entry.partition
+    n_saved = len(part.saved)
+    ct_avals = [entry.sig.out_avals[j] for j in part.ct_outputs]
+    run = jex_core.jaxpr_as_fun(part.backward)
+
+    def backward(*xs):
+        saved, given = list(xs[:n_saved]), iter(xs[n_saved:])
+        cts = [next(given) if m else jnp.zeros(a.shape, a.dtype) for m, a in zip(mask, ct_avals)]
+        return run(*saved, *cts)
+
+    backward.__qualname__ = backward.__name__ = f"{_title(entry.sig.jf)}.backward"
+    return JitFunction(backward)
+
+
+@dataclasses.dataclass
+class _XlaVjp:
+    """Reverse mode through XLA for one call, when partitioning failed."""
+
+    sig: _Signature
+    diff: list  # differentiated input positions
+    tree: Any = None  # of the pullback
+
+    def forward(self, *xs):
+        def on_diff(*ds):
+            full = list(xs)
+            for i, d in zip(self.diff, ds):
+                full[i] = d
+            return self.sig.flat(*full)
+
+        outs, pullback = jax.vjp(on_diff, *[xs[i] for i in self.diff])
+        saved, self.tree = jax.tree_util.tree_flatten(pullback)
+        return list(outs) + saved
+
+    def backward_call(self, saved, cts):
+        pullback = jax.tree_util.tree_unflatten(self.tree, saved)
+        full = [c if not isinstance(c, SymbolicZero) else
+                (jnp.zeros(a.shape, a.dtype) if _inexact(a) else _float0_zeros(a))
+                for c, a in zip(cts, self.sig.out_avals)]
+        in_cts = pullback(full)
+        out = [None] * len(self.sig.avals)
+        for i, c in zip(self.diff, in_cts):
+            out[i] = c
+        return tuple(out)
+
+
+def _call_vjp(sig: _Signature, leaves):
+    method = config.partitioner
+    box: dict = {}
+    n_out = len(sig.out_avals)
+
+    @jax.custom_vjp
+    def f(*xs):
+        return _primal(sig)(*xs)
+
+    def fwd(*xs):
+        values = [x.value for x in xs]
+        perturbed = tuple(bool(x.perturbed) for x in xs)
+        try:
+            entry = grad_entry(sig, perturbed, method)
+        except Exception as e:  # noqa: BLE001  -- jax.vjp below raises what jax.jit would
+            _log_once(sig.jf, f"could not partition the joint graph ({type(e).__name__}: {e}); "
+                              "differentiating through XLA")
+            entry = _XlaVjp(sig, [i for i, (a, p) in enumerate(zip(sig.avals, perturbed)) if p and _inexact(a)])
+        res = entry.forward(*values)
+        box["entry"] = entry
+        return list(res[:n_out]), tuple(res[n_out:])
+
+    def bwd(saved, cts):
+        entry = box["entry"]
+        if isinstance(entry, _XlaVjp):
+            return entry.backward_call(list(saved), list(cts))
+        part = entry.partition
+        mask = tuple(not isinstance(cts[j], SymbolicZero) for j in part.ct_outputs)
+        given = [cts[j] for j, m in zip(part.ct_outputs, mask) if m]
+        in_cts = entry.backward(mask)(*saved, *given)
+        out = [None] * len(sig.avals)
+        for i, c in zip(part.diff_inputs, in_cts):
+            out[i] = c
+        return tuple(out)
+
+    f.defvjp(fwd, bwd, symbolic_zeros=True)
+    return f(*leaves)
+
+
+# --------------------------------------------------------------------------- #
+# forward mode
+# --------------------------------------------------------------------------- #
+def _jvp_fn(sig: _Signature, mask: tuple[bool, ...]):
+    """(primals, tangents of the masked inputs) -> outputs + tangents of the
+    inexact outputs, compiled by pallaskit."""
+    diff = [i for i, m in enumerate(mask) if m]
+    ct_outs = [j for j, a in enumerate(sig.out_avals) if _inexact(a)]
+    n = len(sig.avals)
+
+    def make():
+        def jvp(*xs):
+            primals, tangents = list(xs[:n]), list(xs[n:])
+
+            def on_diff(*ds):
+                full = list(primals)
+                for i, d in zip(diff, ds):
+                    full[i] = d
+                return sig.flat(*full)
+
+            outs, touts = jax.jvp(on_diff, [primals[i] for i in diff], tangents)
+            return list(outs) + [touts[j] for j in ct_outs]
+
+        return jvp
+
+    return _compiled(sig, ("jvp", mask), make, "jvp")
+
+
+def _call_jvp(sig: _Signature, leaves):
+    n_out = len(sig.out_avals)
+
+    @jax.custom_jvp
+    def f(*xs):
+        return _primal(sig)(*xs)
+
+    def rule(primals, tangents):
+        mask = tuple(not isinstance(t, SymbolicZero) and _inexact(a) for t, a in zip(tangents, sig.avals))
+        res = _jvp_fn(sig, mask)(*primals, *[t for t, m in zip(tangents, mask) if m])
+        outs, touts = list(res[:n_out]), iter(res[n_out:])
+        return outs, [next(touts) if _inexact(a) else _float0_zeros(a) for a in sig.out_avals]
+
+    f.defjvp(rule, symbolic_zeros=True)
+    return f(*leaves)
+
+
+# --------------------------------------------------------------------------- #
+# batching
+# --------------------------------------------------------------------------- #
+def _batched_outputs(sig: _Signature, in_batched) -> list[bool]:
+    """Which outputs depend on a batched input: those are batched, the others
+    are not (``jax.jacfwd`` needs its primal output unbatched)."""
+    closed = sig.jaxpr()
+    batched = {v for v, b in zip(closed.jaxpr.invars, in_batched) if b}
+    for eqn in closed.jaxpr.eqns:
+        if any(v in batched for v in eqn.invars if not isinstance(v, jex_core.Literal)):
+            batched.update(eqn.outvars)
+    return [not isinstance(v, jex_core.Literal) and v in batched for v in closed.jaxpr.outvars]
+
+
+def _call_vmap(sig: _Signature, leaves):
+    f = custom_vmap(lambda *xs: sig.flat(*xs))  # the body only gives shapes
+
+    @f.def_vmap
+    def rule(axis_size, in_batched, *xs):
+        in_axes = tuple(0 if b else None for b in in_batched)
+        out_batched = _batched_outputs(sig, in_batched)
+        out_axes = [0 if b else None for b in out_batched]
+
+        def make():
+            return lambda *ys: jax.vmap(sig.flat, in_axes=in_axes, out_axes=out_axes, axis_size=axis_size)(*ys)
+
+        outs = _compiled(sig, ("vmap", in_axes, axis_size), make, "vmap")(*xs)
+        return list(outs), out_batched
+
+    return f(*leaves)
+
+
+# --------------------------------------------------------------------------- #
+# explain
+# --------------------------------------------------------------------------- #
+def explain_entry(jf, args, kwargs, method: str | None = None) -> GradEntry:
+    """The reverse-mode entry of ``jf`` at these arguments, differentiated with
+    respect to every inexact argument leaf (for ``pallaskit.explain_grad``)."""
+    method = method or config.partitioner
+    if method not in partition_mod.PARTITIONERS:
+        raise ValueError(f"unknown partitioner {method!r}; valid: {', '.join(partition_mod.PARTITIONERS)}")
+    sig, _ = _signature(jf, args, kwargs)
+    perturbed = tuple(_inexact(a) for a in sig.avals)
+    return grad_entry(sig, perturbed, method)
+
+
+def jax_saved_bytes(fn, *args) -> int:
+    """Bytes JAX's own ``jax.vjp`` keeps for the backward of ``fn`` (the
+    leaves of its pullback), differentiating every inexact argument leaf."""
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    diff = [i for i, x in enumerate(leaves) if _inexact(jax.typeof(x))]
+
+    def on_diff(*ds):
+        full = list(leaves)
+        for i, d in zip(diff, ds):
+            full[i] = d
+        return fn(*jax.tree_util.tree_unflatten(tree, full))
+
+    def residuals(*ds):
+        return jax.tree_util.tree_leaves(jax.vjp(on_diff, *ds)[1])
+
+    shapes = jax.eval_shape(residuals, *[leaves[i] for i in diff])
+    return sum(int(np.prod(s.shape, dtype=np.int64)) * np.dtype(s.dtype).itemsize for s in shapes)

@@ -1,0 +1,240 @@
+"""Transformations of pallaskit functions (pallaskit/autodiff.py) and the
+forward/backward partitioner (lowering/partition.py), against jax.jit."""
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallaskit
+from conftest import assert_close
+from lowering import partition
+
+
+# --------------------------------------------------------------------------- #
+# models
+# --------------------------------------------------------------------------- #
+def rmsnorm(x, w):
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + 1e-6)
+    return (y * w).astype(x.dtype)
+
+
+def layernorm(x, g, b):
+    xf = x.astype(jnp.float32)
+    mean = jnp.mean(xf, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
+    return ((xf - mean) * jax.lax.rsqrt(var + 1e-5) * g + b).astype(x.dtype)
+
+
+def mlp_loss(params, x):
+    h = rmsnorm(x, params["g1"])
+    h = jax.nn.gelu(h @ params["w1"])
+    y = layernorm(x + h @ params["w2"], params["g2"], params["b2"])
+    return jnp.mean(jnp.square(y.astype(jnp.float32)))
+
+
+def attention_loss(params, x):
+    q, k, v = x @ params["wq"], x @ params["wk"], x @ params["wv"]
+    s = (q @ k.T).astype(jnp.float32) / np.sqrt(q.shape[-1])
+    p = jax.nn.softmax(s, axis=-1).astype(x.dtype)
+    out = rmsnorm(x + (p @ v) @ params["wo"], params["g"])
+    return jnp.sum(jnp.square(out.astype(jnp.float32))) / out.size
+
+
+def cross_entropy_take(logits, labels):
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=-1))
+
+
+def cross_entropy_one_hot(logits, labels):
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return -jnp.mean(jnp.sum(logp * jax.nn.one_hot(labels, logits.shape[-1]), axis=-1))
+
+
+def _normal(rng, shape, dtype, scale=1.0):
+    return jnp.asarray(rng.standard_normal(shape) * scale, dtype)
+
+
+def mlp_args(rng, dtype, rows=7, d=37, hidden=24):
+    params = {"g1": _normal(rng, (d,), jnp.float32), "w1": _normal(rng, (d, hidden), dtype, d ** -0.5),
+              "w2": _normal(rng, (hidden, d), dtype, hidden ** -0.5), "g2": _normal(rng, (d,), jnp.float32),
+              "b2": _normal(rng, (d,), jnp.float32)}
+    return params, _normal(rng, (rows, d), dtype)
+
+
+def attention_args(rng, dtype, seq=7, d=24):
+    params = {n: _normal(rng, (d, d), dtype, d ** -0.5) for n in ("wq", "wk", "wv", "wo")}
+    params["g"] = _normal(rng, (d,), jnp.float32)
+    return params, _normal(rng, (seq, d), dtype)
+
+
+def assert_tree_close(actual, expected, dtype):
+    assert jax.tree_util.tree_structure(actual) == jax.tree_util.tree_structure(expected)
+    for a, e in zip(jax.tree_util.tree_leaves(actual), jax.tree_util.tree_leaves(expected)):
+        assert a.dtype == e.dtype and a.shape == e.shape, (a.dtype, e.dtype, a.shape, e.shape)
+        if np.dtype(dtype) == np.dtype(jnp.bfloat16):  # loose: relative to the largest entry
+            e64, a64 = np.asarray(e, np.float64), np.asarray(a, np.float64)
+            np.testing.assert_allclose(a64, e64, rtol=5e-2, atol=5e-2 * max(np.abs(e64).max(), 1e-3))
+        else:
+            assert_close(a, e, dtype)
+
+
+# --------------------------------------------------------------------------- #
+# reverse mode
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_grad_mlp_with_norms(rng, dtype):
+    params, x = mlp_args(rng, dtype)
+    grad = jax.grad(pallaskit.jit(mlp_loss), argnums=(0, 1))(params, x)
+    assert_tree_close(grad, jax.jit(jax.grad(mlp_loss, argnums=(0, 1)))(params, x), dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_grad_attention_block(rng, dtype):
+    params, x = attention_args(rng, dtype)
+    value, grad = jax.value_and_grad(pallaskit.jit(attention_loss), argnums=(0, 1))(params, x)
+    ref_value, ref_grad = jax.jit(jax.value_and_grad(attention_loss, argnums=(0, 1)))(params, x)
+    assert_close(value, ref_value, dtype)
+    assert_tree_close(grad, ref_grad, dtype)
+
+
+@pytest.mark.parametrize("loss", [cross_entropy_take, cross_entropy_one_hot])
+def test_grad_cross_entropy_with_integer_labels(rng, loss):
+    logits = _normal(rng, (6, 37), jnp.float32)
+    labels = jnp.asarray(rng.integers(0, 37, (6,)), jnp.int32)
+    assert_tree_close(jax.grad(pallaskit.jit(loss))(logits, labels), jax.jit(jax.grad(loss))(logits, labels),
+                      jnp.float32)
+
+
+def test_vjp_has_aux_and_integer_outputs(rng):
+    def f(x, w):
+        y = jnp.tanh(x * w)
+        return y.sum(-1), {"argmax": jnp.argmax(y, -1), "y": y}
+
+    x, w = _normal(rng, (6, 37), jnp.float32), _normal(rng, (37,), jnp.float32)
+    out, pullback = jax.vjp(pallaskit.jit(f), x, w)
+    ref, ref_pullback = jax.vjp(f, x, w)
+    assert_tree_close(out, ref, jnp.float32)
+    ct = (_normal(rng, (6,), jnp.float32),
+          {"argmax": np.zeros((6,), jax.dtypes.float0), "y": _normal(rng, (6, 37), jnp.float32)})
+    assert_tree_close(pullback(ct), ref_pullback(ct), jnp.float32)
+
+    def loss(x, w):
+        s, aux = f(x, w)
+        return s.sum(), aux  # aux: zero cotangents, a separate backward variant
+
+    (v, aux), g = jax.value_and_grad(pallaskit.jit(loss), has_aux=True)(x, w)
+    (rv, raux), rg = jax.value_and_grad(loss, has_aux=True)(x, w)
+    assert_tree_close((v, aux, g), (rv, raux, rg), jnp.float32)
+
+
+def test_partial_argnums_and_jit(rng):
+    x, w = _normal(rng, (6, 37), jnp.float32), _normal(rng, (37,), jnp.float32)
+    f = pallaskit.jit(lambda x, w: jnp.sum(jnp.exp(jnp.sin(x) * w)))
+    ref = jax.grad(lambda x, w: jnp.sum(jnp.exp(jnp.sin(x) * w)), argnums=1)(x, w)
+    assert_close(jax.grad(f, argnums=1)(x, w), ref)
+    assert_close(jax.jit(jax.grad(f, argnums=1))(x, w), ref)
+    # pallaskit.jit around a function that differentiates (a pallaskit function, or plain jax)
+    assert_close(pallaskit.jit(jax.grad(f, argnums=1))(x, w), ref)
+
+
+# --------------------------------------------------------------------------- #
+# partitioners
+# --------------------------------------------------------------------------- #
+def test_min_cut_saves_fewer_bytes_and_agrees(rng):
+    params, x = mlp_args(rng, jnp.float32)
+    f = pallaskit.jit(mlp_loss)
+    grads = {}
+    for method in partition.PARTITIONERS:
+        with pallaskit.config.override(partitioner=method):
+            grads[method] = jax.grad(f, argnums=(0, 1))(params, x)
+    assert_tree_close(grads["min_cut"], grads["default"], jnp.float32)
+    ex = pallaskit.explain_grad(f, params, x, partitioner="min_cut")
+    assert ex.saved_bytes < ex.default_saved_bytes
+    assert ex.recomputed  # gelu and the norm's pointwise ops run again in the backward
+    assert "bytes saved for the backward" in str(ex)
+    assert ex.forward.kernels and ex.backward.kernels
+
+
+def _saved(fn, *avals, method):
+    joint = partition.joint_jaxpr(fn, avals, [True] * len(avals))
+    return partition.partition(joint, method)
+
+
+def test_min_cut_recomputes_pointwise_chain():
+    x = jax.ShapeDtypeStruct((6, 37), jnp.float32)
+
+    def f(x):
+        return [jnp.sum(jnp.exp(jnp.sin(x)) * jnp.cos(x))]
+
+    default, cut = _saved(f, x, method="default"), _saved(f, x, method="min_cut")
+    assert [s.origin for s in cut.saved] == ["argument 0"]
+    assert cut.saved_bytes == 6 * 37 * 4 < default.saved_bytes
+    # both halves reproduce jax's gradient
+    xv = jnp.linspace(-2, 2, 6 * 37, dtype=jnp.float32).reshape(6, 37)
+    for p in (default, cut):
+        outs_and_saved = jax.core.eval_jaxpr(p.forward.jaxpr, p.forward.consts, xv)
+        (g,) = jax.core.eval_jaxpr(p.backward.jaxpr, p.backward.consts, *outs_and_saved[1:], jnp.float32(1))
+        assert_close(g, jax.grad(lambda x: f(x)[0])(xv))
+
+
+def test_min_cut_keeps_reductions_and_matmuls():
+    x, w = jax.ShapeDtypeStruct((6, 37), jnp.float32), jax.ShapeDtypeStruct((37, 5), jnp.float32)
+
+    def f(x, w):
+        h = jnp.tanh(x @ w)  # the matmul is never recomputed: save its (smaller) output or tanh's
+        return [jnp.sum(h * h)]
+
+    cut = _saved(f, x, w, method="min_cut")
+    kinds = [s.origin.split(" = ")[-1].split("[")[0].split(" ")[0] for s in cut.saved]
+    assert "dot_general" not in cut.recomputed
+    assert cut.saved_bytes <= _saved(f, x, w, method="default").saved_bytes
+    assert kinds.count("argument") <= 2
+
+
+def test_partitioner_option_validated():
+    with pytest.raises(ValueError, match="min_cut, default"):
+        pallaskit.config.update(partitioner="greedy")
+
+
+# --------------------------------------------------------------------------- #
+# forward mode, batching, fallback
+# --------------------------------------------------------------------------- #
+def test_jvp_and_jacfwd(rng):
+    params, x = mlp_args(rng, jnp.float32, rows=3, d=9, hidden=5)
+    f = pallaskit.jit(mlp_loss)
+    tangents = jax.tree_util.tree_map(lambda a: jnp.ones_like(a), (params, x))
+    out, tout = jax.jvp(f, (params, x), tangents)
+    ref, ref_tout = jax.jvp(mlp_loss, (params, x), tangents)
+    assert_close(out, ref)
+    assert_close(tout, ref_tout)
+    g = pallaskit.jit(lambda x: jnp.tanh(x) * x)
+    xv = _normal(rng, (5,), jnp.float32)
+    assert_close(jax.jacfwd(g)(xv), jax.jacfwd(lambda x: jnp.tanh(x) * x)(xv))
+
+
+def test_vmap(rng):
+    def f(x, w):
+        return rmsnorm(x, w), jnp.sum(x, -1)
+
+    xs, w = _normal(rng, (3, 6, 37), jnp.float32), _normal(rng, (37,), jnp.float32)
+    pf = pallaskit.jit(f)
+    assert_tree_close(jax.vmap(pf, (0, None))(xs, w), jax.vmap(f, (0, None))(xs, w), jnp.float32)
+    assert_tree_close(jax.vmap(pf, (1, None), out_axes=1)(xs, w), jax.vmap(f, (1, None), out_axes=1)(xs, w),
+                      jnp.float32)
+    loss = pallaskit.jit(lambda x, w: jnp.sum(rmsnorm(x, w) ** 2))
+    ref = jax.vmap(jax.grad(lambda x, w: jnp.sum(rmsnorm(x, w) ** 2), argnums=1), (0, None))(xs, w)
+    assert_close(jax.vmap(jax.grad(loss, argnums=1), (0, None))(xs, w), ref)
+
+
+def test_grad_of_grad_falls_back_to_xla(rng, caplog):
+    f = pallaskit.jit(lambda x: jnp.sum(jnp.sin(x) * x))
+    ref = jax.grad(lambda s: jax.grad(lambda x: jnp.sum(jnp.sin(x) * x))(s * 2.0).sum())
+    x = _normal(rng, (6,), jnp.float32)
+    with caplog.at_level(logging.WARNING, logger="pallaskit"):
+        g = jax.grad(lambda s: jax.grad(f)(s * 2.0).sum())(x)
+    assert_close(g, ref(x))
+    assert any("nested differentiation" in r.message for r in caplog.records)
+    assert pallaskit.metrics.counters["autodiff_fallbacks"] >= 1
