@@ -68,6 +68,24 @@ def _check_str(v):
     return v
 
 
+def _check_size(v):
+    if isinstance(v, str):
+        t = v.strip().upper().removesuffix("B")
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
+        v = int(float(t[:-1] if scale > 1 else t) * scale)
+    return _check_nonneg_int(v)
+
+
+def _check_metric_tables(v):
+    from pallaskit.metrics import TABLES  # the table registry lives with the tables
+
+    names = [n.strip() for n in _check_str(v).split(",") if n.strip()]
+    unknown = [n for n in names if n not in TABLES]
+    if unknown:
+        raise ValueError(f"unknown metric table(s) {', '.join(unknown)}; valid tables: {', '.join(TABLES)}")
+    return ",".join(dict.fromkeys(names))
+
+
 def _check_partitioner(v):
     from lowering.partition import PARTITIONERS
 
@@ -102,6 +120,20 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "'min_cut', 'default'"),
 ]}
 
+    # -- graph cache and metric tables (pallaskit/cache, pallaskit/metrics.py) --
+    Option("cache", True, "Keep compiled graphs (generated source and the compiled executable) in an on-disk "
+           "cache, so that a new process running the same function compiles nothing.", _parse_bool, _check_bool,
+           "true, false"),
+    Option("cache_dir", "", "Directory of the on-disk cache ('': platformdirs.user_cache_dir('pallaskit')).",
+           str, _check_str, "a directory path or ''"),
+    Option("cache_max_bytes", 1 << 30, "Size cap of the on-disk graph cache; least recently used entries are "
+           "evicted past it. Accepts K, M, G suffixes.", _check_size, _check_size,
+           "an int >= 0, optionally with a K, M or G suffix"),
+    Option("enabled_metric_tables", "", "Comma-separated metric tables to write as CSV files into metrics_dir.",
+           str, _check_metric_tables, "a comma-separated subset of the metric table names "
+           "(see pallaskit.metrics.TABLES)"),
+    Option("metrics_dir", "", "Directory of the metric table CSV files ('': the current directory).", str,
+           _check_str, "a directory path or ''"),
 
 def _define_absl_flags():
     for o in OPTIONS.values():

@@ -1,7 +1,15 @@
+import atexit
 import os
+import shutil
+import tempfile
 import zlib
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The on-disk graph cache of a test session lives in a temporary directory
+# (inherited by subprocesses); each test gets its own subdirectory below it.
+_CACHE_ROOT = tempfile.mkdtemp(prefix="pallaskit-test-cache-")
+atexit.register(shutil.rmtree, _CACHE_ROOT, ignore_errors=True)
+os.environ["PALLASKIT_CACHE_DIR"] = _CACHE_ROOT
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -11,9 +19,10 @@ import pallaskit  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def _fresh_state():
+def _fresh_state(request):
     pallaskit.metrics.reset()
     pallaskit.config.reset()
+    pallaskit.config.update(cache_dir=os.path.join(_CACHE_ROOT, f"{zlib.crc32(request.node.nodeid.encode()):08x}"))
     yield
     pallaskit.config.reset()
 

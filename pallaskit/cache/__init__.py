@@ -1,0 +1,542 @@
+"""The on-disk graph cache: a second process running the same function
+compiles nothing.
+
+[Note: graph cache]
+An entry is keyed by a content hash of everything the compiled program depends
+on (``graph_key``): the jaxpr text and the bytes of its constants, the input
+avals (weak types included), the static arguments, every compile option
+(``CompileOptions.key()``), the versions of pallaskit, jax, jaxlib, the CUDA
+plugin and triton, a hash of pallaskit's own source (so an edited compiler never
+serves stale code), the device kind, and the XLA flags. Tracing the function
+(``jax.make_jaxpr``, milliseconds) is therefore done on every first call; what
+a hit skips is lowering, scheduling, rendering and the XLA / Triton
+compilation.
+
+An entry holds the generated source, the compiled executable (XLA's own
+serialization through ``jax.experimental.serialize_executable``: on the GPU the
+Triton kernels are compiled into that executable, so it is the kernel bundle
+the way Inductor's TritonBundler keeps cubins), the hoisted constants, the
+metric deltas to replay on a hit (``metrics.COMPILE_DELTA_NAMES``), the
+kernel_metadata rows, and the multi-kernel choices (empty until the dispatcher
+exists). If the executable cannot be serialized the entry keeps the source
+only, says why in ``executable_error``, and a hit recompiles from that source.
+
+Files: ``<cache_dir>/graphs/<key>.entry``, each ``MAGIC``, one JSON header line
+(format, key, payload size and sha256) and a pickled payload. Writes go to a
+temporary file in the same directory and are moved in place with
+``os.replace``; a reader verifies magic, format, size, checksum, key and the key
+parts, so a truncated, corrupted or foreign entry is logged once, recompiled and
+overwritten. Writers of one key serialize on a lock file (``locks/``, one of 256
+by key prefix) and look again under the lock, so processes racing on a function
+compile it once and leave one entry. The total size is capped; hits refresh an
+entry's mtime, and the oldest mtimes are evicted first (LRU).
+
+Entries are pickles: like JAX's own executable cache, only point the cache at
+directories you trust.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import importlib.metadata
+import io
+import json
+import logging
+import os
+import pickle
+import platform
+import re
+import time
+import uuid
+from typing import Any, Callable
+
+import filelock
+import jax
+import numpy as np
+import platformdirs
+
+from pallaskit import metrics
+from pallaskit.config import config
+
+log = logging.getLogger("pallaskit")
+
+FORMAT = 1  # bump when the entry layout changes
+MAGIC = b"pallaskit-graph-cache\n"
+SUFFIX = ".entry"
+LOCK_TIMEOUT_S = 600.0  # a writer waits this long for another process compiling the same key
+
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+# --------------------------------------------------------------------------- #
+# Where
+# --------------------------------------------------------------------------- #
+def cache_dir() -> str:
+    return config.cache_dir or platformdirs.user_cache_dir("pallaskit")
+
+
+def graphs_dir() -> str:
+    return os.path.join(cache_dir(), "graphs")
+
+
+def entry_path(key: str) -> str:
+    return os.path.join(graphs_dir(), key + SUFFIX)
+
+
+def enabled() -> bool:
+    return bool(config.cache)
+
+
+# --------------------------------------------------------------------------- #
+# The key
+# --------------------------------------------------------------------------- #
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def versions() -> dict:
+    import jaxlib
+
+    import pallaskit
+
+    out = {"pallaskit": pallaskit.__version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+           "python": platform.python_version()}
+    for dist in ("triton", "jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin", "jax-cuda13-pjrt"):
+        v = _version(dist)
+        if v is not None:
+            out[dist] = v
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def code_hash() -> str:
+    """Hash of pallaskit's and the compiler's source files."""
+    h = hashlib.sha256()
+    for pkg in ("pallaskit", "lowering"):
+        root = os.path.join(_PACKAGE_ROOT, pkg)
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames.sort()
+            for name in sorted(filenames):
+                if name.endswith(".py"):
+                    path = os.path.join(dirpath, name)
+                    h.update(os.path.relpath(path, _PACKAGE_ROOT).encode())
+                    with open(path, "rb") as f:
+                        h.update(hashlib.sha256(f.read()).digest())
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_fingerprint() -> str:
+    """XLA's CPU code is built for the host's instruction set."""
+    text = platform.machine() + platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "model name", "Features")):
+                    text += line
+                if line.strip() == "":
+                    break  # the first processor is enough
+    except OSError:
+        pass
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def device_info() -> dict:
+    d = jax.devices()[0]
+    info = {"platform": d.platform, "device_kind": d.device_kind,
+            "platform_version": getattr(d.client, "platform_version", "")}
+    if d.platform == "cpu":
+        info["cpu"] = _cpu_fingerprint()
+    return info
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _static_text(v) -> str:
+    """Static argument text without object addresses: a static function is
+    named by module and qualified name (what it computes is in the jaxpr)."""
+    v = getattr(v, "value", v)
+    if callable(v) and hasattr(v, "__qualname__"):
+        return f"{getattr(v, '__module__', '')}.{v.__qualname__}"
+    return _ADDRESS.sub("", repr(v))
+
+
+def _consts_hash(consts) -> str:
+    h = hashlib.sha256()
+    for c in consts:
+        a = np.asarray(c)
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def key_parts(closed_jaxpr, avals, static_args, options) -> dict:
+    """Everything the compiled program depends on, as JSON-able text."""
+    return {
+        "format": FORMAT,
+        "jaxpr": hashlib.sha256(str(closed_jaxpr).encode()).hexdigest(),
+        "consts": _consts_hash(closed_jaxpr.consts),
+        "avals": [f"{a.str_short()}{' weak' if getattr(a, 'weak_type', False) else ''}" for a in avals],
+        "static": [[str(k), _static_text(v)] for k, v in static_args],
+        "options": options.key(),
+        "versions": versions(),
+        "code": code_hash(),
+        "device": device_info(),
+        "xla": {"XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+                "matmul_precision": str(jax.config.jax_default_matmul_precision),
+                "x64": bool(jax.config.jax_enable_x64)},
+    }
+
+
+def key_of(parts: dict) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------- #
+# Entries
+# --------------------------------------------------------------------------- #
+@dataclasses.dataclass
+class Entry:
+    key: str
+    parts: dict
+    title: str
+    source: str  # the generated module
+    num_kernels: int
+    has_externs: bool
+    constants: list  # numpy arrays, passed after the dynamic leaves
+    executable: bytes | None  # serialize_executable payload; None: source only
+    in_tree: Any = None  # pytrees of the executable (from serialize_executable)
+    out_tree: Any = None
+    executable_error: str = ""  # why there is no executable
+    metric_deltas: dict = dataclasses.field(default_factory=dict)
+    kernels: list = dataclasses.field(default_factory=list)  # kernel_metadata rows
+    multi_kernel_choices: dict = dataclasses.field(default_factory=dict)  # filled by the dispatcher, later
+    created: float = 0.0
+
+
+class BadEntry(Exception):
+    """An entry that must not be used: truncated, corrupted, or from another version."""
+
+
+_reported: set = set()  # (path, reason) already logged
+
+
+def _report(path: str, reason: str):
+    if (path, reason) not in _reported:
+        _reported.add((path, reason))
+        log.warning("pallaskit cache: ignoring %s (%s); recompiling and overwriting it", path, reason)
+
+
+def encode(entry: Entry) -> bytes:
+    payload = pickle.dumps(dataclasses.asdict(entry) | {"constants": [np.asarray(c) for c in entry.constants]},
+                           protocol=pickle.HIGHEST_PROTOCOL)
+    header = {"format": FORMAT, "key": entry.key, "size": len(payload),
+              "sha256": hashlib.sha256(payload).hexdigest(), "title": entry.title,
+              "executable": entry.executable is not None, "created": entry.created}
+    return MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n" + payload
+
+
+def read_header(data: bytes) -> tuple[dict, bytes]:
+    """Split and check an entry's bytes; raises BadEntry."""
+    if not data.startswith(MAGIC):
+        raise BadEntry("not a cache entry" if data else "empty file")
+    end = data.find(b"\n", len(MAGIC))
+    if end < 0:
+        raise BadEntry("truncated header")
+    try:
+        header = json.loads(data[len(MAGIC):end])
+    except ValueError:
+        raise BadEntry("unreadable header") from None
+    if header.get("format") != FORMAT:
+        raise BadEntry(f"entry format {header.get('format')!r}, this pallaskit reads {FORMAT}")
+    payload = data[end + 1:]
+    if len(payload) != header.get("size"):
+        raise BadEntry(f"truncated: {len(payload)} of {header.get('size')} payload bytes")
+    if hashlib.sha256(payload).hexdigest() != header.get("sha256"):
+        raise BadEntry("checksum mismatch")
+    return header, payload
+
+
+def decode(data: bytes, key: str | None = None, parts: dict | None = None) -> Entry:
+    header, payload = read_header(data)
+    if key is not None and header.get("key") != key:
+        raise BadEntry("entry of another key")
+    try:
+        entry = Entry(**pickle.loads(payload))
+    except Exception as e:  # noqa: BLE001 - anything unpicklable is a bad entry
+        raise BadEntry(f"unreadable payload: {type(e).__name__}") from None
+    if parts is not None and entry.parts != parts:
+        diff = sorted(k for k in set(parts) | set(entry.parts) if parts.get(k) != entry.parts.get(k))
+        raise BadEntry(f"written for other {', '.join(diff)}")
+    return entry
+
+
+def load(key: str, parts: dict | None = None) -> Entry | None:
+    """The valid entry of ``key``, or None (missing, or bad: logged once).
+    A hit refreshes the entry's mtime (the LRU clock)."""
+    path = entry_path(key)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        _report(path, f"unreadable: {e}")
+        return None
+    try:
+        entry = decode(data, key, parts)
+    except BadEntry as e:
+        _report(path, str(e))
+        return None
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+    return entry
+
+
+def store(entry: Entry) -> bool:
+    """Write the entry atomically, then evict past the size cap."""
+    folder = graphs_dir()
+    try:
+        os.makedirs(folder, exist_ok=True)
+        data = encode(entry)
+        tmp = os.path.join(folder, f".tmp-{os.getpid()}-{uuid.uuid4().hex}{SUFFIX}")
+        try:
+            with open(tmp, "xb") as f:
+                f.write(data)
+            # No fsync: an entry cut short by a crash fails its size/checksum
+            # check and is recompiled, never used.
+            os.replace(tmp, entry_path(entry.key))
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    except Exception as e:  # noqa: BLE001 - a cache that cannot write must not fail the user's call
+        _report(folder, f"cannot write an entry: {type(e).__name__}: {e}")
+        return False
+    evict()
+    return True
+
+
+def _lock(name: str, timeout: float = LOCK_TIMEOUT_S) -> filelock.FileLock:
+    folder = os.path.join(cache_dir(), "locks")
+    os.makedirs(folder, exist_ok=True)
+    return filelock.FileLock(os.path.join(folder, name + ".lock"), timeout=timeout)
+
+
+def key_lock(key: str, timeout: float = LOCK_TIMEOUT_S) -> filelock.FileLock:
+    """The lock writers of ``key`` hold while compiling (one of 256 files)."""
+    return _lock(key[:2], timeout)
+
+
+def _entries() -> list[os.DirEntry]:
+    try:
+        return [e for e in os.scandir(graphs_dir()) if e.name.endswith(SUFFIX) and not e.name.startswith(".")]
+    except FileNotFoundError:
+        return []
+
+
+def evict(max_bytes: int | None = None) -> int:
+    """Delete least recently used entries until the total is within the cap;
+    returns how many were deleted."""
+    cap = config.cache_max_bytes if max_bytes is None else max_bytes
+    removed = 0
+    with _lock("evict"):
+        files = []
+        for e in _entries():
+            try:
+                st = e.stat()
+            except FileNotFoundError:
+                continue
+            files.append((st.st_mtime_ns, e.name, e.path, st.st_size))
+        total = sum(f[3] for f in files)
+        for _, _, path, size in sorted(files):
+            if total <= cap:
+                break
+            try:
+                os.unlink(path)
+                removed += 1
+            except FileNotFoundError:
+                pass
+            total -= size
+    if removed:
+        log.info("pallaskit cache: evicted %d entries to stay under %d bytes", removed, cap)
+    return removed
+
+
+def stats() -> dict:
+    files = []
+    for e in _entries():
+        try:
+            files.append((e.path, e.stat()))
+        except FileNotFoundError:
+            pass
+    with_exe = bad = 0
+    for path, _ in files:
+        try:
+            with open(path, "rb") as f:
+                header, _ = read_header(f.read())
+            with_exe += bool(header.get("executable"))
+        except (BadEntry, OSError):
+            bad += 1
+    return {"dir": graphs_dir(), "entries": len(files), "bytes": sum(st.st_size for _, st in files),
+            "max_bytes": config.cache_max_bytes, "with_executable": with_exe,
+            "source_only": len(files) - with_exe - bad, "bad": bad}
+
+
+def clear() -> int:
+    """Delete every entry (and stray temporary files); returns the count of entries."""
+    n = 0
+    with _lock("evict"):
+        try:
+            listing = list(os.scandir(graphs_dir()))
+        except FileNotFoundError:
+            return 0
+        for e in listing:
+            if e.name.endswith(SUFFIX):
+                try:
+                    os.unlink(e.path)
+                    n += not e.name.startswith(".")
+                except FileNotFoundError:
+                    pass
+    return n
+
+
+# --------------------------------------------------------------------------- #
+# Serving a graph: hit, or compile and store
+# --------------------------------------------------------------------------- #
+@dataclasses.dataclass
+class Served:
+    """What the jit needs to run one signature."""
+
+    executable: Callable  # flat dynamic leaves, then constants -> flat outputs
+    constants: list
+    result: Any = None  # lowering.CompileResult; None when loaded from the cache
+    cache: str = "off"  # 'hit', 'miss' or 'off'
+
+
+_serialize_failures: set = set()
+
+
+def serialize(compiled) -> tuple[bytes | None, Any, Any, str]:
+    """(payload, in_tree, out_tree, error) of a ``jax.stages.Compiled``."""
+    from jax.experimental import serialize_executable
+
+    try:
+        payload, in_tree, out_tree = serialize_executable.serialize(compiled)
+        pickle.dumps((in_tree, out_tree))
+        return payload, in_tree, out_tree, ""
+    except Exception as e:  # noqa: BLE001 - fall back to caching the source
+        return None, None, None, f"{type(e).__name__}: {e}"
+
+
+def _deserialize(entry: Entry):
+    from jax.experimental import serialize_executable
+
+    device = jax.devices()[0]
+    return serialize_executable.deserialize_and_load(entry.executable, entry.in_tree, entry.out_tree,
+                                                     backend=device.client, execution_devices=[device])
+
+
+def _aot_compile(call, structs, constants):
+    return jax.jit(call).lower(*structs, *constants).compile()
+
+
+class _Program:  # what runtime.loader.load reads from a RenderedProgram
+    def __init__(self, source):
+        self.source, self.externs = source, []
+
+
+def _serve_entry(entry: Entry, structs) -> Served | None:
+    """Build the executable of a valid entry; None if it cannot be used."""
+    if entry.executable is not None:
+        try:
+            return Served(_deserialize(entry), entry.constants, cache="hit")
+        except Exception as e:  # noqa: BLE001 - an executable that does not load is a bad entry
+            _report(entry_path(entry.key), f"executable does not load: {type(e).__name__}: {e}")
+            return None
+    if entry.has_externs:
+        return None  # extern callables are rebuilt by the compiler: recompile
+    from pallaskit.runtime import loader
+
+    compiled = _aot_compile(loader.load(_Program(entry.source)), structs, entry.constants)
+    metrics.counters["kernels_compiled"] += entry.num_kernels
+    return Served(compiled, entry.constants, cache="hit")
+
+
+def serve(closed_jaxpr, avals, static_args, options, title: str,
+          build: Callable[[], tuple[Any, Callable, list]], started: float | None = None) -> Served:
+    """Serve one traced signature: from the cache when the option is on and a
+    valid entry exists, else by ``build()`` -> (CompileResult, call, constants),
+    an ahead-of-time XLA compilation, and a new entry. ``started``: when the
+    caller began (tracing included), for ``compile_seconds``."""
+    started = time.perf_counter() if started is None else started
+    structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+    if not enabled():
+        return _compile(build, structs, title, started, "off")
+    parts = key_parts(closed_jaxpr, avals, static_args, options)
+    key = key_of(parts)
+    served = _try_hit(key, parts, structs, title, started)
+    if served is not None:
+        return served
+    try:
+        lock = key_lock(key)
+        lock.acquire()
+    except (filelock.Timeout, OSError) as e:
+        log.warning("pallaskit cache: no lock for %s (%s); compiling without the cache", title, e)
+        return _compile(build, structs, title, started, "off")
+    try:
+        # Another process may have written the entry while this one waited.
+        served = _try_hit(key, parts, structs, title, started)
+        if served is None:
+            metrics.counters["cache_misses"] += 1
+            served = _compile(build, structs, title, started, "miss", key=key, parts=parts)
+        return served
+    finally:
+        lock.release()
+
+
+def _try_hit(key, parts, structs, title, started) -> Served | None:
+    entry = load(key, parts)
+    served = None if entry is None else _serve_entry(entry, structs)
+    if served is not None:
+        metrics.counters["cache_hits"] += 1
+        _finish(served, title, started, entry.metric_deltas, None)
+    return served
+
+
+def _compile(build, structs, title, started, cache: str, key=None, parts=None) -> Served:
+    result, call, constants = build()
+    compiled = _aot_compile(call, structs, constants)
+    metrics.counters["kernels_compiled"] += len(result.program.kernels)
+    served = Served(compiled, list(constants), result, cache)
+    deltas, kernels = metrics.graph_deltas(result), metrics.kernel_stats(result)
+    if key is not None:
+        payload, in_tree, out_tree, error = serialize(compiled)
+        if error and title not in _serialize_failures:
+            _serialize_failures.add(title)
+            log.warning("pallaskit cache: the executable of %s cannot be serialized (%s); caching its source only",
+                        title, error)
+        store(Entry(key=key, parts=parts, title=title, source=result.program.source,
+                    num_kernels=len(result.program.kernels), has_externs=bool(result.program.externs),
+                    constants=list(constants), executable=payload, in_tree=in_tree, out_tree=out_tree,
+                    executable_error=error, metric_deltas=deltas, kernels=kernels, created=time.time()))
+    _finish(served, title, started, deltas, kernels)
+    return served
+
+
+def _finish(served: Served, title, started, deltas, kernels):
+    """Counters and metric-table rows of one served graph."""
+    seconds = time.perf_counter() - started
+    metrics.apply_deltas(deltas)
+    metrics.counters["compile_seconds"] += seconds
+    metrics.record_graph(title, deltas, kernels, seconds, served.cache)

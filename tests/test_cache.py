@@ -1,0 +1,248 @@
+"""The on-disk graph cache: warm starts compile nothing, bad entries are
+recompiled, racing processes leave one entry, keys cover versions and options,
+eviction keeps the cap."""
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import lowering
+import pallaskit
+from pallaskit import cache
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A fresh process: RMSNorm backward through jax.vjp (pytrees, a custom-jvp free
+# but non-trivial jaxpr), run once; prints its counters, saves its outputs.
+_CHILD = textwrap.dedent("""
+    import json, os, sys
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax, jax.numpy as jnp, numpy as np
+    import pallaskit
+
+    def rms(x, w):
+        xf = x.astype(jnp.float32)
+        y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + 1e-6)
+        return (y * w).astype(x.dtype)
+
+    def rms_bwd(x, w, g):
+        return jax.vjp(rms, x, w)[1](g)
+
+    rng = np.random.default_rng(0)
+    x, g = (jnp.asarray(rng.standard_normal((37, 100)), jnp.float32) for _ in range(2))
+    w = jnp.asarray(rng.standard_normal((100,)), jnp.float32)
+    dx, dw = pallaskit.jit(rms_bwd)(x, w, g)
+    np.save(sys.argv[1], np.concatenate([np.asarray(dx).ravel(), np.asarray(dw)]))
+    print(json.dumps(dict(pallaskit.metrics.counters)))
+""")
+
+
+def _spawn(cache_dir, out):
+    env = dict(os.environ, PALLASKIT_CACHE_DIR=str(cache_dir), JAX_PLATFORMS="cpu",
+               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.Popen([sys.executable, "-c", _CHILD, str(out)], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc):
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def _entries(cache_dir):
+    folder = os.path.join(cache_dir, "graphs")
+    return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+
+
+def test_warm_start_in_a_fresh_process_compiles_nothing(tmp_path):
+    cold = _finish(_spawn(tmp_path, tmp_path / "cold.npy"))
+    assert cold["cache_misses"] == 1 and cold["cache_hits"] == 0 and cold["kernels_compiled"] >= 1
+    warm = _finish(_spawn(tmp_path, tmp_path / "warm.npy"))
+    assert warm["kernels_compiled"] == 0 and warm["cache_hits"] == 1 and warm["cache_misses"] == 0
+    # the code statistics are replayed from the entry
+    for name in pallaskit.metrics.COMPILE_DELTA_NAMES:
+        assert warm[name] == cold[name], name
+    np.testing.assert_array_equal(np.load(tmp_path / "warm.npy"), np.load(tmp_path / "cold.npy"))
+
+
+def test_four_processes_compiling_at_once_leave_one_valid_entry(tmp_path):
+    procs = [_spawn(tmp_path, tmp_path / f"out{i}.npy") for i in range(4)]
+    results = [_finish(p) for p in procs]
+    assert sum(r["cache_misses"] for r in results) == 1  # the others waited on the lock, then hit
+    assert sum(r["cache_hits"] for r in results) == 3
+    (name,) = _entries(tmp_path)  # one entry, no temporary files left behind
+    with open(os.path.join(tmp_path, "graphs", name), "rb") as f:
+        entry = cache.decode(f.read(), name.removesuffix(cache.SUFFIX))
+    assert entry.executable is not None
+    outs = [np.load(tmp_path / f"out{i}.npy") for i in range(4)]
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+
+
+# --------------------------------------------------------------------------- #
+# In-process: a new JitFunction has an empty in-memory cache, so it goes to disk.
+# --------------------------------------------------------------------------- #
+def _fn(a, b):
+    return jnp.exp(a).sum(-1) * b
+
+
+def _args(rng, rows=5):
+    return (jnp.asarray(rng.standard_normal((rows, 7)), jnp.float32),
+            jnp.asarray(rng.standard_normal((rows,)), jnp.float32))
+
+
+def _run(fn, *args):
+    return np.asarray(pallaskit.jit(fn)(*args))
+
+
+def _only_entry(tmp_path):
+    (name,) = _entries(tmp_path)
+    return os.path.join(tmp_path, "graphs", name)
+
+
+def test_hit_skips_the_compiler_and_replays_metrics(tmp_path, rng, monkeypatch):
+    pallaskit.config.update(cache_dir=str(tmp_path))
+    args = _args(rng)
+    cold = _run(_fn, *args)
+    counters = dict(pallaskit.metrics.counters)
+    assert counters["cache_misses"] == 1 and counters["kernels_compiled"] == 1
+
+    def no_compiler(*a, **k):
+        raise AssertionError("the compiler ran on a cache hit")
+
+    monkeypatch.setattr(lowering, "compile_jaxpr", no_compiler)
+    pallaskit.metrics.reset()
+    warm = _run(_fn, *args)
+    np.testing.assert_array_equal(warm, cold)
+    c = pallaskit.metrics.counters
+    assert c["cache_hits"] == 1 and c["kernels_compiled"] == 0 and c["cache_misses"] == 0
+    assert c["generated_kernel_count"] == counters["generated_kernel_count"]
+    assert c["bytes_accessed"] == counters["bytes_accessed"] > 0
+    assert c["compile_seconds"] > 0
+    monkeypatch.undo()
+    e = pallaskit.explain(pallaskit.jit(_fn), *args)  # explain still runs the compiler
+    assert len(e.kernels) == 1
+
+
+def _flip(path):
+    data = bytearray(open(path, "rb").read())
+    data[-10] ^= 0xFF
+    return bytes(data)
+
+
+def _other_format(path):
+    data = open(path, "rb").read()
+    end = data.index(b"\n", len(cache.MAGIC))
+    header = json.loads(data[len(cache.MAGIC):end])
+    header["format"] = cache.FORMAT + 1
+    return cache.MAGIC + json.dumps(header).encode() + data[end:]
+
+
+@pytest.mark.parametrize("damage,reason", [
+    (_flip, "checksum mismatch"),
+    (lambda p: open(p, "rb").read()[:-100], "truncated"),
+    (lambda p: open(p, "rb").read()[:30], "truncated header"),
+    (lambda p: b"", "empty file"),
+    (_other_format, "entry format"),
+], ids=["flipped-byte", "truncated", "truncated-header", "empty", "other-format"])
+def test_bad_entry_is_recompiled_and_overwritten(tmp_path, rng, caplog, damage, reason):
+    pallaskit.config.update(cache_dir=str(tmp_path))
+    args = _args(rng)
+    expected = _run(_fn, *args)
+    path = _only_entry(tmp_path)
+    bad = damage(path)
+    with open(path, "wb") as f:
+        f.write(bad)
+    pallaskit.metrics.reset()
+    with caplog.at_level(logging.WARNING, logger="pallaskit"):
+        np.testing.assert_array_equal(_run(_fn, *args), expected)
+    assert [r for r in caplog.records if reason in r.getMessage()], caplog.text
+    c = pallaskit.metrics.counters
+    assert c["cache_misses"] == 1 and c["cache_hits"] == 0 and c["kernels_compiled"] == 1
+    with open(path, "rb") as f:  # rewritten, valid
+        assert cache.decode(f.read(), os.path.basename(path).removesuffix(cache.SUFFIX)).executable
+    pallaskit.metrics.reset()
+    np.testing.assert_array_equal(_run(_fn, *args), expected)
+    assert pallaskit.metrics.counters["cache_hits"] == 1
+
+
+def test_version_option_and_constant_changes_miss(tmp_path, rng, monkeypatch):
+    pallaskit.config.update(cache_dir=str(tmp_path))
+    args = _args(rng)
+    _run(_fn, *args)
+    with pallaskit.config.override(num_warps=2):  # a compile option
+        _run(_fn, *args)
+    versions = dict(cache.versions(), jax="0.0.0")
+    monkeypatch.setattr(cache, "versions", lambda: versions)
+    _run(_fn, *args)
+    monkeypatch.undo()
+    assert pallaskit.metrics.counters["cache_misses"] == 3 and len(_entries(tmp_path)) == 3
+    _run(_fn, *args)
+    assert pallaskit.metrics.counters["cache_hits"] == 1
+    # same jaxpr text, different closed-over constants: never the other's result
+    x = jnp.asarray(rng.standard_normal((3,)), jnp.float32)
+    for c in (np.array([1.0, 2.0, 3.0], np.float32), np.array([4.0, 5.0, 6.0], np.float32)):
+        np.testing.assert_allclose(_run(lambda a, c=c: a * c, x), np.asarray(x) * c, rtol=1e-6)
+
+
+def test_eviction_keeps_the_cap_least_recently_used_first(tmp_path, rng):
+    pallaskit.config.update(cache_dir=str(tmp_path))
+    names = {}
+    for rows in (11, 12, 13):
+        before = set(_entries(tmp_path))
+        _run(_fn, *_args(rng, rows=rows))
+        (names[rows],) = set(_entries(tmp_path)) - before
+    sizes = [os.path.getsize(os.path.join(tmp_path, "graphs", n)) for n in names.values()]
+    cap = sum(sizes) + max(sizes) // 2  # room for three entries, not four
+    pallaskit.config.update(cache_max_bytes=cap)
+    _run(_fn, *_args(rng, rows=11))  # a hit: rows=11 becomes the most recently used
+    assert pallaskit.metrics.counters["cache_hits"] == 1
+    _run(_fn, *_args(rng, rows=14))
+    left = _entries(tmp_path)
+    assert sum(os.path.getsize(os.path.join(tmp_path, "graphs", n)) for n in left) <= cap
+    assert len(left) == 3 and names[12] not in left and {names[11], names[13]} <= set(left)
+
+
+def test_unserializable_executable_caches_the_source(tmp_path, rng, monkeypatch, caplog):
+    pallaskit.config.update(cache_dir=str(tmp_path))
+    monkeypatch.setattr(cache, "serialize", lambda compiled: (None, None, None, "ValueError: not today"))
+    args = _args(rng)
+    with caplog.at_level(logging.WARNING, logger="pallaskit"):
+        expected = _run(_fn, *args)
+    assert "caching its source only" in caplog.text
+    with open(_only_entry(tmp_path), "rb") as f:
+        entry = cache.decode(f.read())
+    assert entry.executable is None and "not today" in entry.executable_error and "pallas_call" in entry.source
+    pallaskit.metrics.reset()
+    np.testing.assert_array_equal(_run(_fn, *args), expected)
+    c = pallaskit.metrics.counters
+    assert c["cache_hits"] == 1 and c["kernels_compiled"] == 1  # the source was compiled again, not generated
+
+
+def test_cache_off_writes_nothing(tmp_path, rng):
+    pallaskit.config.update(cache_dir=str(tmp_path), cache=False)
+    args = _args(rng)
+    np.testing.assert_allclose(_run(_fn, *args), np.asarray(jax.jit(_fn)(*args)), rtol=1e-5)
+    assert not os.path.exists(os.path.join(tmp_path, "graphs"))
+    c = pallaskit.metrics.counters
+    assert c["cache_hits"] == c["cache_misses"] == 0 and c["kernels_compiled"] == 1
+
+
+def test_stats_and_clear_commands(tmp_path, rng, capsys):
+    from pallaskit.cache.__main__ import main
+
+    pallaskit.config.update(cache_dir=str(tmp_path))
+    _run(_fn, *_args(rng))
+    assert main(["stats"]) == 0
+    assert "entries:          1 (1 with executable" in capsys.readouterr().out
+    assert main(["clear", "--dir", str(tmp_path)]) == 0
+    assert "removed 1 entries" in capsys.readouterr().out
+    assert _entries(tmp_path) == []
