@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax.numpy as jnp
 import numpy as np
 import sympy
 
@@ -66,7 +67,7 @@ def _trailing(n: ir.Reduction) -> bool:
 
 def acc_dtype(op: str, dtype) -> np.dtype:
     dt = np.dtype(dtype)
-    if op == "sum" and np.issubdtype(dt, np.floating) and dt.itemsize < 4:
+    if op == "sum" and _is_float(dt) and dt.itemsize < 4:
         return np.dtype(np.float32)
     return dt
 
@@ -129,10 +130,14 @@ def identity(op: str, dtype) -> ir.Const:
     if op == "sum":
         return ir.Const(0, dt)
     big = op == "min"
-    if np.issubdtype(dt, np.floating):
+    if _is_float(dt):
         return ir.Const(float("inf") if big else float("-inf"), dt)
     info = np.iinfo(dt)
     return ir.Const(int(info.max if big else info.min), dt)
+
+
+def _is_float(dt) -> bool:
+    return bool(jnp.issubdtype(dt, jnp.floating))
 
 
 def _masked(expr: ir.Expr, cond) -> ir.Expr:

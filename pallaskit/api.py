@@ -29,7 +29,7 @@ def compile_options() -> CompileOptions:
     values = {f.name: snap[f.name] for f in dataclasses.fields(CompileOptions) if f.name in snap}
     if values.get("interpret") == "auto":
         values["interpret"] = jax.default_backend() == "cpu"
-    values["num_sms"] = _num_sms()
+    values["num_sms"] = values.get("num_sms") or _num_sms()
     return CompileOptions(**values)
 
 
@@ -88,6 +88,8 @@ class JitFunction:
         key, leaves, avals, treedef, static_pos, static_kw = self._split(args, kwargs)
         if autodiff.transformed(leaves):  # grad / jvp / vmap tracers: pallaskit/autodiff.py
             return autodiff.call(self, args, kwargs)
+        if autodiff.staged(leaves):  # jax.jit tracers: the AOT executable takes none
+            return autodiff.call_staged(self, args, kwargs)
         entry = self._cache.get(key)
         if entry is None:
             entry = self._compile(avals, treedef, static_pos, static_kw, len(args))

@@ -112,14 +112,14 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            _parse_bool, _check_bool, "true, false"),
     Option("layout_propagation", True, "Give intermediates the stride order of their dominant input so that "
            "transposes cancel.", _parse_bool, _check_bool, "true, false"),
+    Option("num_sms", 0, "Streaming multiprocessors to size grids for (0: the default device's count; "
+           "4 on the CPU).", int, _check_nonneg_int, "an int >= 0"),
     Option("log_fallbacks", True, "Log one line per primitive run through XLA (once per primitive).",
            _parse_bool, _check_bool, "true, false"),
     Option("partitioner", "min_cut", "How a differentiated function is split into forward and backward "
            "(pallaskit/autodiff.py): 'min_cut' recomputes cheap pointwise values in the backward to save the "
            "fewest bytes; 'default' saves what JAX's partial evaluation saves.", str, _check_partitioner,
            "'min_cut', 'default'"),
-]}
-
     # -- graph cache and metric tables (pallaskit/cache, pallaskit/metrics.py) --
     Option("cache", True, "Keep compiled graphs (generated source and the compiled executable) in an on-disk "
            "cache, so that a new process running the same function compiles nothing.", _parse_bool, _check_bool,
@@ -134,6 +134,8 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "(see pallaskit.metrics.TABLES)"),
     Option("metrics_dir", "", "Directory of the metric table CSV files ('': the current directory).", str,
            _check_str, "a directory path or ''"),
+]}
+
 
 def _define_absl_flags():
     for o in OPTIONS.values():
