@@ -55,6 +55,25 @@ def transformed(leaves) -> bool:
     return any(isinstance(x, _Tracer) and type(x).__name__ != _STAGING for x in leaves)
 
 
+def staged(leaves) -> bool:
+    """Whether any argument leaf is a ``jax.jit`` (staging) tracer."""
+    return any(type(x).__name__ == _STAGING for x in leaves)
+
+
+def call_staged(jf, args, kwargs):
+    """Trace ``jf``'s program into the caller's jaxpr (``jax.jit`` of a
+    pallaskit function, and the halves of a differentiated one under
+    ``jax.jit``). The ahead-of-time executable of the ordinary path (the graph
+    cache's) accepts no tracers, so this keeps a jitted, not yet compiled,
+    program per signature."""
+    key, leaves, avals, treedef, static_pos, static_kw = jf._split(args, kwargs)
+    store = _store(jf)
+    entry = store.get(("staged", key))
+    if entry is None:
+        entry = store[("staged", key)] = jf._compile(avals, treedef, static_pos, static_kw, len(args), aot=False)
+    return jax.tree_util.tree_unflatten(entry.out_tree, entry.executable(*leaves, *entry.constants))
+
+
 # --------------------------------------------------------------------------- #
 # which transformation
 # --------------------------------------------------------------------------- #
