@@ -1,171 +1,100 @@
-"""Benchmark runner: every workload under pallaskit, XLA, torch eager and
-torch.compile, in one process, on the same inputs.
+"""The benchmark suite: every workload under pallaskit, XLA, torch eager and
+torch.compile, in one process, on the same inputs (see benchmarks/suite.py).
 
-    python -m benchmarks.run                       # full sizes on the GPU
-    python -m benchmarks.run --smoke               # tiny sizes, CPU interpret mode
-    python -m benchmarks.run --workloads=softmax --backends=pallaskit,xla
+    python -m benchmarks.run --smoke               # tiny sizes, CPU, interpret mode, well under a minute
+    python -m benchmarks.run                       # everything at full size (on the GPU)
+    python -m benchmarks.run --flagfile=benchmarks/experiments/norms.flags
+    python -m benchmarks.run --workloads=softmax,rmsnorm_bwd --backends=pallaskit,xla --dtypes=bfloat16,float32
+    python -m benchmarks.run --sizes=full,softmax=4096x4096 --repeats=30
+
+Outputs go to --output (results.json, results.csv, results.md, plots/) and,
+for full runs, into the suite's section of benchmarks/RESULTS.md. pallaskit's
+own options are flags too (--pallaskit_num_warps=4 ...).
 """
 from __future__ import annotations
 
-import datetime
-import json
 import os
-import platform
+import shlex
 import sys
 
 from absl import app, flags
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
-import pallaskit
-from benchmarks.timing import time_ms
+from benchmarks.backends import BACKENDS, default_backends
 from benchmarks.workloads import WORKLOADS
 
-BACKENDS = ("pallaskit", "xla", "torch_eager", "torch_compile")
-FLOOR_BANDWIDTH = 3.0e12  # bytes/s, H100 device-to-device copy (DESIGN.md)
-
 FLAGS = flags.FLAGS
-flags.DEFINE_list("workloads", list(WORKLOADS), f"Workloads to run; valid: {', '.join(WORKLOADS)}")
-flags.DEFINE_list("backends", list(BACKENDS), f"Backends to run; valid: {', '.join(BACKENDS)}")
-flags.DEFINE_list("dtypes", ["bfloat16"], "Dtypes (bfloat16, float32, float16)")
-flags.DEFINE_bool("smoke", False, "Tiny sizes: runs on the CPU in interpret mode in seconds")
-flags.DEFINE_integer("repeats", 7, "Timing rounds (the median is reported)")
-flags.DEFINE_string("output", "benchmarks/out", "Folder for results.json and results.md")
+flags.DEFINE_list("workloads", ["all"], f"Workloads to run, or 'all'. Valid: {', '.join(WORKLOADS)}")
+flags.DEFINE_list("backends", ["default"], "Backends, 'default' (all but the slow-to-compile ones) or 'all'. "
+                  f"Valid: {', '.join(BACKENDS)}")
+flags.DEFINE_list("dtypes", ["bfloat16"], "Dtypes: bfloat16, float16, float32")
+flags.DEFINE_list("sizes", ["full"], "A preset (full, smoke) and/or per-workload overrides WORKLOAD=AxB, e.g. "
+                  "'full,softmax=4096x4096,matmul_hint_runtime=64:256:4096x8192x8192'")
+flags.DEFINE_bool("smoke", False, "Tiny sizes on the CPU in Pallas interpret mode, few rounds: checks the "
+                  "whole suite runs, in well under a minute")
+flags.DEFINE_integer("repeats", 15, "Timing rounds per measurement (the median is reported)")
+flags.DEFINE_float("min_round_ms", 20.0, "Each timing round runs back-to-back calls for at least this long")
+flags.DEFINE_string("output", "benchmarks/out", "Folder for results.json, results.csv, results.md and plots/")
+flags.DEFINE_string("results_md", "auto", "File whose suite section (between <!-- suite:begin/end --> markers) "
+                    "is rewritten; 'auto': benchmarks/RESULTS.md, or <output>/RESULTS.md with --smoke; 'none'")
+flags.DEFINE_string("plots_dir", "", "Folder for the PNG plots (default <output>/plots)")
+flags.DEFINE_bool("plots", True, "Draw PNG plots (needs matplotlib)")
+flags.DEFINE_integer("seed", 0, "Random seed for the inputs; 0: a fresh one each run (recorded)")
+flags.DEFINE_bool("progress", True, "Show a progress bar (tqdm) on a terminal")
+flags.DEFINE_bool("allow_cpu_compile", False, "Also run torch.compile on the CPU (slow)")
+flags.DEFINE_float("subprocess_timeout_s", 300, "Limit for each fresh-process measurement")
+flags.DEFINE_integer("jobs", 0, "Fresh-process measurements run at once (0: 1 on a GPU, 2 on the CPU)")
+flags.DEFINE_float("time_budget_s", 0, "If > 0, start no new workload after this many seconds (the outputs are "
+                   "still written; skipped workloads are named in the notes)")
 
 
-def _validate():
-    for name, valid, what in ((FLAGS.workloads, WORKLOADS, "workload"), (FLAGS.backends, BACKENDS, "backend")):
-        bad = [n for n in name if n not in valid]
-        if bad:
-            raise app.UsageError(f"unknown {what}(s) {bad}; valid: {', '.join(valid)}")
-    for d in FLAGS.dtypes:
-        if d not in ("bfloat16", "float32", "float16"):
-            raise app.UsageError(f"unknown dtype {d}; valid: bfloat16, float32, float16")
+def config_from_flags(argv):
+    """SuiteConfig from the parsed flags; ValueError on an unknown name."""
+    from benchmarks import suite
 
-
-def _torch():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch if torch.cuda.is_available() else None
-
-
-def _jax_sync(out):
-    jax.block_until_ready(out)
-
-
-def _measure_copy_bandwidth() -> float:
-    n = (256 << 20) // 4 if jax.default_backend() != "cpu" else 1 << 20
-    x = jax.random.normal(jax.random.key(1), (n,), jnp.float32)
-    f = jax.jit(lambda a: a * 1.0001)
-    ms = time_ms(lambda: f(x), _jax_sync)
-    return 2 * n * 4 / (ms * 1e-3)
-
-
-def _versions():
-    v = {"python": platform.python_version(), "jax": jax.__version__, "pallaskit": pallaskit.__version__,
-         "device": str(jax.devices()[0].device_kind), "backend": jax.default_backend(),
-         "date": datetime.date.today().isoformat()}
-    torch = _torch()
-    if torch is not None:
-        import triton
-
-        v.update(torch=torch.__version__, triton=triton.__version__)
-    return v
-
-
-def _backend_fns(workload, backends, notes):
-    fns = {}
-    torch = _torch()
-    for b in backends:
-        if b == "pallaskit":
-            fns[b] = ("jax", pallaskit.jit(workload.jax_fn))
-        elif b == "xla":
-            fns[b] = ("jax", jax.jit(workload.jax_fn))
-        elif torch is None:
-            notes.add(f"{b}: skipped (torch with CUDA not available)")
-        elif workload.torch_fn is None:
-            notes.add(f"{b}: no torch definition for {workload.name}")
-        elif b == "torch_eager":
-            fns[b] = ("torch", workload.torch_fn)
-        elif b == "torch_compile":
-            fns[b] = ("torch", torch.compile(workload.torch_fn))
-    return fns
-
-
-def run_one(workload, dtype, backends, notes, repeats):
-    size = workload.sizes["smoke" if FLAGS.smoke else "full"]
-    inputs = workload.make_inputs(size, jnp.dtype(dtype), jax.random.key(hash(workload.name) % 2**31))
-    reference = jax.jit(workload.jax_fn)(*inputs)
-    floor_bytes = workload.min_bytes(inputs, reference)
-    rows = []
-    for name, (kind, fn) in _backend_fns(workload, backends, notes).items():
-        if kind == "jax":
-            call, sync, to_np = (lambda f=fn: f(*inputs)), _jax_sync, np.asarray
-        else:
-            import torch
-
-            t_in = [torch.from_dlpack(x) for x in inputs]
-            call = lambda f=fn: f(*t_in)
-            sync = lambda out: torch.cuda.synchronize()
-            to_np = lambda t: t.float().cpu().numpy()
-        out = call()
-        for got, want in zip(jax.tree_util.tree_leaves(out) if kind == "jax" else [out],
-                             jax.tree_util.tree_leaves(reference)):
-            got = np.asarray(to_np(got), np.float32)
-            want = np.asarray(want, np.float32)
-            err = float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-12))
-            if not np.isfinite(got).all() or err > workload.rtol:
-                raise AssertionError(f"{workload.name}/{name} disagrees with XLA: relative error {err:.3g}")
-        ms = time_ms(call, sync, rounds=repeats)
-        floor_ms = floor_bytes / FLOOR_BANDWIDTH * 1e3
-        rows.append(dict(workload=workload.name, dtype=dtype, size="x".join(map(str, size)), backend=name,
-                         ms=round(ms, 4), floor_ms=round(floor_ms, 4), frac_of_floor=round(floor_ms / ms, 3)))
-        print(f"{workload.name:18s} {dtype:9s} {name:14s} {ms:9.4f} ms  floor {floor_ms:.4f}  "
-              f"({floor_ms / ms:5.1%})", flush=True)
-    return rows
-
-
-def markdown(rows, meta) -> str:
-    lines = [f"Device: {meta['device']} ({meta['backend']}); date {meta['date']}; "
-             + ", ".join(f"{k} {meta[k]}" for k in ("jax", "torch", "triton", "pallaskit") if k in meta)
-             + f"; measured copy bandwidth {meta['copy_bandwidth_tbs']:.2f} TB/s; floor at 3.0 TB/s.", "",
-             "| workload | dtype | size | backend | median ms | floor ms | fraction of floor |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['workload']} | {r['dtype']} | {r['size']} | {r['backend']} | {r['ms']:.4f} | "
-                     f"{r['floor_ms']:.4f} | {r['frac_of_floor']:.0%} |")
-    return "\n".join(lines) + "\n"
+    workloads = suite.resolve(FLAGS.workloads, list(WORKLOADS), "workload")
+    requested = [n for b in FLAGS.backends for n in (default_backends() if b.strip() == "default" else [b])]
+    backends = suite.resolve(requested, list(BACKENDS), "backend")
+    dtypes = suite.resolve(FLAGS.dtypes, list(suite.DTYPES), "dtype")
+    preset, overrides = suite.parse_sizes(FLAGS.sizes)
+    if FLAGS.smoke:
+        preset = "smoke"  # overrides still apply
+    results_md = FLAGS.results_md
+    if results_md == "auto":
+        results_md = os.path.join(FLAGS.output, "RESULTS.md") if FLAGS.smoke else "benchmarks/RESULTS.md"
+    elif results_md in ("none", ""):
+        results_md = None
+    repeats = FLAGS.repeats if FLAGS["repeats"].present or not FLAGS.smoke else 3
+    min_round_s = FLAGS.min_round_ms / 1e3 if FLAGS["min_round_ms"].present or not FLAGS.smoke else 0.002
+    return suite.SuiteConfig(
+        workloads=workloads, backends=backends, dtypes=dtypes, sizes=overrides, size_preset=preset,
+        repeats=repeats, min_round_s=min_round_s, warmup=1 if FLAGS.smoke else 3, output=FLAGS.output,
+        results_md=results_md, plots_dir=FLAGS.plots_dir or None, plots=FLAGS.plots, seed=FLAGS.seed,
+        smoke=FLAGS.smoke, progress=FLAGS.progress and sys.stderr.isatty(), allow_cpu_compile=FLAGS.allow_cpu_compile,
+        subprocess_timeout_s=FLAGS.subprocess_timeout_s,
+        jobs=FLAGS.jobs or (2 if FLAGS.smoke else 1), time_budget_s=FLAGS.time_budget_s,
+        command="python -m benchmarks.run " + " ".join(shlex.quote(a) for a in argv[1:]))
 
 
 def main(argv):
-    del argv
-    _validate()
-    notes: set[str] = set()
-    meta = _versions()
-    meta["copy_bandwidth_tbs"] = _measure_copy_bandwidth() / 1e12
-    meta["command"] = " ".join(sys.argv)
-    print(f"{meta}", flush=True)
-    rows = []
-    for wname in FLAGS.workloads:
-        for dtype in FLAGS.dtypes:
-            try:
-                rows += run_one(WORKLOADS[wname], dtype, FLAGS.backends, notes, FLAGS.repeats)
-            except Exception as e:  # one broken workload must not hide the others
-                notes.add(f"{wname}/{dtype}: FAILED: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
-                print(f"{wname} {dtype} FAILED: {e!r}"[:2000], flush=True)
-    failed = any("FAILED" in n for n in notes)
-    os.makedirs(FLAGS.output, exist_ok=True)
-    with open(os.path.join(FLAGS.output, "results.json"), "w") as f:
-        json.dump({"meta": meta, "rows": rows, "notes": sorted(notes)}, f, indent=1)
-    md = markdown(rows, meta) + "".join(f"\n- {n}" for n in sorted(notes))
-    with open(os.path.join(FLAGS.output, "results.md"), "w") as f:
-        f.write(md)
-    print(md)
-    if failed:
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave GPU memory to torch too
+    if FLAGS.smoke:
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        import jax
+
+        jax.config.update("jax_platforms", "cpu")
+    try:
+        cfg = config_from_flags(sys.argv)
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
+    from benchmarks import suite
+
+    results = suite.run(cfg)
+    bad = [n for n in results["notes"] if "FAILED" in n or "MISMATCH" in n]
+    print(f"\n{len(results['rows'])} rows in {results['meta']['elapsed_s']} s; wrote {cfg.output}"
+          + (f" and {cfg.results_md}" if cfg.results_md else ""))
+    for n in results["notes"]:
+        print(f"- {n}")
+    if bad:
         sys.exit(1)
 
 

@@ -1,33 +1,83 @@
 """Workloads, each defined once: a JAX function, the same function in torch,
-inputs, and the bytes it must move (its memory floor)."""
+how to make its inputs, its sizes, and what its floor counts.
+
+A workload's ``kind`` says how it is measured (see ``benchmarks/suite.py``):
+
+- ``steady``: median time per call once compiled, against its memory / FLOP floor.
+- ``hint_runtime``: a matmul compiled for one size and run at others: the
+  Hint x Runtime table of Inductor's multi-kernel PR. Its size is
+  ``(Ms, K, N)``; every M is a runtime size and, for backends that compile with
+  a size hint, a hint.
+- ``sweep``: one function at many row counts (the dynamic-shape sweep): time to
+  the first result of every size in a fresh process, then the steady-state sum.
+- ``first_call``: time to the first result in a fresh process, with cold and
+  warm compilation caches.
+
+The torch side is a *builder*: ``torch_fn(compile)`` returns the callable to
+time, where ``compile`` is the identity for eager and ``torch.compile`` (with
+the backend's options) otherwise. Most builders compile the whole function
+(``_whole``); training steps compile the forward and run torch autograd, as a
+torch user would.
+"""
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+STEADY, HINT_RUNTIME, SWEEP, FIRST_CALL = "steady", "hint_runtime", "sweep", "first_call"
+
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
     name: str
+    kind: str
     jax_fn: Callable
-    torch_fn: Callable | None
-    make_inputs: Callable  # (size, dtype, key) -> tuple of jax arrays
-    sizes: dict  # "full" / "smoke" -> size tuple
-    min_bytes: Callable  # (inputs, outputs) -> bytes that must move
-    rtol: float = 2e-2
+    torch_fn: Callable | None  # builder: (compile) -> callable on torch tensors
+    make_inputs: Callable  # (concrete size, dtype, key) -> tuple of jax arrays
+    sizes: dict  # preset name ("full", "smoke") -> size
+    description: str
+    flops: Callable | None = None  # (concrete size) -> matrix FLOPs per call, for the FLOP floor
+    tags: frozenset = frozenset()  # what backend variants apply (e.g. "norm_bwd", "layout", "matmul")
+    dtypes: tuple = ("bfloat16", "float16", "float32")
+    tol: float = 0.0  # tolerance floor on top of the dtype's (matmuls in float32 run as TF32)
+    dynamic_arg: int = 0  # for hinted / dynamic compiles: the argument whose axis 0 varies
+
+    def cases(self, size) -> list[tuple[str, tuple]]:
+        """(label, concrete size) of every call this workload measures."""
+        if self.kind == HINT_RUNTIME:
+            ms, *rest = size
+            return [(f"M={m}", (m, *rest)) for m in _as_tuple(ms)]
+        if self.kind == SWEEP:
+            rows, *rest = size
+            return [(f"rows={r}", (r, *rest)) for r in _as_tuple(rows)]
+        return [("", tuple(size))]
+
+    def hints(self, size) -> tuple:
+        return _as_tuple(size[0]) if self.kind == HINT_RUNTIME else ()
 
 
-def _io_bytes(inputs, outputs):
-    leaves = list(inputs) + list(jax.tree_util.tree_leaves(outputs))
-    return sum(x.size * x.dtype.itemsize for x in leaves)
+def _as_tuple(v):
+    return tuple(v) if isinstance(v, (tuple, list)) else (v,)
 
 
-def _normal(key, shape, dtype, shift=0.0):
-    return (jax.random.normal(key, shape, jnp.float32) + shift).astype(dtype)
+def parse_size(text: str):
+    """'576000x384' -> (576000, 384); '64:256:4096x8192x8192' -> ((64, 256, 4096), 8192, 8192)."""
+    fields = []
+    for f in text.strip().split("x"):
+        parts = [int(p) for p in f.split(":")]
+        if any(p <= 0 for p in parts):
+            raise ValueError(f"sizes must be positive: {text!r}")
+        fields.append(tuple(parts) if len(parts) > 1 else parts[0])
+    return tuple(fields)
+
+
+def format_size(size) -> str:
+    return "x".join(":".join(map(str, f)) if isinstance(f, tuple) else str(f) for f in size)
 
 
 # -- JAX definitions ------------------------------------------------------------
@@ -60,7 +110,50 @@ def layernorm(x, w, b):
     return (y * w.astype(jnp.float32) + b.astype(jnp.float32)).astype(x.dtype)
 
 
-# -- torch definitions (imported lazily) ------------------------------------------
+def rmsnorm_bwd(x, w, dy):
+    """(dx, dw) of RMSNorm, as a JAX user writes it: jax.vjp of the forward."""
+    _, vjp = jax.vjp(rmsnorm, x, w)
+    return vjp(dy)
+
+
+def layernorm_fwd_bwd(x, w, b, dy):
+    """y and (dx, dw, db) of LayerNorm in one function, through jax.vjp."""
+    y, vjp = jax.vjp(layernorm, x, w, b)
+    return (y, *vjp(dy))
+
+
+def nhwc_affine_relu(x, s, b):
+    """nvFuser issue 1756 in JAX terms: x is NHWC, the math is written NCHW."""
+    t = jnp.transpose(x, (0, 3, 1, 2)) * s + b
+    return jnp.transpose(jax.nn.relu(t), (0, 2, 3, 1)), jnp.transpose(t > 0, (0, 2, 3, 1))
+
+
+def gelu_mlp(x, w1, w2):
+    return jax.nn.gelu(x @ w1, approximate=True) @ w2
+
+
+def matmul(x, w):
+    return x @ w
+
+
+def _train_loss(x, w, w1, w2):
+    y = x + gelu_mlp(rmsnorm(x, w), w1, w2)
+    return jnp.mean(jnp.square(y.astype(jnp.float32)))
+
+
+def train_step(x, w, w1, w2):
+    """Loss and gradients of (x, w, w1, w2) for y = x + W2 gelu(W1 rmsnorm(x)), as issue 6
+    (and benchmarks/training_step.py) define the step; here pallaskit.jit wraps the whole
+    jax.value_and_grad."""
+    return jax.value_and_grad(_train_loss, argnums=(0, 1, 2, 3))(x, w, w1, w2)
+
+
+# -- torch definitions (torch is imported lazily: the suite runs without it) ----
+def _whole(fn):
+    """Builder for a function torch.compile takes whole."""
+    return lambda compile: compile(fn)
+
+
 def _t_add(x, y):
     return x + y
 
@@ -98,13 +191,79 @@ def _t_layernorm(x, w, b):
     return (y * w.float() + b.float()).to(x.dtype)
 
 
-def _rows_cols_inputs(n_vectors):
-    def make(size, dtype, key):
-        r, c = size
-        keys = jax.random.split(key, 1 + n_vectors)
-        x = _normal(keys[0], (r, c), dtype, 0.3)
-        return (x,) + tuple(_normal(k, (c,), dtype) for k in keys[1:])
-    return make
+def _t_rmsnorm_bwd(x, w, dy):
+    """RMSNorm backward written out (what Inductor's mix-order reduction fuses)."""
+    import torch
+
+    xf, wf, dyf = x.float(), w.float(), dy.float()
+    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)
+    xhat = xf * rstd
+    g = dyf * wf
+    dx = rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True))
+    dw = (dyf * xhat).sum(0)
+    return dx.to(x.dtype), dw.to(w.dtype)
+
+
+def _t_layernorm_fwd_bwd(x, w, b, dy):
+    import torch
+
+    xf, wf, dyf = x.float(), w.float(), dy.float()
+    mean = xf.mean(-1, keepdim=True)
+    xc = xf - mean
+    rstd = torch.rsqrt(xc.pow(2).mean(-1, keepdim=True) + 1e-5)
+    xhat = xc * rstd
+    y = xhat * wf + b.float()
+    g = dyf * wf
+    dx = rstd * (g - g.mean(-1, keepdim=True) - xhat * (g * xhat).mean(-1, keepdim=True))
+    return y.to(x.dtype), dx.to(x.dtype), (dyf * xhat).sum(0).to(w.dtype), dyf.sum(0).to(b.dtype)
+
+
+def _t_nhwc(x, s, b):
+    import torch
+
+    t = x.permute(0, 3, 1, 2) * s + b
+    return torch.relu(t).permute(0, 2, 3, 1), (t > 0).permute(0, 2, 3, 1)
+
+
+def _t_gelu_mlp(x, w1, w2):
+    import torch.nn.functional as F
+
+    return F.gelu(x @ w1, approximate="tanh") @ w2
+
+
+def _t_matmul(x, w):
+    return x @ w
+
+
+def _t_train_loss(x, w, w1, w2):
+    y = x + _t_gelu_mlp(_t_rmsnorm(x, w), w1, w2)
+    return y.float().pow(2).mean()
+
+
+def _t_train_step(compile):
+    """torch.compile compiles the loss; autograd runs its compiled backward."""
+    import torch
+
+    loss_fn = compile(_t_train_loss)
+
+    def step(x, w, w1, w2):
+        params = [p.detach().requires_grad_() for p in (x, w, w1, w2)]
+        loss = loss_fn(*params)
+        return loss.detach(), tuple(torch.autograd.grad(loss, params))
+    return step
+
+
+# -- inputs and FLOPs -------------------------------------------------------------
+SMALL = 1 << 20  # elements: arrays up to this size are drawn with numpy (no compile per shape)
+
+
+def _normal(key, shape, dtype, shift=0.0, scale=1.0):
+    """Fresh standard normals from ``key``, shifted and scaled, cast to ``dtype``."""
+    if math.prod(shape) <= SMALL:
+        rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel().tolist())
+        x = (rng.standard_normal(shape, np.float32) + shift) * scale
+        return jnp.asarray(x.astype(np.dtype(dtype)))  # numpy casts to bfloat16 too (ml_dtypes)
+    return ((jax.random.normal(key, shape, jnp.float32) + shift) * scale).astype(dtype)
 
 
 def _two_matrices(size, dtype, key):
@@ -112,14 +271,101 @@ def _two_matrices(size, dtype, key):
     return _normal(k1, size, dtype), _normal(k2, size, dtype)
 
 
-WORKLOADS = {w.name: w for w in [
-    Workload("add", add, _t_add, _two_matrices, {"full": (576000, 384), "smoke": (33, 100)}, _io_bytes),
-    Workload("pointwise_chain", pointwise_chain, _t_chain, _two_matrices,
-             {"full": (576000, 384), "smoke": (33, 100)}, _io_bytes),
-    Workload("softmax", softmax, _t_softmax, _rows_cols_inputs(0), {"full": (32768, 4096), "smoke": (17, 300)},
-             _io_bytes),
-    Workload("rmsnorm_fwd", rmsnorm, _t_rmsnorm, _rows_cols_inputs(1), {"full": (576000, 384), "smoke": (33, 100)},
-             _io_bytes),
-    Workload("layernorm_fwd", layernorm, _t_layernorm, _rows_cols_inputs(2),
-             {"full": (576000, 384), "smoke": (33, 100)}, _io_bytes),
+def _rows_and_vectors(n_vectors, cotangent=False):
+    """x (rows, cols), n_vectors of (cols,), and a cotangent like x if asked."""
+    def make(size, dtype, key):
+        r, c = size
+        keys = jax.random.split(key, 2 + n_vectors)
+        x = _normal(keys[0], (r, c), dtype, 0.3)
+        vectors = tuple(_normal(k, (c,), dtype, 1.0, 0.5) for k in keys[2:])
+        return (x,) + vectors + ((_normal(keys[1], (r, c), dtype),) if cotangent else ())
+    return make
+
+
+def _nhwc_inputs(size, dtype, key):
+    n, h, w, c = size
+    k1, k2, k3 = jax.random.split(key, 3)
+    return (_normal(k1, (n, h, w, c), dtype), _normal(k2, (1, c, 1, 1), dtype, 1.0, 0.5),
+            _normal(k3, (1, c, 1, 1), dtype, 0.0, 0.5))
+
+
+def _mlp_inputs(size, dtype, key):
+    m, k, h, n = size
+    k1, k2, k3 = jax.random.split(key, 3)
+    return (_normal(k1, (m, k), dtype), _normal(k2, (k, h), dtype, scale=k ** -0.5),
+            _normal(k3, (h, n), dtype, scale=h ** -0.5))
+
+
+def _mlp_flops(size):
+    m, k, h, n = size
+    return 2 * m * k * h + 2 * m * h * n
+
+
+def _matmul_inputs(size, dtype, key):
+    m, k, n = size
+    k1, k2 = jax.random.split(key)
+    return _normal(k1, (m, k), dtype), _normal(k2, (k, n), dtype, scale=k ** -0.5)
+
+
+def _train_inputs(size, dtype, key):
+    m, d, h = size
+    k1, k2, k3, k4 = jax.random.split(key, 4)
+    return (_normal(k1, (m, d), dtype), _normal(k2, (d,), dtype, 1.0, 0.1),
+            _normal(k3, (d, h), dtype, scale=d ** -0.5), _normal(k4, (h, d), dtype, scale=h ** -0.5))
+
+
+def _train_flops(size):
+    m, d, h = size
+    return 3 * 4 * m * d * h  # forward: two matmuls; backward: twice the forward
+
+
+ROWS_384 = {"full": (576000, 384), "smoke": (33, 100)}
+SWEEP_ROWS = tuple(int(r) for r in np.unique(np.round(np.geomspace(100, 8000, 16))))
+
+
+WORKLOADS: dict[str, Workload] = {w.name: w for w in [
+    Workload("add", STEADY, add, _whole(_t_add), _two_matrices, ROWS_384, "x + y"),
+    Workload("pointwise_chain", STEADY, pointwise_chain, _whole(_t_chain), _two_matrices, ROWS_384,
+             "ten pointwise ops on x, y"),
+    Workload("softmax", STEADY, softmax, _whole(_t_softmax), _rows_and_vectors(0),
+             {"full": (32768, 4096), "smoke": (17, 300)}, "softmax over the last axis, in float32"),
+    Workload("rmsnorm_fwd", STEADY, rmsnorm, _whole(_t_rmsnorm), _rows_and_vectors(1), ROWS_384,
+             "RMSNorm forward"),
+    Workload("layernorm_fwd", STEADY, layernorm, _whole(_t_layernorm), _rows_and_vectors(2), ROWS_384,
+             "LayerNorm forward"),
+    Workload("rmsnorm_bwd", STEADY, rmsnorm_bwd, _whole(_t_rmsnorm_bwd), _rows_and_vectors(1, cotangent=True),
+             ROWS_384, "RMSNorm backward (dx, dw): jax.vjp / written out in torch", tags=frozenset({"norm_bwd"})),
+    Workload("layernorm_fwd_bwd", STEADY, layernorm_fwd_bwd, _whole(_t_layernorm_fwd_bwd),
+             _rows_and_vectors(2, cotangent=True), ROWS_384,
+             "LayerNorm y, dx, dw, db in one function: jax.vjp / written out in torch",
+             tags=frozenset({"norm_bwd"})),
+    Workload("nhwc_layout", STEADY, nhwc_affine_relu, _whole(_t_nhwc), _nhwc_inputs,
+             {"full": (32, 25, 25, 1024), "smoke": (2, 5, 3, 24)},
+             "x NHWC, t = transpose(x, NCHW) * s + b; relu(t), t > 0 back in NHWC", tags=frozenset({"layout"})),
+    Workload("gelu_mlp", STEADY, gelu_mlp, _whole(_t_gelu_mlp), _mlp_inputs,
+             {"full": (8192, 1024, 4096, 1024), "smoke": (24, 32, 64, 32)}, "gelu(x @ w1) @ w2",
+             flops=_mlp_flops, tags=frozenset({"matmul"}), tol=5e-3),
+    Workload("train_step", STEADY, train_step, _t_train_step, _train_inputs,
+             {"full": (8192, 1024, 4096), "smoke": (24, 32, 64)},
+             "value and grad (x, w, w1, w2) of mean(y^2), y = x + W2 gelu(W1 rmsnorm(x))",
+             flops=_train_flops, tags=frozenset({"matmul", "norm_bwd"}), tol=5e-3),
+    Workload("matmul_hint_runtime", HINT_RUNTIME, matmul, _whole(_t_matmul), _matmul_inputs,
+             {"full": ((64, 256, 4096), 8192, 8192), "smoke": ((8, 24, 40), 32, 48)},
+             "x (M, K) @ w (K, N), compiled for a hint M and run at each runtime M",
+             flops=lambda s: 2 * s[0] * s[1] * s[2], tags=frozenset({"matmul"}), tol=5e-3),
+    Workload("dynamic_mlp_sweep", SWEEP, gelu_mlp, _whole(_t_gelu_mlp), _mlp_inputs,
+             {"full": (SWEEP_ROWS, 1024, 4096, 1024), "smoke": ((5, 9, 17), 32, 64, 32)},
+             "gelu MLP at 16 new row counts: time to the first result of all, then the steady-state sum",
+             flops=_mlp_flops, tags=frozenset({"matmul", "dynamic"}), tol=5e-3),
+    Workload("first_call_rmsnorm_bwd", FIRST_CALL, rmsnorm_bwd, _whole(_t_rmsnorm_bwd),
+             _rows_and_vectors(1, cotangent=True), ROWS_384,
+             "RMSNorm backward: first call in a fresh process, cold and warm caches"),
+    Workload("first_call_gelu_mlp", FIRST_CALL, gelu_mlp, _whole(_t_gelu_mlp), _mlp_inputs,
+             {"full": (2048, 1024, 4096, 1024), "smoke": (24, 32, 64, 32)},
+             "gelu MLP: first call in a fresh process, cold and warm caches", flops=_mlp_flops, tol=5e-3),
 ]}
+
+
+def bytes_moved(arrays) -> int:
+    """Bytes of every leaf: each input read once, each output written once."""
+    return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(arrays))
