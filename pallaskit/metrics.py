@@ -181,8 +181,8 @@ def _nbytes(graph, name) -> int:
 
 def is_mix_order(kernel) -> bool:
     """A kernel fusing a row reduction with column reductions of the same input
-    (Inductor's mix-order reduction): the scheduler marks it in its kind."""
-    return "mix" in str(kernel.kind) or bool(getattr(kernel, "mix_order", False))
+    (Inductor's mix-order reduction; ``Kernel.mix_order`` in the scheduler)."""
+    return bool(getattr(kernel, "mix_order", False))
 
 
 def kernel_stats(result) -> list[dict]:

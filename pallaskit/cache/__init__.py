@@ -133,7 +133,7 @@ def code_hash() -> str:
 @functools.lru_cache(maxsize=None)
 def _cpu_fingerprint() -> str:
     """XLA's CPU code is built for the host's instruction set."""
-    text = platform.machine() + platform.processor()
+    text = platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

@@ -1,0 +1,294 @@
+"""Cold vs warm time to first result, in fresh processes: pallaskit's graph
+cache beside JAX's persistent compilation cache, on the same functions.
+
+    python -m benchmarks.compile_cache                       # sizes for the device JAX finds
+    python -m benchmarks.compile_cache --size cpu --repeats 3 --output /tmp/cc.json
+
+For each workload and backend, each repeat runs two fresh processes on one
+empty cache directory: "cold" (the cache is empty) and then "warm" (the cold
+run filled it). A child imports jax and pallaskit and makes its inputs first;
+the clock covers only the first call, from calling the function to its
+result being ready (tracing, cache lookup, compilation, the run).
+
+- pallaskit: its own graph cache (``PALLASKIT_CACHE_DIR``); JAX's persistent
+  cache off.
+- xla: ``jax.jit`` with JAX's persistent compilation cache in that directory
+  (``jax_compilation_cache_dir``, ``jax_persistent_cache_min_compile_time_secs=0``,
+  ``jax_persistent_cache_min_entry_size_bytes=0``).
+
+Each child also counts what was compiled during the first call: XLA backend
+compilations (``/jax/core/compile/backend_compile_duration`` events), Pallas
+Triton lowerings (``lower_jaxpr_to_triton_module`` calls) and JAX
+persistent-cache hits; pallaskit children report their counters
+(``kernels_compiled``, ``cache_hits``). A digest of the outputs checks that a
+warm run returns exactly the cold run's result.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+RESULT = "RESULT "
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (shapes, dtype) per size preset; "gpu" are the sizes of DESIGN.md.
+SIZES = {
+    "rms_bwd": {"gpu": ((576000, 384), "bfloat16"), "cpu": ((1024, 384), "bfloat16")},
+    "gelu_mlp": {"gpu": ((8192, 1024, 4096), "bfloat16"), "cpu": ((256, 256, 1024), "bfloat16")},
+}
+WORKLOADS = tuple(SIZES)
+BACKENDS = ("pallaskit", "xla")
+
+
+# --------------------------------------------------------------------------- #
+# Workloads (module level: stable names, so the jaxpr text is the same in every process)
+# --------------------------------------------------------------------------- #
+def rms_forward(x, w):
+    import jax
+    import jax.numpy as jnp
+
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + 1e-6)
+    return (y * w).astype(x.dtype)
+
+
+def rms_backward(x, w, dy):
+    """(dx, dw) of RMSNorm, through jax.vjp of the forward."""
+    import jax
+
+    _, vjp = jax.vjp(rms_forward, x, w)
+    return vjp(dy)
+
+
+def gelu_mlp(x, w1, w2):
+    import jax
+
+    return jax.nn.gelu(x @ w1) @ w2
+
+
+def _inputs(workload: str, size: str):
+    import jax
+    import jax.numpy as jnp
+
+    shape, dtype = SIZES[workload][size]
+    dtype = jnp.dtype(dtype)
+    keys = jax.random.split(jax.random.key(0), 3)
+    if workload == "rms_bwd":
+        n, d = shape
+        args = (jax.random.normal(keys[0], (n, d), dtype), 1 + 0.1 * jax.random.normal(keys[1], (d,), jnp.float32),
+                jax.random.normal(keys[2], (n, d), dtype))
+        return rms_backward, args
+    m, d, h = shape
+    args = (jax.random.normal(keys[0], (m, d), dtype), jax.random.normal(keys[1], (d, h), dtype) / d ** 0.5,
+            jax.random.normal(keys[2], (h, d), dtype) / h ** 0.5)
+    return gelu_mlp, args
+
+
+# --------------------------------------------------------------------------- #
+# Child: one first call in a fresh process
+# --------------------------------------------------------------------------- #
+def child(spec: dict) -> dict:
+    t_start = time.perf_counter()
+    import jax
+    import numpy as np
+
+    if spec["backend"] == "xla":
+        jax.config.update("jax_compilation_cache_dir", spec["cache_dir"])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    import pallaskit
+
+    size = spec["size"]
+    fn, args = _inputs(spec["workload"], size)
+    jax.block_until_ready(args)
+    import_s = time.perf_counter() - t_start
+
+    counts = {"backend_compiles": 0, "triton_lowerings": 0, "jax_cache_hits": 0}
+
+    def on_duration(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            counts["backend_compiles"] += 1
+
+    def on_event(event, **kwargs):
+        if event == "/jax/compilation_cache/cache_hits":
+            counts["jax_cache_hits"] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(on_duration)
+    jax.monitoring.register_event_listener(on_event)
+    try:
+        from jax._src.pallas.triton import lowering as triton_lowering
+
+        original = triton_lowering.lower_jaxpr_to_triton_module
+
+        def counting(*a, **k):
+            counts["triton_lowerings"] += 1
+            return original(*a, **k)
+
+        triton_lowering.lower_jaxpr_to_triton_module = counting
+    except Exception:  # noqa: BLE001 - no Triton lowering in this jaxlib: nothing to count
+        pass
+
+    run = pallaskit.jit(fn) if spec["backend"] == "pallaskit" else jax.jit(fn)
+    pallaskit.metrics.reset()
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(run(*args))
+    first_call_s = time.perf_counter() - t0
+    compiled = dict(counts)  # what the first call compiled (the listeners keep counting)
+    c = dict(pallaskit.metrics.counters)
+    steady = []  # the same call once compiled: what the first call costs beyond it is compilation / loading
+    for _ in range(3):
+        t1 = time.perf_counter()
+        jax.block_until_ready(run(*args))
+        steady.append(time.perf_counter() - t1)
+
+    digest = hashlib.sha256()
+    sums = []
+    for leaf in jax.tree_util.tree_leaves(out):
+        a = np.asarray(leaf)
+        digest.update(a.tobytes())
+        sums.append(float(np.sum(a, dtype=np.float64)))
+    return {"first_call_s": first_call_s, "steady_s": min(steady), "import_s": import_s, **compiled,
+            "kernels_compiled": c["kernels_compiled"], "cache_hits": c["cache_hits"],
+            "cache_misses": c["cache_misses"], "digest": digest.hexdigest()[:16], "sums": sums,
+            "device": jax.devices()[0].device_kind, "platform": jax.devices()[0].platform}
+
+
+def spawn(spec: dict, timeout_s: float = 600) -> dict:
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for var in ("JAX_COMPILATION_CACHE_DIR", "PALLASKIT_CACHE", "PALLASKIT_CACHE_DIR"):
+        env.pop(var, None)
+    if spec["backend"] == "pallaskit":
+        env["PALLASKIT_CACHE_DIR"] = spec["cache_dir"]
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.compile_cache", "--child", json.dumps(spec)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+    wall = time.perf_counter() - t0
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"child {spec} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(lines[-1][len(RESULT):]) | {"process_s": wall}
+
+
+# --------------------------------------------------------------------------- #
+# Parent
+# --------------------------------------------------------------------------- #
+def measure(workloads, backends, size: str, repeats: int, budget_s: float, partial: str = "") -> list[dict]:
+    """All (cold, warm) pairs; each row is also written to ``partial`` (JSON
+    lines) as it comes, so a run cut short keeps what it measured."""
+    rows, started = [], time.perf_counter()
+    for r in range(repeats):
+        for workload in workloads:
+            for backend in backends:
+                if r > 0 and time.perf_counter() - started > budget_s:
+                    print(f"budget of {budget_s:.0f} s spent: skipping repeat {r + 1} of {workload}/{backend}",
+                          flush=True)
+                    continue
+                with tempfile.TemporaryDirectory(prefix="compile-cache-bench-") as d:
+                    spec = {"backend": backend, "workload": workload, "size": size, "cache_dir": d}
+                    for state in ("cold", "warm"):
+                        res = spawn(spec) | {"workload": workload, "backend": backend, "state": state, "repeat": r}
+                        rows.append(res)
+                        if partial:
+                            with open(partial, "a") as f:
+                                f.write(json.dumps(res) + "\n")
+                        print(f"{workload:9s} {backend:9s} {state}: first call {res['first_call_s'] * 1e3:9.1f} ms"
+                              f"  (process {res['process_s']:.1f} s; backend compiles {res['backend_compiles']}, "
+                              f"triton lowerings {res['triton_lowerings']}, kernels_compiled "
+                              f"{res['kernels_compiled']}, pallaskit cache hits {res['cache_hits']}, "
+                              f"jax cache hits {res['jax_cache_hits']})", flush=True)
+    return rows
+
+
+def summarize(rows: list[dict]) -> tuple[str, list[str]]:
+    """A markdown table (medians over repeats) and a list of problems found."""
+    problems = []
+    by = {}
+    for row in rows:
+        by.setdefault((row["workload"], row["backend"], row["state"]), []).append(row)
+    for (workload, backend, state), group in by.items():
+        if state != "warm":
+            continue
+        for w in group:
+            cold = next(c for c in by[(workload, backend, "cold")] if c["repeat"] == w["repeat"])
+            if w["digest"] != cold["digest"]:
+                problems.append(f"{workload}/{backend}: warm result differs from cold")
+            if backend == "pallaskit" and (w["kernels_compiled"] or w["backend_compiles"] or w["triton_lowerings"]):
+                problems.append(f"{workload}/pallaskit: the warm run compiled something: {w}")
+    lines = ["| workload | backend | cold first call (ms) | warm first call (ms) | warm / cold | "
+             "steady call (ms) | cold / warm overhead (ms) | warm: backend compiles, Triton lowerings | "
+             "cold / warm process (s) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    backends = list(dict.fromkeys(r["backend"] for r in rows))
+    for workload in workloads:
+        for backend in backends:
+            cold, warm = by.get((workload, backend, "cold")), by.get((workload, backend, "warm"))
+            if not cold or not warm:
+                continue
+            med = lambda g, k: statistics.median(r[k] for r in g)  # noqa: E731
+            c_ms, w_ms = med(cold, "first_call_s") * 1e3, med(warm, "first_call_s") * 1e3
+            label = "pallaskit (graph cache)" if backend == "pallaskit" else "jax.jit (persistent cache)"
+            steady = med(cold + warm, "steady_s") * 1e3
+            lines.append(f"| {workload} | {label} | {c_ms:.1f} | {w_ms:.1f} | {w_ms / c_ms:.1%} | {steady:.1f} | "
+                         f"{c_ms - steady:.1f} / {w_ms - steady:.1f} | "
+                         f"{warm[0]['backend_compiles']}, {warm[0]['triton_lowerings']} | "
+                         f"{med(cold, 'process_s'):.2f} / {med(warm, 'process_s'):.2f} |")
+    return "\n".join(lines), problems
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated: {', '.join(WORKLOADS)}")
+    parser.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated: {', '.join(BACKENDS)}")
+    parser.add_argument("--size", default="auto", choices=("auto", "cpu", "gpu"),
+                        help="size preset; auto: gpu sizes when JAX's default backend is a GPU")
+    parser.add_argument("--repeats", type=int, default=3, help="cold+warm pairs per workload and backend (median)")
+    parser.add_argument("--budget_s", type=float, default=1e9, help="start no new repeat after this many seconds")
+    parser.add_argument("--output", default="", help="write the rows (JSON) and the table (.md beside it) here")
+    args = parser.parse_args(argv)
+    if args.child:
+        print(RESULT + json.dumps(child(json.loads(args.child))), flush=True)
+        return 0
+    for name, valid, given in (("workload", WORKLOADS, args.workloads), ("backend", BACKENDS, args.backends)):
+        bad = [x for x in given.split(",") if x not in valid]
+        if bad:
+            parser.error(f"unknown {name}(s) {', '.join(bad)}; valid: {', '.join(valid)}")
+    size = args.size
+    if size == "auto":
+        import jax
+
+        size = "cpu" if jax.default_backend() == "cpu" else "gpu"
+    partial = os.path.splitext(args.output)[0] + ".partial.jsonl" if args.output else ""
+    if partial:
+        os.makedirs(os.path.dirname(os.path.abspath(partial)), exist_ok=True)
+    rows = measure(args.workloads.split(","), args.backends.split(","), size, args.repeats, args.budget_s, partial)
+    table, problems = summarize(rows)
+    import jax
+    import jaxlib
+
+    info = (f"device: {rows[0]['device']} ({rows[0]['platform']}), size preset {size}; jax {jax.__version__}, "
+            f"jaxlib {jaxlib.__version__}; median of {args.repeats} fresh-process pairs")
+    print()
+    print(info)
+    print(table)
+    for p in problems:
+        print("PROBLEM:", p)
+    if args.output:
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+        with open(args.output, "w") as f:
+            json.dump({"info": info, "rows": rows, "problems": problems}, f, indent=1)
+        with open(os.path.splitext(args.output)[0] + ".md", "w") as f:
+            f.write(info + "\n\n" + table + "\n")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
