@@ -54,7 +54,6 @@ from typing import Any, Callable
 import filelock
 import jax
 import numpy as np
-import platformdirs
 
 from pallaskit import metrics
 from pallaskit.config import config
@@ -72,8 +71,16 @@ _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
 # --------------------------------------------------------------------------- #
 # Where
 # --------------------------------------------------------------------------- #
+def default_cache_dir() -> str:
+    try:
+        import platformdirs
+    except ImportError:  # an image without it (the GPU machine): the XDG default
+        return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pallaskit")
+    return platformdirs.user_cache_dir("pallaskit")
+
+
 def cache_dir() -> str:
-    return config.cache_dir or platformdirs.user_cache_dir("pallaskit")
+    return config.cache_dir or default_cache_dir()
 
 
 def graphs_dir() -> str:
