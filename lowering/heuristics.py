@@ -21,6 +21,7 @@ class TileConfig:
     block_cols: int
     num_warps: int
     persistent: bool  # reduction kernels: the whole row in one tile
+    num_stages: int = 1  # Triton software pipelining of the kernel's loop
 
     @property
     def elements(self):
@@ -49,7 +50,7 @@ def reduction_config(rows: int, cols: int, *, max_persistent_cols: int, inner_co
         warps = 4 if br * width <= 2048 else 8
         return TileConfig(br, width, warps, True)
     if inner_contiguous:
-        return TileConfig(1 if rows < 1024 else 2, 2048, 8, False)
+        return TileConfig(1 if rows < 1024 else 2, 4096, 8, False)
     return TileConfig(min(next_power_of_2(rows), 64), 64, 4, False)
 
 
@@ -64,23 +65,36 @@ def reduction_config(rows: int, cols: int, *, max_persistent_cols: int, inner_co
 # MIN_SPLIT_ROWS: below this the second kernel's launch (~4 us) costs more
 #   than the idle SMs of the unsplit one (1024 rows x 384 bf16 is 0.8 MB, a
 #   ~1 us read).
-# PROGRAMS_PER_SM: a persistent grid of two programs per SM hides one
-#   program's tail behind the other's loads.
+# Programs per SM: a mix kernel walks its rows one small tile at a time with
+#   no software pipelining, so bytes in flight come from many resident
+#   programs: 16 one-warp programs per SM. Measured on the H100 (RMSNorm
+#   backward 576000x384 bf16, see benchmarks/RESULTS.md): 16 programs/SM,
+#   1 row x 512, 1 warp: 0.510 ms; 2 programs/SM, 4 rows, 4 warps: 1.33 ms.
 # MIN_ROWS_PER_PROGRAM: each program's partial row costs an extra N floats
 #   written and read; 64 rows per program keeps that under 1/16 of the input.
 MIN_SPLIT_ROWS = 1024
-PROGRAMS_PER_SM = 2
+WARPS_PER_SM = 16
 MIN_ROWS_PER_PROGRAM = 64
 
 
-def partial_programs(rows: int, num_sms: int) -> int:
+def mix_warps(cols: int) -> int:
+    """Warps of a mix kernel that holds whole rows: one per 512 columns (16
+    elements per thread), at most 8."""
+    return max(1, min(8, next_power_of_2(cols) // 512))
+
+
+def partial_programs(rows: int, cols: int, num_sms: int) -> int:
     """Programs (= partial rows) for a column reduction split over ``rows``."""
-    return max(1, min(num_sms * PROGRAMS_PER_SM, ceil_div(rows, MIN_ROWS_PER_PROGRAM)))
+    per_sm = max(2, WARPS_PER_SM // mix_warps(cols))
+    return max(1, min(num_sms * per_sm, ceil_div(rows, MIN_ROWS_PER_PROGRAM)))
 
 
 def column_reduction_underfilled(rows: int, cols: int, num_sms: int) -> bool:
     """Would a column reduction (``cols`` outputs, ``rows`` reduced) leave SMs idle?"""
     return rows >= MIN_SPLIT_ROWS and ceil_div(cols, 64) < num_sms
+
+
+ROW_SPLIT_PROGRAMS_PER_SM = 8  # 576001x383 full sum: 4/SM 0.224 ms, 8/SM 0.190 ms (block 4096)
 
 
 def row_split(outputs: int, reduced: int, num_sms: int) -> int:
@@ -90,7 +104,7 @@ def row_split(outputs: int, reduced: int, num_sms: int) -> int:
     least 32k elements; aims at ~4 programs per SM with chunks of >= 4096."""
     if outputs >= num_sms or reduced < 32768:
         return 1
-    chunks = ceil_div(num_sms * 4, outputs)
+    chunks = ceil_div(num_sms * ROW_SPLIT_PROGRAMS_PER_SM, outputs)
     return max(1, min(chunks, reduced // 4096))
 
 
@@ -102,12 +116,12 @@ def fits_in_tile(cols: int, max_persistent_cols: int) -> bool:
 def mix_config(rows: int, cols: int, *, whole_rows: bool, programs: int) -> TileConfig:
     """Tile of a mix kernel: each of ``programs`` programs walks row blocks of
     ``block_rows`` rows. ``whole_rows``: the kernel also computes row
-    reductions, so a tile spans the full row (one column block)."""
+    reductions, so a tile spans the full row (one column block): one row per
+    step, ``mix_warps`` warps (best on the H100 by 15-40% over 2-8 rows with
+    2-4 warps). Otherwise (a split column reduction) 8 x 512 tiles, 4 warps
+    (0.188 ms for a 576001x383 bf16 column sum; 32 x 128: 0.240 ms)."""
     if whole_rows:
-        width = next_power_of_2(cols)
-        br = max(1, min(next_power_of_2(ceil_div(rows, programs)), 2048 // width, 16))
-        warps = 4 if br * width <= 2048 else 8
-        return TileConfig(br, width, warps, True)
-    bc = min(next_power_of_2(cols), 256)
-    br = max(1, min(next_power_of_2(ceil_div(rows, programs)), 4096 // bc, 64))
+        return TileConfig(1, next_power_of_2(cols), mix_warps(cols), True)
+    bc = min(next_power_of_2(cols), 512)
+    br = max(1, min(next_power_of_2(ceil_div(rows, programs)), 4096 // bc))
     return TileConfig(br, bc, 4, False)

@@ -15,6 +15,7 @@ class CompileOptions:
     mix_order_reduction: bool = True  # row and column reductions of one input in one kernel
     split_reductions: bool = True  # long reductions with few outputs run in two stages
     layout_propagation: bool = True  # intermediates take their dominant input's stride order
+    allow_excess_precision: bool = True  # 16-bit float chains round once, at the store (as XLA's flag)
     num_sms: int = 132  # streaming multiprocessors of the target GPU (grid sizing)
 
     def key(self) -> str:

@@ -81,7 +81,7 @@ def _column(node: ir.Reduction, row_domains, options: CompileOptions):
     split = options.split_reductions and heuristics.column_reduction_underfilled(rows, cols, options.num_sms)
     if not (mix or split):
         return None
-    programs = heuristics.partial_programs(rows, options.num_sms)
+    programs = heuristics.partial_programs(rows, cols, options.num_sms)
     acc = acc_dtype(node.op, node.body.dtype)
     part = ir.PartialReduction(f"{node.name}_part", (programs,) + node.shape, acc, node.origin,
                                body=node.body, kept=node.shape, reduced=node.reduced, op=node.op,

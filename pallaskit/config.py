@@ -112,6 +112,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            _parse_bool, _check_bool, "true, false"),
     Option("layout_propagation", True, "Give intermediates the stride order of their dominant input so that "
            "transposes cancel.", _parse_bool, _check_bool, "true, false"),
+    Option("allow_excess_precision", True, "Keep float32 between fused 16-bit float ops and round once at the "
+           "store, as XLA's xla_allow_excess_precision does; false rounds after every op like jax's semantics.",
+           _parse_bool, _check_bool, "true, false"),
     Option("num_sms", 0, "Streaming multiprocessors to size grids for (0: the default device's count; "
            "4 on the CPU).", int, _check_nonneg_int, "an int >= 0"),
     Option("log_fallbacks", True, "Log one line per primitive run through XLA (once per primitive).",

@@ -64,6 +64,10 @@ UPCAST_16BIT = frozenset({
     "floor", "ceil", "eq", "ne", "lt", "le", "gt", "ge", "max", "min", "clamp", "sign", "abs", "neg",
 })
 
+# Ops whose result jumps with the last bit of an operand: they see the 16-bit
+# value jax.jit would, not the unrounded float32 it came from.
+_ROUNDING_SENSITIVE = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "floor", "ceil", "sign", "max", "min", "clamp"})
+
 # Helpers for primitives Pallas' Triton lowering lacks, written with ops it has.
 HELPERS = {
     "_erf": '''
@@ -187,9 +191,10 @@ def _acc_dtype(op, dt):
 # Kernel bodies
 # --------------------------------------------------------------------------- #
 class _KernelEmitter:
-    def __init__(self, kernel: Kernel, schedule: Schedule, cfg: heuristics.TileConfig, interpret: bool):
+    def __init__(self, kernel: Kernel, schedule: Schedule, cfg: heuristics.TileConfig, options: CompileOptions):
         self.k, self.schedule, self.cfg = kernel, schedule, cfg
-        self.interpret = interpret
+        self.interpret = options.interpret
+        self.excess_precision = options.allow_excess_precision
         self.graph = schedule.graph
         self.w = SourceWriter(1)
         self.in_refs = {b: f"in_ptr{i}" for i, b in enumerate(kernel.reads)}
@@ -292,7 +297,8 @@ class _KernelEmitter:
             # Computed in float32. An operand that is itself a rounded float32
             # result is used unrounded (XLA's allow_excess_precision does the
             # same): chains of 16-bit ops round once, at the store.
-            names = [self._widen(n, extent) if _is_16bit_float(a.dtype) else n for n, a in zip(names, e.args)]
+            exact = e.op in _ROUNDING_SENSITIVE or not self.excess_precision
+            names = [self._widen(n, extent, exact) if _is_16bit_float(a.dtype) else n for n, a in zip(names, e.args)]
             wide = dataclasses.replace(e, dtype=np.dtype(np.float32) if _is_16bit_float(e.dtype) else e.dtype)
             var, ext = self._op(wide, names, extent)
             if not _is_16bit_float(e.dtype):
@@ -302,8 +308,8 @@ class _KernelEmitter:
             return narrow
         return self._op(e, names, extent)
 
-    def _widen(self, var, extent) -> str:
-        if var in self.wide_of:
+    def _widen(self, var, extent, exact=False) -> str:
+        if var in self.wide_of and not exact:
             return self.wide_of[var]
         return self.bind(("f32", var), f"{var}.astype(jnp.float32)", extent)[0]
 
@@ -413,7 +419,7 @@ def _reduction_is_inner(kernel, schedule) -> bool:
 
 def render_kernel(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> tuple[RenderedKernel, set]:
     cfg = kernel_config(kernel, schedule, options)
-    em = _KernelEmitter(kernel, schedule, cfg, options.interpret)
+    em = _KernelEmitter(kernel, schedule, cfg, options)
     w = em.w
     bodies = {m.name: _kernel_coords_body(m) for m in kernel.members}
     w.line("pid = pl.program_id(0)")
@@ -500,7 +506,7 @@ def _render_mix(em: _KernelEmitter, kernel: Kernel, bodies, cfg):
     for i, m in enumerate(columns):
         acc_dt = m.node.dtype
         name = f"acc{i}"
-        w.line(f"{name} = jnp.full((1, BLOCK_C), {_reduction_identity(m.node.op, acc_dt)}, {dtype_source(acc_dt)})")
+        w.line(f"{name} = jnp.full((BLOCK_R, BLOCK_C), {_reduction_identity(m.node.op, acc_dt)}, {dtype_source(acc_dt)})")
         accs.append((name, acc_dt, m))
     carry = ", ".join(a for a, _, _ in accs) + ("," if len(accs) == 1 else "")
     n_iter = -(-(-(-kernel.rows // cfg.block_rows)) // kernel.programs)
@@ -528,17 +534,17 @@ def _render_mix(em: _KernelEmitter, kernel: Kernel, bodies, cfg):
             edge = em.edge_mask(full)[0]
             ident = _reduction_identity(m.node.op, acc_dt)
             masked = em.bind(("masked", v, "rc"), f"jnp.where({edge}, {v}, {ident})", full)[0]
-            fn = {"sum": "jnp.sum", "max": "jnp.max", "min": "jnp.min"}[m.node.op]
-            part = em.bind(("colred", masked), f"{fn}({masked}, axis=0, keepdims=True)", frozenset("c"), "red")[0]
-            outs.append(_COMBINE[m.node.op].format(a=name, v=part))
+            # Combined element-wise: the cross-row reduction happens once, after the loop.
+            outs.append(_COMBINE[m.node.op].format(a=name, v=masked))
         em.scopes.pop()
         w.line(f"return ({', '.join(outs)},)")
     w.line(f"{carry} = lax.fori_loop(0, {n_iter}, row_block, ({carry}))")
     for name, acc_dt, m in accs:
+        fn = {"sum": "jnp.sum", "max": "jnp.max", "min": "jnp.min"}[m.node.op]
         off = em.bind(("partial_offset",), f"program * {kernel.cols} + xc", frozenset("c"), "idx")[0]
         if em.interpret:
             off = em.bind(("oob", off, "cmask"), f"jnp.where(cmask, {off}, {m.node.numel})", frozenset("c"), "idx")[0]
-        w.line(f"plt.store({em.out_refs[m.name]}.at[{off}], {name}, mask=cmask)")
+        w.line(f"plt.store({em.out_refs[m.name]}.at[{off}], {fn}({name}, axis=0, keepdims=True), mask=cmask)")
 
 
 def _row_ready(m, em, kernel):
@@ -649,7 +655,7 @@ def _wrap_kernel(kernel: Kernel, schedule: Schedule, cfg, em: _KernelEmitter, bo
             w.line(f"out_specs=({', '.join(['ANY'] * len(outs))},),")
             w.line("interpret=INTERPRET,")
             w.line(f"name={kernel.name!r},")
-            w.line(f"compiler_params=plt.CompilerParams(num_warps={cfg.num_warps}, num_stages=1),")
+            w.line(f"compiler_params=plt.CompilerParams(num_warps={cfg.num_warps}, num_stages={cfg.num_stages}),")
         w.line(f")({', '.join(a + '.reshape(-1)' for a in args)})")
     return RenderedKernel(kernel.name, w.source(), list(kernel.origin), cfg)
 

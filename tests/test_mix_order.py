@@ -1,0 +1,251 @@
+"""Norm backward in one pass (mix-order reduction), split reductions, and the
+NHWC layout example: results against jax.jit, kernel counts through explain."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallaskit
+from pallaskit import metrics
+
+EPS = 1e-6
+M = 1100  # rows: above heuristics.MIN_SPLIT_ROWS, not a multiple of any block
+
+
+# --------------------------------------------------------------------------- #
+# The functions, written out by hand and through autodiff
+# --------------------------------------------------------------------------- #
+def rmsnorm(x, w=None):
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + EPS)
+    if w is not None:
+        y = y * w.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+def layernorm(x, w=None, b=None):
+    xf = x.astype(jnp.float32)
+    mu = jnp.mean(xf, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(xf - mu), axis=-1, keepdims=True)
+    y = (xf - mu) * jax.lax.rsqrt(var + EPS)
+    if w is not None:
+        y = y * w.astype(jnp.float32)
+    if b is not None:
+        y = y + b.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+def rmsnorm_bwd_hand(x, w, dy):
+    """dx = rstd * (g - xhat * mean(g * xhat)), g = dy * w; dw = sum(dy * xhat)."""
+    xf, dyf, wf = x.astype(jnp.float32), dy.astype(jnp.float32), w.astype(jnp.float32)
+    rstd = jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + EPS)
+    xhat = xf * rstd
+    g = dyf * wf
+    dx = rstd * (g - xhat * jnp.mean(g * xhat, axis=-1, keepdims=True))
+    dw = jnp.sum(dyf * xhat, axis=0)
+    return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+def layernorm_bwd_hand(x, w, dy):
+    xf, dyf, wf = x.astype(jnp.float32), dy.astype(jnp.float32), w.astype(jnp.float32)
+    mu = jnp.mean(xf, axis=-1, keepdims=True)
+    rstd = jax.lax.rsqrt(jnp.mean(jnp.square(xf - mu), axis=-1, keepdims=True) + EPS)
+    xhat = (xf - mu) * rstd
+    g = dyf * wf
+    dx = rstd * (g - jnp.mean(g, axis=-1, keepdims=True) - xhat * jnp.mean(g * xhat, axis=-1, keepdims=True))
+    return dx.astype(x.dtype), jnp.sum(dyf * xhat, axis=0).astype(w.dtype), jnp.sum(dyf, axis=0).astype(w.dtype)
+
+
+def rmsnorm_bwd_vjp(x, w, dy):
+    return jax.vjp(rmsnorm, x, w)[1](dy)
+
+
+def rmsnorm_bwd_noweight(x, dy):
+    return jax.vjp(rmsnorm, x)[1](dy)
+
+
+def rmsnorm_grad(x, w, dy):
+    loss = lambda x, w: jnp.sum(rmsnorm(x, w).astype(jnp.float32) * dy.astype(jnp.float32))  # noqa: E731
+    return jax.grad(loss, argnums=(0, 1))(x, w)
+
+
+def layernorm_fwd_bwd(x, w, b, dy):
+    y, vjp = jax.vjp(layernorm, x, w, b)
+    return (y,) + vjp(dy)
+
+
+def layernorm_bwd_noaffine(x, dy):
+    return jax.vjp(layernorm, x)[1](dy)
+
+
+def _inputs(rng, n, dtype, with_w=True, with_b=False):
+    x = jnp.asarray(rng.standard_normal((M, n)), dtype)
+    dy = jnp.asarray(rng.standard_normal((M, n)), dtype)
+    w = jnp.asarray(rng.uniform(0.5, 1.5, n), dtype)
+    b = jnp.asarray(rng.standard_normal(n), dtype)
+    return x, w, b, dy
+
+
+def _check(got, want, dtype):
+    got, want = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
+    assert len(got) == len(want)
+    for g, r in zip(got, want):
+        assert g.shape == r.shape and g.dtype == r.dtype
+        g, r = np.asarray(g, np.float32), np.asarray(r, np.float32)
+        # Column sums over 1100 rows: scale the tolerance to the magnitude.
+        scale = max(1.0, float(np.abs(r).max()))
+        tol = 2e-2 * scale if dtype == jnp.bfloat16 else 2e-5 * scale
+        np.testing.assert_allclose(g, r, rtol=0, atol=tol)
+
+
+def _kernels(fn, *args, **opts):
+    with pallaskit.config.override(**opts):
+        return pallaskit.explain(fn, *args).kernels
+
+
+CASES = [(384, jnp.float32), (1000, jnp.bfloat16), (8192, jnp.bfloat16)]
+
+
+@pytest.mark.parametrize("n,dtype", CASES, ids=lambda v: getattr(v, "__name__", str(v)))
+@pytest.mark.parametrize("fn", [rmsnorm_bwd_hand, rmsnorm_bwd_vjp, rmsnorm_grad], ids=lambda f: f.__name__)
+def test_rmsnorm_backward_one_pass(fn, n, dtype, rng):
+    x, w, _, dy = _inputs(rng, n, dtype)
+    kernels = _kernels(fn, x, w, dy)
+    assert [k.kind for k in kernels] == ["mix", "reduction"], [k.name for k in kernels]
+    metrics.reset()
+    _check(pallaskit.jit(fn)(x, w, dy), jax.jit(fn)(x, w, dy), dtype)
+    assert metrics.counters["codegen_mix_order_reduction"] == 1
+
+
+@pytest.mark.parametrize("n,dtype", CASES[:2], ids=lambda v: getattr(v, "__name__", str(v)))
+@pytest.mark.parametrize("fn", [layernorm_bwd_hand, layernorm_fwd_bwd], ids=lambda f: f.__name__)
+def test_layernorm_backward_one_pass(fn, n, dtype, rng):
+    x, w, b, dy = _inputs(rng, n, dtype)
+    args = (x, w, dy) if fn is layernorm_bwd_hand else (x, w, b, dy)
+    kernels = _kernels(fn, *args)
+    assert [k.kind for k in kernels] == ["mix", "reduction"], [k.name for k in kernels]
+    _check(pallaskit.jit(fn)(*args), jax.jit(fn)(*args), dtype)
+
+
+@pytest.mark.parametrize("fn", [rmsnorm_bwd_noweight, layernorm_bwd_noaffine], ids=lambda f: f.__name__)
+def test_without_weight_there_is_no_column_reduction(fn, rng):
+    x, _, _, dy = _inputs(rng, 384, jnp.bfloat16)
+    kernels = _kernels(fn, x, dy)
+    assert len(kernels) == 1 and kernels[0].kind == "reduction"
+    _check(pallaskit.jit(fn)(x, dy), jax.jit(fn)(x, dy), jnp.bfloat16)
+
+
+def test_option_off_takes_more_kernels(rng):
+    x, w, b, dy = _inputs(rng, 384, jnp.float32)
+    # num_sms=132: the GPU's decisions (off: row kernel, split column sum, its finisher).
+    on = _kernels(rmsnorm_bwd_vjp, x, w, dy, num_sms=132)
+    off = _kernels(rmsnorm_bwd_vjp, x, w, dy, mix_order_reduction=False, num_sms=132)
+    assert len(on) == 2 and len(off) > len(on)
+    with pallaskit.config.override(mix_order_reduction=False):
+        _check(pallaskit.jit(rmsnorm_bwd_vjp)(x, w, dy), jax.jit(rmsnorm_bwd_vjp)(x, w, dy), jnp.float32)
+    lon = _kernels(layernorm_fwd_bwd, x, w, b, dy, num_sms=132)
+    loff = _kernels(layernorm_fwd_bwd, x, w, b, dy, mix_order_reduction=False, num_sms=132)
+    assert len(lon) == 2 and len(loff) > len(lon)
+
+
+def test_small_row_counts_keep_plain_reductions(rng):
+    """Below MIN_SPLIT_ROWS the column reduction is not split (profit threshold)."""
+    x = jnp.asarray(rng.standard_normal((64, 384)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal(384), jnp.float32)
+    kernels = _kernels(rmsnorm_bwd_vjp, x, w, x)
+    assert all(k.kind != "mix" for k in kernels)
+    _check(pallaskit.jit(rmsnorm_bwd_vjp)(x, w, x), jax.jit(rmsnorm_bwd_vjp)(x, w, x), jnp.float32)
+
+
+def test_mix_kernel_is_explained(rng):
+    x, w, _, dy = _inputs(rng, 384, jnp.float32)
+    e = pallaskit.explain(rmsnorm_bwd_vjp, x, w, dy)
+    assert "(mix)" in str(e) and "PROGRAMS" in e.kernels[0].source
+
+
+# --------------------------------------------------------------------------- #
+# Split reductions
+# --------------------------------------------------------------------------- #
+SPLITS = [
+    ("column_sum", lambda a: jnp.sum(a.astype(jnp.float32), axis=0), (20001, 383)),
+    ("column_max", lambda a: jnp.max(a, axis=0), (4097, 129)),
+    ("full_sum", lambda a: jnp.sum(a.astype(jnp.float32)), (20001, 383)),
+    ("full_min", lambda a: jnp.min(a), (301, 1001)),
+    ("row_sum_few_rows", lambda a: jnp.sum(a, axis=1), (3, 90001)),
+    ("column_mean_3d", lambda a: jnp.mean(a, axis=(0, 1)), (41, 100, 7)),
+]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: d.__name__)
+@pytest.mark.parametrize("name,fn,shape", SPLITS, ids=[s[0] for s in SPLITS])
+def test_split_reduction(name, fn, shape, dtype, rng):
+    x = jnp.asarray(rng.standard_normal(shape), dtype)
+    # num_sms=132 makes the CPU take the GPU's split decisions.
+    with pallaskit.config.override(num_sms=132):
+        kernels = pallaskit.explain(fn, x).kernels
+        got = pallaskit.jit(fn)(x)
+    want = jax.jit(fn)(x)
+    assert len(kernels) == 2, [k.name for k in kernels]
+    g, r = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if name.split("_")[1] in ("max", "min"):
+        np.testing.assert_array_equal(g, r)
+    else:
+        # Summation order differs: tolerance grows with sqrt(terms).
+        terms = x.size // max(1, got.size)
+        eps = 1e-2 if (dtype == jnp.bfloat16 and "sum" not in name) else 1e-6
+        np.testing.assert_allclose(g, r, rtol=2e-2 if dtype == jnp.bfloat16 else 1e-5,
+                                   atol=eps * np.sqrt(terms) * 4)
+
+
+def test_split_off_is_one_kernel(rng):
+    x = jnp.asarray(rng.standard_normal((20001, 383)), jnp.float32)
+    f = lambda a: jnp.sum(a, axis=0)  # noqa: E731
+    with pallaskit.config.override(num_sms=132, split_reductions=False, mix_order_reduction=False):
+        assert len(pallaskit.explain(f, x).kernels) == 1
+
+
+# --------------------------------------------------------------------------- #
+# Layout: the channels-last example of nvFuser's issue
+# --------------------------------------------------------------------------- #
+def nhwc_block(x, s, b):
+    t = jnp.transpose(x, (0, 3, 1, 2)) * s + b
+    return jnp.transpose(jax.nn.relu(t), (0, 2, 3, 1)), jnp.transpose(t > 0, (0, 2, 3, 1))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: d.__name__)
+def test_nhwc_transposes_cancel(dtype, rng):
+    x = jnp.asarray(rng.standard_normal((2, 5, 3, 96)), dtype)
+    s = jnp.asarray(rng.standard_normal((1, 96, 1, 1)), dtype)
+    b = jnp.asarray(rng.standard_normal((1, 96, 1, 1)), dtype)
+    e = pallaskit.explain(nhwc_block, x, s, b)
+    assert len(e.kernels) == 1 and e.kernels[0].kind == "pointwise"
+    # Both outputs are stored in x's own (NHWC) order: the load of x is at the
+    # kernel's own linear position, so nothing is transposed.
+    assert "arg0[i0, i1, i2, i3]" in e.ir_after
+    got, want = pallaskit.jit(nhwc_block)(x, s, b), jax.jit(nhwc_block)(x, s, b)
+    # t > 0 may differ only where t is within rounding of 0: the kernel keeps
+    # x * s in float32 (allow_excess_precision); with it off, bit-exact.
+    t = np.transpose(np.asarray(x, np.float32), (0, 3, 1, 2)) * np.asarray(s, np.float32) + np.asarray(b, np.float32)
+    near_zero = np.transpose(np.abs(t) <= 2.0 ** -7 * (np.abs(t) + 4), (0, 2, 3, 1))
+    differ = np.asarray(got[1]) != np.asarray(want[1])
+    assert not (differ & ~near_zero).any()
+    with pallaskit.config.override(allow_excess_precision=False):
+        exact = pallaskit.jit(nhwc_block)(x, s, b)
+    np.testing.assert_array_equal(np.asarray(exact[1]), np.asarray(want[1]))
+    np.testing.assert_allclose(np.asarray(got[0], np.float32), np.asarray(want[0], np.float32),
+                               rtol=1e-2 if dtype == jnp.bfloat16 else 1e-6,
+                               atol=2e-2 if dtype == jnp.bfloat16 else 1e-6)  # x*s + b cancels
+
+
+def test_transpose_an_output_needs_is_folded_into_the_store(rng):
+    x = jnp.asarray(rng.standard_normal((37, 50)), jnp.float32)
+    f = lambda a: (jnp.exp(a).T, jnp.tanh(a))  # noqa: E731
+    e = pallaskit.explain(f, x)
+    # No transpose (copy) kernel: exp is computed straight into the transposed output.
+    assert sorted(k.name.split("_")[2] for k in e.kernels) == ["exp", "tanh"], [k.name for k in e.kernels]
+    got, want = pallaskit.jit(f)(x), jax.jit(f)(x)
+    for g, r in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-6, atol=1e-6)
