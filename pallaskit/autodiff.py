@@ -65,13 +65,31 @@ def call_staged(jf, args, kwargs):
     pallaskit function, and the halves of a differentiated one under
     ``jax.jit``). The ahead-of-time executable of the ordinary path (the graph
     cache's) accepts no tracers, so this keeps a jitted, not yet compiled,
-    program per signature."""
+    program per signature. The program is wrapped in the same ``custom_vjp``
+    as a differentiated call, so a staged call that JAX differentiates later
+    (``jax.grad(jax.jit(f))``, ``lax.scan`` or ``jax.checkpoint`` bodies) gets
+    pallaskit's partitioned backward instead of failing on ``pallas_call``."""
     key, leaves, avals, treedef, static_pos, static_kw = jf._split(args, kwargs)
     store = _store(jf)
-    entry = store.get(("staged", key))
-    if entry is None:
-        entry = store[("staged", key)] = jf._compile(avals, treedef, static_pos, static_kw, len(args), aot=False)
-    return jax.tree_util.tree_unflatten(entry.out_tree, entry.executable(*leaves, *entry.constants))
+    program = store.get(("staged", key))
+    if program is None:
+        program = store[("staged", key)] = jf._compile(avals, treedef, static_pos, static_kw, len(args), aot=False)
+
+    def run(*xs):
+        return program.executable(*xs, *program.constants)
+
+    if not all(_plain(a) for a in avals):  # PRNG keys and other extended dtypes: no custom_vjp
+        return jax.tree_util.tree_unflatten(program.out_tree, run(*leaves))
+    sig, leaves = _signature(jf, args, kwargs)
+    return jax.tree_util.tree_unflatten(sig.out_tree, list(_call_vjp(sig, leaves, run)))
+
+
+def _plain(aval) -> bool:
+    try:
+        dt = np.dtype(aval.dtype)
+    except TypeError:
+        return False
+    return bool(jnp.issubdtype(dt, jnp.number) or dt == np.bool_)
 
 
 # --------------------------------------------------------------------------- #
@@ -324,14 +342,24 @@ class _XlaVjp:
         return tuple(out)
 
 
-def _call_vjp(sig: _Signature, leaves):
+@jax.tree_util.register_static
+class _Carry:
+    """A Python value riding in custom_vjp residuals as pytree structure (no
+    leaves): the forward's entry reaches its own backward."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _call_vjp(sig: _Signature, leaves, primal: Callable | None = None):
+    """``custom_vjp`` over the flat function: ``primal`` (default: the compiled
+    function) when not differentiated, else the partitioned halves."""
     method = config.partitioner
-    box: dict = {}
     n_out = len(sig.out_avals)
 
     @jax.custom_vjp
     def f(*xs):
-        return _primal(sig)(*xs)
+        return list((primal or _primal(sig))(*xs))
 
     def fwd(*xs):
         values = [x.value for x in xs]
@@ -343,11 +371,11 @@ def _call_vjp(sig: _Signature, leaves):
                               "differentiating through XLA")
             entry = _XlaVjp(sig, [i for i, (a, p) in enumerate(zip(sig.avals, perturbed)) if p and _inexact(a)])
         res = entry.forward(*values)
-        box["entry"] = entry
-        return list(res[:n_out]), tuple(res[n_out:])
+        return list(res[:n_out]), (_Carry(entry), tuple(res[n_out:]))
 
-    def bwd(saved, cts):
-        entry = box["entry"]
+    def bwd(res, cts):
+        carry, saved = res
+        entry = carry.value
         if isinstance(entry, _XlaVjp):
             return entry.backward_call(list(saved), list(cts))
         part = entry.partition

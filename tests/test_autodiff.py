@@ -140,6 +140,25 @@ def test_partial_argnums_and_jit(rng):
     assert_close(pallaskit.jit(jax.grad(f, argnums=1))(x, w), ref)
 
 
+def test_staged_call_differentiated_later(rng):
+    """A call traced under jax.jit, lax.scan or jax.checkpoint, then
+    differentiated by JAX: the staged program carries pallaskit's custom_vjp."""
+    x, w = _normal(rng, (6, 37), jnp.float32), _normal(rng, (37,), jnp.float32)
+
+    def f(x, w):
+        return jnp.sum(jnp.sin(x) * w)
+
+    pf = pallaskit.jit(f)
+
+    def scanned(g):
+        return lambda x: jax.lax.scan(lambda c, _: (jnp.tanh(c) * g(c, w), None), x, None, length=2)[0].sum()
+
+    assert_tree_close(jax.grad(jax.jit(pf), argnums=(0, 1))(x, w), jax.grad(f, argnums=(0, 1))(x, w), jnp.float32)
+    assert_close(jax.grad(jax.checkpoint(pf))(x, w), jax.grad(f)(x, w))
+    # the scan multiplies a summed scalar into every element: float32 rounding grows
+    np.testing.assert_allclose(jax.grad(scanned(pf))(x), jax.grad(scanned(f))(x), rtol=1e-4, atol=1e-4)
+
+
 # --------------------------------------------------------------------------- #
 # partitioners
 # --------------------------------------------------------------------------- #
