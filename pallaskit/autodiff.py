@@ -1,11 +1,12 @@
 """JAX transformations of pallaskit functions.
 
 ``JitFunction.__call__`` sends a call here when an argument is a tracer of a
-transformation (``jax.grad``/``jax.vjp``/``jax.jvp``/``jax.vmap``); a plain
-``jax.jit`` tracer stays on the ordinary path, where the compiled program is
-simply traced into the caller's jaxpr. Each transformation peels one level
-and calls pallaskit again one level down, so nesting (vmap of grad, grad of
-vmap, jacfwd) composes:
+transformation (``jax.grad``/``jax.vjp``/``jax.jvp``/``jax.vmap``), or of
+``jax.jit`` (``call_staged``: the compiled program is traced into the caller's
+jaxpr, inside the same ``custom_vjp`` as below, so that JAX may differentiate
+the staged call later). Each transformation peels one level and calls
+pallaskit again one level down, so nesting (vmap of grad, grad of vmap,
+jacfwd) composes:
 
 - reverse mode (a ``LinearizeTracer``, or a ``JVPTracer`` whose tangent is
   being partially evaluated): a ``jax.custom_vjp`` whose forward and backward
