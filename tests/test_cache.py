@@ -45,7 +45,7 @@ _CHILD = textwrap.dedent("""
 
 
 def _spawn(cache_dir, out):
-    env = dict(os.environ, PALLASKIT_CACHE_DIR=str(cache_dir), JAX_PLATFORMS="cpu",
+    env = dict(os.environ, PALLASKIT_CACHE_DIR=str(cache_dir), JAX_PLATFORMS="cpu", PALLASKIT_INTERPRET="auto",
                PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.Popen([sys.executable, "-c", _CHILD, str(out)], env=env, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
