@@ -63,7 +63,7 @@ def _clean(v):
 def write_data(results: dict, output: str) -> list[str]:
     os.makedirs(output, exist_ok=True)
     data = {"meta": results["meta"], "rows": [{k: _clean(r.get(k)) for k in COLUMNS} for r in results["rows"]],
-            "notes": results["notes"]}
+            "notes": results["notes"], **({"commentary": results["commentary"]} if results.get("commentary") else {})}
     paths = [os.path.join(output, "results.json"), os.path.join(output, "results.csv")]
     _atomic_write(paths[0], json.dumps(data, indent=1) + "\n")
     with open(paths[1], "w", newline="") as f:
@@ -100,9 +100,15 @@ def _cell(r, best: bool = False) -> str:
         text = f"**{text}**"
     if r.get("frac_of_floor") and FRACTIONS["show"]:
         text += f" ({r['frac_of_floor']:.0%})"
-    if r.get("note", "").startswith("host-bound"):
+    if _host_bound(r):
         text += " †"
     return text
+
+
+def _host_bound(r) -> bool:
+    """The device waited on the host: enqueueing a call took about as long as running it."""
+    return (FRACTIONS["show"] and r.get("host_ms") is not None and r.get("value") is not None
+            and r.get("unit") == "ms" and r["host_ms"] > 0.8 * r["value"])
 
 
 def _fmt_floor(ms) -> str:
@@ -132,9 +138,10 @@ def _steady_table(rows, backends) -> list[str]:
         lines.append(f"| {w} | {d} | {s} | {_fmt_floor(floor)} | "
                      + " | ".join(_cell(mine.get(b), b == fastest) for b in used) + f" | {ratio} |")
     lines += ["", "Bold: the fastest. A blank cell: the backend does not apply to the workload (variants run on "
-              "the workloads their option changes) or was not available. † host-bound: the device waited on Python "
-              "dispatch. Last column: pallaskit's time over the best non-pallaskit backend's (below 1: pallaskit "
-              "is faster).", ""]
+              "the workloads their option changes) or was not available. † host-bound: enqueueing a call took "
+              "over 80% of its time, so the figure is the dispatch rate and the device time is lower (JAX has "
+              "no device clock here; see benchmarks/timing.py). Last column: pallaskit's time over the best "
+              "non-pallaskit backend's (below 1: pallaskit is faster).", ""]
     return lines
 
 
@@ -164,17 +171,29 @@ def _sweep_table(rows) -> list[str]:
     if not sw:
         return []
     lines = ["### Dynamic-shape sweep: every size new, in a fresh process", "",
-             "| workload | dtype | backend | sizes | time to first result of all (s) | steady-state sum ms "
-             "(fraction of floor) |", "|---|---|---|---|---|---|"]
+             "| workload | dtype | backend | sizes | time to first result of all (s) | first size (s) | "
+             "each later size, median (s) | steady-state sum ms" + (" (fraction of floor)" if FRACTIONS["show"]
+                                                                      else "") + " | host-bound sizes |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for (w, d, b), group in _group(sw, ("workload", "dtype", "backend")).items():
         first = next((r for r in group if r["metric"] == "first_result_s"), None)
         steady = next((r for r in group if r["metric"] == "steady_sum_ms"), None)
+        per = [r for r in rows if (r["kind"], r["workload"], r["dtype"], r["backend"]) == ("sweep", w, d, b)
+               and str(r["case"]).startswith("rows=")]
+        firsts = [r["value"] for r in per if r["metric"] == "first_result_s" and r["status"] == "ok"]
+        timed = [r for r in per if r["metric"] == "ms" and r["status"] == "ok"]
         ok = first is not None and first["status"] == "ok"
         n = first["note"] if ok else ""
         total = f"{first['value']:.2f}" if ok else (first or {}).get("status", "")
-        lines.append(f"| {w} | {d} | {b} | {n} | {total} | {_cell(steady)} |")
+        later = f"{sorted(firsts[1:])[len(firsts[1:]) // 2]:.3f}" if len(firsts) > 1 else ""
+        bound = f"{sum(_host_bound(r) for r in timed)} of {len(timed)}" if timed and FRACTIONS["show"] else ""
+        lines.append(f"| {w} | {d} | {b} | {n} | {total} | {f'{firsts[0]:.2f}' if firsts else ''} | {later} | "
+                     f"{_cell(steady)} | {bound} |")
     sizes = _ordered(r["runtime"] for r in rows if r["kind"] == "sweep" and str(r["case"]).startswith("rows="))
-    lines += ["", f"Row counts: {', '.join(map(str, sizes))}.", ""]
+    lines += ["", f"Row counts: {', '.join(map(str, sizes))}. The first size's time includes the backend's "
+              "first compilation in the process (torch: importing and starting Dynamo / Inductor). A host-bound "
+              "size is timed by its dispatch, not by the device (the steady-state sum is then a dispatch figure).",
+              ""]
     return lines
 
 
@@ -239,6 +258,8 @@ def markdown(results: dict, plots: dict | None = None, plots_rel: str = "plots")
     lines += _first_call_table(rows)
     if meta.get("backends"):
         lines += ["Backends: " + "; ".join(f"`{k}`: {d}" for k, d in meta["backends"].items()) + ".", ""]
+    if results.get("commentary"):
+        lines += [results["commentary"].strip(), ""]
     if results["notes"]:
         lines += ["Notes:", ""] + [f"- {n}" for n in results["notes"]] + [""]
     if plots:
@@ -280,14 +301,19 @@ def plots(results: dict, folder: str) -> dict:
         fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(groups) + 2), 4.8))
         width = 0.8 / len(bnames)
         for i, b in enumerate(bnames):
-            vals = [next((r["frac_of_floor"] for r in steady if (r["workload"], r["dtype"]) == g
-                          and r["backend"] == b), 0) for g in groups]
-            ax.bar([j + i * width - 0.4 + width / 2 for j in range(len(groups))], vals, width, label=b)
+            mine = [next((r for r in steady if (r["workload"], r["dtype"]) == g and r["backend"] == b), None)
+                    for g in groups]
+            bars = ax.bar([j + i * width - 0.4 + width / 2 for j in range(len(groups))],
+                          [r["frac_of_floor"] if r else 0 for r in mine], width, label=b)
+            for bar, r in zip(bars, mine):
+                if r is not None and _host_bound(r):
+                    bar.set_hatch("///")
         ax.axhline(1.0, color="k", lw=0.8, ls="--")
         ax.set_xticks(range(len(groups)))
         ax.set_xticklabels([f"{w}\n{d}" if multi_dtype else w for w, d in groups], rotation=30, ha="right")
         ax.set_ylabel("fraction of floor (higher is better)")
-        ax.set_title(f"Steady state vs memory / FLOP floor — {title}")
+        ax.set_title(f"Steady state vs memory / FLOP floor — {title}"
+                     + (" (hatched: host-bound)" if any(_host_bound(r) for r in steady) else ""))
         ax.legend(fontsize=8, ncol=2)
         fig.tight_layout()
         out["floor"] = os.path.join(folder, PLOTS["floor"])
@@ -296,33 +322,34 @@ def plots(results: dict, folder: str) -> dict:
 
     hr = [r for r in rows if r["kind"] == "hint_runtime" and r["metric"] == "ms" and r["status"] == "ok"]
     if hr:
-        bnames = _ordered(r["backend"] for r in hr)
+        labels = _ordered((r["backend"], r["hint"]) for r in hr)  # one heatmap row per (backend, hint)
         runtimes = sorted({int(r["runtime"]) for r in hr})
         best = {m: min(r["value"] for r in hr if int(r["runtime"]) == m) for m in runtimes}
-        fig, axes = plt.subplots(1, len(bnames), figsize=(3.6 * len(bnames) + 1, 3.6), squeeze=False)
-        for ax, b in zip(axes[0], bnames):
-            brows = [r for r in hr if r["backend"] == b]
-            hints = _ordered(r["hint"] for r in brows)
-            grid = [[math.nan] * len(runtimes) for _ in hints]
-            for r in brows:
-                grid[hints.index(r["hint"])][runtimes.index(int(r["runtime"]))] = r["value"]
-            ratio = [[v / best[m] for v, m in zip(row, runtimes)] for row in grid]
-            im = ax.imshow(ratio, cmap="RdYlGn_r", vmin=1.0, vmax=2.0, aspect="auto")
-            for i, row in enumerate(grid):
-                for j, v in enumerate(row):
-                    if not math.isnan(v):
-                        ax.text(j, i, f"{_fmt_ms(v)}\n×{ratio[i][j]:.2f}", ha="center", va="center", fontsize=7)
-            ax.set_xticks(range(len(runtimes)))
-            ax.set_xticklabels(runtimes)
-            ax.set_yticks(range(len(hints)))
-            ax.set_yticklabels(hints)
-            ax.set_xlabel("runtime M")
-            ax.set_ylabel("hint")
-            ax.set_title(b, fontsize=9)
-        fig.colorbar(im, ax=axes[0].tolist(), label="ms / best of any backend at that M")
-        fig.suptitle(f"Matmul Hint × Runtime — {title}", fontsize=10)
+        grid = [[math.nan] * len(runtimes) for _ in labels]
+        for r in hr:
+            grid[labels.index((r["backend"], r["hint"]))][runtimes.index(int(r["runtime"]))] = r["value"]
+        ratio = [[v / best[m] for v, m in zip(row, runtimes)] for row in grid]
+        fig, ax = plt.subplots(figsize=(2.0 * len(runtimes) + 3.5, 0.42 * len(labels) + 1.6))
+        im = ax.imshow(ratio, cmap="RdYlGn_r", vmin=1.0, vmax=2.0, aspect="auto")
+        for i, row in enumerate(grid):
+            for j, v in enumerate(row):
+                if not math.isnan(v):
+                    mark = " †" if _host_bound(next(r for r in hr if (r["backend"], r["hint"]) == labels[i]
+                                                    and int(r["runtime"]) == runtimes[j])) else ""
+                    ax.text(j, i, f"{_fmt_ms(v)} ms  ×{ratio[i][j]:.2f}{mark}", ha="center", va="center",
+                            fontsize=7.5)
+        ax.set_xticks(range(len(runtimes)))
+        ax.set_xticklabels(runtimes)
+        ax.set_yticks(range(len(labels)))
+        ax.set_yticklabels([f"{b}, {'static' if h == 'static' else 'hint ' + h if h != 'multi' else 'multi-kernel'}"
+                            for b, h in labels], fontsize=8)
+        ax.set_xlabel("runtime M")
+        fig.colorbar(im, ax=ax, label="ms / best at that M (any backend)")
+        ax.set_title(f"Matmul Hint × Runtime (K = N = {hr[0]['size'].split('x', 1)[1].split('x')[0]}) — {title}"
+                     + (" — † host-bound" if any(_host_bound(r) for r in hr) else ""), fontsize=9)
+        fig.tight_layout()
         out["hint"] = os.path.join(folder, PLOTS["hint"])
-        fig.savefig(out["hint"], dpi=110, bbox_inches="tight")
+        fig.savefig(out["hint"], dpi=110)
         plt.close(fig)
 
     sw = [r for r in rows if r["kind"] == "sweep" and r["metric"] == "first_result_s"
@@ -416,12 +443,16 @@ def main(argv=None):
     p.add_argument("--output", help="folder for results.md / .csv / .json (default: the first json's folder)")
     p.add_argument("--results_md", help="file whose suite section is rewritten, e.g. benchmarks/RESULTS.md")
     p.add_argument("--plots_dir", help="folder for the PNGs (default: <output>/plots)")
+    p.add_argument("--commentary", help="a markdown file of observations to put in the section")
     a = p.parse_args(argv)
     parts = []
     for path in a.results_json:
         with open(path) as f:
             parts.append(json.load(f))
     results = merge(parts)
+    if a.commentary:
+        with open(a.commentary) as f:
+            results["commentary"] = f.read()
     output = a.output or os.path.dirname(os.path.abspath(a.results_json[0]))
     paths = write_all(results, output, a.results_md, a.plots_dir or os.path.join(output, "plots"))
     for k, v in paths.items():

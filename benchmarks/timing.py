@@ -78,7 +78,7 @@ class CudaEventClock:
 
 
 def measure(call: Callable[[int], Any], clock, *, rounds: int = 15, min_round_s: float = 0.02,
-            warmup: int = 3, max_iters: int = 2000) -> Timing:
+            warmup: int = 3, min_iters: int = 5, max_iters: int = 2000) -> Timing:
     """Time ``call(i)`` (i picks the input set); the first call must already have run."""
     state = {"i": 0}
 
@@ -93,8 +93,8 @@ def measure(call: Callable[[int], Any], clock, *, rounds: int = 15, min_round_s:
 
     for _ in range(warmup):
         clock.round(calls(1))
-    one_ms = min(clock.round(calls(1))[0] for _ in range(2))
-    iters = int(min(max_iters, max(1, min_round_s * 1e3 / max(one_ms, 1e-4))))
+    one_ms = clock.round(calls(min_iters))[0] / min_iters  # a batch: one slow call must not set the pace
+    iters = int(min(max_iters, max(min_iters, min_round_s * 1e3 / max(one_ms, 1e-4))))
     samples, host = [], []
     for _ in range(rounds):
         total, enqueue = clock.round(calls(iters))
