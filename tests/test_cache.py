@@ -133,14 +133,19 @@ def test_hit_skips_the_compiler_and_replays_metrics(tmp_path, rng, monkeypatch):
     assert len(e.kernels) == 1
 
 
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def _flip(path):
-    data = bytearray(open(path, "rb").read())
+    data = bytearray(_read(path))
     data[-10] ^= 0xFF
     return bytes(data)
 
 
 def _other_format(path):
-    data = open(path, "rb").read()
+    data = _read(path)
     end = data.index(b"\n", len(cache.MAGIC))
     header = json.loads(data[len(cache.MAGIC):end])
     header["format"] = cache.FORMAT + 1
@@ -149,8 +154,8 @@ def _other_format(path):
 
 @pytest.mark.parametrize("damage,reason", [
     (_flip, "checksum mismatch"),
-    (lambda p: open(p, "rb").read()[:-100], "truncated"),
-    (lambda p: open(p, "rb").read()[:30], "truncated header"),
+    (lambda p: _read(p)[:-100], "truncated"),
+    (lambda p: _read(p)[:30], "truncated header"),
     (lambda p: b"", "empty file"),
     (_other_format, "entry format"),
 ], ids=["flipped-byte", "truncated", "truncated-header", "empty", "other-format"])

@@ -241,8 +241,9 @@ def _report(path: str, reason: str):
 
 
 def encode(entry: Entry) -> bytes:
-    payload = pickle.dumps(dataclasses.asdict(entry) | {"constants": [np.asarray(c) for c in entry.constants]},
-                           protocol=pickle.HIGHEST_PROTOCOL)
+    fields = {f.name: getattr(entry, f.name) for f in dataclasses.fields(entry)}  # shallow: no array copies
+    fields["constants"] = [np.asarray(c) for c in entry.constants]
+    payload = pickle.dumps(fields, protocol=pickle.HIGHEST_PROTOCOL)
     header = {"format": FORMAT, "key": entry.key, "size": len(payload),
               "sha256": hashlib.sha256(payload).hexdigest(), "title": entry.title,
               "executable": entry.executable is not None, "created": entry.created}
@@ -358,6 +359,7 @@ def evict(max_bytes: int | None = None) -> int:
     cap = config.cache_max_bytes if max_bytes is None else max_bytes
     removed = 0
     with _lock("evict"):
+        _remove_stale_temporaries()
         files = []
         for e in _entries():
             try:
@@ -378,6 +380,22 @@ def evict(max_bytes: int | None = None) -> int:
     if removed:
         log.info("pallaskit cache: evicted %d entries to stay under %d bytes", removed, cap)
     return removed
+
+
+def _remove_stale_temporaries(age_s: float = 3600.0):
+    """Temporary files of writers that died before their ``os.replace``."""
+    try:
+        listing = list(os.scandir(graphs_dir()))
+    except FileNotFoundError:
+        return
+    now = time.time()
+    for e in listing:
+        if e.name.startswith(".tmp-"):
+            try:
+                if now - e.stat().st_mtime > age_s:
+                    os.unlink(e.path)
+            except FileNotFoundError:
+                pass
 
 
 def stats() -> dict:
@@ -458,6 +476,11 @@ def _aot_compile(call, structs, constants):
     return jax.jit(call).lower(*structs, *constants).compile()
 
 
+def _on_device(constants) -> list:
+    """Hoisted constants, put on the device once rather than at every call."""
+    return [jax.device_put(np.asarray(c)) for c in constants]
+
+
 class _Program:  # what runtime.loader.load reads from a RenderedProgram
     def __init__(self, source):
         self.source, self.externs = source, []
@@ -467,7 +490,7 @@ def _serve_entry(entry: Entry, structs) -> Served | None:
     """Build the executable of a valid entry; None if it cannot be used."""
     if entry.executable is not None:
         try:
-            return Served(_deserialize(entry), entry.constants, cache="hit")
+            return Served(_deserialize(entry), _on_device(entry.constants), cache="hit")
         except Exception as e:  # noqa: BLE001 - an executable that does not load is a bad entry
             _report(entry_path(entry.key), f"executable does not load: {type(e).__name__}: {e}")
             return None
@@ -477,7 +500,7 @@ def _serve_entry(entry: Entry, structs) -> Served | None:
 
     compiled = _aot_compile(loader.load(_Program(entry.source)), structs, entry.constants)
     metrics.counters["kernels_compiled"] += entry.num_kernels
-    return Served(compiled, entry.constants, cache="hit")
+    return Served(compiled, _on_device(entry.constants), cache="hit")
 
 
 def serve(closed_jaxpr, avals, static_args, options, title: str,
@@ -525,7 +548,7 @@ def _compile(build, structs, title, started, cache: str, key=None, parts=None) -
     result, call, constants = build()
     compiled = _aot_compile(call, structs, constants)
     metrics.counters["kernels_compiled"] += len(result.program.kernels)
-    served = Served(compiled, list(constants), result, cache)
+    served = Served(compiled, _on_device(constants), result, cache)
     deltas, kernels = metrics.graph_deltas(result), metrics.kernel_stats(result)
     if key is not None:
         payload, in_tree, out_tree, error = serialize(compiled)
