@@ -380,6 +380,9 @@ class Fuser:
         """(bytes no longer read twice or round-tripped, launches saved); (0, 0):
         not worth it. Groups over the same iteration space that share nothing
         still save a launch (the finishing sums of a norm backward's dw and db)."""
+        if {a.kind, b.kind} == {"mix", "reduction"} and not heuristics.mix_worthwhile(
+                a.rows, a.cols, self.options.num_sms):
+            return 0, 0  # too few rows to spread the row work over the persistent grid
         shared = (a.reads() & b.reads()) | (a.produces() & b.reads()) | (b.produces() & a.reads())
         saved = sum(self.bytes_of(s) for s in shared)
         if saved == 0 and (a.kind, a.domain) != (b.kind, b.domain):

@@ -77,6 +77,7 @@ def _column(node: ir.Reduction, row_domains, options: CompileOptions):
     row_axes = tuple(range(len(node.reduced), len(node.domain)))
     mix = (options.mix_order_reduction and (node.domain, row_axes) in row_domains
            and rows >= heuristics.MIN_SPLIT_ROWS
+           and heuristics.mix_worthwhile(rows, cols, options.num_sms)
            and heuristics.fits_in_tile(cols, options.max_persistent_cols))
     split = options.split_reductions and heuristics.column_reduction_underfilled(rows, cols, options.num_sms)
     if not (mix or split):

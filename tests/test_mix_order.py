@@ -80,6 +80,14 @@ def layernorm_bwd_noaffine(x, dy):
     return jax.vjp(layernorm, x)[1](dy)
 
 
+@pytest.fixture(autouse=True)
+def one_sm():
+    """Size grids for one SM: M = 1100 rows then fill the persistent grid, as
+    576000 rows do on a 132-SM GPU (heuristics.mix_worthwhile)."""
+    with pallaskit.config.override(num_sms=1):
+        yield
+
+
 def _inputs(rng, n, dtype, with_w=True, with_b=False):
     x = jnp.asarray(rng.standard_normal((M, n)), dtype)
     dy = jnp.asarray(rng.standard_normal((M, n)), dtype)
@@ -142,16 +150,28 @@ def test_without_weight_there_is_no_column_reduction(fn, rng):
 
 
 def test_option_off_takes_more_kernels(rng):
-    x, w, b, dy = _inputs(rng, 384, jnp.float32)
-    # num_sms=132: the GPU's decisions (off: row kernel, split column sum, its finisher).
+    # The GPU's decisions for the benchmark's shape (explain compiles, runs nothing):
+    # off is a row kernel, a split column sum and its finisher.
+    big = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((576000, 384), (384,), (384,), (576000, 384))]
+    big = [jnp.zeros(s.shape, s.dtype) for s in big]
+    x, w, b, dy = big
     on = _kernels(rmsnorm_bwd_vjp, x, w, dy, num_sms=132)
     off = _kernels(rmsnorm_bwd_vjp, x, w, dy, mix_order_reduction=False, num_sms=132)
-    assert len(on) == 2 and len(off) > len(on)
-    with pallaskit.config.override(mix_order_reduction=False):
-        _check(pallaskit.jit(rmsnorm_bwd_vjp)(x, w, dy), jax.jit(rmsnorm_bwd_vjp)(x, w, dy), jnp.float32)
+    assert len(on) == 2 and len(off) == 3
     lon = _kernels(layernorm_fwd_bwd, x, w, b, dy, num_sms=132)
     loff = _kernels(layernorm_fwd_bwd, x, w, b, dy, mix_order_reduction=False, num_sms=132)
     assert len(lon) == 2 and len(loff) > len(lon)
+    x, w, b, dy = _inputs(rng, 384, jnp.float32)
+    with pallaskit.config.override(mix_order_reduction=False):
+        _check(pallaskit.jit(rmsnorm_bwd_vjp)(x, w, dy), jax.jit(rmsnorm_bwd_vjp)(x, w, dy), jnp.float32)
+
+
+def test_few_rows_for_the_grid_keep_row_work_apart():
+    """8192 x 1024 on 132 SMs: 128 programs would carry all the row work (profit says no)."""
+    x = jnp.zeros((8192, 1024), jnp.bfloat16)
+    w = jnp.zeros((1024,), jnp.bfloat16)
+    kinds = sorted(k.kind for k in _kernels(rmsnorm_bwd_vjp, x, w, x, num_sms=132))
+    assert kinds == ["mix", "reduction", "reduction"]  # split column sum, its finisher, the row kernel
 
 
 def test_small_row_counts_keep_plain_reductions(rng):
