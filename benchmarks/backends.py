@@ -216,6 +216,17 @@ def _build_torch_compile(backend, workload, hint, ctx, dynamic=None):
     return _torch_runner(torch, device, workload.torch_fn(compile), dynamic_arg, hint)
 
 
+def _vjp_form(workload):
+    """The workload with its torch twin written through torch.func.vjp."""
+    if workload.torch_vjp_fn is None:
+        raise Unavailable(f"{workload.name} has no torch.func.vjp form")
+    return dataclasses.replace(workload, torch_fn=workload.torch_vjp_fn)
+
+
+def _build_torch_compile_vjp(backend, workload, hint, ctx):
+    return _build_torch_compile(backend, _vjp_form(workload), hint, ctx)
+
+
 def _torch_compile_dynamic(backend, workload, hint, ctx):
     if hint is not None:
         raise Unavailable("see torch_compile's hinted rows")
@@ -236,6 +247,8 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in [
     Backend("torch_compile", TORCH, "torch.compile, default options", _build_torch_compile, hinted=True),
     Backend("torch_compile_mix_order_off", TORCH, "torch.compile, triton.mix_order_reduction=False",
             _build_torch_compile, options=(("triton.mix_order_reduction", False),), tags=NORM_BWD),
+    Backend("torch_compile_vjp", TORCH, "torch.compile of the backward written as torch.func.vjp of the forward "
+            "(what autograd hands Inductor)", _build_torch_compile_vjp, tags=NORM_BWD),
     Backend("torch_compile_dynamic", TORCH, "torch.compile(dynamic=True)", _torch_compile_dynamic,
             tags=frozenset({"dynamic"})),
     Backend("torch_compile_max_autotune", TORCH, "torch.compile, max_autotune=True (slow to compile)",

@@ -46,6 +46,7 @@ class Workload:
     dtypes: tuple = ("bfloat16", "float16", "float32")
     tol: float = 0.0  # tolerance floor on top of the dtype's (matmuls in float32 run as TF32)
     dynamic_arg: int = 0  # for hinted / dynamic compiles: the argument whose axis 0 varies
+    torch_vjp_fn: Callable | None = None  # builder of the torch twin through torch.func.vjp (backend torch_*_vjp)
 
     def cases(self, size) -> list[tuple[str, tuple]]:
         """(label, concrete size) of every call this workload measures."""
@@ -218,6 +219,21 @@ def _t_layernorm_fwd_bwd(x, w, b, dy):
     return y.to(x.dtype), dx.to(x.dtype), (dyf * xhat).sum(0).to(w.dtype), dyf.sum(0).to(b.dtype)
 
 
+def _t_rmsnorm_vjp(x, w, dy):
+    """RMSNorm backward as torch.func.vjp of the forward: the graph autograd gives Inductor."""
+    import torch
+
+    _, vjp = torch.func.vjp(_t_rmsnorm, x, w)
+    return vjp(dy)
+
+
+def _t_layernorm_fwd_bwd_vjp(x, w, b, dy):
+    import torch
+
+    y, vjp = torch.func.vjp(_t_layernorm, x, w, b)
+    return (y, *vjp(dy))
+
+
 def _t_nhwc(x, s, b):
     import torch
 
@@ -334,11 +350,12 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
     Workload("layernorm_fwd", STEADY, layernorm, _whole(_t_layernorm), _rows_and_vectors(2), ROWS_384,
              "LayerNorm forward"),
     Workload("rmsnorm_bwd", STEADY, rmsnorm_bwd, _whole(_t_rmsnorm_bwd), _rows_and_vectors(1, cotangent=True),
-             ROWS_384, "RMSNorm backward (dx, dw): jax.vjp / written out in torch", tags=frozenset({"norm_bwd"})),
+             ROWS_384, "RMSNorm backward (dx, dw): jax.vjp / written out in torch", tags=frozenset({"norm_bwd"}),
+             torch_vjp_fn=_whole(_t_rmsnorm_vjp)),
     Workload("layernorm_fwd_bwd", STEADY, layernorm_fwd_bwd, _whole(_t_layernorm_fwd_bwd),
              _rows_and_vectors(2, cotangent=True), ROWS_384,
              "LayerNorm y, dx, dw, db in one function: jax.vjp / written out in torch",
-             tags=frozenset({"norm_bwd"})),
+             tags=frozenset({"norm_bwd"}), torch_vjp_fn=_whole(_t_layernorm_fwd_bwd_vjp)),
     Workload("nhwc_layout", STEADY, nhwc_affine_relu, _whole(_t_nhwc), _nhwc_inputs,
              {"full": (32, 25, 25, 1024), "smoke": (2, 5, 3, 24)},
              "x NHWC, t = transpose(x, NCHW) * s + b; relu(t), t > 0 back in NHWC", tags=frozenset({"layout"})),
