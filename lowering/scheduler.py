@@ -380,14 +380,22 @@ class Fuser:
         """(bytes no longer read twice or round-tripped, launches saved); (0, 0):
         not worth it. Groups over the same iteration space that share nothing
         still save a launch (the finishing sums of a norm backward's dw and db)."""
-        if {a.kind, b.kind} == {"mix", "reduction"} and not heuristics.mix_worthwhile(
-                a.rows, a.cols, self.options.num_sms):
+        if self._adds_row_work_to_mix(a, b) and not heuristics.mix_worthwhile(a.rows, a.cols, self.options.num_sms):
             return 0, 0  # too few rows to spread the row work over the persistent grid
         shared = (a.reads() & b.reads()) | (a.produces() & b.reads()) | (b.produces() & a.reads())
         saved = sum(self.bytes_of(s) for s in shared)
         if saved == 0 and (a.kind, a.domain) != (b.kind, b.domain):
             return 0, 0
         return saved, 1
+
+    @staticmethod
+    def _adds_row_work_to_mix(a: _Group, b: _Group) -> bool:
+        """Would merging make a mix kernel hold whole rows (row reductions or
+        per-row values)? Row-wise pointwise work over its domain does not."""
+        if "mix" not in (a.kind, b.kind) or a.kind == b.kind:
+            return False
+        mix, other = (a, b) if a.kind == "mix" else (b, a)
+        return other.kind == "reduction" or other.domain != mix.domain[0]
 
     # -- driver ----------------------------------------------------------------------
     def run(self) -> list[_Group]:
