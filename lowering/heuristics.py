@@ -68,8 +68,9 @@ def reduction_config(rows: int, cols: int, *, max_persistent_cols: int, inner_co
 # Programs per SM: a mix kernel walks its rows one small tile at a time with
 #   no software pipelining, so bytes in flight come from many resident
 #   programs: 16 one-warp programs per SM. Measured on the H100 (RMSNorm
-#   backward 576000x384 bf16, see benchmarks/RESULTS.md): 16 programs/SM,
-#   1 row x 512, 1 warp: 0.510 ms; 2 programs/SM, 4 rows, 4 warps: 1.33 ms.
+#   backward 576000x384 bf16, scratch/probe_mix3.py, see benchmarks/RESULTS.md):
+#   16 programs/SM, 1 row x 512, 1 warp: 0.510 ms; 8 programs/SM, 4 rows,
+#   4 warps: 0.800 ms.
 # MIN_ROWS_PER_PROGRAM: each program's partial row costs an extra N floats
 #   written and read; 64 rows per program keeps that under 1/16 of the input.
 MIN_SPLIT_ROWS = 1024
@@ -129,9 +130,9 @@ def mix_config(rows: int, cols: int, *, whole_rows: bool, programs: int) -> Tile
     """Tile of a mix kernel: each of ``programs`` programs walks row blocks of
     ``block_rows`` rows. ``whole_rows``: the kernel also computes row
     reductions, so a tile spans the full row (one column block): one row per
-    step, ``mix_warps`` warps (best on the H100 by 15-40% over 2-8 rows with
-    2-4 warps). Otherwise (a split column reduction) 8 x 512 tiles, 4 warps
-    (0.188 ms for a 576001x383 bf16 column sum; 32 x 128: 0.240 ms)."""
+    step, ``mix_warps`` warps (on the H100 0.51 ms against 0.60-1.13 ms for 2-8
+    rows with 2-4 warps). Otherwise (a split column reduction) 8 x 512 tiles,
+    4 warps (a 576001x383 bf16 column sum: 0.195 ms; 32 x 128 tiles: 0.249 ms)."""
     if whole_rows:
         return TileConfig(1, next_power_of_2(cols), mix_warps(cols), True)
     bc = min(next_power_of_2(cols), 512)

@@ -24,8 +24,7 @@ which is what the golden tests and cache keys read.
 from __future__ import annotations
 
 import dataclasses
-import functools
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator
 
 import numpy as np
 import sympy

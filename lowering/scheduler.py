@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Iterable
 
 import numpy as np
 import sympy

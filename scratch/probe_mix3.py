@@ -1,18 +1,21 @@
-"""GPU probe 2: tile/grid/pipelining grid for mix kernels, split reductions, NHWC.
+"""GPU probe 3: programs per SM, rows per step and warps of mix kernels; column
+split tiles; where the NHWC block loses time.
 
-PYTHONPATH=. python scratch/probe_mix2.py  (writes $OUT/probe_mix2.json)
+PYTHONPATH=. python scratch/probe_mix3.py  (writes $OUT/probe_mix3.json)
 """
-import json, os, sys, time
+import json, os, sys
 sys.path.insert(0, os.path.dirname(__file__))
 import jax, jax.numpy as jnp, numpy as np
 import pallaskit
 from lowering import heuristics as H
 from norms import layernorm_fwd_bwd, rmsnorm_bwd_vjp
+import probe_mix
+from probe_mix import errs
 
 OUT = os.environ.get("OUT", "/tmp")
 RESULTS = []
 ORIG = dict(mix_config=H.mix_config, reduction_config=H.reduction_config, pointwise_config=H.pointwise_config,
-            PROGRAMS_PER_SM=H.PROGRAMS_PER_SM, ROW_SPLIT_PROGRAMS_PER_SM=H.ROW_SPLIT_PROGRAMS_PER_SM)
+            _programs_per_sm=H._programs_per_sm, ROW_SPLIT_PROGRAMS_PER_SM=H.ROW_SPLIT_PROGRAMS_PER_SM)
 
 
 def restore():
@@ -20,24 +23,8 @@ def restore():
         setattr(H, k, v)
 
 
-def bench(f, args, n=20, rounds=7):
-    jax.block_until_ready(f(*args))
-    for _ in range(2):
-        jax.block_until_ready(f(*args))
-    ts = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            out = f(*args)
-        jax.block_until_ready(out)
-        ts.append((time.perf_counter() - t0) / n * 1e3)
-    return float(np.median(ts))
-
-
-def errs(a, b):
-    a = [np.asarray(x, np.float32) for x in jax.tree_util.tree_leaves(a)]
-    b = [np.asarray(x, np.float32) for x in jax.tree_util.tree_leaves(b)]
-    return [float(np.abs(x - y).max() / (np.abs(y).max() + 1e-30)) for x, y in zip(a, b)]
+def bench(f, args):
+    return probe_mix.bench(f, args, n=20, rounds=7)
 
 
 def run(name, variant, f, args, floor, ref, **opts):
@@ -51,6 +38,10 @@ def run(name, variant, f, args, floor, ref, **opts):
         row = dict(name=name, variant=variant, error=f"{type(ex).__name__}: {str(ex)[:300]}")
     RESULTS.append(row)
     print(json.dumps(row), flush=True)
+
+
+def per_sm(n):
+    return lambda cols: n
 
 
 def whole(br, w, st):
@@ -72,7 +63,7 @@ def main():
     for pps in (8, 16, 32):
         for br in (1, 2, 4, 8):
             for wp in (1, 2, 4):
-                H.PROGRAMS_PER_SM, H.mix_config = pps, whole(br, wp, 1)
+                H._programs_per_sm, H.mix_config = per_sm(pps), whole(br, wp, 1)
                 run("rmsnorm_bwd", f"pps{pps}_br{br}_w{wp}", rmsnorm_bwd_vjp, (x, w, dy), floor, ref)
     restore()
 
@@ -81,7 +72,7 @@ def main():
     run("layernorm_fwd_bwd", "default", layernorm_fwd_bwd, (x, w, b, dy), floor, ref)
     for pps in (8, 16, 32):
         for br, wp in ((1, 1), (2, 2), (4, 4), (2, 4)):
-            H.PROGRAMS_PER_SM, H.mix_config = pps, whole(br, wp, 1)
+            H._programs_per_sm, H.mix_config = per_sm(pps), whole(br, wp, 1)
             run("layernorm_fwd_bwd", f"pps{pps}_br{br}_w{wp}", layernorm_fwd_bwd, (x, w, b, dy), floor, ref)
     restore()
 
@@ -91,7 +82,7 @@ def main():
     ref = jax.jit(colsum)(xs)
     for pps in (8, 16, 32):
         for br, bc in ((32, 128), (16, 256), (8, 512)):
-            H.PROGRAMS_PER_SM = pps
+            H._programs_per_sm = per_sm(pps)
             H.mix_config = (lambda br_, bc_: lambda rows, cols, *, whole_rows, programs:
                             H.TileConfig(br_, bc_, 4, False, 1))(br, bc)
             run("colsum", f"pps{pps}_br{br}_bc{bc}", colsum, (xs,), floor, ref)

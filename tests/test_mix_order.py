@@ -152,9 +152,7 @@ def test_without_weight_there_is_no_column_reduction(fn, rng):
 def test_option_off_takes_more_kernels(rng):
     # The GPU's decisions for the benchmark's shape (explain compiles, runs nothing):
     # off is a row kernel, a split column sum and its finisher.
-    big = [jax.ShapeDtypeStruct(s, jnp.bfloat16) for s in ((576000, 384), (384,), (384,), (576000, 384))]
-    big = [jnp.zeros(s.shape, s.dtype) for s in big]
-    x, w, b, dy = big
+    x, w, b, dy = (jnp.zeros(s, jnp.bfloat16) for s in ((576000, 384), (384,), (384,), (576000, 384)))
     on = _kernels(rmsnorm_bwd_vjp, x, w, dy, num_sms=132)
     off = _kernels(rmsnorm_bwd_vjp, x, w, dy, mix_order_reduction=False, num_sms=132)
     assert len(on) == 2 and len(off) == 3

@@ -16,7 +16,6 @@ an earlier one (e.g. variance after mean).
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -540,7 +539,7 @@ def _render_mix(em: _KernelEmitter, kernel: Kernel, bodies, cfg):
         w.line(f"return ({', '.join(outs)},)")
     w.line(f"{carry} = lax.fori_loop(0, {n_iter}, row_block, ({carry}))")
     for name, acc_dt, m in accs:
-        fn = {"sum": "jnp.sum", "max": "jnp.max", "min": "jnp.min"}[m.node.op]
+        fn = _REDUCE_FN[m.node.op]
         off = em.bind(("partial_offset",), f"program * {kernel.cols} + xc", frozenset("c"), "idx")[0]
         if em.interpret:
             off = em.bind(("oob", off, "cmask"), f"jnp.where(cmask, {off}, {m.node.numel})", frozenset("c"), "idx")[0]
@@ -561,12 +560,14 @@ def _reduce_tile(em, m: Member, var, ext) -> str:
         v = em.bind(("cast", v, acc_dt), f"{v}.astype({dtype_source(acc_dt)})", full)[0]
     ident = _reduction_identity(node.op, m.body.dtype)
     masked = em.bind(("masked", v), f"jnp.where(cmask, {v}, {ident})", full)[0]
-    fn = {"sum": "jnp.sum", "max": "jnp.max", "min": "jnp.min", "and": "jnp.min", "or": "jnp.max",
-          "argmax": "jnp.argmax", "argmin": "jnp.argmin"}[node.op]
+    fn = _REDUCE_FN[node.op]
     text = f"{fn}({masked}, axis=1, keepdims=True).astype({dtype_source(node.dtype)})"
     return em.bind(("reduce", node.name), text, frozenset("r"), "red")[0]
 
 
+# Tile reductions by op (and/or run on int32 0/1 accumulators).
+_REDUCE_FN = {"sum": "jnp.sum", "prod": "jnp.prod", "max": "jnp.max", "min": "jnp.min", "and": "jnp.min",
+              "or": "jnp.max", "argmax": "jnp.argmax", "argmin": "jnp.argmin"}
 _COMBINE = {"sum": "lax.add({a}, {v})", "prod": "lax.mul({a}, {v})", "max": "lax.max({a}, {v})",
             "min": "lax.min({a}, {v})", "and": "lax.min({a}, {v})", "or": "lax.max({a}, {v})"}
 
@@ -607,8 +608,7 @@ def _render_loop(em, kernel, bodies, reds, rowwise, p, cfg):
     init = f"({carry})" if accs else "0"
     w.line(f"{carry or '_'} = lax.fori_loop(0, {n_chunks}, phase{p}, {init})")
     for name, acc_dt, m in accs:
-        fn = {"sum": "jnp.sum", "prod": "jnp.prod", "max": "jnp.max", "min": "jnp.min", "and": "jnp.min",
-              "or": "jnp.max"}[m.node.op]
+        fn = _REDUCE_FN[m.node.op]
         if cfg.block_cols == 1:
             text = f"{name}.astype({dtype_source(m.node.dtype)})"
         else:
@@ -617,7 +617,6 @@ def _render_loop(em, kernel, bodies, reds, rowwise, p, cfg):
 
 
 def _wrap_kernel(kernel: Kernel, schedule: Schedule, cfg, em: _KernelEmitter, body: str) -> RenderedKernel:
-    graph = schedule.graph
     w = SourceWriter()
     w.line(f"# kernel {kernel.name}: {kernel.kind}, {kernel.rows} x {kernel.cols}, "
            f"block {cfg.block_rows} x {cfg.block_cols}, {'persistent' if cfg.persistent else 'looped'}")
@@ -684,7 +683,6 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Rend
     w.line()
     w.line(f"def call({', '.join(graph.inputs)}):")
     with w.indent():
-        rendered = {k.name: k for k in kernels}
         for step in schedule.steps:
             if isinstance(step, Kernel):
                 outs = [f"{m.name}" for m in step.members if m.store]
