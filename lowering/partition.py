@@ -153,17 +153,8 @@ def _read(env, v):
     return v.val if isinstance(v, jex_core.Literal) else env[v]
 
 
-# Primitives that derivatives emit (jax 0.11: tanh's) and that have no lowering
-# rule, written with primitives that have one (AOTAutograd's decompositions):
-# as XLA externs they could not be recomputed, nor fused with their neighbours.
-DECOMPOSITIONS: dict[str, Callable] = {
-    "one_minus_square": lambda x: (1 + x) * (1 - x),
-}
-
-
 def _eval_inlined(jaxpr, consts, args):
-    """Evaluate a jaxpr, evaluating call-like equations' bodies in place and
-    decomposing the primitives in ``DECOMPOSITIONS``."""
+    """Evaluate a jaxpr, evaluating call-like equations' bodies in place."""
     env = dict(zip(jaxpr.constvars, consts))
     env.update(zip(jaxpr.invars, args))
     for eqn in jaxpr.eqns:
@@ -171,8 +162,6 @@ def _eval_inlined(jaxpr, consts, args):
         body = trace.inlined_body(eqn)
         if body is not None:
             outs = _eval_inlined(body[0], body[1], invals)
-        elif eqn.primitive.name in DECOMPOSITIONS and eqn.primitive.name not in RULES:
-            outs = [DECOMPOSITIONS[eqn.primitive.name](*invals)]
         else:
             outs = _bind(eqn, invals)
         env.update(zip(eqn.outvars, outs))
@@ -338,4 +327,4 @@ def partition(joint: Joint, method: str = "min_cut") -> Partition:
                      joint.diff_inputs, joint.ct_outputs)
 
 
-__all__ = ["DECOMPOSITIONS", "PARTITIONERS", "Joint", "Partition", "Saved", "joint_jaxpr", "partition", "recomputable"]
+__all__ = ["PARTITIONERS", "Joint", "Partition", "Saved", "joint_jaxpr", "partition", "recomputable"]

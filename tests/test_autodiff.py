@@ -260,26 +260,16 @@ def test_grad_of_grad_falls_back_to_xla(rng, caplog):
     assert pallaskit.metrics.counters["autodiff_fallbacks"] >= 1
 
 
-def test_decomposed_primitives_are_recomputed():
-    """jax 0.11 differentiates tanh with ``one_minus_square``, which has no
-    lowering rule: the joint graph writes it with pointwise ops, so the
-    backward recomputes it instead of saving it. A stand-in primitive of that
-    name exercises the same path on any jax."""
-    from jax.extend.core import Primitive
-    from jax.interpreters import ad
-
-    if "one_minus_square" in partition.RULES:
-        pytest.skip("one_minus_square has a lowering rule")
-    prim = Primitive("one_minus_square")
-    prim.def_impl(lambda x: (1 + x) * (1 - x))
-    prim.def_abstract_eval(lambda x: x)
-    ad.defjvp(prim, lambda g, x: -2 * g * x)
-
+def test_tanh_derivative_is_recomputed():
+    """tanh's derivative (jax 0.11: ``one_minus_square``) has a lowering rule,
+    so the backward recomputes tanh from the argument instead of saving it."""
     def f(x):
-        return [jnp.sum(prim.bind(jnp.tanh(x)))]
+        return [jnp.sum(jnp.tanh(x) * 3.0)]
 
     x = jax.ShapeDtypeStruct((6, 37), jnp.float32)
-    joint = partition.joint_jaxpr(f, [x], [True])
-    assert "one_minus_square" not in {e.primitive.name for e in joint.jaxpr.jaxpr.eqns}
     cut = _saved(f, x, method="min_cut")
     assert [s.origin for s in cut.saved] == ["argument 0"]
+    xv = _normal(np.random.default_rng(3), (6, 37), jnp.float32)
+    g = pallaskit.jit(jax.grad(lambda y: f(y)[0]))
+    assert pallaskit.explain(g, xv).fallbacks == []
+    assert_close(g(xv), jax.jit(jax.grad(lambda y: f(y)[0]))(xv))

@@ -63,6 +63,7 @@ class OpInfo:
     tol: str = "default"
     allow_nonfinite: bool = False  # reference may hold inf/nan (else it must be finite)
     xfail: tuple = ()  # ((dtype or None, shape or None, reason), ...): None matches all
+    skip: str = ""  # why every case is skipped on this jax (a primitive it does not have)
 
 
 # --------------------------------------------------------------------------- #
@@ -210,6 +211,8 @@ op("log", "log", jnp.log, args(uniform(0.01, 20.0)))
 op("log1p", "log1p", jnp.log1p, args(uniform(-0.9, 10.0)))
 op("expm1", "expm1", jnp.expm1, args(normal(1.5)))
 op("tanh", "tanh", jnp.tanh, args(normal(2.0)), shapes=WITH_SCALAR)
+op("one_minus_square", "one_minus_square", lambda x: lax.one_minus_square(x), args(uniform(-1.5, 1.5)),
+   skip="" if hasattr(lax, "one_minus_square") else f"jax {jax.__version__} has no one_minus_square (jax >= 0.11)")
 op("logistic", "logistic", jax.nn.sigmoid, args(normal(3.0)))
 op("sqrt", "sqrt", jnp.sqrt, args(uniform(0.01, 50.0)))
 op("rsqrt", "rsqrt", lax.rsqrt, args(uniform(0.01, 50.0)))
@@ -405,6 +408,8 @@ def _cases():
                 marks = [pytest.mark.xfail(strict=True, reason=reason)
                          for xd, xs, reason in info.xfail
                          if (xd is None or np.dtype(xd) == dt) and (xs is None or tuple(xs) == shape)]
+                if info.skip:
+                    marks = [pytest.mark.skip(reason=info.skip)]
                 out.append(pytest.param(info, dt, shape, id=cid, marks=marks[:1]))
     return out
 

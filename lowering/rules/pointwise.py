@@ -73,3 +73,16 @@ def _add_any(ctx, eqn, x, y):
     aval = eqn.outvars[0].aval
     idx = ctx.symbols(len(aval.shape))
     return [ctx.pointwise(aval, ir.Op("add", (ctx.load(x, idx), ctx.load(y, idx)), np.dtype(aval.dtype)))]
+
+
+@register_lowering("one_minus_square", kind="pointwise", note="(1 + x) * (1 - x); jax >= 0.11 (tanh's derivative)")
+def _one_minus_square(ctx, eqn, x):
+    # Written as XLA writes it, (1 + x) * (1 - x): it is exact near |x| = 1,
+    # where 1 - x * x loses the low bits.
+    aval = eqn.outvars[0].aval
+    dtype = np.dtype(aval.dtype)
+    idx = ctx.symbols(len(aval.shape))
+    v = ctx.load(x, idx)
+    one = ir.Const(1.0, dtype)
+    body = ir.Op("mul", (ir.Op("add", (one, v), dtype), ir.Op("sub", (one, v), dtype)), dtype)
+    return [ctx.pointwise(aval, body)]
