@@ -489,7 +489,52 @@ def _to_kernel(g: _Group, index: int, graph) -> Kernel:
     for m in g.members:
         origin += [o for o in _origins(graph, m) if o not in origin]
     programs = max((m.node.programs for m in g.members if m.role == "column"), default=0)
-    return Kernel(name, g.kind, g.rows, g.cols, g.members, sorted(g.reads()), origin, programs)
+    rows, cols, members = g.rows, g.cols, g.members
+    if g.kind == "pointwise":
+        rows, cols, members = _pointwise_iteration(g)
+    return Kernel(name, g.kind, rows, cols, members, sorted(g.reads()), origin, programs)
+
+
+def _pointwise_iteration(g: _Group) -> tuple[int, int, list[Member]]:
+    """Rows x columns of a pointwise kernel.
+
+    A pointwise group iterates its shape flat (one row) unless it loads a
+    broadcast operand: a per-channel scale ``s[c]`` read by a kernel over
+    (n, h, w, c) is a ``% c`` gather in flat iteration, but a (1, BLOCK_C)
+    load when the domain is split into rows (n, h, w) and columns (c). The
+    split is the one that makes the most broadcast loads depend on the rows
+    alone or on the columns alone (their dims are exactly a prefix or a suffix
+    of the shape; size-1 dims do not count)."""
+    shape = g.domain
+    n = len(shape)
+    wide = [k for k in range(n) if shape[k] != 1]
+    produced = g.produces()
+    votes: dict[int, int] = {}
+    for m in g.members:
+        pos = {s: k for k, s in enumerate(m.node.symbols)}
+        for ld in ir.loads(m.body):
+            if ld.buffer in produced:
+                continue
+            used = set()
+            for i in ld.index:
+                used |= {pos[s] for s in getattr(sympy.sympify(i), "free_symbols", ()) if s in pos}
+            used &= set(wide)
+            if not used or used == set(wide):
+                continue
+            if used == set(wide[:len(used)]):  # a prefix: one value per row
+                split = wide[len(used) - 1] + 1
+            elif used == set(wide[-len(used):]):  # a suffix: one value per column
+                split = wide[-len(used)]
+            else:
+                continue
+            votes[split] = votes.get(split, 0) + 1
+    if not votes:
+        return g.rows, g.cols, g.members
+    split = max(votes, key=lambda k: (votes[k], -k))
+    rows, cols = shape[:split], shape[split:]
+    members = [dataclasses.replace(m, coords=dict(zip(m.node.symbols, sizes.unravel(XR, rows) + sizes.unravel(XC, cols))))
+               for m in g.members]
+    return sizes.numel(rows), sizes.numel(cols), members
 
 
 def _origins(graph, m: Member) -> list[str]:

@@ -53,6 +53,19 @@ def test_retrace_on_new_shape_and_cache_hit(rng):
     assert pallaskit.metrics.counters["graphs_compiled"] == 2
 
 
+def test_steady_state_calls_take_the_fast_path(rng):
+    """Repeat calls on concrete arrays skip the argument checks: one entry per
+    (structure, avals), and a new dtype, shape or pytree structure is a new
+    signature, never a reuse of another one's executable."""
+    f = pallaskit.jit(lambda t: {"y": t["a"] * 2.0 + t["b"]})
+    a = jnp.asarray(rng.standard_normal((3, 5)), jnp.float32)
+    cases = [{"a": a, "b": a}, {"a": a, "b": a[0]}, {"a": a.astype(jnp.bfloat16), "b": a}, {"a": a, "b": a}]
+    for t in cases * 2:
+        assert_close(f(t)["y"], jax.jit(lambda t: t["a"] * 2.0 + t["b"])(t))
+    assert len(f._fast) == 3 and len(f._cache) == 3
+    assert pallaskit.metrics.counters["graphs_compiled"] == 3
+
+
 def test_static_args_key_the_cache(rng):
     calls = []
 
