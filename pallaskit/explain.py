@@ -12,6 +12,7 @@ class KernelInfo:
     source: str
     equations: list[str]
     kind: str
+    iteration: tuple[int, int]  # (rows, columns) of the kernel's iteration space
 
 
 @dataclasses.dataclass
@@ -27,7 +28,7 @@ class Explanation:
         lines = [f"{len(self.kernels)} kernel(s), {len(self.fallbacks)} XLA fallback primitive(s)"
                  + (f": {', '.join(self.fallbacks)}" if self.fallbacks else "")]
         for k in self.kernels:
-            lines.append(f"- {k.name} ({k.kind}) from {len(k.equations)} equation(s):")
+            lines.append(f"- {k.name} ({k.kind}, {k.iteration[0]} x {k.iteration[1]}) from {len(k.equations)} equation(s):")
             lines += [f"    {e}" for e in k.equations]
         lines += ["", "schedule:", self.ir_after]
         return "\n".join(lines)
@@ -44,8 +45,9 @@ def explain(fn, *args, **kwargs) -> Explanation:
 
 def _describe(entry) -> Explanation:
     r = entry.result
-    kinds = {k.name: k.kind for k in r.schedule.kernels}
-    kernels = [KernelInfo(k.name, k.source, k.equations, kinds[k.name]) for k in r.program.kernels]
+    sched = {k.name: k for k in r.schedule.kernels}
+    kernels = [KernelInfo(k.name, k.source, k.equations, sched[k.name].kind, (sched[k.name].rows, sched[k.name].cols))
+               for k in r.program.kernels]
     return Explanation(kernels, list(r.fallbacks), str(entry.jaxpr), r.ir_before, r.ir_after, r.program.source)
 
 

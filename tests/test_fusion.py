@@ -50,6 +50,25 @@ def test_pointwise_chain_of_ten_is_one_kernel(rng, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ["elementwise", "per_column", "per_row", "middle", "size1"])
+def test_pointwise_iteration_follows_broadcast_operands(rng, dtype, case):
+    """A pointwise kernel iterates flat unless a broadcast operand depends on a
+    prefix (one value per row) or a suffix (per column) of the dims."""
+    x = jnp.asarray(rng.standard_normal((5, 6, 37)), dtype)
+    shaped = {"elementwise": (5, 6, 37), "per_column": (1, 1, 37), "per_row": (5, 6, 1),
+              "middle": (1, 6, 1), "size1": (5, 1, 37)}[case]
+    v = jnp.asarray(rng.standard_normal(shaped), dtype)
+    e = _check(lambda a, b: jnp.tanh(a * b) + b, x, v)
+    assert len(e.kernels) == 1
+    want = {"elementwise": (1, 5 * 6 * 37), "per_column": (30, 37), "per_row": (30, 37),
+            # (5, 6, 37) * (1, 6, 1): dim 1 alone is neither a prefix nor a suffix
+            "middle": (1, 5 * 6 * 37),
+            # (5, 1, 37) on a (5, 6, 37) domain reads dims 0 and 2: not a prefix or suffix either
+            "size1": (1, 5 * 6 * 37)}[case]
+    assert e.kernels[0].iteration == want
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(33, 100), (4, 1, 257), (1, 7)])
 def test_softmax_last_axis_is_one_kernel(rng, dtype, shape):
     x = jnp.asarray(rng.standard_normal(shape) * 3, dtype)

@@ -244,6 +244,8 @@ def test_nhwc_transposes_cancel(dtype, rng):
     b = jnp.asarray(rng.standard_normal((1, 96, 1, 1)), dtype)
     e = pallaskit.explain(nhwc_block, x, s, b)
     assert len(e.kernels) == 1 and e.kernels[0].kind == "pointwise"
+    # Rows (n, h, w) x columns (c): the per-channel s and b are (1, BLOCK_C) loads.
+    assert e.kernels[0].iteration == (2 * 5 * 3, 96)
     # Both outputs are stored in x's own (NHWC) order: the load of x is at the
     # kernel's own linear position, so nothing is transposed.
     assert "arg0[i0, i1, i2, i3]" in e.ir_after

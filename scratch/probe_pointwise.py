@@ -1,0 +1,108 @@
+"""GPU probe: pointwise tiles for the NHWC block (2-D iteration) and the flat
+pointwise chain; dispatch cost of pallaskit.jit against jax.jit.
+
+PYTHONPATH=. python scratch/probe_pointwise.py  (writes $OUT/probe_pointwise.json)
+"""
+import json, os, sys, time
+sys.path.insert(0, os.path.dirname(__file__))
+import jax, jax.numpy as jnp, numpy as np
+import pallaskit
+from lowering import heuristics as H
+from benchmarks.workloads import pointwise_chain
+from probe_mix import bench, errs
+
+OUT = os.environ.get("OUT", "/tmp")
+RESULTS = []
+ORIG = H.pointwise_config
+
+
+def emit(row):
+    RESULTS.append(row)
+    print(json.dumps(row), flush=True)
+
+
+def tiles(elems, warps):
+    def cfg(rows, cols):
+        bc = min(H.next_power_of_2(cols), elems)
+        br = min(H.next_power_of_2(rows), max(1, elems // bc))
+        return H.TileConfig(br, bc, warps, True)
+    return cfg
+
+
+def host_us(f, args, n=300):
+    jax.block_until_ready(f(*args))
+    t0 = time.perf_counter()
+    for _ in range(n):
+        out = f(*args)
+    t1 = time.perf_counter()
+    jax.block_until_ready(out)
+    return (t1 - t0) / n * 1e6
+
+
+def run(name, variant, f, args, floor, ref, cfg=None, staged=False):
+    H.pointwise_config = cfg or ORIG
+    try:
+        with pallaskit.config.override(cache=False):
+            pf = pallaskit.jit(f)
+            g = jax.jit(lambda *a: pf(*a)) if staged else pf
+            e = errs(g(*args), ref)
+            ms = bench(g, args, n=50, rounds=9)
+            hu = host_us(g, args)
+        emit(dict(name=name, variant=variant, ms=round(ms, 4), floor_ms=round(floor, 4), frac=round(floor / ms, 3),
+                  host_us_per_call=round(hu, 1), err=e))
+    except Exception as ex:
+        emit(dict(name=name, variant=variant, error=f"{type(ex).__name__}: {str(ex)[:300]}"))
+    finally:
+        H.pointwise_config = ORIG
+
+
+def main():
+    rng = np.random.default_rng(0)
+    bf = jnp.bfloat16
+    xn = jnp.asarray(rng.standard_normal((32, 25, 25, 1024)), bf)
+    s = jnp.asarray(rng.standard_normal((1, 1024, 1, 1)), bf)
+    b = jnp.asarray(rng.standard_normal((1, 1024, 1, 1)), bf)
+
+    def nhwc(x, s, b):
+        t = jnp.transpose(x, (0, 3, 1, 2)) * s + b
+        return jnp.transpose(jax.nn.relu(t), (0, 2, 3, 1)), jnp.transpose(t > 0, (0, 2, 3, 1))
+
+    def plain_relu(x, s, b):
+        return jax.nn.relu(x * s.reshape(1, 1, 1, 1024) + b.reshape(1, 1, 1, 1024))
+
+    n = xn.size
+    for nm, f, nbytes in (("nhwc", nhwc, 5 * n), ("plain_relu_nhwc", plain_relu, 4 * n)):
+        floor = nbytes / 3.0e12 * 1e3
+        args = (xn, s, b)
+        ref = jax.jit(f)(*args)
+        xla = jax.jit(f)
+        emit(dict(name=nm, variant="xla", ms=round(bench(xla, args, n=50, rounds=9), 4), floor_ms=round(floor, 4),
+                  host_us_per_call=round(host_us(xla, args), 1)))
+        run(nm, "pallaskit", f, args, floor, ref)
+        run(nm, "pallaskit in jax.jit", f, args, floor, ref, staged=True)
+        for elems, warps in ((2048, 4), (2048, 8), (4096, 8), (8192, 8), (1024, 2)):
+            run(nm, f"tiles {elems}/{warps}w in jax.jit", f, args, floor, ref, cfg=tiles(elems, warps), staged=True)
+
+    M, N = 576000, 384
+    x = jnp.asarray(rng.standard_normal((M, N)), bf)
+    y = jnp.asarray(rng.standard_normal((M, N)), bf)
+    floor = 3 * M * N * 2 / 3.0e12 * 1e3
+    ref = jax.jit(pointwise_chain)(x, y)
+    emit(dict(name="pointwise_chain", variant="xla", ms=round(bench(jax.jit(pointwise_chain), (x, y)), 4),
+              floor_ms=round(floor, 4)))
+    run("pointwise_chain", "pallaskit", pointwise_chain, (x, y), floor, ref)
+    for elems, warps in ((2048, 4), (2048, 8), (4096, 4), (4096, 8), (8192, 8), (512, 4)):
+        run("pointwise_chain", f"tiles {elems}/{warps}w", pointwise_chain, (x, y), floor, ref, cfg=tiles(elems, warps))
+
+    small = jnp.asarray(rng.standard_normal((8, 128)), jnp.float32)
+    add = lambda a, c: a * 2.0 + c
+    emit(dict(name="dispatch 8x128", variant="xla", host_us_per_call=round(host_us(jax.jit(add), (small, small)), 1)))
+    with pallaskit.config.override(cache=False):
+        emit(dict(name="dispatch 8x128", variant="pallaskit",
+                  host_us_per_call=round(host_us(pallaskit.jit(add), (small, small)), 1)))
+    with open(os.path.join(OUT, "probe_pointwise.json"), "w") as fh:
+        json.dump(RESULTS, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
