@@ -1,0 +1,41 @@
+"""GPU probe 4: mix kernels with the loop-invariant loads hoisted (now the
+default), against software pipelining (num_stages) and programs per SM.
+
+PYTHONPATH=. python scratch/probe_mix4.py  (writes $OUT/probe_mix4.json)
+"""
+import json, os, sys
+sys.path.insert(0, os.path.dirname(__file__))
+import jax.numpy as jnp, numpy as np
+import jax
+from lowering import heuristics as H
+from norms import layernorm_fwd_bwd, rmsnorm_bwd_vjp
+import probe_mix3
+from probe_mix3 import per_sm, restore, run, whole
+
+OUT = os.environ.get("OUT", "/tmp")
+
+
+def main():
+    rng = np.random.default_rng(0)
+    bf = jnp.bfloat16
+    M, N = 576000, 384
+    x = jnp.asarray(rng.standard_normal((M, N)), bf)
+    dy = jnp.asarray(rng.standard_normal((M, N)), bf)
+    w = jnp.asarray(rng.standard_normal(N), bf)
+    b = jnp.asarray(rng.standard_normal(N), bf)
+    for name, f, args, nbytes in (("rmsnorm_bwd", rmsnorm_bwd_vjp, (x, w, dy), 3),
+                                  ("layernorm_fwd_bwd", layernorm_fwd_bwd, (x, w, b, dy), 4)):
+        floor = nbytes * M * N * 2 / 3.0e12 * 1e3
+        ref = jax.jit(f)(*args)
+        run(name, "default", f, args, floor, ref)
+        for pps, br, wp, st in ((16, 1, 1, 2), (16, 1, 1, 3), (12, 1, 1, 1), (20, 1, 1, 1), (24, 1, 1, 1),
+                                (16, 2, 2, 1), (8, 2, 2, 2), (16, 1, 2, 1)):
+            H._programs_per_sm, H.mix_config = per_sm(pps), whole(br, wp, st)
+            run(name, f"pps{pps}_br{br}_w{wp}_st{st}", f, args, floor, ref)
+        restore()
+    with open(os.path.join(OUT, "probe_mix4.json"), "w") as fh:
+        json.dump(probe_mix3.RESULTS, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
