@@ -509,12 +509,11 @@ def _render_mix(em: _KernelEmitter, kernel: Kernel, bodies, cfg):
         accs.append((name, acc_dt, m))
     carry = ", ".join(a for a, _, _ in accs) + ("," if len(accs) == 1 else "")
     n_iter = -(-(-(-kernel.rows // cfg.block_rows)) // kernel.programs)
-    # Values that do not change from one row block to the next (a norm's
-    # weight, converted) are computed once, before the loop: Triton does not
-    # hoist the loads itself, since the loop's stores might alias them.
-    for m in kernel.members:
-        for e in _column_only(bodies[m.name], kernel):
-            em.value(e)
+    # Loads that do not depend on the row (a norm's weight) stay inside the
+    # loop: hoisted, they hold registers for the whole loop and cost one-warp
+    # programs occupancy (H100, scratch/probe_mix4.py: RMSNorm backward 0.503
+    # -> 0.512 ms, LayerNorm forward+backward 0.80 -> 0.90 ms); in the loop
+    # they hit L1.
     w.line("def row_block(step, carry):")
     with w.indent():
         w.line(f"{carry} = carry")
@@ -550,32 +549,6 @@ def _render_mix(em: _KernelEmitter, kernel: Kernel, bodies, cfg):
         if em.interpret:
             off = em.bind(("oob", off, "cmask"), f"jnp.where(cmask, {off}, {m.node.numel})", frozenset("c"), "idx")[0]
         w.line(f"plt.store({em.out_refs[m.name]}.at[{off}], {fn}({name}, axis=0, keepdims=True), mask=cmask)")
-
-
-def _column_only(body: ir.Expr, kernel: Kernel) -> list[ir.Expr]:
-    """The largest subexpressions of ``body`` (kernel coordinates) that depend
-    on the column alone: loads from memory at an index without ``xr``, and
-    operations on those."""
-    col = {}
-    for e in ir.walk(body):
-        if isinstance(e, ir.Load):
-            syms = set()
-            for i in e.index:
-                syms |= getattr(sympy.sympify(i), "free_symbols", set())
-            if e.mask is not None:
-                syms |= getattr(e.mask, "free_symbols", set())
-            col[e] = e.buffer in kernel.reads and XR not in syms
-        elif isinstance(e, ir.Op):
-            col[e] = all(col[a] for a in e.args) and any(col[a] and not isinstance(a, ir.Const) for a in e.args)
-        else:
-            col[e] = isinstance(e, ir.Const)
-    out = []
-    for e in ir.walk(body):
-        if col[e] and not isinstance(e, ir.Const) and e not in out:
-            out.append(e)
-    # keep the largest: drop those that are arguments of another kept one
-    inner = {a for e in out if isinstance(e, ir.Op) for a in e.args}
-    return [e for e in out if e not in inner]
 
 
 def _row_ready(m, em, kernel):
