@@ -1,19 +1,26 @@
 """pallaskit's compiler: jaxpr → IR → schedule → kernel sources. A pure function
-of its inputs and a ``CompileOptions``; it keeps no state and reads no environment."""
+of its inputs and a ``CompileOptions``; it keeps no state and reads no environment.
+
+Importing the package loads only the options: the passes (and sympy, Pallas
+and the rule tables they import) load on the first ``compile_jaxpr``, so a
+process whose graphs all come from pallaskit's on-disk cache never imports them.
+The passes themselves: ``lowering.lower.lower``, ``lowering.scheduler.schedule``,
+``lowering.codegen.pallas.render``."""
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
-from lowering import ir
-from lowering.codegen import pallas
-from lowering.lower import lower
 from lowering.options import CompileOptions
-from lowering.scheduler import Schedule, schedule
+
+if TYPE_CHECKING:
+    from lowering.codegen.pallas import RenderedProgram
+    from lowering.scheduler import Schedule
 
 
 @dataclasses.dataclass
 class CompileResult:
-    program: pallas.RenderedProgram
+    program: RenderedProgram
     schedule: Schedule
     fallbacks: list[str]
     ir_before: str  # the IR as lowered
@@ -21,6 +28,8 @@ class CompileResult:
 
 
 def format_schedule(s: Schedule) -> str:
+    from lowering import ir
+
     lines = []
     for step in s.steps:
         if isinstance(step, ir.Extern):
@@ -33,10 +42,14 @@ def format_schedule(s: Schedule) -> str:
 
 
 def compile_jaxpr(closed_jaxpr, options: CompileOptions, title: str = "") -> CompileResult:
+    from lowering.codegen import pallas
+    from lowering.lower import lower
+    from lowering.scheduler import schedule
+
     lowered = lower(closed_jaxpr)
     sched = schedule(lowered.graph, options)
     program = pallas.render(sched, options, title)
     return CompileResult(program, sched, lowered.fallbacks, lowered.graph.format(), format_schedule(sched))
 
 
-__all__ = ["CompileOptions", "CompileResult", "compile_jaxpr", "lower", "schedule"]
+__all__ = ["CompileOptions", "CompileResult", "compile_jaxpr", "format_schedule"]

@@ -28,18 +28,24 @@ from __future__ import annotations
 import dataclasses
 import logging
 import weakref
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
 from jax.custom_derivatives import SymbolicZero
-from jax.extend import core as jex_core
 
-from lowering import partition as partition_mod
 from pallaskit import metrics
 from pallaskit.config import config
+
+# jax.extend imports all of its modules, Pallas among them (~40 ms), and the
+# compiler's modules import sympy: both load on first use, so that a process
+# whose plain calls are all served by the graph cache imports neither.
+if TYPE_CHECKING:
+    from jax.extend import core as jex_core
+
+    from lowering import partition as partition_mod
 
 log = logging.getLogger("pallaskit")
 
@@ -287,6 +293,10 @@ def grad_entry(sig: _Signature, perturbed: tuple[bool, ...], method: str) -> Gra
     k = ("grad", sig.key, perturbed, method)
     entry = store.get(k)
     if entry is None:
+        from jax.extend import core as jex_core
+
+        from lowering import partition as partition_mod
+
         joint = partition_mod.joint_jaxpr(sig.flat, sig.avals, perturbed)
         part = partition_mod.partition(joint, method)
         fwd = jex_core.jaxpr_as_fun(part.forward)
@@ -296,6 +306,8 @@ def grad_entry(sig: _Signature, perturbed: tuple[bool, ...], method: str) -> Gra
 
 
 def _backward_fn(entry: GradEntry, mask):
+    from jax.extend import core as jex_core
+
     from pallaskit.api import JitFunction
 
     part = entry.partition
@@ -443,6 +455,8 @@ def _call_jvp(sig: _Signature, leaves):
 def _batched_outputs(sig: _Signature, in_batched) -> list[bool]:
     """Which outputs depend on a batched input: those are batched, the others
     are not (``jax.jacfwd`` needs its primal output unbatched)."""
+    from jax.extend import core as jex_core
+
     closed = sig.jaxpr()
     batched = {v for v, b in zip(closed.jaxpr.invars, in_batched) if b}
     for eqn in closed.jaxpr.eqns:
@@ -475,6 +489,8 @@ def _call_vmap(sig: _Signature, leaves):
 def explain_entry(jf, args, kwargs, method: str | None = None) -> GradEntry:
     """The reverse-mode entry of ``jf`` at these arguments, differentiated with
     respect to every inexact argument leaf (for ``pallaskit.explain_grad``)."""
+    from lowering import partition as partition_mod
+
     method = method or config.partitioner
     if method not in partition_mod.PARTITIONERS:
         raise ValueError(f"unknown partitioner {method!r}; valid: {', '.join(partition_mod.PARTITIONERS)}")

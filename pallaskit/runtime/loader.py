@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import hashlib
 import linecache
+from typing import TYPE_CHECKING
 
-from lowering.codegen.pallas import RenderedProgram
+if TYPE_CHECKING:
+    from lowering.codegen.pallas import RenderedProgram
 
 
 def _extern_callable(primitive, params):
