@@ -153,6 +153,7 @@ class JitFunction:
         t0 = time.perf_counter()
         structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
         closed = jax.make_jaxpr(flat_fn)(*structs)
+        metrics.counters["trace_seconds"] += time.perf_counter() - t0
         title = getattr(self.fn, "__qualname__", "fn")
 
         def build():
@@ -251,8 +252,9 @@ _SCALARS = (bool, int, float, complex, np.generic)
 def _array_type() -> type:
     """The type of concrete arrays (``jax.Array`` is an abstract base that
     tracers also pass); found on first use, not at import, to leave backend
-    initialization to the user."""
-    return type(jax.numpy.zeros(()))
+    initialization to the user. A transfer, not ``jnp.zeros``: that is an XLA
+    compilation (~15 ms) on the first call of every process."""
+    return type(jax.device_put(np.zeros((), np.float32)))
 
 
 def _abstractify(leaf, where: str):

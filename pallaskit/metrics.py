@@ -40,6 +40,11 @@ COUNTER_NAMES = (
     "cache_hits",  # graphs served by the on-disk cache
     "cache_misses",  # graphs compiled with the cache on and no valid entry
     "compile_seconds",  # wall time spent in pallaskit's compile path (trace, key, load or compile)
+    # where compile_seconds went (the cache's parts only when the cache is on):
+    "trace_seconds",  # tracing the function to a jaxpr
+    "cache_key_seconds",  # hashing the jaxpr, its constants and the environment into a cache key
+    "cache_read_seconds",  # reading and checking an entry (also when there is none)
+    "cache_load_seconds",  # making a hit's entry runnable: deserializing the executable, constants to the device
 )
 
 # Replayed from a cache entry on a hit; everything else describes this process.

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +21,10 @@ from pallaskit import cache
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A fresh process: RMSNorm backward through jax.vjp (pytrees, a custom-jvp free
-# but non-trivial jaxpr), run once; prints its counters, saves its outputs.
+# but non-trivial jaxpr), run once; prints its counters and the compiler-side
+# modules it imported (HEAVY_MODULES), saves its outputs.
+HEAVY_MODULES = ("sympy", "networkx", "lowering.lower", "lowering.scheduler", "lowering.codegen.pallas",
+                 "lowering.partition", "jax.extend", "jax.experimental.pallas")
 _CHILD = textwrap.dedent("""
     import json, os, sys
     os.environ["JAX_PLATFORMS"] = "cpu"
@@ -40,8 +44,9 @@ _CHILD = textwrap.dedent("""
     w = jnp.asarray(rng.standard_normal((100,)), jnp.float32)
     dx, dw = pallaskit.jit(rms_bwd)(x, w, g)
     np.save(sys.argv[1], np.concatenate([np.asarray(dx).ravel(), np.asarray(dw)]))
-    print(json.dumps(dict(pallaskit.metrics.counters)))
-""")
+    heavy = [m for m in %r if m in sys.modules]
+    print(json.dumps(dict(pallaskit.metrics.counters, heavy_modules=heavy)))
+""" % (HEAVY_MODULES,))
 
 
 def _spawn(cache_dir, out):
@@ -65,8 +70,10 @@ def _entries(cache_dir):
 def test_warm_start_in_a_fresh_process_compiles_nothing(tmp_path):
     cold = _finish(_spawn(tmp_path, tmp_path / "cold.npy"))
     assert cold["cache_misses"] == 1 and cold["cache_hits"] == 0 and cold["kernels_compiled"] >= 1
+    assert "sympy" in cold["heavy_modules"]  # the child does see a compilation's imports
     warm = _finish(_spawn(tmp_path, tmp_path / "warm.npy"))
     assert warm["kernels_compiled"] == 0 and warm["cache_hits"] == 1 and warm["cache_misses"] == 0
+    assert warm["heavy_modules"] == []  # a hit imports neither the compiler nor Pallas
     # the code statistics are replayed from the entry
     for name in pallaskit.metrics.COMPILE_DELTA_NAMES:
         assert warm[name] == cold[name], name
@@ -252,3 +259,127 @@ def test_stats_and_clear_commands(tmp_path, rng, capsys):
     assert main(["clear", "--dir", str(tmp_path)]) == 0
     assert "removed 1 entries" in capsys.readouterr().out
     assert _entries(tmp_path) == []
+
+
+# --------------------------------------------------------------------------- #
+# The environment part of the key (sources, distributions) and its stamp
+# --------------------------------------------------------------------------- #
+@pytest.fixture
+def sources(tmp_path, monkeypatch):
+    """A stand-in source tree for the hash (so a test can edit "pallaskit's
+    sources"), with the per-process environment forgotten before and after."""
+    root = tmp_path / "src"
+    for rel, text in {"pallaskit/a.py": "A = 1\n", "lowering/b.py": "B = 2\n", "lowering/rules/c.py": "C = 3\n",
+                      "lowering/__pycache__/b.cpython-311.pyc": "ignored", "lowering/notes.txt": "ignored"}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    monkeypatch.setattr(cache, "_PACKAGE_ROOT", str(root))
+    cache.environment.cache_clear()
+    yield root
+    cache.environment.cache_clear()
+
+
+def _stamps(cache_dir):
+    folder = os.path.join(cache_dir, "env")
+    return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+
+
+def _edit_keeping_size_and_mtime(path, text):
+    """What an mtime-preserving copy (cp -p, rsync -a, tar) can do: new
+    content, same size, same mtime. Only ctime (and maybe the inode) tell."""
+    st = os.stat(path)
+    assert len(text) == st.st_size
+    with open(path, "w") as f:
+        f.write(text)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_environment_stamp_is_used_and_checked(tmp_path, sources, monkeypatch):
+    pallaskit.config.update(cache_dir=str(tmp_path))
+    monkeypatch.setattr(cache, "RACY_S", 0.0)  # the files were written just now
+    env = cache.environment()
+    assert [rel for rel, _ in cache._source_files()] == ["lowering/b.py", "lowering/rules/c.py", "pallaskit/a.py"]
+    (stamp,) = _stamps(tmp_path)
+    cache.environment.cache_clear()  # a new process, same files: the stamp answers, nothing is read
+    with monkeypatch.context() as m:
+        m.setattr(cache, "_content_hash", lambda files: pytest.fail("hashed the sources despite a stamp"))
+        m.setattr(cache, "_dist_versions", lambda: pytest.fail("asked importlib despite a stamp"))
+        assert cache.environment() == env
+    # a damaged stamp is not believed
+    path = os.path.join(tmp_path, "env", stamp)
+    damaged = json.loads(_read(path))
+    damaged["code"] = "0" * 64
+    with open(path, "w") as f:
+        json.dump(damaged, f)
+    cache.environment.cache_clear()
+    assert cache.environment()["code"] == env["code"]
+    assert json.loads(_read(path)) == env  # and rewritten
+
+
+def test_no_stamp_for_files_changed_within_racy_window(tmp_path, sources):
+    pallaskit.config.update(cache_dir=str(tmp_path))
+    assert cache.RACY_S > 0
+    env = cache.environment()  # the files are seconds old: hashed, not stamped
+    assert _stamps(tmp_path) == [] and len(env["code"]) == 64
+
+
+def test_edited_source_changes_the_key_even_with_size_and_mtime_kept(tmp_path, sources, monkeypatch):
+    pallaskit.config.update(cache_dir=str(tmp_path))
+    monkeypatch.setattr(cache, "RACY_S", 0.0)
+    before = cache.environment()
+    cache.environment.cache_clear()
+    _edit_keeping_size_and_mtime(sources / "lowering" / "b.py", "B = 3\n")
+    after = cache.environment()
+    assert after["sig"] != before["sig"] and after["code"] != before["code"]
+    assert len(_stamps(tmp_path)) == 2
+    # a source file added or removed changes the hash too
+    cache.environment.cache_clear()
+    (sources / "lowering" / "d.py").write_text("")
+    assert cache.environment()["code"] not in (before["code"], after["code"])
+
+
+def test_changed_compiler_source_misses_in_a_new_process(tmp_path, rng, sources, monkeypatch):
+    """The stamp can never serve an entry compiled by other sources."""
+    pallaskit.config.update(cache_dir=str(tmp_path))
+    monkeypatch.setattr(cache, "RACY_S", 0.0)
+    args = _args(rng)
+    expected = _run(_fn, *args)
+    cache.environment.cache_clear()  # a new process, same sources: a hit
+    np.testing.assert_array_equal(_run(_fn, *args), expected)
+    assert pallaskit.metrics.counters["cache_hits"] == 1
+    _edit_keeping_size_and_mtime(sources / "pallaskit" / "a.py", "A = 2\n")
+    cache.environment.cache_clear()  # a new process after the edit: a miss, a second entry
+    np.testing.assert_array_equal(_run(_fn, *args), expected)
+    c = pallaskit.metrics.counters
+    assert c["cache_misses"] == 2 and c["cache_hits"] == 1 and len(_entries(tmp_path)) == 2
+
+
+def test_sources_changed_during_the_process_are_not_cached(tmp_path, rng, sources, monkeypatch, caplog):
+    """The key holds the hash made at this process's first key; a compiler
+    imported (lazily) after an edit must not write under it."""
+    pallaskit.config.update(cache_dir=str(tmp_path))
+    monkeypatch.setattr(cache, "_sources_changed", [])
+    cache.environment()
+    (sources / "lowering" / "b.py").write_text("B = 22\n")
+    args = _args(rng)
+    with caplog.at_level(logging.WARNING, logger="pallaskit"):
+        np.testing.assert_allclose(_run(_fn, *args), np.asarray(jax.jit(_fn)(*args)), rtol=1e-5)
+        _run(_fn, *_args(rng, rows=6))
+    assert _entries(tmp_path) == [] and pallaskit.metrics.counters["cache_misses"] == 2
+    assert caplog.text.count("sources changed while this process ran") == 1
+
+
+def test_clear_and_eviction_remove_environment_stamps(tmp_path, sources, monkeypatch):
+    pallaskit.config.update(cache_dir=str(tmp_path))
+    monkeypatch.setattr(cache, "RACY_S", 0.0)
+    cache.environment()
+    old = os.path.join(tmp_path, "env", "0" * 64 + ".json")
+    with open(old, "w") as f:
+        f.write("{}")
+    month_ago = time.time() - cache.STAMP_MAX_AGE_S - 60
+    os.utime(old, (month_ago, month_ago))
+    assert len(_stamps(tmp_path)) == 2
+    cache.evict()
+    assert len(_stamps(tmp_path)) == 1  # the old one went, the current one stays
+    cache.clear()
+    assert _stamps(tmp_path) == []

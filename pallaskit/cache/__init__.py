@@ -48,12 +48,14 @@ import pickle
 import platform
 import re
 import time
+import sys
 import uuid
 from typing import Any, Callable
 
 import filelock
 import jax
 import numpy as np
+from jax.experimental import serialize_executable
 
 from pallaskit import metrics
 from pallaskit.config import config
@@ -64,6 +66,10 @@ FORMAT = 1  # bump when the entry layout changes
 MAGIC = b"pallaskit-graph-cache\n"
 SUFFIX = ".entry"
 LOCK_TIMEOUT_S = 600.0  # a writer waits this long for another process compiling the same key
+RACY_S = 5.0  # an environment stamp vouches only for files unchanged this long (see environment())
+STAMP_MAX_AGE_S = 30 * 86400.0  # eviction deletes environment stamps written longer ago than this
+_SOURCE_PACKAGES = ("pallaskit", "lowering")  # their .py files are hashed into every key
+_DISTRIBUTIONS = ("triton", "jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin", "jax-cuda13-pjrt")
 
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -91,6 +97,10 @@ def entry_path(key: str) -> str:
     return os.path.join(graphs_dir(), key + SUFFIX)
 
 
+def env_dir() -> str:
+    return os.path.join(cache_dir(), "env")
+
+
 def enabled() -> bool:
     return bool(config.cache)
 
@@ -105,36 +115,128 @@ def _version(dist: str) -> str | None:
         return None
 
 
-@functools.lru_cache(maxsize=None)
 def versions() -> dict:
+    """Versions of what compiles and runs the program: pallaskit, jax, jaxlib,
+    Python, and the installed triton / CUDA plugin distributions (these from
+    the environment stamp, see ``environment``)."""
     import jaxlib
 
     import pallaskit
 
-    out = {"pallaskit": pallaskit.__version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__,
-           "python": platform.python_version()}
-    for dist in ("triton", "jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin", "jax-cuda13-pjrt"):
-        v = _version(dist)
-        if v is not None:
-            out[dist] = v
-    return out
+    return {"pallaskit": pallaskit.__version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+            "python": platform.python_version(), **environment()["versions"]}
+
+
+def code_hash() -> str:
+    """Content hash of pallaskit's and the compiler's source files."""
+    return environment()["code"]
+
+
+def _source_files() -> list[tuple[str, os.DirEntry]]:
+    """(path relative to the root, DirEntry) of the .py files of pallaskit and the compiler, sorted."""
+    files, folders = [], list(_SOURCE_PACKAGES)
+    while folders:
+        rel = folders.pop()
+        try:
+            listing = list(os.scandir(os.path.join(_PACKAGE_ROOT, rel)))
+        except OSError:
+            continue
+        for e in listing:
+            if e.name.endswith(".py"):
+                files.append((f"{rel}/{e.name}", e))
+            elif e.name != "__pycache__" and e.is_dir():
+                folders.append(f"{rel}/{e.name}")
+    return sorted(files, key=lambda f: f[0])
+
+
+def _content_hash(files) -> str:
+    h = hashlib.sha256()
+    for rel, e in files:
+        h.update(rel.encode())
+        with open(e.path, "rb") as f:
+            h.update(hashlib.sha256(f.read()).digest())
+    return h.hexdigest()
+
+
+def _dist_versions() -> dict:
+    return {d: v for d in _DISTRIBUTIONS if (v := _version(d)) is not None}
+
+
+def stat_signature() -> tuple[str, int]:
+    """(signature, newest timestamp in ns) of the files ``environment`` reads:
+    size, mtime, ctime and inode of every source file, and of every
+    ``sys.path`` directory (where importlib finds distributions; installing or
+    removing one changes the directory's mtime)."""
+    lines, newest = [_PACKAGE_ROOT, sys.version, repr(sys.path)], 0
+    for path, stat in [(rel, e.stat) for rel, e in _source_files()] + [(p, functools.partial(os.stat, p or "."))
+                                                                        for p in sys.path]:
+        try:
+            st = stat()
+        except OSError:
+            lines.append(f"{path} missing")
+            continue
+        lines.append(f"{path} {st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino}")
+        newest = max(newest, st.st_mtime_ns, st.st_ctime_ns)
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest(), newest
 
 
 @functools.lru_cache(maxsize=None)
-def code_hash() -> str:
-    """Hash of pallaskit's and the compiler's source files."""
-    h = hashlib.sha256()
-    for pkg in ("pallaskit", "lowering"):
-        root = os.path.join(_PACKAGE_ROOT, pkg)
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames.sort()
-            for name in sorted(filenames):
-                if name.endswith(".py"):
-                    path = os.path.join(dirpath, name)
-                    h.update(os.path.relpath(path, _PACKAGE_ROOT).encode())
-                    with open(path, "rb") as f:
-                        h.update(hashlib.sha256(f.read()).digest())
-    return h.hexdigest()
+def environment() -> dict:
+    """The key's environment part, once per process: ``code`` (content hash of
+    the sources) and ``versions`` (installed triton / CUDA plugin distributions).
+
+    [Note: environment stamp] Reading every source file and asking
+    importlib.metadata for five distributions costs a fresh process ~3 ms, on
+    the path of every warm first call. A stamp ``<cache_dir>/env/<sig>.json``
+    keeps the result under the stat signature of the files it depends on
+    (``stat_signature``), so a process whose files are unchanged only stats
+    them (~0.3 ms). An edit gives a file a new mtime/ctime (and an editor's
+    save-by-rename a new inode), a new signature, a new stamp: the content hash
+    is recomputed and an entry of the old sources can no longer match. As with
+    git's racily clean index entries, a stamp is only written once every file
+    it vouches for is older than ``RACY_S``: a file changed twice within one
+    tick of the filesystem clock keeps its timestamps, and must not be trusted
+    until that tick is safely past. Python's own .pyc check (mtime in seconds
+    and size) is weaker than this signature."""
+    sig, newest = stat_signature()
+    path = os.path.join(env_dir(), sig + ".json")
+    try:
+        with open(path) as f:
+            env = json.load(f)
+        if env.get("sig") == sig and env.get("check") == _stamp_check(env):
+            return env
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass  # none yet, or unreadable: computed and written again
+    env = {"sig": sig, "code": _content_hash(_source_files()), "versions": _dist_versions()}
+    env["check"] = _stamp_check(env)
+    if time.time_ns() - newest > RACY_S * 1e9 and stat_signature()[0] == sig:  # unchanged while hashing
+        try:
+            _write_atomic(path, json.dumps(env, sort_keys=True).encode())
+        except OSError as e:  # a read-only cache: hash every process
+            log.debug("pallaskit cache: cannot write %s (%s)", path, e)
+    return env
+
+
+def _stamp_check(env: dict) -> str:
+    return hashlib.sha256(json.dumps([env["sig"], env["code"], env["versions"]], sort_keys=True).encode()).hexdigest()
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    """Write a file through a temporary one and ``os.replace``; raises OSError."""
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".tmp-{os.getpid()}-{uuid.uuid4().hex}{os.path.splitext(path)[1]}")
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+        # No fsync: a file cut short by a crash fails its checks and is rewritten, never used.
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 @functools.lru_cache(maxsize=None)
@@ -313,21 +415,7 @@ def store(entry: Entry) -> bool:
     """Write the entry atomically, then evict past the size cap."""
     folder = graphs_dir()
     try:
-        os.makedirs(folder, exist_ok=True)
-        data = encode(entry)
-        tmp = os.path.join(folder, f".tmp-{os.getpid()}-{uuid.uuid4().hex}{SUFFIX}")
-        try:
-            with open(tmp, "xb") as f:
-                f.write(data)
-            # No fsync: an entry cut short by a crash fails its size/checksum
-            # check and is recompiled, never used.
-            os.replace(tmp, entry_path(entry.key))
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        _write_atomic(entry_path(entry.key), encode(entry))
     except Exception as e:  # noqa: BLE001 - a cache that cannot write must not fail the user's call
         _report(folder, f"cannot write an entry: {type(e).__name__}: {e}")
         return False
@@ -359,7 +447,7 @@ def evict(max_bytes: int | None = None) -> int:
     cap = config.cache_max_bytes if max_bytes is None else max_bytes
     removed = 0
     with _lock("evict"):
-        _remove_stale_temporaries()
+        _remove_old_files()
         files = []
         for e in _entries():
             try:
@@ -382,17 +470,20 @@ def evict(max_bytes: int | None = None) -> int:
     return removed
 
 
-def _remove_stale_temporaries(age_s: float = 3600.0):
-    """Temporary files of writers that died before their ``os.replace``."""
-    try:
-        listing = list(os.scandir(graphs_dir()))
-    except FileNotFoundError:
-        return
+def _remove_old_files(tmp_age_s: float = 3600.0):
+    """Temporary files of writers that died before their ``os.replace``, and
+    environment stamps written more than ``STAMP_MAX_AGE_S`` ago (a process
+    that still needs one writes it again)."""
     now = time.time()
-    for e in listing:
-        if e.name.startswith(".tmp-"):
+    for folder, age_s in ((graphs_dir(), None), (env_dir(), STAMP_MAX_AGE_S)):
+        try:
+            listing = list(os.scandir(folder))
+        except FileNotFoundError:
+            continue
+        for e in listing:
+            limit = tmp_age_s if e.name.startswith(".tmp-") else age_s
             try:
-                if now - e.stat().st_mtime > age_s:
+                if limit is not None and now - e.stat().st_mtime > limit:
                     os.unlink(e.path)
             except FileNotFoundError:
                 pass
@@ -419,20 +510,22 @@ def stats() -> dict:
 
 
 def clear() -> int:
-    """Delete every entry (and stray temporary files); returns the count of entries."""
+    """Delete every entry, environment stamp and stray temporary file; returns
+    the count of entries."""
     n = 0
     with _lock("evict"):
-        try:
-            listing = list(os.scandir(graphs_dir()))
-        except FileNotFoundError:
-            return 0
-        for e in listing:
-            if e.name.endswith(SUFFIX):
-                try:
-                    os.unlink(e.path)
-                    n += not e.name.startswith(".")
-                except FileNotFoundError:
-                    pass
+        for folder, suffix in ((graphs_dir(), SUFFIX), (env_dir(), ".json")):
+            try:
+                listing = list(os.scandir(folder))
+            except FileNotFoundError:
+                continue
+            for e in listing:
+                if e.name.endswith(suffix):
+                    try:
+                        os.unlink(e.path)
+                        n += folder == graphs_dir() and not e.name.startswith(".")
+                    except FileNotFoundError:
+                        pass
     return n
 
 
@@ -450,12 +543,11 @@ class Served:
 
 
 _serialize_failures: set = set()
+_sources_changed: list = []  # graphs compiled after this process's sources changed (logged once)
 
 
 def serialize(compiled) -> tuple[bytes | None, Any, Any, str]:
     """(payload, in_tree, out_tree, error) of a ``jax.stages.Compiled``."""
-    from jax.experimental import serialize_executable
-
     try:
         payload, in_tree, out_tree = serialize_executable.serialize(compiled)
         pickle.dumps((in_tree, out_tree))
@@ -465,8 +557,6 @@ def serialize(compiled) -> tuple[bytes | None, Any, Any, str]:
 
 
 def _deserialize(entry: Entry):
-    from jax.experimental import serialize_executable
-
     device = jax.devices()[0]
     return serialize_executable.deserialize_and_load(entry.executable, entry.in_tree, entry.out_tree,
                                                      backend=device.client, execution_devices=[device])
@@ -513,8 +603,10 @@ def serve(closed_jaxpr, avals, static_args, options, title: str,
     structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
     if not enabled():
         return _compile(build, structs, title, started, "off")
+    t0 = time.perf_counter()
     parts = key_parts(closed_jaxpr, avals, static_args, options)
     key = key_of(parts)
+    metrics.counters["cache_key_seconds"] += time.perf_counter() - t0
     served = _try_hit(key, parts, structs, title, started)
     if served is not None:
         return served
@@ -536,8 +628,14 @@ def serve(closed_jaxpr, avals, static_args, options, title: str,
 
 
 def _try_hit(key, parts, structs, title, started) -> Served | None:
+    t0 = time.perf_counter()
     entry = load(key, parts)
-    served = None if entry is None else _serve_entry(entry, structs)
+    t1 = time.perf_counter()
+    metrics.counters["cache_read_seconds"] += t1 - t0
+    if entry is None:
+        return None
+    served = _serve_entry(entry, structs)
+    metrics.counters["cache_load_seconds"] += time.perf_counter() - t1
     if served is not None:
         metrics.counters["cache_hits"] += 1
         _finish(served, title, started, entry.metric_deltas, None)
@@ -550,6 +648,14 @@ def _compile(build, structs, title, started, cache: str, key=None, parts=None) -
     metrics.counters["kernels_compiled"] += len(result.program.kernels)
     served = Served(compiled, _on_device(constants), result, cache)
     deltas, kernels = metrics.graph_deltas(result), metrics.kernel_stats(result)
+    if key is not None and stat_signature()[0] != environment()["sig"]:
+        # The key holds the hash of the sources as they were when this process
+        # first made a key; the compiler that just ran may have been imported since.
+        if not _sources_changed:
+            _sources_changed.append(title)
+            log.warning("pallaskit cache: pallaskit's sources changed while this process ran; "
+                        "not caching what it compiles from now on (first: %s)", title)
+        key = None
     if key is not None:
         payload, in_tree, out_tree, error = serialize(compiled)
         if error and title not in _serialize_failures:
