@@ -8,7 +8,10 @@ For each workload and backend, each repeat runs two fresh processes on one
 empty cache directory: "cold" (the cache is empty) and then "warm" (the cold
 run filled it). A child imports jax and pallaskit and makes its inputs first;
 the clock covers only the first call, from calling the function to its
-result being ready (tracing, cache lookup, compilation, the run).
+result being ready (tracing, cache lookup, compilation, the run). Before it,
+``gc.freeze()`` moves the objects made so far out of the collector's reach, so
+that a collection of the imports' garbage, pending at a point that depends on
+import order, does not land in one backend's clock and not the other's.
 
 - pallaskit: its own graph cache (``PALLASKIT_CACHE_DIR``); JAX's persistent
   cache off.
@@ -26,10 +29,32 @@ compile event, no Triton lowering and ``kernels_compiled`` 0 (else the run
 exits 1). A digest of the outputs checks that a warm run returns exactly the
 cold run's result. "overhead" is the first call minus the fastest of three
 later calls.
+
+Where a first call's time goes (the breakdown table, warm starts):
+
+- trace: to a jaxpr. pallaskit: ``metrics.counters["trace_seconds"]``; jax.jit:
+  the ``/jax/core/compile/jaxpr_trace_duration`` event.
+- lower: jaxpr to StableHLO (jax.jit: ``jaxpr_to_mlir_module_duration``;
+  pallaskit does not lower on a hit).
+- key: pallaskit's ``cache_key_seconds`` (jaxpr text, constants, environment
+  stamp); jax.jit: its compile event minus its cache retrieval (hashing the
+  StableHLO module, compile options, versions).
+- load: reading, checking and deserializing the entry. pallaskit:
+  ``cache_read_seconds + cache_load_seconds``; jax.jit:
+  ``/jax/compilation_cache/cache_retrieval_time_sec``.
+- compile: a cold start's compiler and XLA (pallaskit: ``compile_seconds``
+  minus the parts above; jax.jit: the compile event minus its retrieval).
+- run: the rest of the first call: dispatch, the first execution and its
+  one-time set-up (on the GPU: loading kernels; for Pallas kernels jaxlib
+  assembles the PTX with ptxas at the first launch in each process).
+- process: from spawning the child to its first result: interpreter start,
+  ``import jax`` (+ ``import pallaskit``), making the inputs, the first call.
+  The jax.jit child does not import pallaskit.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -98,27 +123,46 @@ def _inputs(workload: str, size: str):
 # --------------------------------------------------------------------------- #
 # Child: one first call in a fresh process
 # --------------------------------------------------------------------------- #
+# jax.monitoring events of a jax.jit first call -> breakdown phase
+JAX_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace",
+              "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+              "/jax/core/compile/backend_compile_duration": "backend_compile",
+              "/jax/compilation_cache/cache_retrieval_time_sec": "load"}
+PHASES = ("trace", "lower", "key", "load", "compile", "run")
+
+
 def child(spec: dict) -> dict:
     t_start = time.perf_counter()
     import jax
     import numpy as np
 
-    if spec["backend"] == "xla":
-        jax.config.update("jax_compilation_cache_dir", spec["cache_dir"])
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    import pallaskit
+    pallaskit = None
+    if spec["backend"] == "pallaskit":
+        import pallaskit
 
     size = spec["size"]
     fn, args = _inputs(spec["workload"], size)
     jax.block_until_ready(args)
+    if spec["backend"] == "xla":
+        # Enabled after making the inputs, so that both backends compile their
+        # inputs' random-number programs (the process column): only the
+        # function's own compilation comes from the persistent cache.
+        from jax.experimental.compilation_cache import compilation_cache
+
+        jax.config.update("jax_compilation_cache_dir", spec["cache_dir"])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        compilation_cache.reset_cache()  # JAX decided at its first compilation that there was no cache
     import_s = time.perf_counter() - t_start
 
     counts = {"backend_compiles": 0, "triton_lowerings": 0, "jax_cache_hits": 0}
+    jax_seconds = dict.fromkeys(JAX_EVENTS.values(), 0.0)
 
     def on_duration(event, duration, **kwargs):
         if event == "/jax/core/compile/backend_compile_duration":
             counts["backend_compiles"] += 1
+        if event in JAX_EVENTS:
+            jax_seconds[JAX_EVENTS[event]] += duration
 
     def on_event(event, **kwargs):
         if event == "/jax/compilation_cache/cache_hits":
@@ -139,13 +183,35 @@ def child(spec: dict) -> dict:
     except Exception:  # noqa: BLE001 - no Triton lowering in this jaxlib: nothing to count
         pass
 
-    run = pallaskit.jit(fn) if spec["backend"] == "pallaskit" else jax.jit(fn)
-    pallaskit.metrics.reset()
+    run = pallaskit.jit(fn) if pallaskit else jax.jit(fn)
+    if pallaskit:
+        pallaskit.metrics.reset()
+    # Imports leave a collection of the whole heap pending (~50 ms of jax's
+    # objects on the 2-core CPU); where it lands is chance, and it landed in one
+    # backend's first call and not the other's. Freezing the heap (no collection)
+    # keeps the clock on the first call's own work, for both backends.
+    gc.freeze()
     t0 = time.perf_counter()
     out = jax.block_until_ready(run(*args))
     first_call_s = time.perf_counter() - t0
+    process_to_result_s = time.time() - spec["spawned_at"]
     compiled = dict(counts)  # what the first call compiled (the listeners keep counting)
-    c = dict(pallaskit.metrics.counters)
+    if pallaskit:
+        c = dict(pallaskit.metrics.counters)
+        if "trace_seconds" in c:
+            phases = {"trace": c["trace_seconds"], "lower": 0.0, "key": c["cache_key_seconds"],
+                      "load": c["cache_read_seconds"] + c["cache_load_seconds"]}
+            phases["compile"] = max(0.0, c["compile_seconds"] - sum(phases.values())) if c["cache_misses"] else 0.0
+        else:  # a pallaskit without the phase counters: only the whole compile path
+            phases = {"compile": c["compile_seconds"]}
+    else:
+        c = {"kernels_compiled": 0, "cache_hits": 0, "cache_misses": 0}
+        j = dict(jax_seconds)
+        hit = compiled["jax_cache_hits"] > 0
+        phases = {"trace": j["trace"], "lower": j["lower"], "key": j["backend_compile"] - j["load"] if hit else 0.0,
+                  "load": j["load"] if hit else 0.0, "compile": 0.0 if hit else j["backend_compile"]}
+    phases["run"] = max(0.0, first_call_s - sum(phases.values()))
+    phases = {k: phases.get(k) for k in PHASES}
     steady = []  # the same call once compiled: what the first call costs beyond it is compilation / loading
     for _ in range(3):
         t1 = time.perf_counter()
@@ -158,7 +224,8 @@ def child(spec: dict) -> dict:
         a = np.asarray(leaf)
         digest.update(a.tobytes())
         sums.append(float(np.sum(a, dtype=np.float64)))
-    return {"first_call_s": first_call_s, "steady_s": min(steady), "import_s": import_s, **compiled,
+    return {"first_call_s": first_call_s, "steady_s": min(steady), "import_s": import_s,
+            "process_to_result_s": process_to_result_s, "phases_s": phases, **compiled,
             "kernels_compiled": c["kernels_compiled"], "cache_hits": c["cache_hits"],
             "cache_misses": c["cache_misses"], "digest": digest.hexdigest()[:16], "sums": sums,
             "device": jax.devices()[0].device_kind, "platform": jax.devices()[0].platform}
@@ -171,6 +238,7 @@ def spawn(spec: dict, timeout_s: float = 600) -> dict:
     if spec["backend"] == "pallaskit":
         env["PALLASKIT_CACHE_DIR"] = spec["cache_dir"]
     t0 = time.perf_counter()
+    spec = spec | {"spawned_at": time.time()}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.compile_cache", "--child", json.dumps(spec)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
     wall = time.perf_counter() - t0
@@ -202,7 +270,9 @@ def measure(workloads, backends, size: str, repeats: int, budget_s: float, parti
                         if partial:
                             with open(partial, "a") as f:
                                 f.write(json.dumps(res) + "\n")
+                        parts = ", ".join(f"{k} {v * 1e3:.1f}" for k, v in res["phases_s"].items() if v is not None)
                         print(f"{workload:9s} {backend:9s} {state}: first call {res['first_call_s'] * 1e3:9.1f} ms"
+                              f" ({parts})"
                               f"  (process {res['process_s']:.1f} s; backend compiles {res['backend_compiles']}, "
                               f"triton lowerings {res['triton_lowerings']}, kernels_compiled "
                               f"{res['kernels_compiled']}, pallaskit cache hits {res['cache_hits']}, "
@@ -245,7 +315,31 @@ def summarize(rows: list[dict]) -> tuple[str, list[str]]:
                          f"{warm[0]['backend_compiles']}, {warm[0]['triton_lowerings']}, "
                          f"{warm[0]['cache_hits'] if backend == 'pallaskit' else warm[0]['jax_cache_hits']} | "
                          f"{med(cold, 'process_s'):.2f} / {med(warm, 'process_s'):.2f} | {len(warm)} |")
-    return "\n".join(lines), problems
+    return "\n".join(lines) + "\n\n" + breakdown(rows), problems
+
+
+def breakdown(rows: list[dict]) -> str:
+    """Where the first call's time goes (medians of each part, so they need not
+    add up exactly), beside the whole fresh process."""
+    head = ("| workload | backend | start | first call (ms) | " + " | ".join(PHASES) + " | steady call (ms) | "
+            "import + inputs (s) | process → first result (s) |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    by = {}
+    for row in rows:
+        if "phases_s" in row:
+            by.setdefault((row["workload"], row["backend"], row["state"]), []).append(row)
+
+    def ms(group, phase):
+        values = [r["phases_s"].get(phase) for r in group]
+        return "–" if None in values else f"{statistics.median(values) * 1e3:.1f}"
+
+    for (workload, backend, state), g in by.items():
+        med = lambda k: statistics.median(r[k] for r in g)  # noqa: E731
+        label = "pallaskit" if backend == "pallaskit" else "jax.jit"
+        lines.append(f"| {workload} | {label} | {state} | {med('first_call_s') * 1e3:.1f} | "
+                     + " | ".join(ms(g, p) for p in PHASES)
+                     + f" | {med('steady_s') * 1e3:.1f} | {med('import_s'):.2f} | {med('process_to_result_s'):.2f} |")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -258,10 +352,24 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="cold+warm pairs per workload and backend (median)")
     parser.add_argument("--budget_s", type=float, default=1e9, help="start no new repeat after this many seconds")
     parser.add_argument("--output", default="", help="write the rows (JSON) and the table (.md beside it) here")
+    parser.add_argument("--tables", nargs="+", metavar="JSON", help="print the tables of earlier --output files "
+                        "(rows of several files together) and measure nothing")
     args = parser.parse_args(argv)
     if args.child:
         print(RESULT + json.dumps(child(json.loads(args.child))), flush=True)
         return 0
+    if args.tables:
+        rows = []
+        for path in args.tables:
+            with open(path) as f:
+                data = json.load(f)
+            print(data["info"])
+            rows += data["rows"]
+        table, problems = summarize(rows)
+        print(table)
+        for p in problems:
+            print("PROBLEM:", p)
+        return 1 if problems else 0
     for name, valid, given in (("workload", WORKLOADS, args.workloads), ("backend", BACKENDS, args.backends)):
         bad = [x for x in given.split(",") if x not in valid]
         if bad:
