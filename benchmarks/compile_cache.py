@@ -4,9 +4,10 @@ cache beside JAX's persistent compilation cache, on the same functions.
     python -m benchmarks.compile_cache                       # sizes for the device JAX finds
     python -m benchmarks.compile_cache --size cpu --repeats 3 --output /tmp/cc.json
 
-For each workload and backend, each repeat runs two fresh processes on one
-empty cache directory: "cold" (the cache is empty) and then "warm" (the cold
-run filled it). A child imports jax and pallaskit and makes its inputs first;
+For each workload and backend, each repeat runs fresh processes on one empty
+cache directory: "cold" (the cache is empty) and then ``--warm_runs`` "warm"
+ones (the cold run filled it). One untimed process imports jax and pallaskit
+first, so that the first timed one does not pay for reading them from disk. A child imports jax and pallaskit and makes its inputs first;
 the clock covers only the first call, from calling the function to its
 result being ready (tracing, cache lookup, compilation, the run). Before it,
 ``gc.freeze()`` moves the objects made so far out of the collector's reach, so
@@ -44,9 +45,12 @@ Where a first call's time goes (the breakdown table, warm starts):
   ``/jax/compilation_cache/cache_retrieval_time_sec``.
 - compile: a cold start's compiler and XLA (pallaskit: ``compile_seconds``
   minus the parts above; jax.jit: the compile event minus its retrieval).
-- run: the rest of the first call: dispatch, the first execution and its
-  one-time set-up (on the GPU: loading kernels; for Pallas kernels jaxlib
-  assembles the PTX with ptxas at the first launch in each process).
+- dispatch: the rest until the call returns (argument handling, the first
+  dispatch of the loaded executable, unflattening the outputs).
+- run: from the call returning to the result being ready: the first execution
+  and its one-time set-up (on the GPU: loading kernels; with jaxlib newer than
+  0.10.2, jaxlib assembles a Pallas kernel's PTX with ptxas at its first launch
+  in each process). On the CPU, pallaskit's run is its interpret-mode kernels.
 - process: from spawning the child to its first result: interpreter start,
   ``import jax`` (+ ``import pallaskit``), making the inputs, the first call.
   The jax.jit child does not import pallaskit.
@@ -128,7 +132,7 @@ JAX_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace",
               "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
               "/jax/core/compile/backend_compile_duration": "backend_compile",
               "/jax/compilation_cache/cache_retrieval_time_sec": "load"}
-PHASES = ("trace", "lower", "key", "load", "compile", "run")
+PHASES = ("trace", "lower", "key", "load", "compile", "dispatch", "run")
 
 
 def child(spec: dict) -> dict:
@@ -192,7 +196,9 @@ def child(spec: dict) -> dict:
     # keeps the clock on the first call's own work, for both backends.
     gc.freeze()
     t0 = time.perf_counter()
-    out = jax.block_until_ready(run(*args))
+    out = run(*args)
+    returned_s = time.perf_counter() - t0
+    jax.block_until_ready(out)
     first_call_s = time.perf_counter() - t0
     process_to_result_s = time.time() - spec["spawned_at"]
     compiled = dict(counts)  # what the first call compiled (the listeners keep counting)
@@ -210,7 +216,8 @@ def child(spec: dict) -> dict:
         hit = compiled["jax_cache_hits"] > 0
         phases = {"trace": j["trace"], "lower": j["lower"], "key": j["backend_compile"] - j["load"] if hit else 0.0,
                   "load": j["load"] if hit else 0.0, "compile": 0.0 if hit else j["backend_compile"]}
-    phases["run"] = max(0.0, first_call_s - sum(phases.values()))
+    phases["dispatch"] = max(0.0, returned_s - sum(phases.values()))
+    phases["run"] = first_call_s - returned_s
     phases = {k: phases.get(k) for k in PHASES}
     steady = []  # the same call once compiled: what the first call costs beyond it is compilation / loading
     for _ in range(3):
@@ -251,9 +258,12 @@ def spawn(spec: dict, timeout_s: float = 600) -> dict:
 # --------------------------------------------------------------------------- #
 # Parent
 # --------------------------------------------------------------------------- #
-def measure(workloads, backends, size: str, repeats: int, budget_s: float, partial: str = "") -> list[dict]:
-    """All (cold, warm) pairs; each row is also written to ``partial`` (JSON
+def measure(workloads, backends, size: str, repeats: int, budget_s: float, partial: str = "",
+            warm_runs: int = 1) -> list[dict]:
+    """All (cold, warm...) runs; each row is also written to ``partial`` (JSON
     lines) as it comes, so a run cut short keeps what it measured."""
+    subprocess.run([sys.executable, "-c", "import jax, pallaskit; jax.devices()"], cwd=REPO, capture_output=True,
+                   env=dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", "")))
     rows, started = [], time.perf_counter()
     for r in range(repeats):
         for workload in workloads:
@@ -264,7 +274,7 @@ def measure(workloads, backends, size: str, repeats: int, budget_s: float, parti
                     continue
                 with tempfile.TemporaryDirectory(prefix="compile-cache-bench-") as d:
                     spec = {"backend": backend, "workload": workload, "size": size, "cache_dir": d}
-                    for state in ("cold", "warm"):
+                    for state in ("cold",) + ("warm",) * warm_runs:
                         res = spawn(spec) | {"workload": workload, "backend": backend, "state": state, "repeat": r}
                         rows.append(res)
                         if partial:
@@ -297,7 +307,7 @@ def summarize(rows: list[dict]) -> tuple[str, list[str]]:
                 problems.append(f"{workload}/pallaskit: the warm run compiled something: {w}")
     lines = ["| workload | backend | cold first call (ms) | warm first call (ms) | warm / cold | "
              "steady call (ms) | cold / warm overhead (ms) | warm: XLA compile events, Triton lowerings, "
-             "cache hits | cold / warm process (s) | pairs |",
+             "cache hits | cold / warm process (s) | cold / warm runs |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
     backends = list(dict.fromkeys(r["backend"] for r in rows))
@@ -314,7 +324,7 @@ def summarize(rows: list[dict]) -> tuple[str, list[str]]:
                          f"{c_ms - steady:.1f} / {w_ms - steady:.1f} | "
                          f"{warm[0]['backend_compiles']}, {warm[0]['triton_lowerings']}, "
                          f"{warm[0]['cache_hits'] if backend == 'pallaskit' else warm[0]['jax_cache_hits']} | "
-                         f"{med(cold, 'process_s'):.2f} / {med(warm, 'process_s'):.2f} | {len(warm)} |")
+                         f"{med(cold, 'process_s'):.2f} / {med(warm, 'process_s'):.2f} | {len(cold)} / {len(warm)} |")
     return "\n".join(lines) + "\n\n" + breakdown(rows), problems
 
 
@@ -349,7 +359,8 @@ def main(argv=None) -> int:
     parser.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated: {', '.join(BACKENDS)}")
     parser.add_argument("--size", default="auto", choices=("auto", "cpu", "gpu"),
                         help="size preset; auto: gpu sizes when JAX's default backend is a GPU")
-    parser.add_argument("--repeats", type=int, default=3, help="cold+warm pairs per workload and backend (median)")
+    parser.add_argument("--repeats", type=int, default=3, help="cold runs per workload and backend (median)")
+    parser.add_argument("--warm_runs", type=int, default=1, help="warm runs after each cold one (median)")
     parser.add_argument("--budget_s", type=float, default=1e9, help="start no new repeat after this many seconds")
     parser.add_argument("--output", default="", help="write the rows (JSON) and the table (.md beside it) here")
     parser.add_argument("--tables", nargs="+", metavar="JSON", help="print the tables of earlier --output files "
@@ -382,13 +393,14 @@ def main(argv=None) -> int:
     partial = os.path.splitext(args.output)[0] + ".partial.jsonl" if args.output else ""
     if partial:
         os.makedirs(os.path.dirname(os.path.abspath(partial)), exist_ok=True)
-    rows = measure(args.workloads.split(","), args.backends.split(","), size, args.repeats, args.budget_s, partial)
+    rows = measure(args.workloads.split(","), args.backends.split(","), size, args.repeats, args.budget_s, partial,
+                   args.warm_runs)
     table, problems = summarize(rows)
     import jax
     import jaxlib
 
     info = (f"device: {rows[0]['device']} ({rows[0]['platform']}), size preset {size}; jax {jax.__version__}, "
-            f"jaxlib {jaxlib.__version__}; medians over fresh-process (cold, warm) pairs")
+            f"jaxlib {jaxlib.__version__}; medians over fresh processes ({args.warm_runs} warm per cold)")
     print()
     print(info)
     print(table)

@@ -7,15 +7,28 @@ on (``graph_key``): the jaxpr text and the bytes of its constants, the input
 avals (weak types included), the static arguments, every compile option
 (``CompileOptions.key()``), the versions of pallaskit, jax, jaxlib, the CUDA
 plugin and triton, a hash of pallaskit's own source (so an edited compiler never
-serves stale code), the device kind, and the XLA flags. Tracing the function
-(``jax.make_jaxpr``, milliseconds) is therefore done on every first call; what
-a hit skips is lowering, scheduling, rendering and the XLA / Triton
-compilation.
+serves stale code; read once per source state, see [Note: environment stamp]),
+the device kind, and the XLA flags.
+
+[Note: the warm path]
+A first call on a signature traces the function (``jax.make_jaxpr``), hashes
+the jaxpr text with the rest of the key, reads and checks the entry in one
+read, and deserializes the executable. It does not lower to StableHLO (JAX's
+persistent cache must, to compute its key), does not import the compiler's
+passes, sympy or Pallas (``lowering`` loads them on first compilation), and
+does not run the compiler. Tracing is not skipped: what the function computes
+depends on the globals, closures and callees it reads, in this process, and
+only a trace sees them (JAX's cache traces too). Where the time goes:
+``metrics.counters`` ``trace_seconds``, ``cache_key_seconds``,
+``cache_read_seconds``, ``cache_load_seconds``; ``python -m
+benchmarks.compile_cache`` prints them beside jax.jit's.
 
 An entry holds the generated source, the compiled executable (XLA's own
 serialization through ``jax.experimental.serialize_executable``: on the GPU the
-Triton kernels are compiled into that executable, so it is the kernel bundle
-the way Inductor's TritonBundler keeps cubins), the hoisted constants, the
+Triton kernels are in that executable, so it is the kernel bundle the way
+Inductor's TritonBundler keeps cubins; with jaxlib newer than 0.10.2, Pallas
+stores them as PTX, which jaxlib assembles with ptxas at their first launch in
+each process), the hoisted constants, the
 metric deltas to replay on a hit (``metrics.COMPILE_DELTA_NAMES``), the
 kernel_metadata rows, and the multi-kernel choices (empty until the dispatcher
 exists). If the executable cannot be serialized the entry keeps the source
