@@ -116,8 +116,8 @@ class JitFunction:
         if self.static_argnums or self.static_argnames:
             return None
         leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-        array = _array_type()
-        if not all(type(x) is array for x in leaves):
+        array = _array_type(leaves)
+        if array is None or not all(type(x) is array for x in leaves):
             return None
         return (treedef, tuple(x.aval for x in leaves)), leaves
 
@@ -248,13 +248,20 @@ def _describe(path, dyn_positions, sig) -> str:
 _SCALARS = (bool, int, float, complex, np.generic)
 
 
-@functools.lru_cache(maxsize=None)
-def _array_type() -> type:
+_ARRAY_TYPE: list = []  # [the concrete array type], once an argument showed it
+
+
+def _array_type(leaves) -> type | None:
     """The type of concrete arrays (``jax.Array`` is an abstract base that
-    tracers also pass); found on first use, not at import, to leave backend
-    initialization to the user. A transfer, not ``jnp.zeros``: that is an XLA
-    compilation (~15 ms) on the first call of every process."""
-    return type(jax.device_put(np.zeros((), np.float32)))
+    tracers also pass), taken from the first argument that is one; None until
+    an argument was. Not ``type(jnp.zeros(()))``, an XLA compilation on the
+    first call of every process (~15 ms), nor a ``device_put`` (~1 ms)."""
+    if not _ARRAY_TYPE:
+        concrete = [type(x) for x in leaves if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)]
+        if not concrete:
+            return None
+        _ARRAY_TYPE.append(concrete[0])
+    return _ARRAY_TYPE[0]
 
 
 def _abstractify(leaf, where: str):
