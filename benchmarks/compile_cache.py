@@ -364,7 +364,7 @@ def main(argv=None) -> int:
     parser.add_argument("--budget_s", type=float, default=1e9, help="start no new repeat after this many seconds")
     parser.add_argument("--output", default="", help="write the rows (JSON) and the table (.md beside it) here")
     parser.add_argument("--tables", nargs="+", metavar="JSON", help="print the tables of earlier --output files "
-                        "(rows of several files together) and measure nothing")
+                        "or their .partial.jsonl (rows of several files together) and measure nothing")
     args = parser.parse_args(argv)
     if args.child:
         print(RESULT + json.dumps(child(json.loads(args.child))), flush=True)
@@ -373,6 +373,9 @@ def main(argv=None) -> int:
         rows = []
         for path in args.tables:
             with open(path) as f:
+                if path.endswith(".jsonl"):  # the rows a run cut short had written
+                    rows += [json.loads(line) for line in f if line.strip()]
+                    continue
                 data = json.load(f)
             print(data["info"])
             rows += data["rows"]
