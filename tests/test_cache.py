@@ -313,7 +313,7 @@ def test_environment_stamp_is_used_and_checked(tmp_path, sources, monkeypatch):
         json.dump(damaged, f)
     cache.environment.cache_clear()
     assert cache.environment()["code"] == env["code"]
-    assert json.loads(_read(path)) == env  # and rewritten
+    assert json.loads(_read(path)) == {k: v for k, v in env.items() if k != "sources"}  # and rewritten
 
 
 def test_no_stamp_for_files_changed_within_racy_window(tmp_path, sources):
@@ -367,6 +367,15 @@ def test_sources_changed_during_the_process_are_not_cached(tmp_path, rng, source
         _run(_fn, *_args(rng, rows=6))
     assert _entries(tmp_path) == [] and pallaskit.metrics.counters["cache_misses"] == 2
     assert caplog.text.count("sources changed while this process ran") == 1
+
+
+def test_sys_path_changed_during_the_process_still_caches(tmp_path, rng, sources, monkeypatch):
+    """Only the sources decide whether this process may still write entries."""
+    pallaskit.config.update(cache_dir=str(tmp_path))
+    cache.environment()
+    monkeypatch.setattr(sys, "path", sys.path + [str(tmp_path)])
+    _run(_fn, *_args(rng))
+    assert len(_entries(tmp_path)) == 1
 
 
 def test_clear_and_eviction_remove_environment_stamps(tmp_path, sources, monkeypatch):

@@ -175,22 +175,31 @@ def _dist_versions() -> dict:
     return {d: v for d in _DISTRIBUTIONS if (v := _version(d)) is not None}
 
 
-def stat_signature() -> tuple[str, int]:
-    """(signature, newest timestamp in ns) of the files ``environment`` reads:
-    size, mtime, ctime and inode of every source file, and of every
-    ``sys.path`` directory (where importlib finds distributions; installing or
-    removing one changes the directory's mtime)."""
-    lines, newest = [_PACKAGE_ROOT, sys.version, repr(sys.path)], 0
-    for path, stat in [(rel, e.stat) for rel, e in _source_files()] + [(p, functools.partial(os.stat, p or "."))
-                                                                        for p in sys.path]:
+def stat_signature() -> tuple[str, str, int]:
+    """(sources, whole, newest) for the files ``environment`` reads: hashes of
+    the size, mtime, ctime and inode of every source file, and of those with
+    every ``sys.path`` directory's (where importlib finds distributions;
+    installing or removing one changes the directory's mtime), and the newest
+    of their timestamps (ns)."""
+    lines, newest = [_PACKAGE_ROOT], 0
+
+    def add(name, stat):
+        nonlocal newest
         try:
             st = stat()
         except OSError:
-            lines.append(f"{path} missing")
-            continue
-        lines.append(f"{path} {st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino}")
+            lines.append(f"{name} missing")
+            return
+        lines.append(f"{name} {st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino}")
         newest = max(newest, st.st_mtime_ns, st.st_ctime_ns)
-    return hashlib.sha256("\n".join(lines).encode()).hexdigest(), newest
+
+    for rel, e in _source_files():
+        add(rel, e.stat)
+    sources = hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    lines += [sys.version, repr(sys.path)]
+    for p in sys.path:
+        add(p, functools.partial(os.stat, p or "."))
+    return sources, hashlib.sha256("\n".join(lines).encode()).hexdigest(), newest
 
 
 @functools.lru_cache(maxsize=None)
@@ -211,23 +220,23 @@ def environment() -> dict:
     tick of the filesystem clock keeps its timestamps, and must not be trusted
     until that tick is safely past. Python's own .pyc check (mtime in seconds
     and size) is weaker than this signature."""
-    sig, newest = stat_signature()
+    sources, sig, newest = stat_signature()
     path = os.path.join(env_dir(), sig + ".json")
     try:
         with open(path) as f:
             env = json.load(f)
         if env.get("sig") == sig and env.get("check") == _stamp_check(env):
-            return env
+            return dict(env, sources=sources)
     except (OSError, ValueError, TypeError, AttributeError):
         pass  # none yet, or unreadable: computed and written again
     env = {"sig": sig, "code": _content_hash(_source_files()), "versions": _dist_versions()}
     env["check"] = _stamp_check(env)
-    if time.time_ns() - newest > RACY_S * 1e9 and stat_signature()[0] == sig:  # unchanged while hashing
+    if time.time_ns() - newest > RACY_S * 1e9 and stat_signature()[1] == sig:  # unchanged while hashing
         try:
             _write_atomic(path, json.dumps(env, sort_keys=True).encode())
         except OSError as e:  # a read-only cache: hash every process
             log.debug("pallaskit cache: cannot write %s (%s)", path, e)
-    return env
+    return dict(env, sources=sources)
 
 
 def _stamp_check(env: dict) -> str:
@@ -661,7 +670,7 @@ def _compile(build, structs, title, started, cache: str, key=None, parts=None) -
     metrics.counters["kernels_compiled"] += len(result.program.kernels)
     served = Served(compiled, _on_device(constants), result, cache)
     deltas, kernels = metrics.graph_deltas(result), metrics.kernel_stats(result)
-    if key is not None and stat_signature()[0] != environment()["sig"]:
+    if key is not None and stat_signature()[0] != environment()["sources"]:
         # The key holds the hash of the sources as they were when this process
         # first made a key; the compiler that just ran may have been imported since.
         if not _sources_changed:
