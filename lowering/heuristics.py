@@ -34,6 +34,16 @@ def pointwise_config(rows: int, cols: int) -> TileConfig:
     return TileConfig(br, bc, 4, True)
 
 
+def transpose_config(rows: int, cols: int) -> TileConfig:
+    """A pointwise kernel that loads along rows and stores along columns: a
+    square tile, so both sides move whole 128-byte lines and Triton exchanges
+    the tile's layout through shared memory."""
+    return TileConfig(min(next_power_of_2(rows), TRANSPOSE_TILE), min(next_power_of_2(cols), TRANSPOSE_TILE), 4, True)
+
+
+TRANSPOSE_TILE = 64
+
+
 def reduction_config(rows: int, cols: int, *, max_persistent_cols: int, inner_contiguous: bool,
                      force_width_one: bool = False) -> TileConfig:
     """Persistent when the row fits; else loop over column chunks.

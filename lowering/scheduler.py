@@ -491,23 +491,32 @@ def _to_kernel(g: _Group, index: int, graph) -> Kernel:
     programs = max((m.node.programs for m in g.members if m.role == "column"), default=0)
     rows, cols, members = g.rows, g.cols, g.members
     if g.kind == "pointwise":
-        rows, cols, members = _pointwise_iteration(g)
+        rows, cols, members = _pointwise_iteration(g, graph)
     return Kernel(name, g.kind, rows, cols, members, sorted(g.reads()), origin, programs)
 
 
-def _pointwise_iteration(g: _Group) -> tuple[int, int, list[Member]]:
+def _pointwise_iteration(g: _Group, graph) -> tuple[int, int, list[Member]]:
     """Rows x columns of a pointwise kernel.
 
-    A pointwise group iterates its shape flat (one row) unless it loads a
-    broadcast operand: a per-channel scale ``s[c]`` read by a kernel over
-    (n, h, w, c) is a ``% c`` gather in flat iteration, but a (1, BLOCK_C)
-    load when the domain is split into rows (n, h, w) and columns (c). The
-    split is the one that makes the most broadcast loads depend on the rows
-    alone or on the columns alone (their dims are exactly a prefix or a suffix
-    of the shape; size-1 dims do not count)."""
+    A pointwise group iterates its shape flat (one row) unless some load
+    reads memory in another order than the kernel stores it:
+
+    - a broadcast operand: a per-channel scale ``s[c]`` read by a kernel over
+      (n, h, w, c) is a ``% c`` gather in flat iteration, but a (1, BLOCK_C)
+      load when the domain is split into rows (n, h, w) and columns (c). Such
+      a load votes for the split that makes it depend on the rows alone or
+      the columns alone (its dims are exactly a prefix or a suffix of the
+      shape; size-1 dims do not count);
+    - a transposed operand: its contiguous (last) dim is the domain's dim
+      ``d``, not the domain's last dim. Splitting after ``d`` makes the load
+      contiguous along rows and the store along columns; on a square tile
+      Triton exchanges the two through shared memory (a tiled transpose).
+      These votes count double: an uncoalesced load costs a memory
+      transaction per element, a broadcast gather hits the cache.
+
+    The split with the most votes wins (ties: the one with more columns)."""
     shape = g.domain
-    n = len(shape)
-    wide = [k for k in range(n) if shape[k] != 1]
+    wide = [k for k in range(len(shape)) if shape[k] != 1]
     produced = g.produces()
     votes: dict[int, int] = {}
     for m in g.members:
@@ -515,19 +524,25 @@ def _pointwise_iteration(g: _Group) -> tuple[int, int, list[Member]]:
         for ld in ir.loads(m.body):
             if ld.buffer in produced:
                 continue
-            used = set()
-            for i in ld.index:
-                used |= {pos[s] for s in getattr(sympy.sympify(i), "free_symbols", ()) if s in pos}
-            used &= set(wide)
-            if not used or used == set(wide):
+            dims = [{pos[s] for s in getattr(sympy.sympify(i), "free_symbols", ()) if s in pos} & set(wide)
+                    for i in ld.index]
+            used = set().union(*dims) if dims else set()
+            if not used:
                 continue
-            if used == set(wide[:len(used)]):  # a prefix: one value per row
-                split = wide[len(used) - 1] + 1
-            elif used == set(wide[-len(used):]):  # a suffix: one value per column
-                split = wide[-len(used)]
-            else:
+            if used != set(wide):
+                if used == set(wide[:len(used)]):  # a prefix: one value per row
+                    split = wide[len(used) - 1] + 1
+                elif used == set(wide[-len(used):]):  # a suffix: one value per column
+                    split = wide[-len(used)]
+                else:
+                    continue
+                votes[split] = votes.get(split, 0) + 1
                 continue
-            votes[split] = votes.get(split, 0) + 1
+            buf_shape, _ = graph.buffer_aval(ld.buffer)
+            inner = [d for d, n in zip(dims, buf_shape) if n != 1]
+            if inner and len(inner[-1]) == 1 and wide and min(inner[-1]) != wide[-1]:
+                split = min(inner[-1]) + 1
+                votes[split] = votes.get(split, 0) + 2
     if not votes:
         return g.rows, g.cols, g.members
     split = max(votes, key=lambda k: (votes[k], -k))
