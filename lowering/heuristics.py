@@ -212,3 +212,14 @@ def matmul_config(m: int, n: int, k: int, itemsize: int, *, batch: int = 1, num_
     per_stage = (bm + bn) * bk * itemsize
     stages = max(1, min(4 if area < 128 * 256 else 3, MATMUL_SMEM_BYTES // per_stage, ceil_div(k, bk)))
     return MatmulConfig(bm, bn, bk, warps, stages)
+
+
+# A product whose output gives the GPU little work while K is long runs with
+# one program per output tile walking all of K: XLA splits K over programs
+# (split-K), the template does not, so such dots stay with XLA. "Little work":
+# fewer 32 x 32 output tiles than a quarter of the SMs.
+SPLIT_K_MIN_K = 4096
+
+
+def matmul_needs_split_k(batch: int, m: int, n: int, k: int, num_sms: int) -> bool:
+    return batch * ceil_div(m, 32) * ceil_div(n, 32) * 4 < num_sms and k >= SPLIT_K_MIN_K

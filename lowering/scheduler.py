@@ -359,6 +359,22 @@ def matmul_operand_buffers(graph: ir.Graph, node: ir.Matmul, keep: set[str]) -> 
     return out
 
 
+def _bounded_body(body: ir.Expr, bounds: dict) -> ir.Expr:
+    """``body`` with its load indices simplified knowing each symbol's range
+    (views around a matmul leave ``i // n`` terms that are 0 or cancel)."""
+    def sub(e):
+        if isinstance(e, ir.Load):
+            return dataclasses.replace(e, index=tuple(sizes.simplify_with_bounds(i, bounds) for i in e.index))
+        return None
+
+    return ir.rewrite(body, sub)
+
+
+def matmul_kernel_bounds(node: ir.Matmul) -> dict:
+    """Ranges of the kernel coordinates of a matmul kernel."""
+    return {XB: sizes.numel(node.batch), XR: sizes.numel(node.m), XC: sizes.numel(node.n), XK: sizes.numel(node.k)}
+
+
 def _matmul_coords(node: ir.Matmul) -> dict:
     """The matmul's own symbols in kernel coordinates."""
     dims = [(node.batch, XB), (node.m, XR), (node.n, XC)]
@@ -371,7 +387,8 @@ def _matmul_coords(node: ir.Matmul) -> dict:
 
 
 def _matmul_group(node: ir.Matmul, body, pos) -> _Group:
-    member = Member(node, "matmul", body, _matmul_coords(node))
+    bounds = dict(zip(node.symbols, node.shape)) | dict(zip(node.reduction_symbols, node.k))
+    member = Member(node, "matmul", _bounded_body(body, bounds), _matmul_coords(node))
     rows = sizes.numel(node.batch) * sizes.numel(node.m)
     return _Group("matmul", rows, sizes.numel(node.n), node, [member], pos)
 
@@ -385,7 +402,8 @@ def _epilogue_member(mm: ir.Matmul, m: Member) -> Member | None:
     if not isinstance(node, ir.Pointwise) or node.numel != mm.numel:
         return None
     mm_coords = _matmul_coords(mm)
-    for ld in ir.loads(m.body):
+    body = _bounded_body(m.body, dict(zip(node.symbols, node.shape)))
+    for ld in ir.loads(body):
         if ld.buffer != mm.name:
             continue
         coords = {}
@@ -397,11 +415,14 @@ def _epilogue_member(mm: ir.Matmul, m: Member) -> Member | None:
         else:
             if all(s in coords or d == 1 for s, d in zip(node.symbols, node.shape)):
                 coords.update({s: sympy.Integer(0) for s in node.symbols if s not in coords})
-                return Member(node, "rowwise", m.body, coords)
+                return Member(node, "rowwise", body, coords)
     if node.shape == mm.shape:
-        return Member(node, "rowwise", m.body, {s: mm_coords[t] for s, t in zip(node.symbols, mm.symbols)})
+        return Member(node, "rowwise", body, {s: mm_coords[t] for s, t in zip(node.symbols, mm.symbols)})
     linear = sizes.ravel([mm_coords[s] for s in mm.symbols], mm.shape)
-    return Member(node, "rowwise", m.body, dict(zip(node.symbols, sizes.unravel(linear, node.shape))))
+    kernel_bounds = matmul_kernel_bounds(mm)
+    coords = {s: sizes.simplify_with_bounds(c, kernel_bounds)
+              for s, c in zip(node.symbols, sizes.unravel(linear, node.shape))}
+    return Member(node, "rowwise", body, coords)
 
 
 def _merge_into_matmul(mm: _Group, other: _Group, order: dict) -> _Group | None:

@@ -210,6 +210,18 @@ def test_operand_views_fold_and_computing_producers_are_materialized(rng):
     assert [k.kind for k in e.kernels][-1] == "matmul"
 
 
+def test_reshapes_around_the_matmul_fold(rng):
+    """x.reshape(-1, d) @ w, then back to 3-D: the reshapes' floor divisions
+    cancel (index ranges known), the loads stay affine and the output reshape
+    is the epilogue's store."""
+    x, w = _operands(rng, F32, (2, 5, 20), (20, 8), k=20)
+    b = _normal(rng, (8,), F32)
+    e = check(lambda x, w, b: (x.reshape(-1, 20) @ w).reshape(2, 5, 8) + b, x, w, b, kernels=1)
+    loads = [ln for ln in e.kernels[0].source.splitlines() if "plt.load(" in ln and "at[" in ln]
+    assert loads and not any("//" in ln or "%" in ln.split("at[")[1] for ln in loads), loads
+    check(lambda x, w: jnp.tanh(x @ w).reshape(10, 8), x, w, kernels=1)
+
+
 # --------------------------------------------------------------------------- #
 # what stays with XLA, and the option
 # --------------------------------------------------------------------------- #
@@ -229,6 +241,14 @@ def test_algorithm_precision_stays_with_xla(rng):
           fallbacks=["dot_general"])
     check(lambda a, b: jnp.dot(a, b, precision=lax.DotAlgorithmPreset.BF16_BF16_F32_X3), x, w,
           fallbacks=["dot_general"])
+
+
+def test_long_k_with_a_tiny_output_stays_with_xla(rng):
+    """No split-K in the template: such products stay with XLA on a GPU-sized grid."""
+    x, w = _operands(rng, F32, (16, 4096), (4096, 16), k=4096)
+    with pallaskit.config.override(num_sms=132):
+        check(lambda a, b: a @ b, x, w, kernels=0, fallbacks=["dot_general"])
+    check(lambda a, b: a @ b, x[:, :512], w[:512], kernels=1)
 
 
 @pytest.mark.parametrize("mode,kernels,kinds", [
@@ -274,3 +294,26 @@ def test_matmul_config_is_valid(m, n, k, itemsize):
 def test_small_m_fills_the_gpu():
     cfg = heuristics.matmul_config(64, 4096, 4096, 2, num_sms=132)
     assert -(-64 // cfg.block_m) * -(-4096 // cfg.block_n) >= 128  # ~one program per SM
+
+
+# --------------------------------------------------------------------------- #
+# the GPU lowering, on the CPU
+# --------------------------------------------------------------------------- #
+def test_template_lowers_to_triton_ir():
+    """Exporting for CUDA runs Pallas' Triton lowering (jaxpr -> Triton IR)
+    without a GPU: unsupported primitives or shape errors in the template show
+    up here, not first on the device. (PTX compilation does not run.)"""
+    from jax import export
+
+    from pallaskit.runtime import loader
+
+    def layer(x, w, b, r):
+        return (jax.nn.gelu(jnp.einsum("bij,bjk->bik", x, w) + b) * r).astype(BF16)
+
+    args = [jnp.zeros(s, BF16) for s in ((2, 40, 96), (2, 96, 130), (130,), (2, 40, 130))]
+    with pallaskit.config.override(interpret=False):
+        res = pallaskit.jit(layer).lower_to_result(*args).result
+    assert [k.kind for k in res.schedule.kernels] == ["matmul"]
+    checks = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+    exported = export.export(jax.jit(loader.load(res.program)), platforms=["cuda"], disabled_checks=checks)(*args)
+    assert exported.mlir_module().count("__gpu$xla.gpu.triton") == 1

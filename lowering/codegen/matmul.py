@@ -28,7 +28,7 @@ from lowering import heuristics, ir, sizes
 from lowering.codegen import pallas
 from lowering.codegen.writer import SourceWriter
 from lowering.options import CompileOptions
-from lowering.scheduler import XC, XK, XR, Kernel, Schedule, _origins
+from lowering.scheduler import XC, XK, XR, Kernel, Schedule, _origins, matmul_kernel_bounds
 
 # Names of the index variables inside the kernel (sympy symbols print as their names).
 _A_ROW, _A_K = sizes.symbol("xra"), sizes.symbol("ka")  # A tile: (BLOCK_M, 1) rows, (1, BLOCK_K) k
@@ -74,6 +74,7 @@ def render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
     em = _MatmulEmitter(kernel, schedule, cfg, options)
     mm = _matmul_member(kernel)
     node: ir.Matmul = mm.node
+    em.bounds = matmul_kernel_bounds(node)
     b, m, n, k = matmul_dims(node)
     m_blocks, n_blocks, k_blocks = (-(-m // cfg.block_m)), (-(-n // cfg.block_n)), (-(-k // cfg.block_k))
     w = em.w
@@ -160,7 +161,7 @@ def _operand_offset(em, load: ir.Load, names: dict) -> sympy.Expr:
     """Flat offset of an operand load, in the tile's index variables."""
     if load.mask is not None:
         raise NotImplementedError("masked operand load")  # the scheduler materializes pads and concats
-    off = em.offset(load.buffer, load.index)
+    off = sizes.simplify_with_bounds(em.offset(load.buffer, load.index), em.bounds)
     return sizes.simplify(off.xreplace(names))
 
 

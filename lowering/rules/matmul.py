@@ -9,11 +9,13 @@ raises ``NotImplementedError``, ``lower`` falls back); ``unsupported`` says why.
 """
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from lowering import ir
+from lowering import heuristics, ir
 from lowering.rules import register_lowering
 
 # Operand and result dtypes the template handles: Triton's tensor-core dot takes
@@ -64,6 +66,15 @@ def unsupported(eqn, options) -> str:
         return f"{lhs.dtype} x {rhs.dtype} -> {out.dtype} is not a float16/bfloat16/float32 dot"
     if precision_of(eqn.params.get("precision")) is None:
         return f"precision {eqn.params.get('precision')} is not DEFAULT or HIGHEST on both operands"
+    (lc, _), (lb, _) = eqn.params["dimension_numbers"]
+    b = math.prod(lhs.shape[d] for d in lb)
+    k = math.prod(lhs.shape[d] for d in lc)
+    m = math.prod(lhs.shape) // (b * k)
+    n = math.prod(rhs.shape) // (b * k)
+    if heuristics.matmul_needs_split_k(b, m, n, k, options.num_sms):
+        return f"output {b}x{m}x{n} too small for K={k} without split-K (heuristics.matmul_needs_split_k)"
+    # No other size limit: a small product is launch-bound either way, and the
+    # template saves the launches (and round trips) of its fused epilogues.
     return ""
 
 
