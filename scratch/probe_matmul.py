@@ -29,7 +29,7 @@ from lowering import heuristics as H
 
 SMOKE = os.environ.get("PROBE_SMOKE") == "1"
 OUT = os.environ.get("OUT", "/tmp")
-DEADLINE_S = float(os.environ.get("PROBE_DEADLINE_S", "200"))  # skip tile alternatives after this
+DEADLINE_S = float(os.environ.get("PROBE_DEADLINE_S", "170"))  # skip tile alternatives after this
 ROUNDS = 5 if SMOKE else 50
 MIN_ROUND_S = 0.0 if SMOKE else 0.002
 BF16, F32 = jnp.bfloat16, jnp.float32

@@ -99,6 +99,14 @@ def test_preferred_element_type(rng, out):
     check(lambda a, b: lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=out), x, w, kernels=1)
 
 
+def test_float16(rng):
+    x, w = _operands(rng, jnp.float16, (37, 50), (50, 24), k=50)
+    out, ref = pallaskit.jit(lambda a, b: jnp.tanh(a @ b))(x, w), jax.jit(lambda a, b: jnp.tanh(a @ b))(x, w)
+    assert out.dtype == ref.dtype == jnp.float16
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32), rtol=5e-3, atol=5e-3)
+    assert [k.kind for k in pallaskit.explain(lambda a, b: jnp.tanh(a @ b), x, w).kernels] == ["matmul"]
+
+
 def test_precision_highest_is_honoured(rng):
     x, w = _operands(rng, F32, (37, 50), (50, 24), k=50)
     e = check(lambda a, b: jnp.dot(a, b, precision=lax.Precision.HIGHEST), x, w, kernels=1)
