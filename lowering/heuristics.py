@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from lowering.sizes import next_power_of_2
 
 ceil_div = lambda a, b: -(-a // b)  # noqa: E731
@@ -182,16 +184,17 @@ MIN_MATMUL_BLOCK = 16
 MATMUL_SMEM_BYTES = 200 * 1024  # of the H100's 228 KB per SM, leaving room for the epilogue's layout change
 
 
-def matmul_config(m: int, n: int, k: int, itemsize: int, *, batch: int = 1, num_sms: int = 132) -> MatmulConfig:
-    """Tile config of a ``batch x (m x k) @ (k x n)`` matmul whose operands have
-    ``itemsize`` bytes per element. A pure function of the sizes: a
-    multi-kernel dispatcher asks it for the config of each hinted size.
+def matmul_config(m: int, n: int, k: int, dtype, *, batch: int = 1, num_sms: int = 132) -> MatmulConfig:
+    """Tile config of a ``batch x (m x k) @ (k x n)`` matmul whose operands are
+    of ``dtype`` (anything ``np.dtype`` takes). A pure function of the sizes:
+    a multi-kernel dispatcher asks it for the config of each hinted size.
 
     Start from the large tile, shrink each block to its dim (rounded up to a
     power of two, at least 16), then halve the larger of block_m / block_n
     (not below 64 / 32) while the grid would leave most SMs idle: a small-M
     product (M = 64, N = K = 4096: 64 column tiles of 256) is bound by reading
     the weights, which needs programs on every SM."""
+    itemsize = np.dtype(dtype).itemsize
     wide = itemsize <= 2
     bm = max(MIN_MATMUL_BLOCK, min(next_power_of_2(m), 128))
     bn = max(MIN_MATMUL_BLOCK, min(next_power_of_2(n), 256 if wide else 128))

@@ -90,7 +90,7 @@ def fresh(key, shapes, dtype, fan_in):
 
 
 def fixed_config(bm, bn, bk, warps, stages):
-    def config(m, n, k, itemsize, *, batch=1, num_sms=132):
+    def config(m, n, k, dtype, *, batch=1, num_sms=132):
         return H.MatmulConfig(bm, bn, bk, warps, stages)
     return config
 

@@ -289,18 +289,19 @@ def test_option_values_and_cache_key():
 # --------------------------------------------------------------------------- #
 @pytest.mark.parametrize("m,n,k", [(1, 1, 1), (7, 24, 37), (64, 4096, 4096), (256, 4096, 4096),
                                    (8192, 4096, 1024), (1024, 4096, 8192), (4096, 4096, 4096), (3, 100000, 5)])
-@pytest.mark.parametrize("itemsize", [2, 4])
-def test_matmul_config_is_valid(m, n, k, itemsize):
-    cfg = heuristics.matmul_config(m, n, k, itemsize)
+@pytest.mark.parametrize("dtype", [BF16, F32], ids=["bf16", "f32"])
+def test_matmul_config_is_valid(m, n, k, dtype):
+    itemsize = np.dtype(dtype).itemsize
+    cfg = heuristics.matmul_config(m, n, k, dtype)
     for blk in (cfg.block_m, cfg.block_n, cfg.block_k):
         assert blk >= 16 and blk & (blk - 1) == 0
     assert cfg.num_stages >= 1 and cfg.num_warps in (2, 4, 8)
     assert cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * itemsize <= heuristics.MATMUL_SMEM_BYTES
-    assert heuristics.matmul_config(m, n, k, itemsize) == cfg  # a pure function of the sizes
+    assert heuristics.matmul_config(m, n, k, dtype) == cfg  # a pure function of the sizes
 
 
 def test_small_m_fills_the_gpu():
-    cfg = heuristics.matmul_config(64, 4096, 4096, 2, num_sms=132)
+    cfg = heuristics.matmul_config(64, 4096, 4096, BF16, num_sms=132)
     assert -(-64 // cfg.block_m) * -(-4096 // cfg.block_n) >= 128  # ~one program per SM
 
 

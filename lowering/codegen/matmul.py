@@ -57,8 +57,7 @@ def matmul_dims(node: ir.Matmul) -> tuple[int, int, int, int]:
 def matmul_kernel_config(kernel: Kernel, options: CompileOptions) -> heuristics.MatmulConfig:
     node = _matmul_member(kernel).node
     b, m, n, k = matmul_dims(node)
-    itemsize = node.operands[0].dtype.itemsize
-    cfg = heuristics.matmul_config(m, n, k, itemsize, batch=b, num_sms=options.num_sms)
+    cfg = heuristics.matmul_config(m, n, k, node.operands[0].dtype, batch=b, num_sms=options.num_sms)
     if options.num_warps:
         cfg = dataclasses.replace(cfg, num_warps=options.num_warps)
     return cfg
