@@ -95,7 +95,7 @@ def render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
         w.line(f"pid_m, pid_n = 0, {tile}")
     else:
         group = cfg.group_m * n_blocks
-        w.line(f"# GROUP_M row blocks walk the column blocks together, sharing B tiles in L2")
+        w.line("# GROUP_M row blocks walk the column blocks together, sharing B tiles in L2")
         w.line(f"first_m = ({tile} // {group}) * GROUP_M")
         w.line(f"group_rows = jnp.minimum({m_blocks} - first_m, GROUP_M)")
         w.line(f"pid_m = first_m + ({tile} % {group}) % group_rows")
@@ -135,7 +135,7 @@ def render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
             mask = f", mask=jnp.broadcast_to({kmask}, {shape}), other=0" if k_tail else ""
             w.line(f"{name} = plt.load({ref}.at[{text}]{mask})")
         w.line(f"return acc + jnp.dot(a, b, {dot_kw})")
-    w.line(f"acc = lax.fori_loop(0, K_BLOCKS, k_step, jnp.zeros((BLOCK_M, BLOCK_N), jnp.float32))")
+    w.line("acc = lax.fori_loop(0, K_BLOCKS, k_step, jnp.zeros((BLOCK_M, BLOCK_N), jnp.float32))")
 
     # -- epilogue and stores ----------------------------------------------------------
     full = frozenset("rc")
