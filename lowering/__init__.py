@@ -33,7 +33,7 @@ def format_schedule(s: Schedule) -> str:
 
 
 def compile_jaxpr(closed_jaxpr, options: CompileOptions, title: str = "") -> CompileResult:
-    lowered = lower(closed_jaxpr)
+    lowered = lower(closed_jaxpr, options)
     sched = schedule(lowered.graph, options)
     program = pallas.render(sched, options, title)
     return CompileResult(program, sched, lowered.fallbacks, lowered.graph.format(), format_schedule(sched))

@@ -687,8 +687,10 @@ def _wrap_kernel(kernel: Kernel, schedule: Schedule, cfg, em: _KernelEmitter, bo
 def render(schedule: Schedule, options: CompileOptions, title: str = "") -> RenderedProgram:
     graph = schedule.graph
     kernels, helpers = [], set()
+    from lowering.codegen.matmul import render_matmul  # it builds on this module's emitter
+
     for k in schedule.kernels:
-        rk, hs = render_kernel(k, schedule, options)
+        rk, hs = (render_matmul if k.kind == "matmul" else render_kernel)(k, schedule, options)
         kernels.append(rk)
         helpers |= hs
     w = SourceWriter()
