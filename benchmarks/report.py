@@ -100,9 +100,16 @@ def _cell(r, best: bool = False) -> str:
         text = f"**{text}**"
     if r.get("frac_of_floor") and FRACTIONS["show"]:
         text += f" ({r['frac_of_floor']:.0%})"
-    if _host_bound(r):
+    if _staged(r):
+        text += " ‡"
+    elif _host_bound(r):
         text += " †"
     return text
+
+
+def _staged(r) -> bool:
+    """A host-bound JAX row re-timed as device time (benchmarks/suite.py, STAGED_CALLS)."""
+    return FRACTIONS["show"] and str(r.get("note") or "").startswith("device time of")
 
 
 def _host_bound(r) -> bool:
@@ -140,7 +147,8 @@ def _steady_table(rows, backends) -> list[str]:
     lines += ["", "Bold: the fastest. A blank cell: the backend does not apply to the workload (variants run on "
               "the workloads their option changes) or was not available. † host-bound: enqueueing a call took "
               "over 80% of its time, so the figure is the dispatch rate and the device time is lower (JAX has "
-              "no device clock here; see benchmarks/timing.py). Last column: pallaskit's time over the best "
+              "no device clock here; see benchmarks/timing.py). ‡ such a row re-timed as device time: 10 calls on "
+              "rotating inputs inside one jax.jit, one dispatch (the host-bound figure is in the CSV note). Last column: pallaskit's time over the best "
               "non-pallaskit backend's (below 1: pallaskit is faster).", ""]
     return lines
 

@@ -46,7 +46,7 @@ def compile_jaxpr(closed_jaxpr, options: CompileOptions, title: str = "") -> Com
     from lowering.lower import lower
     from lowering.scheduler import schedule
 
-    lowered = lower(closed_jaxpr)
+    lowered = lower(closed_jaxpr, options)
     sched = schedule(lowered.graph, options)
     program = pallas.render(sched, options, title)
     return CompileResult(program, sched, lowered.fallbacks, lowered.graph.format(), format_schedule(sched))

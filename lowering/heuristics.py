@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from lowering.sizes import next_power_of_2
 
 ceil_div = lambda a, b: -(-a // b)  # noqa: E731
@@ -32,6 +34,16 @@ def pointwise_config(rows: int, cols: int) -> TileConfig:
     bc = min(next_power_of_2(cols), 1024)
     br = min(next_power_of_2(rows), max(1, 1024 // bc))
     return TileConfig(br, bc, 4, True)
+
+
+def transpose_config(rows: int, cols: int) -> TileConfig:
+    """A pointwise kernel that loads along rows and stores along columns: a
+    tile long in rows (the load's 128-row side is 256 contiguous bf16 bytes)
+    and 32 wide, which Triton exchanges through shared memory. H100, bf16,
+    device time (scratch/probe_pointwise.py): 8192^2 transpose 0.0976 ms
+    (92% of the floor; 64x64 0.0999, 32x32 0.122, XLA 0.100); NCHW -> NHWC
+    (32, 1024, 25, 25) 0.0341 ms (80%; 64x64 0.0351, XLA 0.0392)."""
+    return TileConfig(min(next_power_of_2(rows), 128), min(next_power_of_2(cols), 32), 4, True)
 
 
 def reduction_config(rows: int, cols: int, *, max_persistent_cols: int, inner_contiguous: bool,
@@ -138,3 +150,89 @@ def mix_config(rows: int, cols: int, *, whole_rows: bool, programs: int) -> Tile
     bc = min(next_power_of_2(cols), 512)
     br = max(1, min(next_power_of_2(ceil_div(rows, programs)), 4096 // bc))
     return TileConfig(br, bc, 4, False)
+
+
+# --------------------------------------------------------------------------- #
+# Matmul template
+# --------------------------------------------------------------------------- #
+@dataclasses.dataclass(frozen=True)
+class MatmulConfig:
+    """Tiles of one matmul kernel: each program computes a ``block_m x
+    block_n`` output tile, looping over K ``block_k`` at a time. Programs run
+    in groups of ``group_m`` tile rows (Triton's L2-friendly order)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    group_m: int = 8
+
+    # the names metric tables read from every kernel config
+    @property
+    def block_rows(self):
+        return self.block_m
+
+    @property
+    def block_cols(self):
+        return self.block_n
+
+    @property
+    def persistent(self):
+        return False
+
+    def __str__(self):
+        return (f"block {self.block_m} x {self.block_n} x {self.block_k}, group {self.group_m}, "
+                f"{self.num_warps} warps, {self.num_stages} stages")
+
+
+# Triton's tensor-core dot needs every block dim >= 16; larger tiles reuse each
+# loaded element more. 128 x 256 x 64 with 8 warps and 3 stages is the Triton
+# tutorial's best bf16 tile on the H100 for large products (pointer loads, as
+# here). Shared memory per stage: (BM + BN) * BK * itemsize.
+MIN_MATMUL_BLOCK = 16
+MATMUL_SMEM_BYTES = 200 * 1024  # of the H100's 228 KB per SM, leaving room for the epilogue's layout change
+
+
+def matmul_config(m: int, n: int, k: int, dtype, *, batch: int = 1, num_sms: int = 132) -> MatmulConfig:
+    """Tile config of a ``batch x (m x k) @ (k x n)`` matmul whose operands are
+    of ``dtype`` (anything ``np.dtype`` takes). A pure function of the sizes:
+    a multi-kernel dispatcher asks it for the config of each hinted size.
+
+    Start from the large tile, shrink each block to its dim (rounded up to a
+    power of two, at least 16), then halve the larger of block_m / block_n
+    (not below 64 / 32) while the grid would leave most SMs idle: a small-M
+    product (M = 64, N = K = 4096: 64 column tiles of 256) is bound by reading
+    the weights, which needs programs on every SM."""
+    itemsize = np.dtype(dtype).itemsize
+    wide = itemsize <= 2
+    bm = max(MIN_MATMUL_BLOCK, min(next_power_of_2(m), 128))
+    bn = max(MIN_MATMUL_BLOCK, min(next_power_of_2(n), 256 if wide else 128))
+    bk = max(MIN_MATMUL_BLOCK, min(next_power_of_2(k), 64 if wide else 32))
+
+    def tiles(bm, bn):
+        return batch * ceil_div(m, bm) * ceil_div(n, bn)
+
+    while tiles(bm, bn) < num_sms:
+        if bn >= bm and bn > 32:
+            bn //= 2
+        elif bm > 64:
+            bm //= 2
+        else:
+            break
+    area = bm * bn
+    warps = 8 if area >= 128 * 256 else 4 if area >= 64 * 64 else 2
+    per_stage = (bm + bn) * bk * itemsize
+    stages = max(1, min(4 if area < 128 * 256 else 3, MATMUL_SMEM_BYTES // per_stage, ceil_div(k, bk)))
+    return MatmulConfig(bm, bn, bk, warps, stages)
+
+
+# A product whose output gives the GPU little work while K is long runs with
+# one program per output tile walking all of K: XLA splits K over programs
+# (split-K), the template does not, so such dots stay with XLA. "Little work":
+# fewer 32 x 32 output tiles than a quarter of the SMs.
+SPLIT_K_MIN_K = 4096
+
+
+def matmul_needs_split_k(batch: int, m: int, n: int, k: int, num_sms: int) -> bool:
+    return batch * ceil_div(m, 32) * ceil_div(n, 32) * 4 < num_sms and k >= SPLIT_K_MIN_K

@@ -317,6 +317,46 @@ class PartialReduction(Node):
 
 
 @dataclasses.dataclass
+class Matmul(Node):
+    """``value[b, m, n] = sum over k of lhs * rhs``, accumulated in float32: a
+    ``dot_general`` run by the matmul template (``codegen/matmul.py``).
+
+    ``shape`` is ``batch + m + n`` (jax's output order: batch dims, the lhs's
+    free dims, the rhs's free dims); ``k`` the contracting dims' sizes. The body
+    is ``Op("dot_general", (lhs, rhs))``: two loads indexed by the output
+    symbols ``i*`` and the contraction symbols ``r*`` (like a reduction's), so
+    views of the operands fold into those indices by inlining.
+    ``precision``: "default" (TF32 for float32 operands on the GPU, as XLA's
+    default) or "highest" (IEEE float32)."""
+
+    body: Expr = None
+    batch: tuple[int, ...] = ()
+    m: tuple[int, ...] = ()
+    n: tuple[int, ...] = ()
+    k: tuple[int, ...] = ()
+    precision: str = "default"
+
+    @property
+    def symbols(self):
+        return sizes.index_symbols("i", len(self.shape))
+
+    @property
+    def reduction_symbols(self):
+        return sizes.index_symbols("r", len(self.k))
+
+    @property
+    def operands(self) -> tuple[Expr, Expr]:
+        return self.body.args
+
+    def reads(self):
+        return sorted({ld.buffer for ld in loads(self.body)})
+
+    def format(self):
+        return (f"{self.name}: {self.dtype.name}{list(self.shape)} = matmul batch {list(self.batch)} m {list(self.m)} "
+                f"n {list(self.n)} k {list(self.k)} ({self.precision}) {{ {format_expr(self.body)} }}")
+
+
+@dataclasses.dataclass
 class Extern(Node):
     """A primitive run by XLA. ``outputs`` names the buffers it defines (this node's
     own name is the first); their avals are in ``out_avals``."""

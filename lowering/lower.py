@@ -12,6 +12,7 @@ import sympy
 from jax.extend import core as jex_core
 
 from lowering import ir, sizes, trace
+from lowering.options import CompileOptions
 from lowering.rules import RULES
 
 log = logging.getLogger("pallaskit")
@@ -31,7 +32,8 @@ def _is_plain(aval) -> bool:
 class LoweringContext:
     """What rules see: value loading and node creation."""
 
-    def __init__(self):
+    def __init__(self, options: CompileOptions | None = None):
+        self.options = options or CompileOptions()  # rules that depend on an option (dot_general)
         self.nodes: dict[str, ir.Node] = {}
         self.inputs: list[str] = []
         self.constants: dict[str, np.ndarray] = {}
@@ -86,6 +88,10 @@ class LoweringContext:
             body = ir.Op("convert_element_type", (body,), dtype, (("new_dtype", dtype),))
         return self._add(ir.Pointwise(self.new_name(), tuple(aval.shape), dtype, (self.current_eqn,), body=body))
 
+    def matmul(self, aval, body, **dims) -> str:
+        return self._add(ir.Matmul(self.new_name(), tuple(aval.shape), np.dtype(aval.dtype), (self.current_eqn,),
+                                   body=body, **dims))
+
     def reduction(self, aval, body, *, reduced, axes, op) -> str:
         node = ir.Reduction(self.new_name(), tuple(aval.shape), np.dtype(aval.dtype), (self.current_eqn,),
                             body=body, reduced=tuple(reduced), axes=tuple(axes), op=op)
@@ -121,10 +127,10 @@ class LoweredGraph:
     fallbacks: list[str]  # primitive names run through XLA, in first-seen order
 
 
-def lower(closed: jex_core.ClosedJaxpr) -> LoweredGraph:
+def lower(closed: jex_core.ClosedJaxpr, options: CompileOptions | None = None) -> LoweredGraph:
     """Lower a closed jaxpr to an IR graph. Its constants become graph inputs
     (hoisted), listed after the arguments in ``graph.constants``."""
-    ctx = LoweringContext()
+    ctx = LoweringContext(options)
     fallbacks: list[str] = []
     args = [ctx.input(v.aval) for v in closed.jaxpr.invars]
     consts = []

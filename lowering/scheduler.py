@@ -57,7 +57,7 @@ class Member:
 @dataclasses.dataclass
 class Kernel:
     name: str
-    kind: str  # "pointwise" | "reduction" | "mix" (row blocks walked by a persistent grid)
+    kind: str  # "pointwise" | "reduction" | "mix" (row blocks walked by a persistent grid) | "matmul"
     rows: int
     cols: int
     members: list[Member]
@@ -129,6 +129,11 @@ def materialized(graph: ir.Graph, live: set[str]) -> set[str]:
         elif isinstance(n, ir.Extern):
             keep.update(n.outputs)
             keep.update(n.reads())
+        elif isinstance(n, ir.Matmul):
+            keep.add(n.name)
+    for n in graph.nodes.values():
+        if isinstance(n, ir.Matmul) and n.name in live:
+            keep.update(matmul_operand_buffers(graph, n, keep))
     return keep
 
 
@@ -285,10 +290,12 @@ def build_groups(graph, keep, live, inliner) -> list[_Group]:
             body = inliner.body(node)
             m = Member(node, "rowwise", body, _coords_pointwise(node, node.shape))
             groups.append(_Group("pointwise", 1, node.numel, node.shape, [m], pos))
+        elif isinstance(node, ir.Matmul):
+            groups.append(_matmul_group(node, inliner.body(node), pos))
     return groups
 
 
-_KIND_RANK = {"pointwise": 0, "reduction": 1, "mix": 2}
+_KIND_RANK = {"pointwise": 0, "reduction": 1, "mix": 2, "matmul": 3}
 
 
 def _merge(a: _Group, b: _Group, order: dict) -> _Group | None:
@@ -298,6 +305,8 @@ def _merge(a: _Group, b: _Group, order: dict) -> _Group | None:
     if _KIND_RANK[a.kind] < _KIND_RANK[b.kind]:
         a, b = b, a
     base = a
+    if base.kind == "matmul":
+        return _merge_into_matmul(a, b, order)
     if base.kind == "pointwise":
         if a.domain != b.domain:
             return None
@@ -313,6 +322,121 @@ def _merge(a: _Group, b: _Group, order: dict) -> _Group | None:
             members.append(mm)
     members.sort(key=lambda m: order[m.name])
     return _Group(base.kind, base.rows, base.cols, base.domain, members, min(a.order, b.order))
+
+
+# --------------------------------------------------------------------------- #
+# Matmul groups
+# --------------------------------------------------------------------------- #
+# [Note: matmul kernels]
+# A ``Matmul`` node is a kernel of its own kind: a grid over output tiles (and
+# batch), a loop over K. Kernel coordinates: ``xb`` (flat batch index, one per
+# program), ``xr`` (flat row of the lhs's free dims), ``xc`` (flat column of
+# the rhs's free dims); ``XK`` (the flat contraction index) exists only inside
+# the operand loads. Operands: views of a materialized buffer (transpose,
+# reshape, broadcast, slice) fold into the operand's index; anything that
+# computes is materialized first (no prologue fusion: a pointwise producer
+# would be recomputed once per column tile of the output). Epilogues: pointwise
+# groups whose every member has one value per output element join the kernel
+# and run on the accumulator before the store (bias, activation, residual,
+# cast, a transposed copy of the product).
+XB, XK = sizes.symbol("xb"), sizes.symbol("xk")
+
+
+def matmul_operand_buffers(graph: ir.Graph, node: ir.Matmul, keep: set[str]) -> set[str]:
+    """Buffers the matmul loads from memory: each operand followed through
+    views (pointwise nodes whose body is one unmasked load) down to a buffer
+    that is kept anyway or that computes."""
+    out = set()
+    for ld in ir.loads(node.body):
+        buf = ld.buffer
+        while buf not in keep:
+            producer = graph.nodes.get(buf)
+            if not (isinstance(producer, ir.Pointwise) and isinstance(producer.body, ir.Load)
+                    and producer.body.mask is None):
+                break
+            buf = producer.body.buffer
+        out.add(buf)
+    return out
+
+
+def _bounded_body(body: ir.Expr, bounds: dict) -> ir.Expr:
+    """``body`` with its load indices simplified knowing each symbol's range
+    (views around a matmul leave ``i // n`` terms that are 0 or cancel)."""
+    def sub(e):
+        if isinstance(e, ir.Load):
+            return dataclasses.replace(e, index=tuple(sizes.simplify_with_bounds(i, bounds) for i in e.index))
+        return None
+
+    return ir.rewrite(body, sub)
+
+
+def matmul_kernel_bounds(node: ir.Matmul) -> dict:
+    """Ranges of the kernel coordinates of a matmul kernel."""
+    return {XB: sizes.numel(node.batch), XR: sizes.numel(node.m), XC: sizes.numel(node.n), XK: sizes.numel(node.k)}
+
+
+def _matmul_coords(node: ir.Matmul) -> dict:
+    """The matmul's own symbols in kernel coordinates."""
+    dims = [(node.batch, XB), (node.m, XR), (node.n, XC)]
+    coords, syms = {}, iter(node.symbols)
+    for shape, flat in dims:
+        for s, c in zip([next(syms) for _ in shape], sizes.unravel(flat, shape)):
+            coords[s] = c
+    coords.update(zip(node.reduction_symbols, sizes.unravel(XK, node.k)))
+    return coords
+
+
+def _matmul_group(node: ir.Matmul, body, pos) -> _Group:
+    bounds = dict(zip(node.symbols, node.shape)) | dict(zip(node.reduction_symbols, node.k))
+    member = Member(node, "matmul", _bounded_body(body, bounds), _matmul_coords(node))
+    rows = sizes.numel(node.batch) * sizes.numel(node.m)
+    return _Group("matmul", rows, sizes.numel(node.n), node, [member], pos)
+
+
+def _epilogue_member(mm: ir.Matmul, m: Member) -> Member | None:
+    """How a pointwise node sits in the matmul kernel's epilogue, or None: one
+    value per output element. Its coordinates come from its read of the
+    product (so a transposed read lands on the accumulator's own element and
+    the transpose folds into the store); failing that, from its shape."""
+    node = m.node
+    if not isinstance(node, ir.Pointwise) or node.numel != mm.numel:
+        return None
+    mm_coords = _matmul_coords(mm)
+    body = _bounded_body(m.body, dict(zip(node.symbols, node.shape)))
+    for ld in ir.loads(body):
+        if ld.buffer != mm.name:
+            continue
+        coords = {}
+        for i, s in zip(ld.index, mm.symbols):
+            if i in node.symbols and i not in coords:
+                coords[i] = mm_coords[s]
+            elif not (i == 0 or (i in coords and coords[i] == mm_coords[s])):
+                break
+        else:
+            if all(s in coords or d == 1 for s, d in zip(node.symbols, node.shape)):
+                coords.update({s: sympy.Integer(0) for s in node.symbols if s not in coords})
+                return Member(node, "rowwise", body, coords)
+    if node.shape == mm.shape:
+        return Member(node, "rowwise", body, {s: mm_coords[t] for s, t in zip(node.symbols, mm.symbols)})
+    linear = sizes.ravel([mm_coords[s] for s in mm.symbols], mm.shape)
+    kernel_bounds = matmul_kernel_bounds(mm)
+    coords = {s: sizes.simplify_with_bounds(c, kernel_bounds)
+              for s, c in zip(node.symbols, sizes.unravel(linear, node.shape))}
+    return Member(node, "rowwise", body, coords)
+
+
+def _merge_into_matmul(mm: _Group, other: _Group, order: dict) -> _Group | None:
+    """The matmul group with a pointwise group as epilogue, or None."""
+    if other.kind != "pointwise":
+        return None
+    members = list(mm.members)
+    for m in other.members:
+        mm_member = _epilogue_member(mm.domain, m)
+        if mm_member is None:
+            return None
+        members.append(mm_member)
+    members.sort(key=lambda m: order[m.name])
+    return _Group("matmul", mm.rows, mm.cols, mm.domain, members, min(mm.order, other.order))
 
 
 class Fuser:
@@ -340,6 +464,8 @@ class Fuser:
                 return None
             if not heuristics.fits_in_tile(merged.cols, self.options.max_persistent_cols):
                 return None
+        if merged.kind == "matmul" and self.options.matmul_template != "fused":
+            return None  # epilogue fusion is off: the matmul kernel stores its product alone
         if self._path_through_other(a, b) or self._path_through_other(b, a):
             return None
         if not _in_kernel_reads_ok(merged.members):
@@ -381,6 +507,8 @@ class Fuser:
         still save a launch (the finishing sums of a norm backward's dw and db)."""
         if self._adds_row_work_to_mix(a, b) and not heuristics.mix_worthwhile(a.rows, a.cols, self.options.num_sms):
             return 0, 0  # too few rows to spread the row work over the persistent grid
+        if "matmul" in (a.kind, b.kind):
+            return self._matmul_score(a, b)
         shared = (a.reads() & b.reads()) | (a.produces() & b.reads()) | (b.produces() & a.reads())
         saved = sum(self.bytes_of(s) for s in shared)
         if saved == 0 and (a.kind, a.domain) != (b.kind, b.domain):
@@ -395,6 +523,22 @@ class Fuser:
             return False
         mix, other = (a, b) if a.kind == "mix" else (b, a)
         return other.kind == "reduction" or other.domain != mix.domain[0]
+
+    def _matmul_score(self, a: _Group, b: _Group) -> tuple[int, int]:
+        """Epilogue fusion: worth the bytes of the matmul's results the other
+        group reads (no longer written and read back), plus the epilogue's
+        inputs both read. A group that reads none of the matmul kernel's
+        results gains nothing: the operands are read tile by tile in the K
+        loop, so sharing them saves no traffic."""
+        mm, other = (a, b) if a.kind == "matmul" else (b, a)
+        if other.kind != "pointwise":
+            return 0, 0
+        results = mm.produces() & other.reads()
+        if not results:
+            return 0, 0
+        epilogue_reads = {ld.buffer for m in mm.members if m.role != "matmul" for ld in ir.loads(m.body)}
+        saved = sum(self.bytes_of(s) for s in results | (epilogue_reads & other.reads()))
+        return saved, 1
 
     # -- driver ----------------------------------------------------------------------
     def run(self) -> list[_Group]:
@@ -443,7 +587,7 @@ def schedule(graph: ir.Graph, options: CompileOptions) -> Schedule:
     kernels = []
     for k, step in enumerate(steps):
         if isinstance(step, _Group):
-            kernels.append(_to_kernel(step, k, graph))
+            kernels.append(_to_kernel(step, k, graph, keep))
         else:
             kernels.append(step)
     stored = set(graph.inputs)
@@ -475,39 +619,50 @@ def _topological(groups, externs, graph):
     return out
 
 
-def _to_kernel(g: _Group, index: int, graph) -> Kernel:
+def _to_kernel(g: _Group, index: int, graph, keep=frozenset()) -> Kernel:
     ops = []
     for m in g.members:
         for e in ir.walk(m.body):
-            if isinstance(e, ir.Op) and e.op not in ops and e.op != "convert_element_type":
+            if isinstance(e, ir.Op) and e.op not in ops and e.op not in ("convert_element_type", "dot_general"):
                 ops.append(e.op)
         if isinstance(m.node, (ir.Reduction, ir.PartialReduction)):
             ops.append(m.node.op)
-    prefix = {"reduction": "red", "pointwise": "poi", "mix": "mix"}[g.kind]
+    prefix = {"reduction": "red", "pointwise": "poi", "mix": "mix", "matmul": "mm"}[g.kind]
     name = f"{prefix}_fused_{'_'.join(ops[:4]) or 'copy'}_{index}"
+    if g.kind == "matmul" and not ops:
+        name = f"mm_{index}"
     origin = []
     for m in g.members:
-        origin += [o for o in _origins(graph, m) if o not in origin]
+        origin += [o for o in _origins(graph, m, keep) if o not in origin]
     programs = max((m.node.programs for m in g.members if m.role == "column"), default=0)
     rows, cols, members = g.rows, g.cols, g.members
     if g.kind == "pointwise":
-        rows, cols, members = _pointwise_iteration(g)
+        rows, cols, members = _pointwise_iteration(g, graph)
     return Kernel(name, g.kind, rows, cols, members, sorted(g.reads()), origin, programs)
 
 
-def _pointwise_iteration(g: _Group) -> tuple[int, int, list[Member]]:
+def _pointwise_iteration(g: _Group, graph) -> tuple[int, int, list[Member]]:
     """Rows x columns of a pointwise kernel.
 
-    A pointwise group iterates its shape flat (one row) unless it loads a
-    broadcast operand: a per-channel scale ``s[c]`` read by a kernel over
-    (n, h, w, c) is a ``% c`` gather in flat iteration, but a (1, BLOCK_C)
-    load when the domain is split into rows (n, h, w) and columns (c). The
-    split is the one that makes the most broadcast loads depend on the rows
-    alone or on the columns alone (their dims are exactly a prefix or a suffix
-    of the shape; size-1 dims do not count)."""
+    A pointwise group iterates its shape flat (one row) unless some load
+    reads memory in another order than the kernel stores it:
+
+    - a broadcast operand: a per-channel scale ``s[c]`` read by a kernel over
+      (n, h, w, c) is a ``% c`` gather in flat iteration, but a (1, BLOCK_C)
+      load when the domain is split into rows (n, h, w) and columns (c). Such
+      a load votes for the split that makes it depend on the rows alone or
+      the columns alone (its dims are exactly a prefix or a suffix of the
+      shape; size-1 dims do not count);
+    - a transposed operand: its contiguous (last) dim is the domain's dim
+      ``d``, not the domain's last dim. Splitting after ``d`` makes the load
+      contiguous along rows and the store along columns; on a square tile
+      Triton exchanges the two through shared memory (a tiled transpose).
+      These votes count double: an uncoalesced load costs a memory
+      transaction per element, a broadcast gather hits the cache.
+
+    The split with the most votes wins (ties: the one with more columns)."""
     shape = g.domain
-    n = len(shape)
-    wide = [k for k in range(n) if shape[k] != 1]
+    wide = [k for k in range(len(shape)) if shape[k] != 1]
     produced = g.produces()
     votes: dict[int, int] = {}
     for m in g.members:
@@ -515,19 +670,25 @@ def _pointwise_iteration(g: _Group) -> tuple[int, int, list[Member]]:
         for ld in ir.loads(m.body):
             if ld.buffer in produced:
                 continue
-            used = set()
-            for i in ld.index:
-                used |= {pos[s] for s in getattr(sympy.sympify(i), "free_symbols", ()) if s in pos}
-            used &= set(wide)
-            if not used or used == set(wide):
+            dims = [{pos[s] for s in getattr(sympy.sympify(i), "free_symbols", ()) if s in pos} & set(wide)
+                    for i in ld.index]
+            used = set().union(*dims) if dims else set()
+            if not used:
                 continue
-            if used == set(wide[:len(used)]):  # a prefix: one value per row
-                split = wide[len(used) - 1] + 1
-            elif used == set(wide[-len(used):]):  # a suffix: one value per column
-                split = wide[-len(used)]
-            else:
+            if used != set(wide):
+                if used == set(wide[:len(used)]):  # a prefix: one value per row
+                    split = wide[len(used) - 1] + 1
+                elif used == set(wide[-len(used):]):  # a suffix: one value per column
+                    split = wide[-len(used)]
+                else:
+                    continue
+                votes[split] = votes.get(split, 0) + 1
                 continue
-            votes[split] = votes.get(split, 0) + 1
+            buf_shape, _ = graph.buffer_aval(ld.buffer)
+            inner = [d for d, n in zip(dims, buf_shape) if n != 1]
+            if inner and len(inner[-1]) == 1 and wide and min(inner[-1]) != wide[-1]:
+                split = min(inner[-1]) + 1
+                votes[split] = votes.get(split, 0) + 2
     if not votes:
         return g.rows, g.cols, g.members
     split = max(votes, key=lambda k: (votes[k], -k))
@@ -537,14 +698,15 @@ def _pointwise_iteration(g: _Group) -> tuple[int, int, list[Member]]:
     return sizes.numel(rows), sizes.numel(cols), members
 
 
-def _origins(graph, m: Member) -> list[str]:
-    """Equations behind a member: its own and those of the nodes inlined into it."""
+def _origins(graph, m: Member, keep=frozenset()) -> list[str]:
+    """Equations behind a member: its own and those of the nodes inlined into
+    it (not those of materialized buffers it reads: ``keep``)."""
     out = list(m.node.origin)
     seen = {m.name}
     stack = list(m.node.reads())
     while stack:
         b = stack.pop()
-        if b in seen or b not in graph.nodes:
+        if b in seen or b not in graph.nodes or b in keep:
             continue
         seen.add(b)
         n = graph.nodes[b]

@@ -147,3 +147,79 @@ class _Printer(sympy.printing.str.StrPrinter):
 
     def _print_BooleanTrue(self, e):
         return "True"
+
+
+# --------------------------------------------------------------------------- #
+# Simplification with known ranges
+# --------------------------------------------------------------------------- #
+def value_range(expr, bounds: dict) -> tuple[int, int] | None:
+    """[lo, hi] of an integer index expression whose symbols satisfy
+    ``0 <= s < bounds[s]``; None when some part is unknown."""
+    expr = sympy.sympify(expr)
+    if expr.is_Integer:
+        return int(expr), int(expr)
+    if expr.is_Symbol:
+        return (0, int(bounds[expr]) - 1) if expr in bounds else None
+    if expr.is_Add:
+        lo = hi = 0
+        for term in expr.args:
+            r = value_range(term, bounds)
+            if r is None:
+                return None
+            lo, hi = lo + r[0], hi + r[1]
+        return lo, hi
+    if expr.is_Mul:
+        coeff, rest = expr.as_coeff_Mul()
+        r = value_range(rest, bounds) if coeff != 1 else None
+        if r is None or not coeff.is_Integer:
+            return None
+        a, b = int(coeff) * r[0], int(coeff) * r[1]
+        return min(a, b), max(a, b)
+    if isinstance(expr, FloorDiv) and expr.args[1].is_Integer and int(expr.args[1]) > 0:
+        r = value_range(expr.args[0], bounds)
+        d = int(expr.args[1])
+        return None if r is None else (r[0] // d, r[1] // d)
+    return None
+
+
+def _fold_floordiv(a, d: int, bounds: dict):
+    """``a // d`` using ranges: 0 when ``0 <= a < d``; ``(q*g + r) // d`` is
+    ``q // (d/g)`` when ``g`` divides ``d`` and ``0 <= r < g``."""
+    r = value_range(a, bounds)
+    if r is not None and r[0] >= 0 and r[1] < d:
+        return sympy.Integer(0)
+    if a.is_Add:
+        terms = a.args
+        for g in sorted(sympy.divisors(d), reverse=True):
+            if g == 1:
+                break
+            whole = [t for t in terms if (c := t.as_coeff_Mul()[0]).is_Integer and int(c) % g == 0]
+            rest = [t for t in terms if t not in whole]
+            if not whole or not rest:
+                continue
+            rr = value_range(sympy.Add(*rest), bounds)
+            if rr is not None and rr[0] >= 0 and rr[1] < g:
+                return FloorDiv(sympy.expand(sympy.Add(*whole) / g), d // g)
+    return None
+
+
+def simplify_with_bounds(expr, bounds: dict):
+    """``expr`` with floor divisions (and so moduli) folded where the ranges
+    ``0 <= s < bounds[s]`` of its symbols decide them: a reshape's
+    ``(5*i + j + i2 // 8) % ...`` over ``i2 < 8`` becomes ``5*i + j``."""
+    expr = sympy.sympify(expr)
+    if not expr.has(FloorDiv):
+        return simplify(expr)
+    for _ in range(8):  # each pass folds the innermost divisions; nests are shallow
+        def fold(e):
+            if e.args[1].is_Integer and int(e.args[1]) > 0:
+                out = _fold_floordiv(e.args[0], int(e.args[1]), bounds)
+                if out is not None:
+                    return out
+            return e
+
+        new = simplify(expr.replace(lambda e: isinstance(e, FloorDiv), fold))
+        if new == expr:
+            return new
+        expr = new
+    return expr

@@ -86,6 +86,24 @@ def _check_metric_tables(v):
     return ",".join(dict.fromkeys(names))
 
 
+MATMUL_TEMPLATE_MODES = ("fused", "unfused", "off")
+
+
+def _check_matmul_template(v):
+    """A mode name; booleans (and their text forms) mean 'fused' or 'off'."""
+    if isinstance(v, bool):
+        return "fused" if v else "off"
+    if isinstance(v, str):
+        t = v.strip().lower()
+        if t in MATMUL_TEMPLATE_MODES:
+            return t
+        try:
+            return "fused" if _parse_bool(t) else "off"
+        except ValueError:
+            pass
+    raise ValueError(f"expected one of {', '.join(MATMUL_TEMPLATE_MODES)} (or a boolean), got {v!r}")
+
+
 def _check_partitioner(v):
     from lowering.partition import PARTITIONERS
 
@@ -117,6 +135,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            _parse_bool, _check_bool, "true, false"),
     Option("num_sms", 0, "Streaming multiprocessors to size grids for (0: the default device's count; "
            "4 on the CPU).", int, _check_nonneg_int, "an int >= 0"),
+    Option("matmul_template", "fused", "dot_general through pallaskit's matmul template: 'fused' (pointwise "
+           "consumers such as bias, activation, residual and casts fuse into its store), 'unfused' (the template "
+           "alone), 'off' (XLA runs every dot_general). Integer dots and some precision configs always run through "
+           "XLA.", str, _check_matmul_template, "'fused', 'unfused', 'off' (true means 'fused', false 'off')"),
     Option("log_fallbacks", True, "Log one line per primitive run through XLA (once per primitive).",
            _parse_bool, _check_bool, "true, false"),
     Option("partitioner", "min_cut", "How a differentiated function is split into forward and backward "

@@ -80,8 +80,32 @@ def run(name, variant, f, args, floor, ref, cfg=None, staged=False):
         H.pointwise_config = ORIG
 
 
+def square(r, c, warps):
+    return lambda rows, cols: H.TileConfig(min(H.next_power_of_2(rows), r), min(H.next_power_of_2(cols), c), warps, True)
+
+
+def transposes(rng):
+    """Tiled transposes: (8192, 8192) and NCHW -> NHWC, bf16."""
+    orig_t = H.transpose_config
+    a = jnp.asarray(rng.standard_normal((8192, 8192)), jnp.bfloat16)
+    c = jnp.asarray(rng.standard_normal((32, 1024, 25, 25)), jnp.bfloat16)
+    cases = (("transpose 8192^2", lambda x: x.T * 2.0 + 1.0, a),
+             ("nchw->nhwc", lambda x: jnp.transpose(x, (0, 2, 3, 1)) * 2.0 + 1.0, c))
+    for nm, f, x in cases:
+        floor = 2 * x.size * 2 / 3.0e12 * 1e3
+        run_many(nm, "xla", f, (x,), floor)
+        run_many(nm, "pallaskit", f, (x,), floor)
+        for r, cc, wp in ((32, 32, 4), (64, 64, 4), (64, 64, 8), (128, 32, 4), (32, 128, 4), (128, 128, 8)):
+            H.transpose_config = square(r, cc, wp)
+            run_many(nm, f"tile {r}x{cc}/{wp}w", f, (x,), floor)
+        H.transpose_config = orig_t
+
+
 def main():
     rng = np.random.default_rng(0)
+    transposes(rng)
+    if sys.argv[1:] == ["transposes"]:
+        return dump()
     bf = jnp.bfloat16
     xn = jnp.asarray(rng.standard_normal((32, 25, 25, 1024)), bf)
     s = jnp.asarray(rng.standard_normal((1, 1024, 1, 1)), bf)
@@ -125,6 +149,10 @@ def main():
     with pallaskit.config.override(cache=False):
         emit(dict(name="dispatch 8x128", variant="pallaskit",
                   host_us_per_call=round(host_us(pallaskit.jit(add), (small, small)), 1)))
+    dump()
+
+
+def dump():
     with open(os.path.join(OUT, "probe_pointwise.json"), "w") as fh:
         json.dump(RESULTS, fh, indent=1)
 

@@ -69,6 +69,23 @@ def test_pointwise_iteration_follows_broadcast_operands(rng, dtype, case):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("perm,shape,iteration", [
+    ((1, 0), (37, 50), (50, 37)),
+    ((0, 2, 3, 1), (2, 3, 5, 7), (2 * 5 * 7, 3)),  # NCHW -> NHWC
+    ((0, 3, 1, 2), (2, 5, 7, 3), (2 * 3, 5 * 7)),  # NHWC -> NCHW
+    ((1, 0, 2), (6, 1, 9), (1, 6 * 9)),  # moves a size-1 dim only: nothing transposed
+])
+def test_transposed_output_is_a_tiled_transpose(rng, dtype, perm, shape, iteration):
+    """A kernel whose store order differs from its load order iterates rows
+    (the load's contiguous dim) x columns (the store's) on a square tile."""
+    x = jnp.asarray(rng.standard_normal(shape), dtype)
+    e = _check(lambda a: jnp.transpose(a, perm) * 2.0 + 1.0, x)
+    assert len(e.kernels) == 1 and e.kernels[0].iteration == iteration
+    tiled = "BLOCK_R, BLOCK_C = 1," not in e.kernels[0].source
+    assert tiled == (iteration[0] > 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(33, 100), (4, 1, 257), (1, 7)])
 def test_softmax_last_axis_is_one_kernel(rng, dtype, shape):
     x = jnp.asarray(rng.standard_normal(shape) * 3, dtype)

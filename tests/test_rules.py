@@ -392,6 +392,21 @@ for _aname, _axis in _AXES:
        shapes=RED_SHAPES)
 
 
+# -- matmul (the template; tests/test_matmul.py has the forms and epilogues) ----------
+def _matmul_args(rhs_shape):
+    """x of the case's shape and a second operand of ``rhs_shape(shape)``, scaled
+    so the products stay O(1)."""
+    def g(rng, s, d):
+        return [normal(1.0)(rng, s, d), normal(s[-1] ** -0.5)(rng, rhs_shape(s), d)]
+    return g
+
+
+op("dot_general", "dot_general", lambda x, w: x @ w, _matmul_args(lambda s: (s[-1], 6)), tol="sum")
+op("dot_general_batched_transposed", "dot_general",
+   lambda x, w: lax.dot_general(x, w, (((x.ndim - 1,), (2,)), ((0,), (0,)))),
+   _matmul_args(lambda s: (s[0], 6, s[-1])), tol="sum")
+
+
 # --------------------------------------------------------------------------- #
 # Cases
 # --------------------------------------------------------------------------- #

@@ -388,7 +388,10 @@ def _is_reduction(kernel, name):
 
 def kernel_config(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> heuristics.TileConfig:
     if kernel.kind == "pointwise":
-        cfg = heuristics.pointwise_config(kernel.rows, kernel.cols)
+        if _transposed_load(kernel, schedule):
+            cfg = heuristics.transpose_config(kernel.rows, kernel.cols)
+        else:
+            cfg = heuristics.pointwise_config(kernel.rows, kernel.cols)
     elif kernel.kind == "mix":
         cfg = heuristics.mix_config(kernel.rows, kernel.cols, whole_rows=_whole_rows(kernel),
                                     programs=kernel.programs)
@@ -400,6 +403,20 @@ def kernel_config(kernel: Kernel, schedule: Schedule, options: CompileOptions) -
     if options.num_warps:
         cfg = dataclasses.replace(cfg, num_warps=options.num_warps)
     return cfg
+
+
+def _transposed_load(kernel, schedule) -> bool:
+    """Does a pointwise kernel load memory contiguously along its rows (the
+    store is contiguous along its columns)? Then it is a tiled transpose."""
+    for m in kernel.members:
+        for ld in ir.loads(_kernel_coords_body(m)):
+            if ld.buffer not in kernel.reads:
+                continue
+            shape, _ = schedule.graph.buffer_aval(ld.buffer)
+            off = sizes.simplify(sizes.ravel(ld.index, shape))
+            if XC in off.free_symbols and off.coeff(XR) == 1 and off.coeff(XC) != 1:
+                return True
+    return False
 
 
 def _reduction_is_inner(kernel, schedule) -> bool:
@@ -670,8 +687,10 @@ def _wrap_kernel(kernel: Kernel, schedule: Schedule, cfg, em: _KernelEmitter, bo
 def render(schedule: Schedule, options: CompileOptions, title: str = "") -> RenderedProgram:
     graph = schedule.graph
     kernels, helpers = [], set()
+    from lowering.codegen.matmul import render_matmul  # it builds on this module's emitter
+
     for k in schedule.kernels:
-        rk, hs = render_kernel(k, schedule, options)
+        rk, hs = (render_matmul if k.kind == "matmul" else render_kernel)(k, schedule, options)
         kernels.append(rk)
         helpers |= hs
     w = SourceWriter()

@@ -18,7 +18,7 @@ RULES: dict[str, "Rule"] = {}
 class Rule:
     primitive: str
     fn: Callable
-    kind: str  # "pointwise" | "view" | "reduction"
+    kind: str  # "pointwise" | "view" | "reduction" | "matmul"
     note: str = ""
 
 
@@ -46,4 +46,4 @@ def coverage_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-from lowering.rules import pointwise, reductions, views  # noqa: E402,F401  (registration)
+from lowering.rules import matmul, pointwise, reductions, views  # noqa: E402,F401  (registration)

@@ -1,0 +1,208 @@
+"""The matmul template: a scheduled ``matmul`` kernel as a Pallas kernel.
+
+[Note: the matmul template]
+One program per output tile of ``BLOCK_M x BLOCK_N`` (and per batch entry),
+grid flattened to one axis (``xb``, then tile rows in groups of ``GROUP_M``
+for L2 reuse, as in Triton's matmul tutorial). Each program loops over K,
+``BLOCK_K`` at a time, loading an A tile (``BLOCK_M x BLOCK_K``) and a B tile
+(``BLOCK_K x BLOCK_N``) with gather-style loads from flat refs (offsets
+computed from the operands' index expressions, so transposed and batched
+operands need no copy), and accumulates ``jnp.dot`` in float32. Edges:
+rows past M and columns past N read row ``xr % M`` / column ``xc % N`` (in
+bounds, never stored: the loads need no mask); the K tail is masked to 0.
+Blocks are powers of two of at least 16 (Triton's dot), so any M, N, K works.
+
+After the loop the accumulator is the matmul's value at ``(xb, xr, xc)``;
+the epilogue (pointwise members, ``scheduler._epilogue_member``) is rendered
+by the Pallas renderer's kernel emitter, which reads the matmul's buffer as
+that tile, and the stores are masked at the edges.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import sympy
+
+from lowering import heuristics, ir, sizes
+from lowering.codegen import pallas
+from lowering.codegen.writer import SourceWriter
+from lowering.options import CompileOptions
+from lowering.scheduler import XC, XK, XR, Kernel, Schedule, _origins, matmul_kernel_bounds
+
+# Names of the index variables inside the kernel (sympy symbols print as their names).
+_A_ROW, _A_K = sizes.symbol("xra"), sizes.symbol("ka")  # A tile: (BLOCK_M, 1) rows, (1, BLOCK_K) k
+_B_K, _B_COL = sizes.symbol("kb"), sizes.symbol("xcb")  # B tile: (BLOCK_K, 1) k, (1, BLOCK_N) columns
+
+
+class _MatmulEmitter(pallas._KernelEmitter):
+    """The Pallas kernel emitter, reading in-kernel tiles (the accumulator)
+    from ``tile_values`` instead of memory."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tile_values: dict[str, tuple[str, frozenset]] = {}
+
+    def _load(self, ld: ir.Load):
+        if ld.buffer in self.tile_values:
+            return self.tile_values[ld.buffer]  # legality: read at the accumulator's own element
+        return super()._load(ld)
+
+
+def matmul_dims(node: ir.Matmul) -> tuple[int, int, int, int]:
+    """(batch, M, N, K) of a matmul node, each flattened."""
+    return tuple(sizes.numel(d) for d in (node.batch, node.m, node.n, node.k))
+
+
+def matmul_kernel_config(kernel: Kernel, options: CompileOptions) -> heuristics.MatmulConfig:
+    node = _matmul_member(kernel).node
+    b, m, n, k = matmul_dims(node)
+    cfg = heuristics.matmul_config(m, n, k, node.operands[0].dtype, batch=b, num_sms=options.num_sms)
+    if options.num_warps:
+        cfg = dataclasses.replace(cfg, num_warps=options.num_warps)
+    return cfg
+
+
+def _matmul_member(kernel: Kernel):
+    return next(m for m in kernel.members if m.role == "matmul")
+
+
+def render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
+    """(RenderedKernel, helper names) of a matmul kernel."""
+    cfg = matmul_kernel_config(kernel, options)
+    em = _MatmulEmitter(kernel, schedule, cfg, options)
+    mm = _matmul_member(kernel)
+    node: ir.Matmul = mm.node
+    em.bounds = matmul_kernel_bounds(node)
+    b, m, n, k = matmul_dims(node)
+    m_blocks, n_blocks, k_blocks = (-(-m // cfg.block_m)), (-(-n // cfg.block_n)), (-(-k // cfg.block_k))
+    w = em.w
+
+    # -- which tile -----------------------------------------------------------------
+    w.line("pid = pl.program_id(0).astype(IDX)")
+    tiles = m_blocks * n_blocks
+    tile = "pid"
+    if b > 1 and tiles == 1:
+        w.line("xb, tile = pid, 0")
+        tile = "tile"
+    elif b > 1:
+        w.line(f"xb = pid // {tiles}")
+        w.line(f"tile = pid % {tiles}")
+        tile = "tile"
+    if n_blocks == 1:
+        w.line(f"pid_m, pid_n = {tile}, 0")
+    elif m_blocks == 1:
+        w.line(f"pid_m, pid_n = 0, {tile}")
+    else:
+        group = cfg.group_m * n_blocks
+        w.line("# GROUP_M row blocks walk the column blocks together, sharing B tiles in L2")
+        w.line(f"first_m = ({tile} // {group}) * GROUP_M")
+        w.line(f"group_rows = jnp.minimum({m_blocks} - first_m, GROUP_M)")
+        w.line(f"pid_m = first_m + ({tile} % {group}) % group_rows")
+        w.line(f"pid_n = ({tile} % {group}) // group_rows")
+    w.line("xr = pid_m * BLOCK_M + lax.broadcasted_iota(IDX, (BLOCK_M, 1), 0)")
+    w.line("xc = pid_n * BLOCK_N + lax.broadcasted_iota(IDX, (1, BLOCK_N), 1)")
+    w.line("rmask = xr < M")
+    w.line("cmask = xc < N")
+
+    # -- the K loop -----------------------------------------------------------------
+    lhs, rhs = (ir.substitute_index(op, mm.coords) for op in mm.body.args)
+    a_rows, b_cols = XR, XC
+    if m % cfg.block_m:
+        w.line("xra = xr % M  # rows past M read a valid row; they are never stored")
+        a_rows = _A_ROW
+    if n % cfg.block_n:
+        w.line("xcb = xc % N")
+        b_cols = _B_COL
+    a_off = _operand_offset(em, lhs, {XR: a_rows, XK: _A_K})
+    b_off = _operand_offset(em, rhs, {XK: _B_K, XC: b_cols})
+    a_vars = {a_rows, _A_K}
+    b_vars = {_B_K, b_cols}
+    k_tail = k % cfg.block_k != 0
+    dot_kw = "preferred_element_type=jnp.float32"
+    if node.precision == "highest" and lhs.dtype == np.float32:
+        dot_kw = "precision=lax.Precision.HIGHEST, " + dot_kw
+    w.line("def k_step(step, acc):")
+    with w.indent():
+        w.line("ka = step * BLOCK_K + lax.broadcasted_iota(IDX, (1, BLOCK_K), 1)")
+        w.line("kb = step * BLOCK_K + lax.broadcasted_iota(IDX, (BLOCK_K, 1), 0)")
+        for name, ref, off, free, shape, kmask in (
+                ("a", em.in_refs[lhs.buffer], a_off, a_vars, "(BLOCK_M, BLOCK_K)", "ka < K"),
+                ("b", em.in_refs[rhs.buffer], b_off, b_vars, "(BLOCK_K, BLOCK_N)", "kb < K")):
+            text = sizes.to_source(off)
+            if not free <= off.free_symbols:
+                text = f"jnp.broadcast_to({text}, {shape})" if off.free_symbols else f"jnp.full({shape}, {text}, IDX)"
+            mask = f", mask=jnp.broadcast_to({kmask}, {shape}), other=0" if k_tail else ""
+            w.line(f"{name} = plt.load({ref}.at[{text}]{mask})")
+        w.line(f"return acc + jnp.dot(a, b, {dot_kw})")
+    w.line("acc = lax.fori_loop(0, K_BLOCKS, k_step, jnp.zeros((BLOCK_M, BLOCK_N), jnp.float32))")
+
+    # -- epilogue and stores ----------------------------------------------------------
+    full = frozenset("rc")
+    tile_var = "acc"
+    if node.dtype != np.float32:
+        w.line(f"mm = acc.astype({pallas.dtype_source(node.dtype)})")
+        tile_var = "mm"
+        em.wide_of["mm"] = "acc"  # a 16-bit product feeds its epilogue unrounded (allow_excess_precision)
+    em.tile_values[node.name] = (tile_var, full)
+    if mm.store:
+        em.store(mm, tile_var, full)
+    for member in kernel.members:
+        if member is mm:
+            continue
+        var, ext = em.value(pallas._kernel_coords_body(member))
+        if member.store:
+            em.store(member, var, ext)
+    return _wrap(kernel, node, cfg, em, (b, m, n, k), (m_blocks, n_blocks, k_blocks)), em.helpers
+
+
+def _operand_offset(em, load: ir.Load, names: dict) -> sympy.Expr:
+    """Flat offset of an operand load, in the tile's index variables."""
+    if load.mask is not None:
+        raise NotImplementedError("masked operand load")  # the scheduler materializes pads and concats
+    off = sizes.simplify_with_bounds(em.offset(load.buffer, load.index), em.bounds)
+    return sizes.simplify(off.xreplace(names))
+
+
+def _wrap(kernel: Kernel, node: ir.Matmul, cfg: heuristics.MatmulConfig, em, dims, blocks) -> pallas.RenderedKernel:
+    b, m, n, k = dims
+    m_blocks, n_blocks, k_blocks = blocks
+    w = SourceWriter()
+    w.line(f"# kernel {kernel.name}: matmul {'%d x ' % b if b > 1 else ''}({m} x {k}) @ ({k} x {n}), {cfg}")
+    own = _origins(em.graph, _matmul_member(kernel), em.schedule.stored)
+    w.line("# matmul (operand views folded into its loads):")
+    for eq in own:
+        w.line(f"#   {eq}")
+    epilogue = [eq for eq in kernel.origin if eq not in own]
+    if epilogue:
+        w.line("# epilogue:")
+        for eq in epilogue:
+            w.line(f"#   {eq}")
+    ins = list(em.in_refs.values())
+    outs = list(em.out_refs.values())
+    w.line(f"def {kernel.name}_kernel({', '.join(ins + outs)}):")
+    with w.indent():
+        w.line(f"M, N, K = {m}, {n}, {k}")
+        w.line(f"BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M = {cfg.block_m}, {cfg.block_n}, {cfg.block_k}, {cfg.group_m}")
+        w.line(f"K_BLOCKS = {k_blocks}")
+        w.line("BLOCK_R, BLOCK_C = BLOCK_M, BLOCK_N  # the epilogue's tile")
+        w.line(f"IDX = {em.index_dtype}")
+    w.lines.append(em.w.source().rstrip("\n"))
+    w.line()
+    out_shapes = [f"jax.ShapeDtypeStruct(({mem.node.numel},), {pallas.dtype_source(mem.node.dtype)})"
+                  for mem in kernel.members if mem.store]
+    args = [f"in{i}" for i in range(len(ins))]
+    w.line(f"def {kernel.name}({', '.join(args)}):")
+    with w.indent():
+        w.line("return pl.pallas_call(")
+        with w.indent():
+            w.line(f"{kernel.name}_kernel,")
+            w.line(f"out_shape=({', '.join(out_shapes)},),")
+            w.line(f"grid=({b * m_blocks * n_blocks},),")
+            w.line(f"in_specs=[{', '.join(['ANY'] * len(ins))}],")
+            w.line(f"out_specs=({', '.join(['ANY'] * len(outs))},),")
+            w.line("interpret=INTERPRET,")
+            w.line(f"name={kernel.name!r},")
+            w.line(f"compiler_params=plt.CompilerParams(num_warps={cfg.num_warps}, num_stages={cfg.num_stages}),")
+        w.line(f")({', '.join(a + '.reshape(-1)' for a in args)})")
+    return pallas.RenderedKernel(kernel.name, w.source(), list(kernel.origin), cfg)

@@ -1,0 +1,120 @@
+"""``dot_general``: an ``ir.Matmul`` node, run by the matmul template.
+
+Every dimension placement jax produces is accepted (batch dims anywhere,
+contracting and free dims in any order, so transposed operands need no copy):
+the node's body loads each operand at an index built from the output symbols
+and the contraction symbols, and the renderer turns those indices into tile
+offsets. What the template does not do stays an XLA ``Extern`` (the rule
+raises ``NotImplementedError``, ``lower`` falls back); ``unsupported`` says why.
+"""
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from lowering import heuristics, ir
+from lowering.rules import register_lowering
+
+# Operand and result dtypes the template handles: Triton's tensor-core dot takes
+# 16-bit floats and float32 (TF32 or IEEE), accumulating in float32.
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(np.float16))
+
+
+def precision_of(precision) -> str | None:
+    """'default' or 'highest' for the precisions the template honours; None
+    for the rest (they stay with XLA).
+
+    On the GPU, XLA runs float32 dots at DEFAULT and HIGH precision in TF32 and
+    at HIGHEST in IEEE float32 (``lax.Precision``'s documentation); Pallas'
+    Triton lowering does the same for ``jnp.dot(..., precision=...)``. An
+    operand pair that disagrees (DEFAULT with HIGHEST) and the explicit
+    ``DotAlgorithmPreset`` algorithms (bf16x3, tf32x3, ...) are left to XLA:
+    the template would round differently."""
+    if precision is None:
+        return "default"
+    if isinstance(precision, lax.DotAlgorithmPreset):
+        return "default" if precision == lax.DotAlgorithmPreset.DEFAULT else None
+    if isinstance(precision, lax.Precision):
+        precision = (precision, precision)
+    if not isinstance(precision, tuple) or len(precision) != 2:
+        return None
+    names = set()
+    for p in precision:
+        if p is None:
+            names.add("default")
+        elif isinstance(p, lax.Precision):
+            names.add("highest" if p == lax.Precision.HIGHEST else "default")
+        else:
+            return None
+    return names.pop() if len(names) == 1 else None
+
+
+def unsupported(eqn, options) -> str:
+    """Why the template can't run this dot_general ('' when it can)."""
+    if options.matmul_template == "off":
+        return "option matmul_template is 'off'"
+    lhs, rhs = (v.aval for v in eqn.invars)
+    out = eqn.outvars[0].aval
+    if np.dtype(lhs.dtype) != np.dtype(rhs.dtype):
+        return f"mixed operand dtypes {lhs.dtype} x {rhs.dtype} (Triton's dot takes one dtype)"
+    if np.dtype(lhs.dtype) not in FLOAT_DTYPES or np.dtype(out.dtype) not in FLOAT_DTYPES:
+        # Integer dots (int8 x int8 -> int32 included) and float64: XLA's are exact
+        # and fast; the template's float32 accumulator is neither.
+        return f"{lhs.dtype} x {rhs.dtype} -> {out.dtype} is not a float16/bfloat16/float32 dot"
+    if precision_of(eqn.params.get("precision")) is None:
+        return f"precision {eqn.params.get('precision')} is not DEFAULT or HIGHEST on both operands"
+    (lc, _), (lb, _) = eqn.params["dimension_numbers"]
+    b = math.prod(lhs.shape[d] for d in lb)
+    k = math.prod(lhs.shape[d] for d in lc)
+    m = math.prod(lhs.shape) // (b * k)
+    n = math.prod(rhs.shape) // (b * k)
+    if heuristics.matmul_needs_split_k(b, m, n, k, options.num_sms):
+        return f"output {b}x{m}x{n} too small for K={k} without split-K (heuristics.matmul_needs_split_k)"
+    # No other size limit: a small product is launch-bound either way, and the
+    # template saves the launches (and round trips) of its fused epilogues.
+    return ""
+
+
+@register_lowering("dot_general", kind="matmul",
+                   note="matmul template (float32 accumulation, fused epilogues); integer/float64 dots, mixed "
+                        "operand dtypes and precisions other than DEFAULT/HIGHEST run through XLA")
+def _dot_general(ctx, eqn, lhs, rhs):
+    reason = unsupported(eqn, ctx.options)
+    if reason or isinstance(lhs, ir.Const) or isinstance(rhs, ir.Const):
+        raise NotImplementedError(reason or "literal operand")
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    lc, rc, lb, rb = (tuple(int(d) for d in ds) for ds in (lc, rc, lb, rb))
+    lshape, rshape = tuple(eqn.invars[0].aval.shape), tuple(eqn.invars[1].aval.shape)
+    lfree = [d for d in range(len(lshape)) if d not in lc and d not in lb]
+    rfree = [d for d in range(len(rshape)) if d not in rc and d not in rb]
+    nb, nm = len(lb), len(lfree)
+    out_aval = eqn.outvars[0].aval
+    i = ctx.symbols(len(out_aval.shape))
+    r = ctx.symbols(len(lc), prefix="r")
+
+    def operand_index(ndim, batch, contract, free, free_offset):
+        idx = []
+        for d in range(ndim):
+            if d in batch:
+                idx.append(i[batch.index(d)])
+            elif d in contract:
+                idx.append(r[contract.index(d)])
+            else:
+                idx.append(i[free_offset + free.index(d)])
+        return tuple(idx)
+
+    a = ctx.load(lhs, operand_index(len(lshape), lb, lc, lfree, nb))
+    b = ctx.load(rhs, operand_index(len(rshape), rb, rc, rfree, nb + nm))
+    body = ir.Op("dot_general", (a, b), np.dtype(out_aval.dtype))
+    dims = dict(batch=tuple(lshape[d] for d in lb), m=tuple(lshape[d] for d in lfree),
+                n=tuple(rshape[d] for d in rfree), k=tuple(lshape[d] for d in lc),
+                precision=precision_of(eqn.params.get("precision")))
+    # jaxprs repeat equations (``x @ w`` written twice): one node computes both.
+    for node in ctx.nodes.values():
+        if (isinstance(node, ir.Matmul) and node.body == body and node.shape == tuple(out_aval.shape)
+                and all(getattr(node, f) == v for f, v in dims.items())):
+            return [node.name]
+    return [ctx.matmul(out_aval, body, **dims)]
