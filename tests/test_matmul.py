@@ -156,7 +156,7 @@ def test_gelu_bias_cast_mlp_layer_is_one_kernel_and_readable(rng):
     src = k.source
     assert "# matmul (operand views folded into its loads):" in src and "# epilogue:" in src
     assert "lax.fori_loop(0, K_BLOCKS, k_step" in src and "preferred_element_type=jnp.float32" in src
-    assert "(matmul)" in str(e) and "matmul" in e.ir_after
+    assert "(matmul, " in str(e) and "matmul" in e.ir_after
 
 
 def test_batched_epilogue_with_batched_residual(rng):
