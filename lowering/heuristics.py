@@ -227,6 +227,24 @@ def matmul_config(m: int, n: int, k: int, dtype, *, batch: int = 1, num_sms: int
     return MatmulConfig(bm, bn, bk, warps, stages)
 
 
+# Where the template beats XLA (option matmul_template="auto"). H100, bf16,
+# scratch/probe_matmul.py, template vs XLA (cuBLAS): M = 64 and 256 rows with
+# N = K = 4096: 1.45x and 1.25-1.6x faster (XLA's small-M kernels leave the
+# GPU underused); M = 4096-8192: 0.86-0.93x, and 0.74-0.77x for the weight
+# gradients (transposed lhs); float32 (TF32 in XLA): 0.21x. A whole training
+# step (8192x1024, MLP 4096) took as long with every matmul in the template,
+# gelu epilogues fused, as with every matmul in XLA (0.983 vs 0.981 ms): the
+# fused epilogue does not make up for the slower product.
+MATMUL_TEMPLATE_MAX_ROWS = 512
+
+
+def matmul_template_wins(batch: int, m: int, n: int, k: int, dtype) -> bool:
+    """Is the template expected to beat XLA on this product? 16-bit operands
+    and few output rows (each batch's M, or N when the product is computed
+    transposed: the smaller free side)."""
+    return np.dtype(dtype).itemsize == 2 and min(m, n) <= MATMUL_TEMPLATE_MAX_ROWS
+
+
 # A product whose output gives the GPU little work while K is long runs with
 # one program per output tile walking all of K: XLA splits K over programs
 # (split-K), the template does not, so such dots stay with XLA. "Little work":

@@ -13,7 +13,7 @@ from jax.extend import core as jex_core
 
 from lowering import ir, sizes, trace
 from lowering.options import CompileOptions
-from lowering.rules import RULES
+from lowering.rules import RULES, PreferXLA
 
 log = logging.getLogger("pallaskit")
 
@@ -192,6 +192,8 @@ def _lower_eqn(ctx, eqn, invals, fallbacks):
     if rule is not None and not eqn.effects and all(_is_plain(a) for a in avals):
         try:
             return rule.fn(ctx, eqn, *invals)
+        except PreferXLA:
+            return ctx.extern(eqn, invals)
         except NotImplementedError:
             pass
     # Literal operands of an extern must be real arrays.

@@ -17,7 +17,9 @@ class CompileOptions:
     layout_propagation: bool = True  # intermediates take their dominant input's stride order
     allow_excess_precision: bool = True  # 16-bit float chains round once, at the store (as XLA's flag)
     num_sms: int = 132  # streaming multiprocessors of the target GPU (grid sizing)
-    matmul_template: str = "fused"  # dot_general: "fused" (template + epilogues), "unfused" (template alone), "off" (XLA)
+    # dot_general: "auto" (template + epilogues where heuristics.matmul_template_wins, else XLA),
+    # "fused" (template + epilogues wherever supported), "unfused" (template alone), "off" (XLA)
+    matmul_template: str = "auto"
 
     def key(self) -> str:
         """Stable text of every field, for cache keys."""

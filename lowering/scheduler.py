@@ -464,7 +464,7 @@ class Fuser:
                 return None
             if not heuristics.fits_in_tile(merged.cols, self.options.max_persistent_cols):
                 return None
-        if merged.kind == "matmul" and self.options.matmul_template != "fused":
+        if merged.kind == "matmul" and self.options.matmul_template == "unfused":
             return None  # epilogue fusion is off: the matmul kernel stores its product alone
         if self._path_through_other(a, b) or self._path_through_other(b, a):
             return None

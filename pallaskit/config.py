@@ -86,7 +86,7 @@ def _check_metric_tables(v):
     return ",".join(dict.fromkeys(names))
 
 
-MATMUL_TEMPLATE_MODES = ("fused", "unfused", "off")
+MATMUL_TEMPLATE_MODES = ("auto", "fused", "unfused", "off")
 
 
 def _check_matmul_template(v):
@@ -135,10 +135,12 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            _parse_bool, _check_bool, "true, false"),
     Option("num_sms", 0, "Streaming multiprocessors to size grids for (0: the default device's count; "
            "4 on the CPU).", int, _check_nonneg_int, "an int >= 0"),
-    Option("matmul_template", "fused", "dot_general through pallaskit's matmul template: 'fused' (pointwise "
-           "consumers such as bias, activation, residual and casts fuse into its store), 'unfused' (the template "
-           "alone), 'off' (XLA runs every dot_general). Integer dots and some precision configs always run through "
-           "XLA.", str, _check_matmul_template, "'fused', 'unfused', 'off' (true means 'fused', false 'off')"),
+    Option("matmul_template", "auto", "dot_general through pallaskit's matmul template: 'auto' (the template "
+           "where heuristics expect it to beat XLA: 16-bit operands, few rows; XLA elsewhere), 'fused' (the template "
+           "wherever it applies, pointwise consumers such as bias, activation, residual and casts fused into its "
+           "store), 'unfused' (the template alone), 'off' (XLA runs every dot_general). Integer dots and some "
+           "precision configs always run through XLA.", str, _check_matmul_template,
+           "'auto', 'fused', 'unfused', 'off' (true means 'fused', false 'off')"),
     Option("log_fallbacks", True, "Log one line per primitive run through XLA (once per primitive).",
            _parse_bool, _check_bool, "true, false"),
     Option("partitioner", "min_cut", "How a differentiated function is split into forward and backward "

@@ -17,6 +17,14 @@ DTYPES = [F32, BF16]
 TOL = {np.dtype(F32): dict(rtol=1e-4, atol=1e-4), np.dtype(BF16): dict(rtol=2e-2, atol=3e-2)}
 
 
+@pytest.fixture(autouse=True)
+def _template_everywhere():
+    """These tests exercise the template itself: run it wherever it applies,
+    not only where the default ("auto") expects it to beat XLA."""
+    with pallaskit.config.override(matmul_template="fused"):
+        yield
+
+
 def _normal(rng, shape, dtype, scale=1.0):
     return jnp.asarray(rng.standard_normal(shape) * scale, dtype)
 
@@ -268,6 +276,23 @@ def test_option_modes(rng, mode, kernels, kinds):
         e = check(lambda x, w, b: jax.nn.relu(x @ w + b), x, w, b, kernels=kernels,
                   fallbacks=["dot_general"] if mode == "off" else [])
     assert [k.kind for k in e.kernels] == kinds
+
+
+def test_auto_mode_keeps_the_template_where_it_wins(rng):
+    """The default: the template for 16-bit products with few rows, XLA's
+    matmul for float32 and for large products; XLA by choice is not a fallback."""
+    with pallaskit.config.override(matmul_template="auto"):
+        x, w = _operands(rng, BF16, (37, 50), (50, 24), k=50)
+        e = check(lambda x, w: jax.nn.relu(x @ w), x, w, kernels=1)
+        assert [k.kind for k in e.kernels] == ["matmul"]
+        xf, wf = _operands(rng, F32, (37, 50), (50, 24), k=50)
+        e = check(lambda x, w: jax.nn.relu(x @ w), xf, wf, kernels=1, fallbacks=[])
+        assert [k.kind for k in e.kernels] == ["pointwise"] and "dot_general" in e.ir_after
+        xb, wb = _operands(rng, BF16, (520, 8), (8, 520), k=8)
+        e = check(lambda x, w: x @ w, xb, wb, kernels=0, fallbacks=[])
+    assert heuristics.matmul_template_wins(1, 64, 4096, 4096, BF16)
+    assert not heuristics.matmul_template_wins(1, 8192, 4096, 1024, BF16)
+    assert not heuristics.matmul_template_wins(1, 64, 4096, 4096, F32)
 
 
 def test_option_values_and_cache_key():

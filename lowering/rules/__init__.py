@@ -22,6 +22,12 @@ class Rule:
     note: str = ""
 
 
+class PreferXLA(NotImplementedError):
+    """Raised by a rule that could lower an equation but leaves it to XLA on
+    purpose (a profit decision, e.g. a large matmul that cuBLAS runs faster):
+    the equation becomes an extern without being counted as a fallback."""
+
+
 def register_lowering(*primitives: str, kind: str, note: str = ""):
     def deco(fn):
         for p in primitives:

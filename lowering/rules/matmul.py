@@ -16,7 +16,7 @@ import numpy as np
 from jax import lax
 
 from lowering import heuristics, ir
-from lowering.rules import register_lowering
+from lowering.rules import PreferXLA, register_lowering
 
 # Operand and result dtypes the template handles: Triton's tensor-core dot takes
 # 16-bit floats and float32 (TF32 or IEEE), accumulating in float32.
@@ -66,16 +66,18 @@ def unsupported(eqn, options) -> str:
         return f"{lhs.dtype} x {rhs.dtype} -> {out.dtype} is not a float16/bfloat16/float32 dot"
     if precision_of(eqn.params.get("precision")) is None:
         return f"precision {eqn.params.get('precision')} is not DEFAULT or HIGHEST on both operands"
+    b, m, n, k = _sizes(eqn)
+    if heuristics.matmul_needs_split_k(b, m, n, k, options.num_sms):
+        return f"output {b}x{m}x{n} too small for K={k} without split-K (heuristics.matmul_needs_split_k)"
+    return ""
+
+
+def _sizes(eqn):
+    lhs, rhs = (v.aval for v in eqn.invars)
     (lc, _), (lb, _) = eqn.params["dimension_numbers"]
     b = math.prod(lhs.shape[d] for d in lb)
     k = math.prod(lhs.shape[d] for d in lc)
-    m = math.prod(lhs.shape) // (b * k)
-    n = math.prod(rhs.shape) // (b * k)
-    if heuristics.matmul_needs_split_k(b, m, n, k, options.num_sms):
-        return f"output {b}x{m}x{n} too small for K={k} without split-K (heuristics.matmul_needs_split_k)"
-    # No other size limit: a small product is launch-bound either way, and the
-    # template saves the launches (and round trips) of its fused epilogues.
-    return ""
+    return b, math.prod(lhs.shape) // (b * k), math.prod(rhs.shape) // (b * k), k
 
 
 @register_lowering("dot_general", kind="matmul",
@@ -85,6 +87,10 @@ def _dot_general(ctx, eqn, lhs, rhs):
     reason = unsupported(eqn, ctx.options)
     if reason or isinstance(lhs, ir.Const) or isinstance(rhs, ir.Const):
         raise NotImplementedError(reason or "literal operand")
+    if ctx.options.matmul_template == "auto":
+        b, m, n, k = _sizes(eqn)
+        if not heuristics.matmul_template_wins(b, m, n, k, eqn.invars[0].aval.dtype):
+            raise PreferXLA("heuristics.matmul_template_wins: XLA's matmul is faster here")
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
     lc, rc, lb, rb = (tuple(int(d) for d in ds) for ds in (lc, rc, lb, rb))
     lshape, rshape = tuple(eqn.invars[0].aval.shape), tuple(eqn.invars[1].aval.shape)
