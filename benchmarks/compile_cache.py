@@ -135,6 +135,12 @@ JAX_EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace",
 PHASES = ("trace", "lower", "key", "load", "compile", "dispatch", "run")
 
 
+def _enable_jax_cache(jax, cache_dir: str):
+    jax.config.update("jax_compilation_cache_dir", cache_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 def child(spec: dict) -> dict:
     t_start = time.perf_counter()
     import jax
@@ -143,20 +149,23 @@ def child(spec: dict) -> dict:
     pallaskit = None
     if spec["backend"] == "pallaskit":
         import pallaskit
+    # jax.jit's persistent cache is enabled after making the inputs, so that both
+    # backends compile their inputs' random-number programs (the process column)
+    # and only the function comes from a cache. JAX decides at its first
+    # compilation whether there is a cache: reset_cache() makes it look again
+    # (without it, the cache is enabled first and caches the inputs too).
+    from jax.experimental.compilation_cache import compilation_cache
+
+    reset = getattr(compilation_cache, "reset_cache", None)
+    if spec["backend"] == "xla" and reset is None:
+        _enable_jax_cache(jax, spec["cache_dir"])
 
     size = spec["size"]
     fn, args = _inputs(spec["workload"], size)
     jax.block_until_ready(args)
-    if spec["backend"] == "xla":
-        # Enabled after making the inputs, so that both backends compile their
-        # inputs' random-number programs (the process column): only the
-        # function's own compilation comes from the persistent cache.
-        from jax.experimental.compilation_cache import compilation_cache
-
-        jax.config.update("jax_compilation_cache_dir", spec["cache_dir"])
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-        compilation_cache.reset_cache()  # JAX decided at its first compilation that there was no cache
+    if spec["backend"] == "xla" and reset is not None:
+        _enable_jax_cache(jax, spec["cache_dir"])
+        reset()
     import_s = time.perf_counter() - t_start
 
     counts = {"backend_compiles": 0, "triton_lowerings": 0, "jax_cache_hits": 0}
