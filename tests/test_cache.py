@@ -4,6 +4,7 @@ eviction keeps the cap."""
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -314,6 +315,35 @@ def test_environment_stamp_is_used_and_checked(tmp_path, sources, monkeypatch):
     cache.environment.cache_clear()
     assert cache.environment()["code"] == env["code"]
     assert json.loads(_read(path)) == {k: v for k, v in env.items() if k != "sources"}  # and rewritten
+
+
+def _install(folder, name, version):
+    """A distribution as pip leaves it: <name>-<version>.dist-info/METADATA."""
+    for old in folder.glob(f"{name}-*.dist-info"):
+        shutil.rmtree(old)
+    info = folder / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+def test_distribution_versions_are_watched_where_installed(tmp_path, sources, monkeypatch):
+    """A tracked distribution outside site-packages (pip install --target into a
+    PYTHONPATH directory) is watched through its own directory."""
+    pallaskit.config.update(cache_dir=str(tmp_path / "cache"))
+    monkeypatch.setattr(cache, "RACY_S", 0.0)
+    target = tmp_path / "target"
+    _install(target, "pallaskit_fake_plugin", "1.0")
+    monkeypatch.setattr(sys, "path", sys.path + [str(target)])
+    monkeypatch.setattr(cache, "_DISTRIBUTIONS", ("pallaskit_fake_plugin", "pallaskit_not_installed"))
+    env = cache.environment()
+    assert env["versions"] == {"pallaskit_fake_plugin": "1.0"} and str(target) in env["dist_dirs"]
+    assert len(_stamps(tmp_path / "cache")) == 1
+    cache.environment.cache_clear()
+    assert cache.environment()["versions"] == {"pallaskit_fake_plugin": "1.0"}  # from the stamp
+    _install(target, "pallaskit_fake_plugin", "2.0")  # an upgrade: the directory changes, the stamp is stale
+    cache.environment.cache_clear()
+    assert cache.environment()["versions"] == {"pallaskit_fake_plugin": "2.0"}
+    assert cache.versions()["pallaskit_fake_plugin"] == "2.0"
 
 
 def test_no_stamp_for_files_changed_within_racy_window(tmp_path, sources):

@@ -121,13 +121,6 @@ def enabled() -> bool:
 # --------------------------------------------------------------------------- #
 # The key
 # --------------------------------------------------------------------------- #
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def versions() -> dict:
     """Versions of what compiles and runs the program: pallaskit, jax, jaxlib,
     Python, and the installed triton / CUDA plugin distributions (these from
@@ -171,34 +164,58 @@ def _content_hash(files) -> str:
     return h.hexdigest()
 
 
-def _dist_versions() -> dict:
-    return {d: v for d in _DISTRIBUTIONS if (v := _version(d)) is not None}
+def _dist_versions() -> tuple[dict, list[str]]:
+    """({name: version} of the tracked distributions installed, the
+    directories they are installed in)."""
+    versions, dirs = {}, set()
+    for name in _DISTRIBUTIONS:
+        try:
+            dist = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        versions[name] = dist.version
+        dirs.add(os.path.abspath(str(dist.locate_file(""))))
+    return versions, sorted(dirs)
+
+
+def _site_dirs() -> list[str]:
+    """The ``sys.path`` directories distributions are installed into. Not the
+    script's or the working directory, nor other PYTHONPATH entries: programs
+    write into those all the time, and a stamp keyed by their mtimes would
+    never hold. A tracked distribution installed in one of them is watched
+    through that directory, which its stamp names (``dist_dirs``)."""
+    return [p for p in sys.path if os.path.basename(os.path.normpath(p)) in ("site-packages", "dist-packages")]
+
+
+def _stat_line(path: str) -> tuple[str, int]:
+    """(size, mtime, ctime and inode of ``path`` as text, its newest timestamp in ns)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return f"{path} missing", 0
+    return f"{path} {st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino}", max(st.st_mtime_ns, st.st_ctime_ns)
 
 
 def stat_signature() -> tuple[str, str, int]:
     """(sources, whole, newest) for the files ``environment`` reads: hashes of
     the size, mtime, ctime and inode of every source file, and of those with
-    every ``sys.path`` directory's (where importlib finds distributions;
-    installing or removing one changes the directory's mtime), and the newest
-    of their timestamps (ns)."""
+    the site directories' (installing or removing a distribution changes its
+    directory's mtime), and the newest of their timestamps (ns)."""
     lines, newest = [_PACKAGE_ROOT], 0
-
-    def add(name, stat):
-        nonlocal newest
-        try:
-            st = stat()
-        except OSError:
-            lines.append(f"{name} missing")
-            return
-        lines.append(f"{name} {st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino}")
-        newest = max(newest, st.st_mtime_ns, st.st_ctime_ns)
-
     for rel, e in _source_files():
-        add(rel, e.stat)
+        try:
+            st = e.stat()
+        except OSError:
+            lines.append(f"{rel} missing")
+            continue
+        lines.append(f"{rel} {st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {st.st_ino}")
+        newest = max(newest, st.st_mtime_ns, st.st_ctime_ns)
     sources = hashlib.sha256("\n".join(lines).encode()).hexdigest()
     lines += [sys.version, repr(sys.path)]
-    for p in sys.path:
-        add(p, functools.partial(os.stat, p or "."))
+    for p in _site_dirs():
+        line, t = _stat_line(p)
+        lines.append(line)
+        newest = max(newest, t)
     return sources, hashlib.sha256("\n".join(lines).encode()).hexdigest(), newest
 
 
@@ -208,29 +225,34 @@ def environment() -> dict:
     the sources) and ``versions`` (installed triton / CUDA plugin distributions).
 
     [Note: environment stamp] Reading every source file and asking
-    importlib.metadata for five distributions costs a fresh process ~3 ms, on
+    importlib.metadata for five distributions costs a fresh process 2-3 ms, on
     the path of every warm first call. A stamp ``<cache_dir>/env/<sig>.json``
     keeps the result under the stat signature of the files it depends on
     (``stat_signature``), so a process whose files are unchanged only stats
-    them (~0.3 ms). An edit gives a file a new mtime/ctime (and an editor's
-    save-by-rename a new inode), a new signature, a new stamp: the content hash
-    is recomputed and an entry of the old sources can no longer match. As with
-    git's racily clean index entries, a stamp is only written once every file
-    it vouches for is older than ``RACY_S``: a file changed twice within one
-    tick of the filesystem clock keeps its timestamps, and must not be trusted
-    until that tick is safely past. Python's own .pyc check (mtime in seconds
-    and size) is weaker than this signature."""
+    them (well under 1 ms). An edit gives a file a new mtime/ctime (and an
+    editor's save-by-rename a new inode), a new signature, a new stamp: the
+    content hash is recomputed and an entry of the old sources can no longer
+    match. As with git's racily clean index entries, a stamp is only written
+    once every file it vouches for is older than ``RACY_S``: a file changed
+    twice within one tick of the filesystem clock keeps its timestamps, and
+    must not be trusted until that tick is safely past. Python's own .pyc check
+    (mtime in seconds and size) is weaker than this signature."""
     sources, sig, newest = stat_signature()
     path = os.path.join(env_dir(), sig + ".json")
     try:
         with open(path) as f:
             env = json.load(f)
-        if env.get("sig") == sig and env.get("check") == _stamp_check(env):
+        if (env.get("sig") == sig and env.get("check") == _stamp_check(env)
+                and all(_stat_line(d)[0] == line for d, line in env["dist_dirs"].items())):
             return dict(env, sources=sources)
-    except (OSError, ValueError, TypeError, AttributeError):
-        pass  # none yet, or unreadable: computed and written again
-    env = {"sig": sig, "code": _content_hash(_source_files()), "versions": _dist_versions()}
+    except (OSError, ValueError, TypeError, AttributeError, KeyError):
+        pass  # none yet, unreadable, or a distribution directory changed: computed and written again
+    versions, dirs = _dist_versions()
+    dist_dirs = {d: _stat_line(d) for d in dirs}
+    env = {"sig": sig, "code": _content_hash(_source_files()), "versions": versions,
+           "dist_dirs": {d: line for d, (line, _) in dist_dirs.items()}}
     env["check"] = _stamp_check(env)
+    newest = max([newest] + [t for _, t in dist_dirs.values()])
     if time.time_ns() - newest > RACY_S * 1e9 and stat_signature()[1] == sig:  # unchanged while hashing
         try:
             _write_atomic(path, json.dumps(env, sort_keys=True).encode())
@@ -240,7 +262,8 @@ def environment() -> dict:
 
 
 def _stamp_check(env: dict) -> str:
-    return hashlib.sha256(json.dumps([env["sig"], env["code"], env["versions"]], sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps([env["sig"], env["code"], env["versions"], env["dist_dirs"]],
+                                     sort_keys=True).encode()).hexdigest()
 
 
 def _write_atomic(path: str, data: bytes) -> None:
