@@ -60,8 +60,8 @@ import os
 import pickle
 import platform
 import re
-import time
 import sys
+import time
 import uuid
 from typing import Any, Callable
 
