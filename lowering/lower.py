@@ -161,7 +161,7 @@ def _lower_jaxpr(ctx, jaxpr, consts, args, fallbacks):
             raise NotImplementedError("non-scalar literal")
         return env[v]
 
-    for eqn in jaxpr.eqns:
+    for eqn in _fold_transposed_dots(jaxpr):
         invals = [read(v) for v in eqn.invars]
         body = trace.inlined_body(eqn)
         if body is not None:
@@ -173,6 +173,43 @@ def _lower_jaxpr(ctx, jaxpr, consts, args, fallbacks):
         for v, val in zip(eqn.outvars, outs):
             env[v] = val
     return [read(v) for v in jaxpr.outvars]
+
+
+def _fold_transposed_dots(jaxpr) -> list:
+    """The jaxpr's equations, with ``transpose(dot_general(a, b))`` that swaps
+    the two operands' free dims written as ``dot_general(b, a)``.
+
+    Reverse mode writes weight gradients that way (``dw = (dy^T x)^T``). An
+    XLA extern cannot take the transpose into its output, so it would cost a
+    copy kernel over the gradient; swapped operands produce it in place. Only
+    when the product has no other use."""
+    uses: dict = {}
+    for e in jaxpr.eqns:
+        for v in e.invars:
+            if not isinstance(v, jex_core.Literal):
+                uses[v] = uses.get(v, 0) + 1
+    for v in jaxpr.outvars:
+        if not isinstance(v, jex_core.Literal):
+            uses[v] = uses.get(v, 0) + 1
+    producer = {e.outvars[0]: e for e in jaxpr.eqns if e.primitive.name == "dot_general"}
+    replace, drop = {}, set()
+    for e in jaxpr.eqns:
+        dot = producer.get(e.invars[0]) if e.primitive.name == "transpose" else None
+        if dot is None or uses.get(e.invars[0]) != 1:
+            continue
+        (lc, rc), (lb, rb) = dot.params["dimension_numbers"]
+        lhs, rhs = (v.aval for v in dot.invars)
+        nb, nl = len(lb), len(lhs.shape) - len(lc) - len(lb)
+        nr = len(rhs.shape) - len(rc) - len(rb)
+        swapped = tuple(range(nb)) + tuple(range(nb + nl, nb + nl + nr)) + tuple(range(nb, nb + nl))
+        if tuple(e.params["permutation"]) != swapped:
+            continue
+        params = dict(dot.params, dimension_numbers=((rc, lc), (rb, lb)))
+        if isinstance(params.get("precision"), tuple):
+            params["precision"] = params["precision"][::-1]
+        replace[id(dot)] = dot.replace(invars=dot.invars[::-1], outvars=e.outvars, params=params)
+        drop.add(id(e))
+    return [replace.get(id(e), e) for e in jaxpr.eqns if id(e) not in drop]
 
 
 def _const_input(ctx, c):

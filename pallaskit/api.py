@@ -279,7 +279,7 @@ def _log_fallbacks(prims):
     for p in prims:
         if p not in metrics.logged_fallbacks:
             metrics.logged_fallbacks.add(p)
-            log.warning("pallaskit: %s runs through XLA (no lowering rule)", p)
+            log.warning("pallaskit: %s runs through XLA (no lowering rule, or the rule cannot take these operands)", p)
 
 
 def _dump(root, title, closed, result):

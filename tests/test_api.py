@@ -147,10 +147,12 @@ def test_fallback_keeps_results_and_still_fuses(rng, caplog):
     with caplog.at_level(logging.WARNING, logger="pallaskit"):
         out = pallaskit.jit(f)(x, w)
     np.testing.assert_allclose(out, jax.jit(f)(x, w), rtol=1e-4, atol=1e-4)
-    assert pallaskit.metrics.counters["fallback_count"] == 1
+    assert pallaskit.metrics.counters["fallback_count"] == 2  # extern nodes: the sort and the (float32) matmul
     e = pallaskit.explain(f, x, w)
     assert e.fallbacks == ["sort"]
-    assert [k.kind for k in e.kernels] == ["pointwise", "matmul"]  # before the sort; the matmul and its epilogue
+    # Before the sort; after it. The float32 matmul runs through XLA by choice
+    # (matmul_template="auto"), which is not a fallback.
+    assert [k.kind for k in e.kernels] == ["pointwise", "pointwise"]
     assert sum("sort" in r.message for r in caplog.records) == 1  # logged once
 
 

@@ -177,3 +177,18 @@ def test_fusion_off_gives_more_kernels(rng):
     with pallaskit.config.override(fusion=False):
         e = _check(f, x)
     assert len(e.kernels) > 1
+
+
+@pytest.mark.parametrize("template", ["off", "fused"])
+def test_weight_gradient_transpose_folds_into_the_product(rng, template):
+    """jax writes a weight gradient as transpose(dot_general(dy, x)); the
+    lowering swaps the operands instead, so no copy kernel transposes it."""
+    def grad_w(x, w):
+        return jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w)))(w)
+
+    x = jnp.asarray(rng.standard_normal((9, 5)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((5, 7)), jnp.float32)
+    with pallaskit.config.override(matmul_template=template):
+        e = _check(grad_w, x, w)
+    assert "transpose" not in e.ir_after and "copy" not in " ".join(k.name for k in e.kernels)
+    assert len(e.kernels) == (1 if template == "off" else 2)

@@ -64,6 +64,7 @@ class OpInfo:
     allow_nonfinite: bool = False  # reference may hold inf/nan (else it must be finite)
     xfail: tuple = ()  # ((dtype or None, shape or None, reason), ...): None matches all
     skip: str = ""  # why every case is skipped on this jax (a primitive it does not have)
+    options: tuple = ()  # ((name, value), ...): pallaskit config for this entry
 
 
 # --------------------------------------------------------------------------- #
@@ -401,10 +402,13 @@ def _matmul_args(rhs_shape):
     return g
 
 
-op("dot_general", "dot_general", lambda x, w: x @ w, _matmul_args(lambda s: (s[-1], 6)), tol="sum")
+# "fused": the template wherever it applies ("auto" leaves float32 products to XLA).
+TEMPLATE = (("matmul_template", "fused"),)
+op("dot_general", "dot_general", lambda x, w: x @ w, _matmul_args(lambda s: (s[-1], 6)), tol="sum",
+   options=TEMPLATE)
 op("dot_general_batched_transposed", "dot_general",
    lambda x, w: lax.dot_general(x, w, (((x.ndim - 1,), (2,)), ((0,), (0,)))),
-   _matmul_args(lambda s: (s[0], 6, s[-1])), tol="sum")
+   _matmul_args(lambda s: (s[0], 6, s[-1])), tol="sum", options=TEMPLATE)
 
 
 # --------------------------------------------------------------------------- #
@@ -480,8 +484,10 @@ def test_op(info: OpInfo, dtype, shape, request):
     assert info.prim in prims, f"{info.prim} not in the traced jaxpr (primitives: {sorted(prims)})"
 
     ref = jax.jit(info.fn)(*jargs)
-    jf = pallaskit.jit(info.fn)
-    out = jf(*jargs)
+    with pallaskit.config.override(**dict(info.options)):
+        jf = pallaskit.jit(info.fn)
+        out = jf(*jargs)
+        ex = pallaskit.explain(jf, *jargs)
     ref_leaves, ref_tree = jax.tree_util.tree_flatten(ref)
     out_leaves, out_tree = jax.tree_util.tree_flatten(out)
     assert out_tree == ref_tree
@@ -489,7 +495,6 @@ def test_op(info: OpInfo, dtype, shape, request):
         _check(o, r, info, dtype, f"{cid} output {k}")
 
     # Lowered by a rule, not run through XLA.
-    ex = pallaskit.explain(jf, *jargs)
     assert ex.fallbacks == [], f"primitives ran through XLA: {ex.fallbacks}"
     assert len(ex.kernels) >= 1, "no kernel generated"
 
