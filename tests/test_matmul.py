@@ -15,6 +15,11 @@ DTYPES = [F32, BF16]
 # float32: summation order differs from XLA's; bfloat16: one rounding of the
 # product (or of the epilogue, which sees the unrounded float32 product).
 TOL = {np.dtype(F32): dict(rtol=1e-4, atol=1e-4), np.dtype(BF16): dict(rtol=2e-2, atol=3e-2)}
+if jax.default_backend() != "cpu":
+    # Compiled for the GPU, a float32 template product at DEFAULT precision runs
+    # as TF32 (10-bit mantissa), while XLA computes degenerate products (a size-1
+    # M, N or K, a matvec) in full float32: ~5e-3 apart on the H100.
+    TOL[np.dtype(F32)] = dict(rtol=1e-2, atol=1e-2)
 
 
 @pytest.fixture(autouse=True)
