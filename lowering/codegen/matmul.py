@@ -189,20 +189,5 @@ def _wrap(kernel: Kernel, node: ir.Matmul, cfg: heuristics.MatmulConfig, em, dim
         w.line(f"IDX = {em.index_dtype}")
     w.lines.append(em.w.source().rstrip("\n"))
     w.line()
-    out_shapes = [f"jax.ShapeDtypeStruct(({mem.node.numel},), {pallas.dtype_source(mem.node.dtype)})"
-                  for mem in kernel.members if mem.store]
-    args = [f"in{i}" for i in range(len(ins))]
-    w.line(f"def {kernel.name}({', '.join(args)}):")
-    with w.indent():
-        w.line("return pl.pallas_call(")
-        with w.indent():
-            w.line(f"{kernel.name}_kernel,")
-            w.line(f"out_shape=({', '.join(out_shapes)},),")
-            w.line(f"grid=({b * m_blocks * n_blocks},),")
-            w.line(f"in_specs=[{', '.join(['ANY'] * len(ins))}],")
-            w.line(f"out_specs=({', '.join(['ANY'] * len(outs))},),")
-            w.line("interpret=INTERPRET,")
-            w.line(f"name={kernel.name!r},")
-            w.line(f"compiler_params=plt.CompilerParams(num_warps={cfg.num_warps}, num_stages={cfg.num_stages}),")
-        w.line(f")({', '.join(a + '.reshape(-1)' for a in args)})")
+    pallas.write_launcher(w, kernel, len(ins), b * m_blocks * n_blocks, cfg.num_warps, cfg.num_stages)
     return pallas.RenderedKernel(kernel.name, w.source(), list(kernel.origin), cfg)

@@ -660,11 +660,16 @@ def _wrap_kernel(kernel: Kernel, schedule: Schedule, cfg, em: _KernelEmitter, bo
         grid = kernel.programs * (1 if _whole_rows(kernel) else -(-kernel.cols // cfg.block_cols))
     else:
         grid = -(-kernel.rows // cfg.block_rows)
-    out_shapes = []
-    for m in kernel.members:
-        if m.store:
-            out_shapes.append(f"jax.ShapeDtypeStruct(({m.node.numel},), {dtype_source(m.node.dtype)})")
-    args = [f"in{i}" for i in range(len(ins))]
+    write_launcher(w, kernel, len(ins), grid, cfg.num_warps, cfg.num_stages)
+    return RenderedKernel(kernel.name, w.source(), list(kernel.origin), cfg)
+
+
+def write_launcher(w: SourceWriter, kernel: Kernel, n_inputs: int, grid: int, num_warps: int, num_stages: int):
+    """``def <kernel>(in0, ...)``: the ``pallas_call`` of ``<kernel>_kernel`` on
+    flat refs in ``pl.ANY`` memory, one flat output per stored member."""
+    out_shapes = [f"jax.ShapeDtypeStruct(({m.node.numel},), {dtype_source(m.node.dtype)})"
+                  for m in kernel.members if m.store]
+    args = [f"in{i}" for i in range(n_inputs)]
     w.line(f"def {kernel.name}({', '.join(args)}):")
     with w.indent():
         w.line("return pl.pallas_call(")
@@ -672,13 +677,12 @@ def _wrap_kernel(kernel: Kernel, schedule: Schedule, cfg, em: _KernelEmitter, bo
             w.line(f"{kernel.name}_kernel,")
             w.line(f"out_shape=({', '.join(out_shapes)},),")
             w.line(f"grid=({grid},),")
-            w.line(f"in_specs=[{', '.join(['ANY'] * len(ins))}],")
-            w.line(f"out_specs=({', '.join(['ANY'] * len(outs))},),")
+            w.line(f"in_specs=[{', '.join(['ANY'] * n_inputs)}],")
+            w.line(f"out_specs=({', '.join(['ANY'] * len(out_shapes))},),")
             w.line("interpret=INTERPRET,")
             w.line(f"name={kernel.name!r},")
-            w.line(f"compiler_params=plt.CompilerParams(num_warps={cfg.num_warps}, num_stages={cfg.num_stages}),")
+            w.line(f"compiler_params=plt.CompilerParams(num_warps={num_warps}, num_stages={num_stages}),")
         w.line(f")({', '.join(a + '.reshape(-1)' for a in args)})")
-    return RenderedKernel(kernel.name, w.source(), list(kernel.origin), cfg)
 
 
 # --------------------------------------------------------------------------- #
