@@ -4,25 +4,19 @@ values while the program runs eagerly.
 
 PYTHONPATH=. python scratch/kernel_times.py [--smoke]  (writes $OUT/kernel_times.md)
 """
-import os, sys, time
-import jax, jax.numpy as jnp, numpy as np
+import os, sys
+sys.path.insert(0, os.path.dirname(__file__))
+import jax, jax.numpy as jnp
 import pallaskit
 from benchmarks.training_step import inputs, loss
 from pallaskit.runtime import loader
+import probe_mix
 
 OUT = os.environ.get("OUT", "/tmp")
 
 
-def bench(f, args, n=20, rounds=5):
-    jax.block_until_ready(f(*args))
-    ts = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            out = f(*args)
-        jax.block_until_ready(out)
-        ts.append((time.perf_counter() - t0) / n * 1e3)
-    return float(np.median(ts))
+def bench(f, args):
+    return probe_mix.bench(f, args, n=20, rounds=5)
 
 
 def kernel_times(fn, args, **options):

@@ -68,14 +68,20 @@ def run_pk(name, variant, f, args, floor, ref, **opts):
         print("ERROR", name, variant, type(ex).__name__, str(ex)[:400], flush=True)
 
 
+M, N = 576000, 384  # the norm probes' size (bf16)
+
+
+def norm_inputs(rng):
+    """x, dy (M x N) and w, b (N), bf16 standard normal."""
+    bf = jnp.bfloat16
+    return (jnp.asarray(rng.standard_normal((M, N)), bf), jnp.asarray(rng.standard_normal((M, N)), bf),
+            jnp.asarray(rng.standard_normal(N), bf), jnp.asarray(rng.standard_normal(N), bf))
+
+
 def main():
     rng = np.random.default_rng(0)
     bf = jnp.bfloat16
-    M, N = 576000, 384
-    x = jnp.asarray(rng.standard_normal((M, N)), bf)
-    dy = jnp.asarray(rng.standard_normal((M, N)), bf)
-    w = jnp.asarray(rng.standard_normal(N), bf)
-    b = jnp.asarray(rng.standard_normal(N), bf)
+    x, dy, w, b = norm_inputs(rng)
 
     # RMSNorm backward: read x, dy; write dx (+ tiny dw)
     floor = 3 * M * N * 2 / 3.0e12 * 1e3

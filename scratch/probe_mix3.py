@@ -10,7 +10,7 @@ import pallaskit
 from lowering import heuristics as H
 from norms import layernorm_fwd_bwd, rmsnorm_bwd_vjp
 import probe_mix
-from probe_mix import errs
+from probe_mix import M, N, errs, norm_inputs
 
 OUT = os.environ.get("OUT", "/tmp")
 RESULTS = []
@@ -51,11 +51,7 @@ def whole(br, w, st):
 def main():
     rng = np.random.default_rng(0)
     bf = jnp.bfloat16
-    M, N = 576000, 384
-    x = jnp.asarray(rng.standard_normal((M, N)), bf)
-    dy = jnp.asarray(rng.standard_normal((M, N)), bf)
-    w = jnp.asarray(rng.standard_normal(N), bf)
-    b = jnp.asarray(rng.standard_normal(N), bf)
+    x, dy, w, b = norm_inputs(rng)
 
     floor = 3 * M * N * 2 / 3.0e12 * 1e3
     ref = jax.jit(rmsnorm_bwd_vjp)(x, w, dy)

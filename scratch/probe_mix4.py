@@ -7,24 +7,19 @@ PYTHONPATH=. python scratch/probe_mix4.py  (writes $OUT/probe_mix4.json)
 """
 import json, os, sys
 sys.path.insert(0, os.path.dirname(__file__))
-import jax.numpy as jnp, numpy as np
+import numpy as np
 import jax
 from lowering import heuristics as H
 from norms import layernorm_fwd_bwd, rmsnorm_bwd_vjp
 import probe_mix3
+from probe_mix import M, N, norm_inputs
 from probe_mix3 import per_sm, restore, run, whole
 
 OUT = os.environ.get("OUT", "/tmp")
 
 
 def main():
-    rng = np.random.default_rng(0)
-    bf = jnp.bfloat16
-    M, N = 576000, 384
-    x = jnp.asarray(rng.standard_normal((M, N)), bf)
-    dy = jnp.asarray(rng.standard_normal((M, N)), bf)
-    w = jnp.asarray(rng.standard_normal(N), bf)
-    b = jnp.asarray(rng.standard_normal(N), bf)
+    x, dy, w, b = norm_inputs(np.random.default_rng(0))
     for name, f, args, nbytes in (("rmsnorm_bwd", rmsnorm_bwd_vjp, (x, w, dy), 3),
                                   ("layernorm_fwd_bwd", layernorm_fwd_bwd, (x, w, b, dy), 4)):
         floor = nbytes * M * N * 2 / 3.0e12 * 1e3
