@@ -133,6 +133,24 @@ def row_split(outputs: int, reduced: int, num_sms: int) -> int:
     return max(1, min(chunks, reduced // 4096))
 
 
+# A full reduction (to a scalar) of an operand with rows splits at its rows
+# when one program can finish the per-row partials quickly (<= 16384 floats,
+# 64 KB) and there are enough rows to fill the SMs; rows shorter than 256
+# elements make short contiguous reads, so those keep the flat chunks of
+# row_split. The point is fusion, not the reduction itself: the partial is
+# then an ordinary row reduction over the operand's own (rows x cols) domain,
+# which a pointwise sibling over that domain joins as a row-wise store (a
+# loss's gradient y * 2/n beside its sum(y**2) reads y once).
+MAX_FINISH_ROWS = 16384
+MIN_ROW_COLS = 256
+
+
+def full_reduction_at_rows(rows: int, cols: int, num_sms: int, max_persistent_cols: int) -> bool:
+    """Split a full reduction over ``rows x cols`` into per-row partials?"""
+    return (num_sms <= rows <= MAX_FINISH_ROWS and cols >= MIN_ROW_COLS
+            and fits_in_tile(cols, max_persistent_cols))
+
+
 def fits_in_tile(cols: int, max_persistent_cols: int) -> bool:
     """Can a whole row of ``cols`` elements live in one tile (persistent)?"""
     return next_power_of_2(cols) <= max_persistent_cols

@@ -17,7 +17,10 @@ node's name, so its readers do not change:
 * Row reductions (the reduced dims trail, or a full reduction to a scalar)
   with fewer outputs than SMs split their reduced extent into chunks: an
   ordinary ``Reduction`` over ``(*kept, chunks, chunk)`` with the tail masked,
-  then the finisher over the chunks.
+  then the finisher over the chunks. A full reduction of an operand with a
+  moderate number of rows splits at the rows instead (``_full_at_rows``): its
+  partial is a row reduction over the operand's own domain, so pointwise
+  nodes over that domain (a loss gradient beside the loss) share its kernel.
 
 Legality lives here (which ops combine, which axes lead or trail); the size
 thresholds are in ``heuristics``.
@@ -93,6 +96,9 @@ def _column(node: ir.Reduction, row_domains, options: CompileOptions):
 def _row(node: ir.Reduction, options: CompileOptions):
     if not options.split_reductions:
         return None
+    if not node.shape and len(node.reduced) >= 2 and heuristics.full_reduction_at_rows(
+            sizes.numel(node.reduced[:-1]), node.reduced[-1], options.num_sms, options.max_persistent_cols):
+        return _full_at_rows(node)
     total = node.reduced_numel
     chunks = heuristics.row_split(node.numel, total, options.num_sms)
     if chunks <= 1:
@@ -114,6 +120,24 @@ def _row(node: ir.Reduction, options: CompileOptions):
     part = ir.Reduction(f"{node.name}_part", node.shape + (chunks,), acc, node.origin, body=body,
                         reduced=(chunk,), axes=(k + 1,), op=node.op)
     return [part, _finisher(node, part.name, (chunks,), acc, leading=False)]
+
+
+def _full_at_rows(node: ir.Reduction):
+    """A full reduction over ``(*rows, cols)`` as a reduction over ``cols`` per
+    row (its partial keeps the operand's leading dims, so pointwise nodes over
+    the operand's domain fuse with it), then one over the rows."""
+    rows = node.reduced[:-1]
+    i, r = sizes.index_symbols("i", len(rows)), sizes.index_symbols("r", 1)
+    old = node.reduction_symbols
+    body = ir.substitute_index(node.body, dict(zip(old, i + r)))
+    acc = acc_dtype(node.op, node.body.dtype)
+    if acc != body.dtype:
+        body = ir.Op("convert_element_type", (body,), acc, (("new_dtype", acc),))
+    part = ir.Reduction(f"{node.name}_part", rows, acc, node.origin, body=body, reduced=node.reduced[-1:],
+                        axes=(len(rows),), op=node.op)
+    finish = ir.Reduction(node.name, (), node.dtype, node.origin, body=ir.Load(part.name, tuple(old[:-1]), acc),
+                          reduced=rows, axes=tuple(range(len(rows))), op=node.op)
+    return [part, finish]
 
 
 def _finisher(node: ir.Reduction, part: str, reduced, acc, *, leading: bool) -> ir.Reduction:

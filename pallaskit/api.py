@@ -96,6 +96,9 @@ class JitFunction:
             return autodiff.call(self, args, kwargs)
         if autodiff.staged(leaves):  # jax.jit tracers: the AOT executable takes none
             return autodiff.call_staged(self, args, kwargs)
+        if any(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
+            raise TypeError("pallaskit.jit: a call needs arrays; jax.ShapeDtypeStruct arguments are for "
+                            "pallaskit.explain and lower_to_result")
         entry = self._cache.get(key)
         if entry is None:
             entry = self._compile(avals, treedef, static_pos, static_kw, len(args))
@@ -265,6 +268,8 @@ def _array_type(leaves) -> type | None:
 
 
 def _abstractify(leaf, where: str):
+    if isinstance(leaf, jax.ShapeDtypeStruct):  # explain / lower_to_result need shapes only
+        return jax.core.ShapedArray(leaf.shape, leaf.dtype, weak_type=leaf.weak_type)
     if isinstance(leaf, (jax.Array, np.ndarray)) or isinstance(leaf, _SCALARS):
         return jax.typeof(leaf) if hasattr(jax, "typeof") else jax.api_util.shaped_abstractify(leaf)
     if hasattr(leaf, "__jax_array__"):

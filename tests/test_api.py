@@ -219,6 +219,16 @@ def test_explain_is_readable_and_metrics_count(rng):
     assert c["fallback_count"] == 0
 
 
+def test_explain_takes_shapes_and_a_call_does_not():
+    """explain needs shapes only (jax.ShapeDtypeStruct, as jax.jit(...).lower takes);
+    a call given one is a clear TypeError, not an XLA error after compiling."""
+    spec = jax.ShapeDtypeStruct((7, 1, 33), jnp.bfloat16)
+    f = lambda a: jnp.tanh(a) * 2  # noqa: E731
+    assert "1 kernel(s)" in str(pallaskit.explain(f, spec))
+    with pytest.raises(TypeError, match="needs arrays"):
+        pallaskit.jit(f)(spec)
+
+
 def test_debug_dump(tmp_path, rng):
     x = jnp.asarray(rng.standard_normal((3, 4)), jnp.float32)
     with pallaskit.config.override(debug_dir=str(tmp_path)):

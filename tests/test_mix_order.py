@@ -222,6 +222,30 @@ def test_split_reduction(name, fn, shape, dtype, rng):
                                    atol=eps * np.sqrt(terms) * 4)
 
 
+def _loss_and_grad(y):
+    """A loss and its gradient side by side (what jax.value_and_grad of
+    mean(y**2) leaves in a training step's joint graph)."""
+    yf = y.astype(jnp.float32)
+    return jnp.mean(yf * yf), (yf * (2.0 / y.size)).astype(y.dtype)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: d.__name__)
+@pytest.mark.parametrize("shape", [(1000, 384), (3, 1, 77, 1001)], ids=str)
+def test_full_reduction_splits_at_rows_and_takes_its_pointwise_sibling(shape, dtype, rng):
+    """A full reduction over rows x cols (rows <= heuristics.MAX_FINISH_ROWS)
+    splits into per-row partials, so the gradient over the same domain is
+    stored by the partial's kernel: 2 kernels, not 3."""
+    y = jnp.asarray(rng.standard_normal(shape), dtype)
+    with pallaskit.config.override(num_sms=132):
+        kernels = pallaskit.explain(_loss_and_grad, y).kernels
+        got = pallaskit.jit(_loss_and_grad)(y)
+    assert [k.kind for k in kernels] == ["reduction", "reduction"], [str(k) for k in kernels]
+    want = jax.jit(_loss_and_grad)(y)
+    np.testing.assert_allclose(np.float32(got[0]), np.float32(want[0]), rtol=1e-5)
+    assert got[1].dtype == want[1].dtype
+    np.testing.assert_array_equal(np.asarray(got[1], np.float32), np.asarray(want[1], np.float32))
+
+
 def test_split_off_is_one_kernel(rng):
     x = jnp.asarray(rng.standard_normal((20001, 383)), jnp.float32)
     f = lambda a: jnp.sum(a, axis=0)  # noqa: E731
