@@ -21,6 +21,13 @@ other forward value it reads.
   edges are the values to save: the smallest set of bytes from which the
   backward can recompute everything it reads with pointwise and view
   equations only. Ties go to primal inputs (the caller holds them anyway).
+  One exception to "recompute what is cheap": a value that a matmul or an
+  XLA extern reads in the forward and another reads in the backward is
+  written to memory by the forward anyway, so it is saved rather than
+  recomputed (``_materialized_twice``): recomputing it would cost the
+  backward a pass that writes it again, for no memory the forward had not
+  already spent (in an MLP block, gelu(h), which feeds the second matmul and
+  its weight gradient).
 
 Both passes are built by evaluating a slice of the joint jaxpr under
 ``jax.make_jaxpr``, so they are ordinary closed jaxprs the compiler takes like
@@ -234,6 +241,32 @@ def _default_saved(g: _Graph) -> list:
     return [v for v in g.bwd_reads if v in g.on_primal]
 
 
+def materializes(eqn) -> bool:
+    """Does ``eqn`` read its operands from memory whatever produced them? A
+    matmul (the template folds views, not computations, into its loads) and
+    an XLA extern do; pointwise, view and reduction kernels inline pointwise
+    producers instead."""
+    rule = RULES.get(eqn.primitive.name)
+    return rule is None or rule.kind == "matmul"
+
+
+def _materialized_twice(g: _Graph) -> set:
+    """Forward values that a materializing equation reads in the forward and
+    another reads in the backward: the forward writes them to memory anyway,
+    so saving them costs memory only, while recomputing them would cost the
+    backward a kernel that writes them again (gelu(h) for the weight gradient
+    of the matmul it feeds)."""
+    fwd_readers, bwd_readers = set(), set()
+    for eqn in g.jaxpr.eqns:
+        if not materializes(eqn):
+            continue
+        backward = any(v in g.on_ct for v in eqn.outvars)
+        for v in _vars(eqn.invars):
+            if v not in g.on_ct:
+                (bwd_readers if backward else fwd_readers).add(v)
+    return fwd_readers & bwd_readers
+
+
 def _min_cut_saved(g: _Graph, joint: Joint) -> list:
     import networkx as nx
 
@@ -251,13 +284,14 @@ def _min_cut_saved(g: _Graph, joint: Joint) -> list:
     for v in primals:
         graph.add_edge("source", ("in", v))  # no capacity: infinite
     fwd_set = set(fwd_vars)
+    written_anyway = _materialized_twice(g)
     for eqn in jaxpr.eqns:
         outs = [v for v in eqn.outvars if v in fwd_set]
         if not outs:
             continue
         banned = not recomputable(eqn)
         for v in outs:
-            if banned:
+            if banned or v in written_anyway:
                 graph.add_edge("source", ("in", v))
             for u in _vars(eqn.invars):
                 if u in fwd_set:

@@ -214,6 +214,28 @@ def test_min_cut_keeps_reductions_and_matmuls():
     assert cut.saved_bytes < _saved(f, x, w, method="default").saved_bytes
 
 
+def test_min_cut_saves_what_matmuls_read_in_both_passes(rng):
+    """gelu of a matmul feeds the next matmul in the forward and its weight
+    gradient in the backward: the forward writes it anyway, so min-cut saves
+    it as well as the matmul's output (gelu's derivative reads that), instead
+    of saving the matmul's output alone and recomputing gelu from it
+    (partition._materialized_twice)."""
+    x, w1, w2 = (jax.ShapeDtypeStruct(s, jnp.float32) for s in ((6, 37), (37, 5), (5, 3)))
+
+    def f(x, w1, w2):
+        return [jnp.sum(jax.nn.gelu(x @ w1, approximate=True) @ w2)]
+
+    cut = _saved(f, x, w1, w2, method="min_cut")
+    computed = [s for s in cut.saved if not s.origin.startswith("argument")]
+    assert [s.aval.shape for s in computed] == [(6, 5), (6, 5)], cut.saved  # x @ w1 and gelu of it
+    assert "dot_general" in computed[0].origin
+    assert cut.saved_bytes <= _saved(f, x, w1, w2, method="default").saved_bytes
+    args = [_normal(rng, a.shape, jnp.float32) for a in (x, w1, w2)]
+    loss = lambda *a: f(*a)[0]  # noqa: E731
+    assert_tree_close(jax.grad(pallaskit.jit(loss), argnums=(0, 1, 2))(*args),
+                      jax.grad(loss, argnums=(0, 1, 2))(*args), jnp.float32)
+
+
 def test_partitioner_option_validated():
     with pytest.raises(ValueError, match="min_cut, default"):
         pallaskit.config.update(partitioner="greedy")
