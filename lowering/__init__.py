@@ -34,6 +34,7 @@ class CompileResult:
     # Symbolic graphs: what must hold of the dim values for the program to be
     # right (sympy booleans over ``sizes.dim_symbol``s), checked at call time.
     guards: list = dataclasses.field(default_factory=list)
+    size_hints: tuple = ()  # CompileOptions.size_hints: where metrics read symbolic sizes
 
 
 def format_schedule(s: Schedule) -> str:
@@ -59,7 +60,7 @@ def compile_jaxpr(closed_jaxpr, options: CompileOptions, title: str = "") -> Com
     sched = schedule(lowered.graph, options)
     program = pallas.render(sched, options, title)
     return CompileResult(program, sched, lowered.fallbacks, lowered.graph.format(), format_schedule(sched),
-                         guards=list(program.guards))
+                         guards=list(program.guards), size_hints=options.size_hints)
 
 
 __all__ = ["CompileOptions", "CompileResult", "SymbolicUnsupported", "compile_jaxpr", "format_schedule"]

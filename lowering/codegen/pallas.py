@@ -143,6 +143,11 @@ class RenderedProgram:
     symbols: list = dataclasses.field(default_factory=list)
     guards: list = dataclasses.field(default_factory=list)
 
+    @property
+    def guard_source(self) -> list[str]:
+        """The guards as Python expressions over the symbols' names."""
+        return [sizes.to_source(g) for g in self.guards]
+
 
 def _is_16bit_float(dt) -> bool:
     return is_float(dt) and np.dtype(dt).itemsize == 2
