@@ -121,6 +121,9 @@ ANY = pl.BlockSpec(memory_space=pl.ANY)
 '''
 
 
+INT32_LIMIT = 2**31 - 1  # extents at or past this index with int64
+
+
 @dataclasses.dataclass
 class RenderedKernel:
     name: str
@@ -223,11 +226,11 @@ class _KernelEmitter:
         extents = [self.k.rows * self.k.cols] + [sizes.numel(self.graph.buffer_aval(b)[0]) for b in self.k.reads]
         symbolic = [e for e in extents if sizes.is_symbolic(e)]
         big = max(sizes.hint(e, self.hints) for e in extents)
-        if big >= 2**31 - 1:
+        if big >= INT32_LIMIT:
             return True
         # int32 indices at the hint: a size whose extents reach 2**31 breaks the
         # guard, and that call's signature compiles for its own size.
-        self.guards += [sympy.Lt(sizes.simplify(e), 2**31 - 1) for e in symbolic]
+        self.guards += [sympy.Lt(sizes.simplify(e), INT32_LIMIT) for e in symbolic]
         return False
 
     # -- CSE ---------------------------------------------------------------------
