@@ -447,7 +447,15 @@ def _symbolic_config(kernel: Kernel, schedule: Schedule, options: CompileOptions
         cfg = heuristics.reduction_config(rows, cols, max_persistent_cols=options.max_persistent_cols,
                                           inner_contiguous=inner, force_width_one=prod)
     elif kernel.kind == "reduction":
-        raise SymbolicUnsupported(f"kernel {kernel.name} reduces over a dynamic axis ({kernel.cols} elements per row)")
+        # Over a dynamic axis: always looped (no tile holds every size), the
+        # chunk count a runtime value; chunks no wider than the hinted row.
+        if any(m.role == "reduction" and m.node.op in ("argmax", "argmin") for m in kernel.members):
+            raise SymbolicUnsupported(f"kernel {kernel.name}: argmax/argmin over a dynamic axis ({kernel.cols})")
+        inner = _reduction_is_inner(kernel, schedule)
+        prod = any(m.role == "reduction" and m.node.op == "prod" for m in kernel.members)
+        cfg = heuristics.reduction_config(rows, cols, max_persistent_cols=0, inner_contiguous=inner,
+                                          force_width_one=prod)
+        cfg = dataclasses.replace(cfg, block_cols=min(cfg.block_cols, max(16, sizes.next_power_of_2(cols))))
     else:
         raise SymbolicUnsupported(f"{kernel.kind} kernel {kernel.name} over symbolic sizes {kernel.rows} x {kernel.cols}")
     if options.num_warps:
@@ -691,7 +699,7 @@ def _render_loop(em, kernel, bodies, reds, rowwise, p, cfg):
             em.store(m, *em.value(bodies[m.name]))
         em.scopes.pop()
         w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})" if outs else "return carry")
-    n_chunks = -(-kernel.cols // cfg.block_cols)
+    n_chunks = _cdiv_source(kernel.cols, cfg.block_cols, "COLS", "BLOCK_C")
     init = f"({carry})" if accs else "0"
     w.line(f"{carry or '_'} = lax.fori_loop(0, {n_chunks}, phase{p}, {init})")
     for name, acc_dt, m in accs:
