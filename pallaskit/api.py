@@ -457,9 +457,16 @@ def _resolve_dynamic(sig, dynamic, static_argnums, static_argnames) -> dict:
             arg += len(positional)
         if arg in static_argnames or arg in static_argnums:
             raise ValueError(f"pallaskit.jit: argument {arg!r} is static; it cannot have dynamic axes")
+        key = arg
+        if isinstance(arg, int) and arg < len(positional):
+            key = positional[arg]  # by name: a keyword call of the same argument finds it too
+        if isinstance(spec, (tuple, list)) and spec and all(isinstance(a, int) for a in spec):
+            # Axes alone: a symbol of its own per axis, named after the argument.
+            base = key if isinstance(key, str) and key.isidentifier() and not key.startswith("_") else f"arg{key}"
+            spec = {a: f"{base}_d{a}" if a >= 0 else f"{base}_dm{-a}" for a in spec}
         if not isinstance(spec, dict) or not spec:
-            raise TypeError(f"pallaskit.jit: dynamic=[{arg!r}] must be a non-empty dict {{axis: 'symbol'}}, "
-                            f"got {spec!r}")
+            raise TypeError(f"pallaskit.jit: dynamic=[{arg!r}] must be a non-empty dict {{axis: 'symbol'}} "
+                            f"(or a tuple of axes), got {spec!r}")
         for axis, sym in spec.items():
             if isinstance(axis, bool) or not isinstance(axis, int):
                 raise TypeError(f"pallaskit.jit: dynamic=[{arg!r}] axes are ints, got {axis!r}")
@@ -469,9 +476,6 @@ def _resolve_dynamic(sig, dynamic, static_argnums, static_argnames) -> dict:
                 raise ValueError(f"pallaskit.jit: dynamic symbol {sym!r} is not usable: it must be a Python "
                                  f"identifier, not a keyword, not starting with '_', and not a name generated "
                                  f"code uses (such as i0, xr, pid, jnp)")
-        key = arg
-        if isinstance(arg, int) and arg < len(positional):
-            key = positional[arg]  # by name: a keyword call of the same argument finds it too
         if key in out:
             raise ValueError(f"pallaskit.jit: dynamic= gives argument {key!r} twice")
         out[key] = dict(spec)
