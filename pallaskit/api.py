@@ -144,7 +144,27 @@ class JitFunction:
             self._cache[key] = entry
         return entry
 
-    # -- dynamic dims ([Note: dynamic dims]) ---------------------------------------
+    # -- dynamic dims -------------------------------------------------------------
+    # [Note: dynamic dims]
+    # A call's dynamic axes (``dynamic=`` and automatic ones) map to symbol names.
+    # The first call of a *symbolic signature* (the concrete one with those axes
+    # replaced by their symbols) traces the function with
+    # ``jax.export.symbolic_shape`` dims and compiles it once: lowering keeps the
+    # sizes as sympy symbols ([Note: symbolic dims] in lowering/symbolic.py),
+    # heuristics read them at the first call's sizes (``size_hints``), and the
+    # rendered program reads each size from an input's ``.shape``, computes grids
+    # and output shapes from it and hands it to kernels as an int32 operand. The
+    # Compiled entry (``jax.jit`` of that program) then serves every concrete
+    # signature of the symbolic one: a new size re-traces the program under
+    # jax.jit (JAX's own per-shape executable) but runs no pallaskit compile and
+    # makes no new kernel (``graphs_compiled`` / ``kernels_compiled``). Per
+    # concrete signature, before it is served: equal symbols have equal sizes
+    # (else ValueError), sizes are >= 1, and the program's guards hold (int32
+    # indexing); a failing size compiles statically for itself. A symbolic
+    # signature that cannot compile (a jax trace that needs more of the size, a
+    # symbolic extern parameter, argmax over the dynamic axis...) is remembered
+    # as None: its sizes compile one by one (``dynamic_fallbacks``, one warning).
+    # Symbolic graphs bypass the disk cache (executables are per size).
     def _dynamic_entry(self, leaves, avals, treedef, static_pos, static_kw, n_args) -> Compiled | None:
         """The symbolic graph serving this call's concrete signature, compiled
         on first use; None when the call has no dynamic axis, when the symbolic

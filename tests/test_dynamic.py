@@ -165,6 +165,25 @@ def test_automatic_dynamic_keeps_unequal_axes_apart(rng):
     assert delta(before, "graphs_compiled") == 3
 
 
+def test_axes_tuple_gives_each_axis_its_own_symbol(rng):
+    f = pallaskit.jit(lambda a, b: (a * 2.0, b + 1.0), dynamic={0: (0,), "b": (0, 1)})
+    assert f.dynamic == {"a": {0: "a_d0"}, "b": {0: "b_d0", 1: "b_d1"}}
+    before = counters()
+    for n, m, k in ((3, 4, 5), (8, 2, 9), (1, 1, 1)):
+        a = jnp.asarray(rng.standard_normal((n, 3)), jnp.float32)
+        b = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+        out = f(a, b)
+        assert_close(out[0], a * 2.0)
+        assert_close(out[1], b + 1.0)
+    assert delta(before, "graphs_compiled") == 1
+
+
+def test_dynamic_pytree_argument_is_a_clear_error():
+    f = pallaskit.jit(lambda p: p["w"] * 2, dynamic={"p": {0: "n"}})
+    with pytest.raises(ValueError, match="pytree"):
+        f({"w": jnp.ones((3,))})
+
+
 def test_mismatched_shared_symbol_is_a_clear_error(rng):
     f = pallaskit.jit(_shared, dynamic={"x": {0: "n"}, "labels": {0: "n"}})
     x = jnp.ones((4, 3), jnp.float32)
