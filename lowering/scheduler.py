@@ -466,7 +466,8 @@ class Fuser:
             # reductions are persistent) and the option must allow it.
             if not self.options.mix_order_reduction:
                 return None
-            if sizes.is_symbolic(merged.cols) or not heuristics.fits_in_tile(merged.cols, self.options.max_persistent_cols):
+            if sizes.is_symbolic(merged.cols) or not heuristics.fits_in_tile(merged.cols,
+                                                                             self.options.max_persistent_cols):
                 return None
         if merged.kind == "matmul" and self.options.matmul_template == "unfused":
             return None  # epilogue fusion is off: the matmul kernel stores its product alone

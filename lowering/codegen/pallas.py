@@ -457,7 +457,8 @@ def _symbolic_config(kernel: Kernel, schedule: Schedule, options: CompileOptions
                                           force_width_one=prod)
         cfg = dataclasses.replace(cfg, block_cols=min(cfg.block_cols, max(16, sizes.next_power_of_2(cols))))
     else:
-        raise SymbolicUnsupported(f"{kernel.kind} kernel {kernel.name} over symbolic sizes {kernel.rows} x {kernel.cols}")
+        raise SymbolicUnsupported(
+            f"{kernel.kind} kernel {kernel.name} over symbolic sizes {kernel.rows} x {kernel.cols}")
     if options.num_warps:
         cfg = dataclasses.replace(cfg, num_warps=options.num_warps)
     return cfg
