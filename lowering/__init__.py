@@ -18,6 +18,12 @@ if TYPE_CHECKING:
     from lowering.scheduler import Schedule
 
 
+class SymbolicUnsupported(NotImplementedError):
+    """A graph with symbolic (dynamic) dims that cannot be compiled shape-generic;
+    the message says why. Defined here (not in ``lowering.symbolic``) so the
+    runtime can catch it without importing the passes. [Note: symbolic dims]"""
+
+
 @dataclasses.dataclass
 class CompileResult:
     program: RenderedProgram
@@ -25,6 +31,10 @@ class CompileResult:
     fallbacks: list[str]
     ir_before: str  # the IR as lowered
     ir_after: str  # the schedule: kernels and externs
+    # Symbolic graphs: what must hold of the dim values for the program to be
+    # right (sympy booleans over ``sizes.dim_symbol``s), checked at call time.
+    guards: list = dataclasses.field(default_factory=list)
+    size_hints: tuple = ()  # CompileOptions.size_hints: where metrics read symbolic sizes
 
 
 def format_schedule(s: Schedule) -> str:
@@ -49,7 +59,8 @@ def compile_jaxpr(closed_jaxpr, options: CompileOptions, title: str = "") -> Com
     lowered = lower(closed_jaxpr, options)
     sched = schedule(lowered.graph, options)
     program = pallas.render(sched, options, title)
-    return CompileResult(program, sched, lowered.fallbacks, lowered.graph.format(), format_schedule(sched))
+    return CompileResult(program, sched, lowered.fallbacks, lowered.graph.format(), format_schedule(sched),
+                         guards=list(program.guards), size_hints=options.size_hints)
 
 
-__all__ = ["CompileOptions", "CompileResult", "compile_jaxpr", "format_schedule"]
+__all__ = ["CompileOptions", "CompileResult", "SymbolicUnsupported", "compile_jaxpr", "format_schedule"]

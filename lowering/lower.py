@@ -11,7 +11,7 @@ import numpy as np
 import sympy
 from jax.extend import core as jex_core
 
-from lowering import ir, sizes, trace
+from lowering import ir, sizes, symbolic, trace
 from lowering.options import CompileOptions
 from lowering.rules import RULES, PreferXLA
 
@@ -19,14 +19,18 @@ log = logging.getLogger("pallaskit")
 
 
 def _is_plain(aval) -> bool:
-    """Arrays a kernel can hold: numeric or bool, non-empty, concrete shape."""
+    """Arrays a kernel can hold: numeric or bool, non-empty, a shape of ints or
+    of sympy sizes over dim symbols (a symbolic graph: [Note: symbolic dims])."""
     try:
         dt = np.dtype(aval.dtype)
     except TypeError:  # extended dtypes (PRNG keys, float0)
         return False
     if not (jnp.issubdtype(dt, jnp.floating) or jnp.issubdtype(dt, jnp.integer) or dt == np.bool_):
         return False
-    return all(isinstance(d, int) for d in aval.shape) and sizes.numel(aval.shape) > 0
+    if not all(isinstance(d, int) or isinstance(d, sympy.Expr) for d in aval.shape):
+        return False
+    n = sizes.numel(aval.shape)
+    return n > 0 if isinstance(n, int) else sympy.sympify(n).is_positive is True
 
 
 class LoweringContext:
@@ -98,11 +102,16 @@ class LoweringContext:
         return self._add(node)
 
     def extern(self, eqn, args) -> list[str]:
+        if symbolic.params_symbolic(eqn.params):
+            # XLA would need the concrete size inside the parameter (a gather's
+            # slice sizes, a broadcast's shape): no shape-generic program.
+            raise symbolic.SymbolicUnsupported(f"{eqn.primitive.name} runs through XLA with a symbolic shape parameter")
         names = [self.new_name() for _ in eqn.outvars]
-        first = eqn.outvars[0].aval
+        out_avals = tuple(symbolic.aval_view(v.aval) for v in eqn.outvars)
+        first = out_avals[0]
         node = ir.Extern(names[0], tuple(getattr(first, "shape", ())), _safe_dtype(first), (self.current_eqn,),
                          primitive=eqn.primitive, params=dict(eqn.params), inputs=tuple(args),
-                         outputs=tuple(names), out_avals=tuple(v.aval for v in eqn.outvars),
+                         outputs=tuple(names), out_avals=out_avals,
                          effectful=bool(eqn.effects))
         self._add(node)
         return names
@@ -132,7 +141,7 @@ def lower(closed: jex_core.ClosedJaxpr, options: CompileOptions | None = None) -
     (hoisted), listed after the arguments in ``graph.constants``."""
     ctx = LoweringContext(options)
     fallbacks: list[str] = []
-    args = [ctx.input(v.aval) for v in closed.jaxpr.invars]
+    args = [ctx.input(symbolic.aval_view(v.aval)) for v in closed.jaxpr.invars]
     consts = []
     for c in closed.consts:
         name = ctx.input(jax.typeof(c), prefix="const")
@@ -225,10 +234,12 @@ def _const_input(ctx, c):
 def _lower_eqn(ctx, eqn, invals, fallbacks):
     ctx.current_eqn = trace.equation_text(eqn, ctx.var_names)
     rule = RULES.get(eqn.primitive.name)
-    avals = [v.aval for v in eqn.invars] + [v.aval for v in eqn.outvars]
+    # Symbolic dims: rules see sympy sizes ([Note: symbolic dims]); externs get the equation itself.
+    view = symbolic.EqnView(eqn) if symbolic.eqn_symbolic(eqn) else eqn
+    avals = [v.aval for v in view.invars] + [v.aval for v in view.outvars]
     if rule is not None and not eqn.effects and all(_is_plain(a) for a in avals):
         try:
-            return rule.fn(ctx, eqn, *invals)
+            return rule.fn(ctx, view, *invals)
         except PreferXLA:
             return ctx.extern(eqn, invals)
         except NotImplementedError:

@@ -20,6 +20,13 @@ class CompileOptions:
     # dot_general: "auto" (template + epilogues where heuristics.matmul_template_wins, else XLA),
     # "fused" (template + epilogues wherever supported), "unfused" (template alone), "off" (XLA)
     matmul_template: str = "auto"
+    # Symbolic (dynamic) dims: (symbol name, size) pairs the heuristics read a
+    # symbolic size at (the first concrete call's sizes). Index expressions,
+    # masks and grids keep the symbol. Empty for static graphs.
+    size_hints: tuple = ()
+
+    def hints(self) -> dict:
+        return dict(self.size_hints)
 
     def key(self) -> str:
         """Stable text of every field, for cache keys."""

@@ -448,9 +448,13 @@ class Fuser:
         self.producer = _producers(graph)
         self.order = {name: k for k, name in enumerate(graph.nodes)}
 
+    def size(self, x) -> int:
+        """A size as the heuristics see it: symbolic sizes at their hints."""
+        return sizes.hint(x, self.options.size_hints)
+
     def bytes_of(self, buf: str) -> int:
         shape, dtype = self.graph.buffer_aval(buf)
-        return sizes.numel(shape) * np.dtype(dtype).itemsize
+        return self.size(sizes.numel(shape)) * np.dtype(dtype).itemsize
 
     # -- legality ------------------------------------------------------------------
     def can_fuse(self, a: _Group, b: _Group) -> _Group | None:
@@ -462,7 +466,8 @@ class Fuser:
             # reductions are persistent) and the option must allow it.
             if not self.options.mix_order_reduction:
                 return None
-            if not heuristics.fits_in_tile(merged.cols, self.options.max_persistent_cols):
+            if sizes.is_symbolic(merged.cols) or not heuristics.fits_in_tile(merged.cols,
+                                                                             self.options.max_persistent_cols):
                 return None
         if merged.kind == "matmul" and self.options.matmul_template == "unfused":
             return None  # epilogue fusion is off: the matmul kernel stores its product alone
@@ -505,7 +510,8 @@ class Fuser:
         """(bytes no longer read twice or round-tripped, launches saved); (0, 0):
         not worth it. Groups over the same iteration space that share nothing
         still save a launch (the finishing sums of a norm backward's dw and db)."""
-        if self._adds_row_work_to_mix(a, b) and not heuristics.mix_worthwhile(a.rows, a.cols, self.options.num_sms):
+        if self._adds_row_work_to_mix(a, b) and not heuristics.mix_worthwhile(
+                self.size(a.rows), self.size(a.cols), self.options.num_sms):
             return 0, 0  # too few rows to spread the row work over the persistent grid
         if "matmul" in (a.kind, b.kind):
             return self._matmul_score(a, b)

@@ -57,6 +57,44 @@ def symbol(name: str) -> sympy.Symbol:
     return sympy.Symbol(name, integer=True, nonnegative=True)
 
 
+@functools.lru_cache(maxsize=None)
+def dim_symbol(name: str) -> sympy.Symbol:
+    """A symbolic (dynamic) size: a positive integer. [Note: symbolic dims]"""
+    return sympy.Symbol(name, integer=True, positive=True)
+
+
+def is_symbolic(x) -> bool:
+    """Does a size, or any size of a shape, depend on a dim symbol?"""
+    if isinstance(x, (tuple, list)):
+        return any(is_symbolic(d) for d in x)
+    return isinstance(x, sympy.Basic) and not x.is_Integer
+
+
+def dim_symbols(x) -> set:
+    """The dim symbols a size, shape or index expression depends on."""
+    if isinstance(x, (tuple, list)):
+        return set().union(*[dim_symbols(d) for d in x]) if x else set()
+    if not isinstance(x, sympy.Basic):
+        return set()
+    return {s for s in x.free_symbols if s.is_positive}
+
+
+def hint(x, hints) -> int:
+    """A size evaluated at the size hints (``{name: int}`` or ``((name, int), ...)``):
+    what heuristics decide from when the size is symbolic."""
+    if isinstance(x, (int,)):
+        return x
+    x = sympy.sympify(x)
+    if x.is_Integer:
+        return int(x)
+    values = dict(hints)
+    sub = {s: sympy.Integer(values[s.name]) for s in dim_symbols(x) if s.name in values}
+    out = x.xreplace(sub)
+    if not out.is_Integer:
+        raise ValueError(f"no size hint for {sorted(str(s) for s in dim_symbols(out))} in {x}")
+    return int(out)
+
+
 def index_symbols(prefix: str, n: int) -> tuple[sympy.Symbol, ...]:
     return tuple(symbol(f"{prefix}{k}") for k in range(n))
 
@@ -91,6 +129,7 @@ def numel(shape: Sequence[int]) -> int:
 
 
 def next_power_of_2(n: int) -> int:
+    n = int(n)
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
 
 
@@ -159,7 +198,9 @@ def value_range(expr, bounds: dict) -> tuple[int, int] | None:
     if expr.is_Integer:
         return int(expr), int(expr)
     if expr.is_Symbol:
-        return (0, int(bounds[expr]) - 1) if expr in bounds else None
+        if expr not in bounds or is_symbolic(bounds[expr]):
+            return None
+        return 0, int(bounds[expr]) - 1
     if expr.is_Add:
         lo = hi = 0
         for term in expr.args:

@@ -48,7 +48,10 @@ def split_reductions(graph: ir.Graph, options: CompileOptions) -> ir.Graph:
     nodes: dict[str, ir.Node] = {}
     for node in graph.nodes.values():
         parts = None
-        if isinstance(node, ir.Reduction) and node.op in COMBINABLE and node.reduced_numel > 1:
+        # Symbolic sizes ([Note: symbolic dims]) never split: the program count
+        # would depend on the size. Unsplit is always legal, only slower.
+        if (isinstance(node, ir.Reduction) and node.op in COMBINABLE and not sizes.is_symbolic(node.domain)
+                and node.reduced_numel > 1):
             if _leading(node) and node.shape:
                 parts = _column(node, row_domains, options)
             elif _trailing(node):

@@ -4,8 +4,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import keyword
 import logging
 import os
+import re
 import time
 from typing import Any, Callable, Sequence
 
@@ -51,17 +53,24 @@ class Compiled:
     constants: list
     out_tree: Any
     ran: bool = False
+    # A symbolic graph ([Note: dynamic dims]): checks of the dim values (code
+    # objects over the symbols' names), all true for the program to be right.
+    guards: list = dataclasses.field(default_factory=list)
 
 
 class JitFunction:
     """A function compiled by pallaskit, with jax.jit's semantics."""
 
-    def __init__(self, fn: Callable, static_argnums=(), static_argnames=()):
+    def __init__(self, fn: Callable, static_argnums=(), static_argnames=(), dynamic=None):
         if not callable(fn):
             raise TypeError(f"pallaskit.jit expects a callable, got {type(fn).__name__}")
         self.fn = fn
         self._sig = _signature(fn)
         self.static_argnums, self.static_argnames = _resolve_static(self._sig, static_argnums, static_argnames)
+        self.dynamic = _resolve_dynamic(self._sig, dynamic, self.static_argnums, self.static_argnames)
+        self._sym: dict = {}  # symbolic signature -> Compiled, or None: compiled per size instead
+        self._seen: dict = {}  # automatic dynamic: signature skeleton -> the distinct shapes seen
+        self._logged: set = set()  # automatic dynamic axes already announced
         self._cache: dict = {}
         self._fast: dict = {}  # _fast_key -> Compiled, filled by calls that went through _cache
         # updated=(): a function wrapping a JitFunction (jax.grad(f) of one) carries its
@@ -101,7 +110,9 @@ class JitFunction:
                             "pallaskit.explain and lower_to_result")
         entry = self._cache.get(key)
         if entry is None:
-            entry = self._compile(avals, treedef, static_pos, static_kw, len(args))
+            entry = self._dynamic_entry(leaves, avals, treedef, static_pos, static_kw, len(args))
+            if entry is None:
+                entry = self._compile(avals, treedef, static_pos, static_kw, len(args))
             self._cache[key] = entry
         outs = entry.executable(*leaves, *entry.constants)
         if not entry.ran:
@@ -130,16 +141,192 @@ class JitFunction:
         if entry is not None and entry.result is None:  # loaded from the disk cache: run the compiler for it
             return self._compile(avals, treedef, static_pos, static_kw, len(args), aot=False)
         if entry is None:
-            entry = self._compile(avals, treedef, static_pos, static_kw, len(args), aot=False)
+            entry = self._dynamic_entry(leaves, avals, treedef, static_pos, static_kw, len(args))
+            if entry is None:
+                entry = self._compile(avals, treedef, static_pos, static_kw, len(args), aot=False)
             self._cache[key] = entry
         return entry
 
-    def _compile(self, avals, treedef, static_pos, static_kw, n_args, aot=True) -> Compiled:
+    # -- dynamic dims -------------------------------------------------------------
+    # [Note: dynamic dims]
+    # A call's dynamic axes (``dynamic=`` and automatic ones) map to symbol names.
+    # The first call of a *symbolic signature* (the concrete one with those axes
+    # replaced by their symbols) traces the function with
+    # ``jax.export.symbolic_shape`` dims and compiles it once: lowering keeps the
+    # sizes as sympy symbols ([Note: symbolic dims] in lowering/symbolic.py),
+    # heuristics read them at the first call's sizes (``size_hints``), and the
+    # rendered program reads each size from an input's ``.shape``, computes grids
+    # and output shapes from it and hands it to kernels as an int32 operand. The
+    # Compiled entry (``jax.jit`` of that program) then serves every concrete
+    # signature of the symbolic one: a new size re-traces the program under
+    # jax.jit (JAX's own per-shape executable) but runs no pallaskit compile and
+    # makes no new kernel (``graphs_compiled`` / ``kernels_compiled``). Per
+    # concrete signature, before it is served: equal symbols have equal sizes
+    # (else ValueError), sizes are >= 1, and the program's guards hold (int32
+    # indexing); a failing size compiles statically for itself. A symbolic
+    # signature that cannot compile (a jax trace that needs more of the size, a
+    # symbolic extern parameter, argmax over the dynamic axis...) is remembered
+    # as None: its sizes compile one by one (``dynamic_fallbacks``, one warning).
+    # Symbolic graphs bypass the disk cache (executables are per size).
+    def _dynamic_entry(self, leaves, avals, treedef, static_pos, static_kw, n_args) -> Compiled | None:
+        """The symbolic graph serving this call's concrete signature, compiled
+        on first use; None when the call has no dynamic axis, when the symbolic
+        program cannot serve it (a guard fails: a size 0, an index past int32)
+        or when the signature could not be compiled symbolically: the caller
+        then compiles the concrete signature."""
+        axes = self._dynamic_axes(leaves, avals, treedef, static_pos, static_kw, n_args)
+        if not axes:
+            return None
+        values = {}
+        where = {}
+        for (leaf, axis), sym in axes.items():
+            size = int(avals[leaf].shape[axis])
+            if sym in values and values[sym] != size:
+                raise ValueError(f"pallaskit.jit: dynamic size {sym!r} is {values[sym]} for {where[sym]} but {size} "
+                                 f"for {self._leaf_name(leaf, treedef, n_args, static_pos)} axis {axis}; "
+                                 f"axes sharing a symbol in dynamic= must have equal sizes")
+            values[sym] = size
+            where.setdefault(sym, f"{self._leaf_name(leaf, treedef, n_args, static_pos)} axis {axis}")
+        if any(v < 1 for v in values.values()):  # symbols are >= 1 (jax.export's default constraint)
+            log.debug("pallaskit: %s: a dynamic size is 0; compiling this size on its own", self._title())
+            return None
+        shapes = tuple((a.dtype, bool(a.weak_type), tuple(axes.get((i, k), d) if (i, k) in axes else int(d)
+                                                        for k, d in enumerate(a.shape)))
+                       for i, a in enumerate(avals))
+        sym_key = (treedef, shapes, static_pos, static_kw, n_args)
+        if sym_key not in self._sym:
+            self._sym[sym_key] = self._compile_symbolic(avals, axes, values, treedef, static_pos, static_kw, n_args)
+        entry = self._sym[sym_key]
+        if entry is None:
+            return None
+        if not all(eval(g, {}, dict(values)) for g in entry.guards):
+            metrics.counters["dynamic_guard_failures"] += 1
+            log.info("pallaskit: %s: sizes %s break a guard of the symbolic program; compiling them on their own",
+                     self._title(), values)
+            return None
+        return entry
+
+    def _title(self):
+        return getattr(self.fn, "__qualname__", "fn")
+
+    def _leaf_name(self, leaf, treedef, n_args, static_pos) -> str:
+        paths = self._leaf_paths(treedef)
+        dyn_positions = [i for i in range(n_args) if i not in self.static_argnums]
+        return _describe(paths[leaf], dyn_positions, self._sig)
+
+    @staticmethod
+    def _leaf_paths(treedef):
+        dummy = jax.tree_util.tree_unflatten(treedef, list(range(treedef.num_leaves)))
+        return [p for p, _ in jax.tree_util.tree_flatten_with_path(dummy)[0]]
+
+    def _dynamic_axes(self, leaves, avals, treedef, static_pos, static_kw, n_args) -> dict:
+        """{(leaf, axis): symbol name} of this call: the ``dynamic=`` axes, plus
+        automatic ones (an axis seen with a second distinct size)."""
+        paths = self._leaf_paths(treedef)
+        dyn_positions = [i for i in range(n_args) if i not in self.static_argnums]
+        axes = {}
+        if self.dynamic:
+            names = list(self._sig.parameters) if self._sig is not None else []
+            for leaf, path in enumerate(paths):
+                if len(path) < 2:
+                    continue
+                if getattr(path[0], "idx", None) == 0:
+                    pos = dyn_positions[path[1].idx] if path[1].idx < len(dyn_positions) else path[1].idx
+                    ids = [pos] + ([names[pos]] if pos < len(names) else [])
+                else:
+                    ids = [path[1].key]
+                    if path[1].key in names:
+                        ids.append(names.index(path[1].key))
+                spec = next((self.dynamic[i] for i in ids if i in self.dynamic), None)
+                if spec is None:
+                    continue
+                what = _describe(path, dyn_positions, self._sig)
+                if len(path) > 2:
+                    raise ValueError(f"pallaskit.jit: dynamic= names {what.split('[')[0]}, which is a pytree; "
+                                     f"dynamic axes apply to array arguments")
+                ndim = len(avals[leaf].shape)
+                for axis, sym in spec.items():
+                    a = axis + ndim if axis < 0 else axis
+                    if not 0 <= a < ndim:
+                        raise ValueError(f"pallaskit.jit: dynamic= axis {axis} of {what} is out of range for its "
+                                         f"{ndim}-d shape {tuple(avals[leaf].shape)}")
+                    axes[(leaf, a)] = sym
+        if config.automatic_dynamic:
+            axes.update(self._automatic_axes(avals, treedef, static_pos, static_kw, n_args, paths, dyn_positions,
+                                             set(axes), set(axes.values())))
+        return axes
+
+    def _automatic_axes(self, avals, treedef, static_pos, static_kw, n_args, paths, dyn_positions, taken, used):
+        """Automatic dynamic: the axes whose size differs between the calls
+        seen with this signature skeleton (everything but sizes equal). Axes
+        whose sizes were equal in every call seen share a symbol (a fresh
+        symbol each would not trace: ``x + y`` needs equal sizes)."""
+        skeleton = (treedef, tuple((a.dtype, bool(a.weak_type), len(a.shape)) for a in avals),
+                    static_pos, static_kw, n_args)
+        shape = tuple(tuple(int(d) for d in a.shape) for a in avals)
+        seen = self._seen.setdefault(skeleton, [])
+        if shape not in seen:
+            seen.append(shape)
+        if len(seen) < 2:
+            return {}
+        groups: dict = {}
+        for leaf, a in enumerate(avals):
+            for axis in range(len(a.shape)):
+                sizes_seen = tuple(s[leaf][axis] for s in seen)
+                if (leaf, axis) in taken or len(set(sizes_seen)) == 1:
+                    continue
+                groups.setdefault(sizes_seen, []).append((leaf, axis))
+        out = {}
+        for members in groups.values():
+            leaf, axis = members[0]
+            base = re.sub(r"\W+", "_", _describe(paths[leaf], dyn_positions, self._sig).replace("argument ", ""))
+            name = f"{base.strip('_') or 'arg'}_d{axis}"
+            if not _valid_symbol(name):
+                name = f"s_{name}"
+            while name in used:
+                name += "_"
+            used.add(name)
+            for m in members:
+                out[m] = name
+        marker = (skeleton, tuple(sorted(out.items())))
+        if out and marker not in self._logged:
+            self._logged.add(marker)
+            log.info("pallaskit: %s: %s seen with a second size; compiling it once with %s dynamic",
+                     self._title(), ", ".join(sorted({f"{_describe(paths[l], dyn_positions, self._sig)} axis {k}"
+                                                      for l, k in out})), ", ".join(sorted(set(out.values()))))
+        return out
+
+    def _compile_symbolic(self, avals, axes, values, treedef, static_pos, static_kw, n_args) -> Compiled | None:
+        """Trace with ``jax.export.symbolic_shape`` dims and compile once; None
+        (the signature then compiles per size) when it cannot, with one log line."""
+        names = sorted(set(axes.values()))
+        try:
+            dims = dict(zip(names, jax.export.symbolic_shape(", ".join(names))))
+            structs = []
+            for i, a in enumerate(avals):
+                shape = tuple(dims[axes[(i, k)]] if (i, k) in axes else int(d) for k, d in enumerate(a.shape))
+                structs.append(jax.ShapeDtypeStruct(shape, a.dtype, weak_type=a.weak_type))
+            hints = tuple(sorted(values.items()))
+            return self._compile(avals, treedef, static_pos, static_kw, n_args, aot=False,
+                                 structs=structs, size_hints=hints)
+        except Exception as e:  # noqa: BLE001  (anything the symbolic path cannot take: per-size compiles)
+            reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            metrics.counters["dynamic_fallbacks"] += 1
+            log.warning("pallaskit: %s cannot be compiled with dynamic %s (%s); compiling each size on its own",
+                        self._title(), ", ".join(names), reason)
+            return None
+
+    def _compile(self, avals, treedef, static_pos, static_kw, n_args, aot=True, structs=None,
+                 size_hints=()) -> Compiled:
         """Trace and compile one signature. ``aot``: compile the executable now,
         through the on-disk graph cache (``pallaskit/cache``), where a hit skips
         the compiler and XLA (``Compiled.result`` is then None); otherwise only
-        run the compiler and jit its program lazily (``explain``)."""
+        run the compiler and jit its program lazily (``explain``).
+        ``structs``: symbolic input shapes ([Note: dynamic dims]); the graph is
+        then compiled shape-generic, with ``size_hints`` for its heuristics."""
         options = compile_options()
+        if size_hints:
+            options = dataclasses.replace(options, size_hints=tuple(size_hints))
         out_tree_box = []
         static_pos_d = dict(static_pos)
         static_kw_d = {k: v.value if isinstance(v, _Static) else v for k, v in static_kw}
@@ -154,7 +341,9 @@ class JitFunction:
             return flat
 
         t0 = time.perf_counter()
-        structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+        symbolic = structs is not None
+        if structs is None:
+            structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
         closed = jax.make_jaxpr(flat_fn)(*structs)
         metrics.counters["trace_seconds"] += time.perf_counter() - t0
         title = getattr(self.fn, "__qualname__", "fn")
@@ -169,6 +358,22 @@ class JitFunction:
                 _dump(config.debug_dir, title, closed, result)
             return result, call, constants
 
+        if symbolic:
+            # Not through the disk cache: a symbolic graph's executables are per
+            # concrete size (jax.jit of the shape-generic program), so an entry
+            # could hold only its source; this compiles it in-process instead.
+            result, call, constants = build()
+            if not result.program.symbols:
+                raise lowering.SymbolicUnsupported("no dynamic size reaches the program")
+            deltas = metrics.graph_deltas(result)
+            metrics.apply_deltas(deltas)
+            seconds = time.perf_counter() - t0
+            metrics.counters["compile_seconds"] += seconds
+            metrics.record_graph(title, deltas, metrics.kernel_stats(result), seconds, "off")
+            guards = [compile(g, "<guard>", "eval") for g in result.program.guard_source]
+            log.debug("pallaskit compiled %s shape-generic over %s in %.3fs", title,
+                      ", ".join(result.program.symbols), seconds)
+            return Compiled(result, closed, jax.jit(call), constants, out_tree_box[-1], guards=guards)
         if aot:
             served = cache.serve(closed, avals, static_pos + static_kw, options, title, build, t0)
             log.debug("pallaskit served %s in %.3fs (cache: %s)", title, time.perf_counter() - t0, served.cache)
@@ -179,12 +384,19 @@ class JitFunction:
 
 
 def jit(fn: Callable | None = None, *, static_argnums: int | Sequence[int] = (),
-        static_argnames: str | Sequence[str] = ()):
+        static_argnames: str | Sequence[str] = (), dynamic: dict | None = None):
     """Compile ``fn`` with pallaskit. Usable as ``@pallaskit.jit``,
-    ``@pallaskit.jit(static_argnums=...)`` or ``pallaskit.jit(fn, ...)``."""
+    ``@pallaskit.jit(static_argnums=...)`` or ``pallaskit.jit(fn, ...)``.
+
+    ``dynamic``: axes whose size may change between calls without a new
+    compilation, ``{argument: {axis: "symbol"}}`` (argument by name or
+    position; one symbol name means one size, checked at every call), e.g.
+    ``dynamic={"x": {0: "n"}, "labels": {0: "n"}}``. Option
+    ``automatic_dynamic`` (on) also makes an axis dynamic once it was seen
+    with a second size. [Note: dynamic dims]"""
     if fn is None:
-        return lambda f: JitFunction(f, static_argnums, static_argnames)
-    return JitFunction(fn, static_argnums, static_argnames)
+        return lambda f: JitFunction(f, static_argnums, static_argnames, dynamic)
+    return JitFunction(fn, static_argnums, static_argnames, dynamic)
 
 
 # --------------------------------------------------------------------------- #
@@ -226,6 +438,71 @@ def _resolve_static(sig, argnums, argnames):
                                | {names.index(n) for n in argnames if n in names}))
         argnames = tuple(sorted(set(argnames) | {names[i] for i in argnums if i < len(names)}))
     return argnums, argnames
+
+
+# Names generated code uses; a dim symbol (a variable in kernels and the
+# wrapper) must not shadow them.
+_RESERVED = frozenset({
+    "pid", "xr", "xc", "xb", "xk", "rmask", "cmask", "col_blocks", "ROWS", "COLS", "BLOCK_R", "BLOCK_C", "IDX",
+    "PROGRAMS", "program", "chunk", "carry", "step", "row_block", "dims_ptr", "jax", "jnp", "lax", "pl", "plt", "np",
+    "ANY", "INTERPRET", "EXTERNS", "call", "sympy"})
+_RESERVED_PATTERN = re.compile(r"^(i|r|tmp|idx|mask|cst|red|acc|phase|in_ptr|out_ptr|arg|const|buf|in)\d+$")
+
+
+def _valid_symbol(name) -> bool:
+    return (isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)
+            and not name.startswith("_") and name not in _RESERVED and not _RESERVED_PATTERN.match(name))
+
+
+def _resolve_dynamic(sig, dynamic, static_argnums, static_argnames) -> dict:
+    """``dynamic=`` checked and normalized: {argument name or position: {axis: symbol}}."""
+    if dynamic is None:
+        return {}
+    if not isinstance(dynamic, dict):
+        raise TypeError(f"pallaskit.jit: dynamic= must be a dict {{argument: {{axis: 'symbol'}}}}, "
+                        f"got {type(dynamic).__name__}")
+    params = list(sig.parameters.values()) if sig is not None else None
+    positional = [p.name for p in params or [] if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    var_pos = params is not None and any(p.kind == p.VAR_POSITIONAL for p in params)
+    var_kw = params is not None and any(p.kind == p.VAR_KEYWORD for p in params)
+    out = {}
+    for arg, spec in dynamic.items():
+        if isinstance(arg, bool) or not isinstance(arg, (int, str)):
+            raise TypeError(f"pallaskit.jit: dynamic= keys are argument names or positions, got {arg!r}")
+        if params is not None:
+            if isinstance(arg, str) and arg not in sig.parameters and not var_kw:
+                raise ValueError(f"pallaskit.jit: dynamic= names argument {arg!r}, but "
+                                 f"{getattr(sig, 'name', 'the function')} takes ({', '.join(sig.parameters)})")
+            if isinstance(arg, int) and not var_pos and not -len(positional) <= arg < len(positional):
+                raise ValueError(f"pallaskit.jit: dynamic= names argument position {arg}, but the function "
+                                 f"takes {len(positional)} positional argument(s)")
+        if isinstance(arg, int) and arg < 0:
+            arg += len(positional)
+        if arg in static_argnames or arg in static_argnums:
+            raise ValueError(f"pallaskit.jit: argument {arg!r} is static; it cannot have dynamic axes")
+        key = arg
+        if isinstance(arg, int) and arg < len(positional):
+            key = positional[arg]  # by name: a keyword call of the same argument finds it too
+        if isinstance(spec, (tuple, list)) and spec and all(isinstance(a, int) for a in spec):
+            # Axes alone: a symbol of its own per axis, named after the argument.
+            base = key if isinstance(key, str) and key.isidentifier() and not key.startswith("_") else f"arg{key}"
+            spec = {a: f"{base}_d{a}" if a >= 0 else f"{base}_dm{-a}" for a in spec}
+        if not isinstance(spec, dict) or not spec:
+            raise TypeError(f"pallaskit.jit: dynamic=[{arg!r}] must be a non-empty dict {{axis: 'symbol'}} "
+                            f"(or a tuple of axes), got {spec!r}")
+        for axis, sym in spec.items():
+            if isinstance(axis, bool) or not isinstance(axis, int):
+                raise TypeError(f"pallaskit.jit: dynamic=[{arg!r}] axes are ints, got {axis!r}")
+            if not isinstance(sym, str):
+                raise TypeError(f"pallaskit.jit: dynamic=[{arg!r}][{axis}] must be a symbol name (str), got {sym!r}")
+            if not _valid_symbol(sym):
+                raise ValueError(f"pallaskit.jit: dynamic symbol {sym!r} is not usable: it must be a Python "
+                                 f"identifier, not a keyword, not starting with '_', and not a name generated "
+                                 f"code uses (such as i0, xr, pid, jnp)")
+        if key in out:
+            raise ValueError(f"pallaskit.jit: dynamic= gives argument {key!r} twice")
+        out[key] = dict(spec)
+    return out
 
 
 def _describe(path, dyn_positions, sig) -> str:

@@ -37,6 +37,8 @@ COUNTER_NAMES = (
     "ir_nodes_after_fusion",
     "bytes_accessed",  # bytes read + written by the generated kernels, one run of each graph
     "codegen_mix_order_reduction",  # kernels doing a row and a column reduction of one input
+    "dynamic_fallbacks",  # symbolic signatures that could not compile shape-generic (then compiled per size)
+    "dynamic_guard_failures",  # calls whose sizes broke a symbolic program's guard (compiled for their size)
     "cache_hits",  # graphs served by the on-disk cache
     "cache_misses",  # graphs compiled with the cache on and no valid entry
     "compile_seconds",  # wall time spent in pallaskit's compile path (trace, key, load or compile)
@@ -174,12 +176,17 @@ def ensure_tables(names=None):
 # --------------------------------------------------------------------------- #
 # What one compiled graph contributes
 # --------------------------------------------------------------------------- #
-def _nbytes(graph, name) -> int:
+def _nbytes(graph, name, hints=()) -> int:
+    """Bytes of a buffer; a symbolic graph's sizes at its size hints."""
     import numpy as np
 
     shape, dtype = graph.buffer_aval(name)
     n = 1
     for d in shape:
+        if not isinstance(d, int):
+            from lowering import sizes
+
+            d = sizes.hint(d, hints)
         n *= int(d)
     return n * np.dtype(dtype).itemsize
 
@@ -198,8 +205,9 @@ def kernel_stats(result) -> list[dict]:
     out = []
     for k in result.schedule.kernels:
         cfg = configs.get(k.name)
-        read = sum(_nbytes(graph, r) for r in k.reads)
-        written = sum(_nbytes(graph, m.name) for m in k.members if m.store)
+        hints = getattr(result, "size_hints", ())
+        read = sum(_nbytes(graph, r, hints) for r in k.reads)
+        written = sum(_nbytes(graph, m.name, hints) for m in k.members if m.store)
         out.append(dict(kernel_name=k.name, kind=k.kind, rows=k.rows, cols=k.cols,
                         block_rows=getattr(cfg, "block_rows", None), block_cols=getattr(cfg, "block_cols", None),
                         num_warps=getattr(cfg, "num_warps", None), persistent=getattr(cfg, "persistent", None),

@@ -65,6 +65,7 @@ class OpInfo:
     xfail: tuple = ()  # ((dtype or None, shape or None, reason), ...): None matches all
     skip: str = ""  # why every case is skipped on this jax (a primitive it does not have)
     options: tuple = ()  # ((name, value), ...): pallaskit config for this entry
+    dynamic: dict | None = None  # pallaskit.jit's dynamic=: traced with symbolic dims (tests/test_dynamic.py)
 
 
 # --------------------------------------------------------------------------- #
@@ -303,6 +304,9 @@ op("broadcasted_iota_dim0", "iota", lambda x: x + lax.broadcasted_iota(x.dtype, 
    args(normal(2.0)), NUM, tol="exact")
 op("broadcasted_iota_last", "iota", lambda x: x * lax.broadcasted_iota(x.dtype, x.shape, x.ndim - 1),
    args(normal(2.0)), NUM, tol="exact")
+# -- dim_as_value: a dynamic size used as a value (only in symbolic traces) --------
+op("dim_as_value", "dim_as_value", lambda x: x * x.shape[0] + x.shape[-1], args(normal(2.0)), NUM,
+   dynamic={0: {0: "n"}})
 op("iota_only", "iota", lambda x: lax.broadcasted_iota(jnp.int32, x.shape, 0), args(normal(2.0)), INT, tol="exact")
 
 # -- shape ops -----------------------------------------------------------------
@@ -480,12 +484,19 @@ def test_op(info: OpInfo, dtype, shape, request):
     jargs = [jnp.asarray(a) for a in np_args]
 
     # The entry really exercises its primitive.
-    prims = _primitives(jax.make_jaxpr(info.fn)(*jargs).jaxpr)
+    traced = jargs
+    if info.dynamic:
+        dims = jax.export.symbolic_shape(", ".join(sorted({s for d in info.dynamic.values() for s in d.values()})))
+        names = sorted({s for d in info.dynamic.values() for s in d.values()})
+        sym = dict(zip(names, dims))
+        traced = [jax.ShapeDtypeStruct(tuple(sym[info.dynamic[i][k]] if k in info.dynamic.get(i, {}) else d
+                                             for k, d in enumerate(a.shape)), a.dtype) for i, a in enumerate(jargs)]
+    prims = _primitives(jax.make_jaxpr(info.fn)(*traced).jaxpr)
     assert info.prim in prims, f"{info.prim} not in the traced jaxpr (primitives: {sorted(prims)})"
 
     ref = jax.jit(info.fn)(*jargs)
     with pallaskit.config.override(**dict(info.options)):
-        jf = pallaskit.jit(info.fn)
+        jf = pallaskit.jit(info.fn, dynamic=info.dynamic)
         out = jf(*jargs)
         ex = pallaskit.explain(jf, *jargs)
     ref_leaves, ref_tree = jax.tree_util.tree_flatten(ref)

@@ -16,12 +16,13 @@ an earlier one (e.g. variance after mean).
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import jax.numpy as jnp
 import numpy as np
 import sympy
 
-from lowering import heuristics, ir, sizes
+from lowering import SymbolicUnsupported, heuristics, ir, sizes
 from lowering.codegen.writer import SourceWriter
 from lowering.options import CompileOptions
 from lowering.scheduler import XC, XR, Kernel, Member, Schedule
@@ -120,12 +121,17 @@ ANY = pl.BlockSpec(memory_space=pl.ANY)
 '''
 
 
+INT32_LIMIT = 2**31 - 1  # extents at or past this index with int64
+
+
 @dataclasses.dataclass
 class RenderedKernel:
     name: str
     source: str  # kernel body + launcher
     equations: list[str]
     config: heuristics.TileConfig
+    dims: list = dataclasses.field(default_factory=list)  # dim symbols the launcher takes
+    guards: list = dataclasses.field(default_factory=list)  # what this kernel assumes of them
 
 
 @dataclasses.dataclass
@@ -135,6 +141,15 @@ class RenderedProgram:
     externs: list  # (primitive, params) in wrapper order; the module's ``EXTERNS``
     input_names: list[str]
     output_names: list
+    # Symbolic graphs ([Note: symbolic dims]): the dim symbols' names, and what
+    # must hold of their values (sympy booleans) for the program to be right.
+    symbols: list = dataclasses.field(default_factory=list)
+    guards: list = dataclasses.field(default_factory=list)
+
+    @property
+    def guard_source(self) -> list[str]:
+        """The guards as Python expressions over the symbols' names."""
+        return [sizes.to_source(g) for g in self.guards]
 
 
 def _is_16bit_float(dt) -> bool:
@@ -203,11 +218,20 @@ class _KernelEmitter:
         self.wide_of: dict[str, str] = {}  # 16-bit var -> the float32 var it was rounded from
         self.scopes: list[dict] = [{}]  # CSE: key -> (var, extent)
         self.counter = 0
+        self.hints = options.size_hints
+        self.guards: list = []  # symbolic kernels: what the int32 index choice assumes
         self.index_dtype = "jnp.int64" if self._needs_int64() else "jnp.int32"
 
     def _needs_int64(self):
-        big = max([self.k.rows * self.k.cols] + [sizes.numel(self.graph.buffer_aval(b)[0]) for b in self.k.reads])
-        return big >= 2**31 - 1
+        extents = [self.k.rows * self.k.cols] + [sizes.numel(self.graph.buffer_aval(b)[0]) for b in self.k.reads]
+        symbolic = [e for e in extents if sizes.is_symbolic(e)]
+        big = max(sizes.hint(e, self.hints) for e in extents)
+        if big >= INT32_LIMIT:
+            return True
+        # int32 indices at the hint: a size whose extents reach 2**31 breaks the
+        # guard, and that call's signature compiles for its own size.
+        self.guards += [sympy.Lt(sizes.simplify(e), INT32_LIMIT) for e in symbolic]
+        return False
 
     # -- CSE ---------------------------------------------------------------------
     def lookup(self, key):
@@ -387,6 +411,8 @@ def _is_reduction(kernel, name):
 
 
 def kernel_config(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> heuristics.TileConfig:
+    if sizes.is_symbolic((kernel.rows, kernel.cols)):
+        return _symbolic_config(kernel, schedule, options)
     if kernel.kind == "pointwise":
         if _transposed_load(kernel, schedule):
             cfg = heuristics.transpose_config(kernel.rows, kernel.cols)
@@ -403,6 +429,54 @@ def kernel_config(kernel: Kernel, schedule: Schedule, options: CompileOptions) -
     if options.num_warps:
         cfg = dataclasses.replace(cfg, num_warps=options.num_warps)
     return cfg
+
+
+def _symbolic_config(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> heuristics.TileConfig:
+    """The tile of a kernel whose rows or columns are symbolic: the heuristics
+    at the size hints. Only what stays right at every size: pointwise kernels,
+    and row reductions whose reduced (column) extent is static."""
+    rows, cols = (sizes.hint(x, options.size_hints) for x in (kernel.rows, kernel.cols))
+    if kernel.kind == "pointwise":
+        if _transposed_load(kernel, schedule):
+            cfg = heuristics.transpose_config(rows, cols)
+        else:
+            cfg = heuristics.pointwise_config(rows, cols)
+    elif kernel.kind == "reduction" and not sizes.is_symbolic(kernel.cols):
+        inner = _reduction_is_inner(kernel, schedule)
+        prod = any(m.role == "reduction" and m.node.op == "prod" for m in kernel.members)
+        cfg = heuristics.reduction_config(rows, cols, max_persistent_cols=options.max_persistent_cols,
+                                          inner_contiguous=inner, force_width_one=prod)
+    elif kernel.kind == "reduction":
+        # Over a dynamic axis: always looped (no tile holds every size), the
+        # chunk count a runtime value; chunks no wider than the hinted row.
+        if any(m.role == "reduction" and m.node.op in ("argmax", "argmin") for m in kernel.members):
+            raise SymbolicUnsupported(f"kernel {kernel.name}: argmax/argmin over a dynamic axis ({kernel.cols})")
+        inner = _reduction_is_inner(kernel, schedule)
+        prod = any(m.role == "reduction" and m.node.op == "prod" for m in kernel.members)
+        cfg = heuristics.reduction_config(rows, cols, max_persistent_cols=0, inner_contiguous=inner,
+                                          force_width_one=prod)
+        cfg = dataclasses.replace(cfg, block_cols=min(cfg.block_cols, max(16, sizes.next_power_of_2(cols))))
+    else:
+        raise SymbolicUnsupported(
+            f"{kernel.kind} kernel {kernel.name} over symbolic sizes {kernel.rows} x {kernel.cols}")
+    if options.num_warps:
+        cfg = dataclasses.replace(cfg, num_warps=options.num_warps)
+    return cfg
+
+
+def _cdiv_source(n, block: int, name: str, block_name: str) -> str:
+    """Source of ceil(n / block): a number for a static ``n``, else an
+    expression over the kernel's ``name`` / ``block_name`` constants."""
+    if not sizes.is_symbolic(n):
+        return str(-(-int(n) // block))
+    return f"({name} + {block_name} - 1) // {block_name}"
+
+
+def _grid_cdiv(n, block: int) -> str:
+    """Launcher source of ceil(n / block) (Python ints when the launcher runs)."""
+    if not sizes.is_symbolic(n):
+        return str(-(-int(n) // block))
+    return f"pl.cdiv({sizes.to_source(n)}, {block})"
 
 
 def _transposed_load(kernel, schedule) -> bool:
@@ -440,7 +514,7 @@ def render_kernel(kernel: Kernel, schedule: Schedule, options: CompileOptions) -
     bodies = {m.name: _kernel_coords_body(m) for m in kernel.members}
     w.line("pid = pl.program_id(0)")
     if kernel.kind == "pointwise":
-        w.line(f"col_blocks = {-(-kernel.cols // cfg.block_cols)}")
+        w.line(f"col_blocks = {_cdiv_source(kernel.cols, cfg.block_cols, 'COLS', 'BLOCK_C')}")
         w.line("xr = (pid // col_blocks) * BLOCK_R + lax.broadcasted_iota(IDX, (BLOCK_R, 1), 0)")
         w.line("xc = (pid % col_blocks) * BLOCK_C + lax.broadcasted_iota(IDX, (1, BLOCK_C), 1)")
         w.line("rmask = xr < ROWS")
@@ -626,7 +700,7 @@ def _render_loop(em, kernel, bodies, reds, rowwise, p, cfg):
             em.store(m, *em.value(bodies[m.name]))
         em.scopes.pop()
         w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})" if outs else "return carry")
-    n_chunks = -(-kernel.cols // cfg.block_cols)
+    n_chunks = _cdiv_source(kernel.cols, cfg.block_cols, "COLS", "BLOCK_C")
     init = f"({carry})" if accs else "0"
     w.line(f"{carry or '_'} = lax.fori_loop(0, {n_chunks}, phase{p}, {init})")
     for name, acc_dt, m in accs:
@@ -647,42 +721,73 @@ def _wrap_kernel(kernel: Kernel, schedule: Schedule, cfg, em: _KernelEmitter, bo
         w.line(f"#   {eq}")
     ins = list(em.in_refs.values())
     outs = list(em.out_refs.values())
-    w.line(f"def {kernel.name}_kernel({', '.join(ins + outs)}):")
+    extents = f"ROWS, COLS = {sizes.to_source(kernel.rows)}, {sizes.to_source(kernel.cols)}"
+    dims = used_dims(schedule, extents + "\n" + body)
+    w.line(f"def {kernel.name}_kernel({', '.join((['dims_ptr'] if dims else []) + ins + outs)}):")
     with w.indent():
-        w.line(f"ROWS, COLS = {kernel.rows}, {kernel.cols}")
+        for k, d in enumerate(dims):  # dynamic sizes: runtime scalars, so the kernel serves every size
+            w.line(f"{d} = dims_ptr[{k}]")
+        w.line(extents)
         w.line(f"BLOCK_R, BLOCK_C = {cfg.block_rows}, {cfg.block_cols}")
         w.line(f"IDX = {em.index_dtype}")
     w.lines.append(body.rstrip("\n"))
     w.line()
-    if kernel.kind == "pointwise":
+    if sizes.is_symbolic((kernel.rows, kernel.cols)):
+        if kernel.kind == "pointwise":
+            grid = f"{_grid_cdiv(kernel.rows, cfg.block_rows)} * {_grid_cdiv(kernel.cols, cfg.block_cols)}"
+        else:
+            grid = _grid_cdiv(kernel.rows, cfg.block_rows)
+    elif kernel.kind == "pointwise":
         grid = (-(-kernel.rows // cfg.block_rows)) * (-(-kernel.cols // cfg.block_cols))
     elif kernel.kind == "mix":
         grid = kernel.programs * (1 if _whole_rows(kernel) else -(-kernel.cols // cfg.block_cols))
     else:
         grid = -(-kernel.rows // cfg.block_rows)
-    write_launcher(w, kernel, len(ins), grid, cfg.num_warps, cfg.num_stages)
-    return RenderedKernel(kernel.name, w.source(), list(kernel.origin), cfg)
+    write_launcher(w, kernel, len(ins), grid, cfg.num_warps, cfg.num_stages, dims=dims)
+    return RenderedKernel(kernel.name, w.source(), list(kernel.origin), cfg, dims, em.guards)
 
 
-def write_launcher(w: SourceWriter, kernel: Kernel, n_inputs: int, grid: int, num_warps: int, num_stages: int):
+def program_dims(schedule: Schedule) -> list[str]:
+    """Names of the dim symbols of a symbolic graph (its inputs' shapes hold them)."""
+    graph = schedule.graph
+    found = set()
+    for name in graph.inputs:
+        found |= sizes.dim_symbols(graph.buffer_aval(name)[0])
+    return sorted(s.name for s in found)
+
+
+def used_dims(schedule: Schedule, text: str) -> list[str]:
+    """The program's dim symbols that ``text`` (kernel source) names."""
+    return [d for d in program_dims(schedule) if re.search(rf"(?<![\w.]){re.escape(d)}\b", text)]
+
+
+def write_launcher(w: SourceWriter, kernel: Kernel, n_inputs: int, grid, num_warps: int, num_stages: int,
+                   dims: list[str] = ()):
     """``def <kernel>(in0, ...)``: the ``pallas_call`` of ``<kernel>_kernel`` on
-    flat refs in ``pl.ANY`` memory, one flat output per stored member."""
-    out_shapes = [f"jax.ShapeDtypeStruct(({m.node.numel},), {dtype_source(m.node.dtype)})"
+    flat refs in ``pl.ANY`` memory, one flat output per stored member.
+    ``dims``: the dim symbols the kernel reads ([Note: symbolic dims]); the
+    launcher takes them as keyword ints (the concrete sizes while jax.jit
+    traces the wrapper), sizes its outputs and grid (``grid`` is then source)
+    with them, and passes them to the kernel as an int32 array."""
+    out_shapes = [f"jax.ShapeDtypeStruct(({sizes.to_source(m.node.numel)},), {dtype_source(m.node.dtype)})"
                   for m in kernel.members if m.store]
     args = [f"in{i}" for i in range(n_inputs)]
-    w.line(f"def {kernel.name}({', '.join(args)}):")
+    operands = [a + ".reshape(-1)" for a in args]
+    if dims:
+        operands = [f"jnp.asarray([{', '.join(dims)}], jnp.int32)"] + operands
+    w.line(f"def {kernel.name}({', '.join(args + (['*'] + list(dims) if dims else []))}):")
     with w.indent():
         w.line("return pl.pallas_call(")
         with w.indent():
             w.line(f"{kernel.name}_kernel,")
             w.line(f"out_shape=({', '.join(out_shapes)},),")
             w.line(f"grid=({grid},),")
-            w.line(f"in_specs=[{', '.join(['ANY'] * n_inputs)}],")
+            w.line(f"in_specs=[{', '.join(['ANY'] * len(operands))}],")
             w.line(f"out_specs=({', '.join(['ANY'] * len(out_shapes))},),")
             w.line("interpret=INTERPRET,")
             w.line(f"name={kernel.name!r},")
             w.line(f"compiler_params=plt.CompilerParams(num_warps={num_warps}, num_stages={num_stages}),")
-        w.line(f")({', '.join(a + '.reshape(-1)' for a in args)})")
+        w.line(f")({', '.join(operands)})")
 
 
 # --------------------------------------------------------------------------- #
@@ -693,10 +798,13 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Rend
     kernels, helpers = [], set()
     from lowering.codegen.matmul import render_matmul  # it builds on this module's emitter
 
+    guards = []
     for k in schedule.kernels:
         rk, hs = (render_matmul if k.kind == "matmul" else render_kernel)(k, schedule, options)
         kernels.append(rk)
         helpers |= hs
+        guards += [g for g in getattr(rk, "guards", ()) if g not in guards]
+    dims = program_dims(schedule)
     w = SourceWriter()
     w.line(f"# Generated by pallaskit{': ' + title if title else ''}")
     w.lines.extend(_PRELUDE.format(interpret=options.interpret).splitlines())
@@ -711,13 +819,18 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Rend
     w.line()
     w.line(f"def call({', '.join(graph.inputs)}):")
     with w.indent():
+        for d in dims:  # dynamic sizes, read from the inputs (Python ints while jax.jit traces)
+            name, axis = _dim_source(graph, d)
+            w.line(f"{d} = {name}.shape[{axis}]")
+        launched = {rk.name: rk for rk in kernels}
         for step in schedule.steps:
             if isinstance(step, Kernel):
                 outs = [f"{m.name}" for m in step.members if m.store]
-                w.line(f"{', '.join(outs)}, = {step.name}({', '.join(step.reads)})")
+                kw = [f"{d}={d}" for d in getattr(launched[step.name], "dims", ())]
+                w.line(f"{', '.join(outs)}, = {step.name}({', '.join(list(step.reads) + kw)})")
                 for m in step.members:
                     if m.store:
-                        w.line(f"{m.name} = {m.name}.reshape({tuple(m.node.shape)})")
+                        w.line(f"{m.name} = {m.name}.reshape({_shape_source(m.node.shape)})")
             else:
                 args = []
                 for x in step.inputs:
@@ -735,4 +848,20 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Rend
             else:
                 outs.append(o)
         w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
-    return RenderedProgram(w.source(), kernels, externs, list(graph.inputs), list(graph.outputs))
+    return RenderedProgram(w.source(), kernels, externs, list(graph.inputs), list(graph.outputs), dims, guards)
+
+
+def _shape_source(shape) -> str:
+    if not sizes.is_symbolic(tuple(shape)):
+        return str(tuple(int(d) for d in shape))
+    parts = [sizes.to_source(d) for d in shape]
+    return f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
+
+
+def _dim_source(graph, dim: str) -> tuple[str, int]:
+    """An input and axis whose size is the dim symbol ``dim``."""
+    for name in graph.inputs:
+        for axis, d in enumerate(graph.buffer_aval(name)[0]):
+            if isinstance(d, sympy.Symbol) and d.name == dim:
+                return name, axis
+    raise SymbolicUnsupported(f"no input has the dynamic size {dim} as a whole dimension")

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from lowering import heuristics, ir
+from lowering import heuristics, ir, sizes
 from lowering.rules import PreferXLA, register_lowering
 
 # Operand and result dtypes the template handles: Triton's tensor-core dot takes
@@ -84,6 +84,10 @@ def _sizes(eqn):
                    note="matmul template (float32 accumulation, fused epilogues); integer/float64 dots, mixed "
                         "operand dtypes and precisions other than DEFAULT/HIGHEST run through XLA")
 def _dot_general(ctx, eqn, lhs, rhs):
+    if sizes.is_symbolic(tuple(eqn.invars[0].aval.shape) + tuple(eqn.invars[1].aval.shape)):
+        # Dynamic dims: XLA's dot takes any size; the template's tile choice
+        # would need a size (not built: [Note: symbolic dims]).
+        raise PreferXLA("symbolic operand shape")
     reason = unsupported(eqn, ctx.options)
     if reason or isinstance(lhs, ir.Const) or isinstance(rhs, ir.Const):
         raise NotImplementedError(reason or "literal operand")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lowering import ir
+from lowering import ir, sizes
 from lowering.rules import register_lowering
 
 _OPS = {
@@ -26,7 +26,7 @@ def _reduce(ctx, eqn, x):
     it_i, it_r = iter(i_syms), iter(r_syms)
     domain_index = tuple(next(it_r) if k in axes else next(it_i) for k in range(len(in_shape)))
     op = _OPS[eqn.primitive.name]
-    if int(np.prod(reduced)) == 1:
+    if sizes.numel(reduced) == 1:
         # Reducing extent-1 axes (what autodiff's broadcast transposes produce)
         # is a pointwise copy, so it fuses like one.
         if op in ("argmax", "argmin"):

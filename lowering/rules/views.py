@@ -152,3 +152,11 @@ def _iota(ctx, eqn):
     out = ctx.symbols(len(aval.shape))
     body = ir.IndexValue(out[eqn.params["dimension"]], np.dtype(aval.dtype))
     return [ctx.pointwise(aval, body)]
+
+
+@register_lowering("dim_as_value", kind="view",
+                   note="a symbolic dim used as a value (``x.shape[0]`` under dynamic dims): the size itself")
+def _dim_as_value(ctx, eqn):
+    aval = eqn.outvars[0].aval
+    dim = eqn.params["dim"]
+    return [ctx.pointwise(aval, ir.IndexValue(sympy.sympify(dim), np.dtype(aval.dtype)))]

@@ -1,0 +1,122 @@
+"""Symbolic (dynamic) dims: jax's ``_DimExpr`` sizes as sympy expressions.
+
+[Note: symbolic dims]
+A function traced with ``jax.export.symbolic_shape`` dims has a jaxpr whose
+avals and shape parameters hold jax dimension expressions (``n``, ``2*n``).
+Lowering sees them as sympy expressions over *dim symbols* (``sizes.dim_symbol``:
+positive integers named like the jax symbol), so index expressions, masks and
+kernel extents keep the size symbolic and one rendered program serves every
+size. Heuristics (block sizes, warps, fusion profit) evaluate sizes at the
+hints of ``CompileOptions.size_hints`` (``sizes.hint``).
+
+Rules never see a jax dimension expression: ``eqn_view`` gives them an
+equation whose avals and params have sympy dims. What the symbolic path
+cannot take raises ``SymbolicUnsupported``; the runtime then compiles that
+signature per concrete size (``pallaskit/api.py``)."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import sympy
+
+from lowering import sizes
+from lowering import SymbolicUnsupported
+
+
+
+
+def is_jax_dim(d) -> bool:
+    """A jax symbolic dimension expression (not a constant int)."""
+    return not isinstance(d, (int, np.integer)) and hasattr(d, "get_vars")
+
+
+def has_symbolic(shape) -> bool:
+    return any(is_jax_dim(d) for d in shape)
+
+
+def to_sympy(d):
+    """A jax dim (int or ``_DimExpr``) as an int or a sympy expression over dim symbols."""
+    if isinstance(d, (int, np.integer)):
+        return int(d)
+    if not is_jax_dim(d):
+        return d
+    names = {v: sizes.dim_symbol(v) for v in d.get_vars()}
+    local = dict(names)
+    local.update(floordiv=sizes.FloorDiv, mod=sizes.mod, max=sympy.Max, min=sympy.Min)
+    expr = sympy.sympify(str(d), locals=local)
+    if expr.has(sizes.FloorDiv, sympy.Max, sympy.Min) or not expr.is_polynomial(*names.values()):
+        raise SymbolicUnsupported(f"the symbolic dim {d} is not a polynomial of the dim symbols")
+    return sizes.simplify(expr)
+
+
+def convert(value):
+    """``value`` (a param: int, dim, tuple, list...) with jax dims made sympy."""
+    if is_jax_dim(value):
+        return to_sympy(value)
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(convert(v) for v in value)
+    if isinstance(value, list):
+        return [convert(v) for v in value]
+    return value
+
+
+def params_symbolic(params) -> bool:
+    """Do an equation's params hold a symbolic dim (then XLA cannot run it as is)?"""
+    def walk(v):
+        if is_jax_dim(v):
+            return True
+        if isinstance(v, (tuple, list)):
+            return any(walk(x) for x in v)
+        return False
+
+    return any(walk(v) for v in params.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class SymAval:
+    """An aval with sympy dims: what rules and IR nodes see for symbolic values."""
+
+    shape: tuple
+    dtype: object
+    weak_type: bool = False
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    def str_short(self):
+        return f"{np.dtype(self.dtype).name}[{','.join(str(d) for d in self.shape)}]"
+
+
+def aval_view(aval):
+    """``aval`` with sympy dims when it has a symbolic one; else ``aval`` itself."""
+    shape = getattr(aval, "shape", None)
+    if shape is None or not has_symbolic(shape):
+        return aval
+    return SymAval(tuple(to_sympy(d) for d in shape), aval.dtype, getattr(aval, "weak_type", False))
+
+
+class _VarView:
+    __slots__ = ("aval", "var")
+
+    def __init__(self, var):
+        self.var = var
+        self.aval = aval_view(var.aval)
+
+
+class EqnView:
+    """An equation as rules see it in a symbolic graph: avals and params with sympy dims."""
+
+    def __init__(self, eqn):
+        self.eqn = eqn
+        self.primitive = eqn.primitive
+        self.effects = eqn.effects
+        self.params = {k: convert(v) for k, v in eqn.params.items()}
+        self.invars = [_VarView(v) for v in eqn.invars]
+        self.outvars = [_VarView(v) for v in eqn.outvars]
+
+
+def eqn_symbolic(eqn) -> bool:
+    return (any(has_symbolic(getattr(v.aval, "shape", ())) for v in list(eqn.invars) + list(eqn.outvars))
+            or params_symbolic(eqn.params))

@@ -1,0 +1,317 @@
+"""Dynamic dims (issue 4, parts 1 and 2): ``pallaskit.jit(dynamic=...)`` and
+automatic dynamic compile one shape-generic program per symbolic signature;
+each new size re-traces it under jax.jit only (no pallaskit compile, no new
+kernel). Guards, fallbacks and errors. [Note: dynamic dims] in pallaskit/api.py."""
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallaskit
+from conftest import assert_close
+from pallaskit import metrics
+
+BF16 = jnp.bfloat16
+SIZES = (1, 7, 64, 129, 300)
+
+
+def counters():
+    return dict(metrics.counters)
+
+
+def delta(before, name):
+    return metrics.counters[name] - before[name]
+
+
+def _pointwise_broadcast(x, w, b):
+    return jnp.tanh(x * w + b) * 2.0 - x
+
+
+def _softmax(x, w):
+    return jax.nn.softmax(x * w, axis=-1)
+
+
+def _rmsnorm(x, w):
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + 1e-6)
+    return (y * w.astype(jnp.float32)).astype(x.dtype)
+
+
+def _shared(x, labels):
+    return (x * labels[:, None] + 1.0, labels * 3.0)
+
+
+CASES = {
+    # name: (fn, dynamic spec, makers (rows, dtype, rng) -> args)
+    "pointwise_broadcast": (_pointwise_broadcast, {"x": {0: "n"}},
+                            lambda n, dt, rng: (rng.standard_normal((n, 96)), rng.standard_normal((96,)),
+                                                rng.standard_normal((1, 96)))),
+    "softmax": (_softmax, {"x": {0: "n"}},
+                lambda n, dt, rng: (rng.standard_normal((n, 100)), rng.standard_normal((100,)))),
+    "rmsnorm": (_rmsnorm, {0: {0: "rows"}},
+                lambda n, dt, rng: (rng.standard_normal((n, 128)), rng.standard_normal((128,)))),
+    "shared_symbol": (_shared, {"x": {0: "n"}, "labels": {0: "n"}},
+                      lambda n, dt, rng: (rng.standard_normal((n, 33)), rng.standard_normal((n,)))),
+}
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, BF16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_one_compile_serves_every_size(case, dtype, rng):
+    fn, spec, make = CASES[case]
+    f = pallaskit.jit(fn, dynamic=spec)
+    ref = jax.jit(fn)
+    before = counters()
+    kernels = None
+    for n in SIZES:
+        args = [jnp.asarray(a, dtype) for a in make(n, dtype, rng)]
+        out, want = f(*args), ref(*args)
+        for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(want)):
+            assert_close(a, b, dtype)
+        if kernels is None:
+            kernels = delta(before, "kernels_compiled")
+        assert delta(before, "kernels_compiled") == kernels, f"size {n} compiled new kernels"
+    assert delta(before, "graphs_compiled") == 1
+    assert delta(before, "dynamic_fallbacks") == 0
+    assert kernels >= 1
+    # The one program is shape-generic: the size is read from the input, not baked in.
+    program = f.lower_to_result(*args).result.program
+    assert program.symbols == sorted(set(s for d in spec.values() for s in d.values()))
+    assert f"{program.symbols[0]} = arg0.shape[0]" in program.source
+    assert all(k.dims for k in program.kernels)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, BF16], ids=["f32", "bf16"])
+def test_reductions_over_the_dynamic_axis_loop_a_runtime_count(dtype, rng):
+    """Column sums, a full mean and a two-phase reduction over the dynamic axis:
+    looped kernels whose chunk count is computed from the runtime size."""
+    def fn(x):
+        return x.sum(0), jnp.mean(x), (x - x.mean(0)).max(0), jnp.prod(x * 0.1 + 1.0, 0)
+
+    f = pallaskit.jit(fn, dynamic={"x": {0: "n"}})
+    before = counters()
+    for n in (1, 7, 200):
+        x = jnp.asarray(rng.standard_normal((n, 5)), dtype)
+        for a, b in zip(f(x), jax.jit(fn)(x)):
+            assert_close(a, b, dtype)
+    assert delta(before, "graphs_compiled") == 1
+    assert delta(before, "dynamic_fallbacks") == 0
+    source = f.lower_to_result(x).result.program.source
+    assert "lax.fori_loop(0, (COLS + BLOCK_C - 1) // BLOCK_C" in source
+
+
+def test_size_enters_kernels_as_a_runtime_value(rng):
+    """``x.shape[0]`` used as a value (jax's dim_as_value) reads the runtime size."""
+    f = pallaskit.jit(lambda x: x * x.shape[0] + x.shape[1], dynamic={"x": {0: "n"}})
+    before = counters()
+    for n in (3, 11, 40):
+        x = jnp.asarray(rng.standard_normal((n, 5)), jnp.float32)
+        assert_close(f(x), x * n + 5)
+    assert delta(before, "graphs_compiled") == 1
+
+
+def test_keyword_call_negative_axis_and_steady_state(rng):
+    f = pallaskit.jit(lambda x, y: x + y, dynamic={"x": {-2: "n"}, "y": {0: "n"}})
+    before = counters()
+    for n in (2, 9, 2, 9, 33):
+        x = jnp.asarray(rng.standard_normal((n, 4)), jnp.float32)
+        y = jnp.asarray(rng.standard_normal((n, 4)), jnp.float32)
+        assert_close(f(x, y=y), x + y)
+        assert_close(f(x, y), x + y)
+    assert delta(before, "graphs_compiled") == 2  # one per calling convention (keyword / positional y), as jax.jit
+
+
+def test_automatic_dynamic_recompiles_once(rng, caplog):
+    f = pallaskit.jit(lambda a, b: jnp.exp(a) * b + 1.0)
+    before = counters()
+    with caplog.at_level(logging.INFO, logger="pallaskit"):
+        for n in (5, 9, 17, 33):
+            a = jnp.asarray(rng.standard_normal((n, 6)), jnp.float32)
+            b = jnp.asarray(rng.standard_normal((n, 6)), jnp.float32)
+            assert_close(f(a, b), jnp.exp(a) * b + 1.0)
+            assert delta(before, "graphs_compiled") == (1 if n == 5 else 2)
+    lines = [r.getMessage() for r in caplog.records if "seen with a second size" in r.getMessage()]
+    assert len(lines) == 1 and "axis 0" in lines[0], lines
+    # The static dim stays static: a new size of it is a new (static) signature.
+    a = jnp.asarray(rng.standard_normal((5, 7)), jnp.float32)
+    assert_close(f(a, a), jnp.exp(a) * a + 1.0)
+    assert delta(before, "graphs_compiled") == 3
+
+
+def test_automatic_dynamic_off_compiles_every_size(rng):
+    pallaskit.config.update(automatic_dynamic=False)
+    f = pallaskit.jit(lambda a: a * 3.0)
+    before = counters()
+    for n in (5, 9, 17, 33):
+        a = jnp.asarray(rng.standard_normal((n, 6)), jnp.float32)
+        assert_close(f(a), a * 3.0)
+    assert delta(before, "graphs_compiled") == 4
+
+
+def test_automatic_dynamic_keeps_unequal_axes_apart(rng):
+    """Axes that varied together share a symbol; axes that did not get their own."""
+    f = pallaskit.jit(lambda a, b: (a * 2.0, b.sum(-1)))
+    before = counters()
+    for n, m in ((3, 4), (6, 4), (6, 9), (11, 2), (7, 7)):
+        a = jnp.asarray(rng.standard_normal((n, 5)), jnp.float32)
+        b = jnp.asarray(rng.standard_normal((m, 5)), jnp.float32)
+        out = f(a, b)
+        assert_close(out[0], a * 2.0)
+        assert_close(out[1], b.sum(-1))
+    # (3,4) static; (6,4): a's rows dynamic; (6,9): a's and b's rows apart (a new
+    # axis set); later sizes are served by that graph.
+    assert delta(before, "graphs_compiled") == 3
+
+
+def test_axes_tuple_gives_each_axis_its_own_symbol(rng):
+    f = pallaskit.jit(lambda a, b: (a * 2.0, b + 1.0), dynamic={0: (0,), "b": (0, 1)})
+    assert f.dynamic == {"a": {0: "a_d0"}, "b": {0: "b_d0", 1: "b_d1"}}
+    before = counters()
+    for n, m, k in ((3, 4, 5), (8, 2, 9), (1, 1, 1)):
+        a = jnp.asarray(rng.standard_normal((n, 3)), jnp.float32)
+        b = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+        out = f(a, b)
+        assert_close(out[0], a * 2.0)
+        assert_close(out[1], b + 1.0)
+    assert delta(before, "graphs_compiled") == 1
+
+
+def test_dynamic_pytree_argument_is_a_clear_error():
+    f = pallaskit.jit(lambda p: p["w"] * 2, dynamic={"p": {0: "n"}})
+    with pytest.raises(ValueError, match="pytree"):
+        f({"w": jnp.ones((3,))})
+
+
+def test_mismatched_shared_symbol_is_a_clear_error(rng):
+    f = pallaskit.jit(_shared, dynamic={"x": {0: "n"}, "labels": {0: "n"}})
+    x = jnp.ones((4, 3), jnp.float32)
+    with pytest.raises(ValueError, match=r"'n'.*argument 'x' axis 0.*argument 'labels' axis 0"):
+        f(x, jnp.ones((5,), jnp.float32))
+
+
+def test_dynamic_spec_is_validated():
+    with pytest.raises(ValueError, match="argument 'z'"):
+        pallaskit.jit(_shared, dynamic={"z": {0: "n"}})
+    with pytest.raises(ValueError, match="position 5"):
+        pallaskit.jit(_shared, dynamic={5: {0: "n"}})
+    with pytest.raises(TypeError, match="symbol name"):
+        pallaskit.jit(_shared, dynamic={"x": {0: 3}})
+    with pytest.raises(ValueError, match="not usable"):
+        pallaskit.jit(_shared, dynamic={"x": {0: "i0"}})
+    with pytest.raises(ValueError, match="static"):
+        pallaskit.jit(lambda x, k: x * k, static_argnums=1, dynamic={"k": {0: "n"}})
+    f = pallaskit.jit(lambda x: x + 1, dynamic={"x": {2: "n"}})
+    with pytest.raises(ValueError, match="axis 2 of argument 'x' is out of range"):
+        f(jnp.ones((3, 4)))
+
+
+def test_size_zero_breaks_the_symbols_constraint_and_compiles_on_its_own(rng):
+    """Symbols are >= 1 (jax.export's default); a size 0 compiles that size statically."""
+    f = pallaskit.jit(lambda x: jnp.tanh(x) + 1.0, dynamic={"x": {0: "n"}})
+    before = counters()
+    for n in (4, 0, 9, 0):
+        x = jnp.asarray(rng.standard_normal((n, 3)), jnp.float32)
+        assert_close(f(x), jnp.tanh(x) + 1.0)
+    assert delta(before, "graphs_compiled") == 2  # the symbolic one, and size 0 once
+
+
+def test_broken_guard_recompiles_that_size(rng, monkeypatch):
+    """A symbolic kernel indexes with int32 at its hint and guards it; sizes past
+    the guard compile on their own (the limit lowered here to reach it)."""
+    from lowering.codegen import pallas
+
+    monkeypatch.setattr(pallas, "INT32_LIMIT", 2000)
+    f = pallaskit.jit(lambda x, w: x * w + 1.0, dynamic={"x": {0: "n"}})
+    w = jnp.asarray(rng.standard_normal((96,)), jnp.float32)
+    before = counters()
+    for n in (7, 3, 64, 30, 64):  # 7*96 and 3*96 < 2000; 64*96 and 30*96 are not
+        x = jnp.asarray(rng.standard_normal((n, 96)), jnp.float32)
+        assert_close(f(x, w), x * w + 1.0)
+    assert delta(before, "graphs_compiled") == 3
+    assert delta(before, "dynamic_guard_failures") == 2
+    guards = f.lower_to_result(jnp.ones((7, 96)), w).guards
+    assert guards and all(eval(g, {}, {"n": 7}) for g in guards)
+    assert not any(eval(g, {}, {"n": 64}) for g in guards)
+
+
+@pytest.mark.parametrize("fn,cols,why", [
+    (lambda x: x.reshape(-1, 2) * 2.0, (), "InconclusiveDimensionOperation"),  # the trace needs n even
+    (lambda x: jnp.argmax(x, 0), (4,), "argmax/argmin over a dynamic axis"),
+    (lambda x: x[:, :2] * 3.0, (4,), "symbolic shape parameter"),  # a gather with slice sizes (n, 2)
+], ids=["reshape_needs_even", "argmax_dynamic_axis", "gather"])
+def test_unsupported_falls_back_to_per_size(fn, cols, why, rng, caplog):
+    f = pallaskit.jit(fn, dynamic={"x": {0: "n"}})
+    before = counters()
+    with caplog.at_level(logging.WARNING, logger="pallaskit"):
+        for n in (4, 6, 10):
+            x = jnp.asarray(rng.standard_normal((n,) + cols), jnp.float32)
+            assert_close(f(x), jax.jit(fn)(x))
+    assert delta(before, "dynamic_fallbacks") == 1
+    assert delta(before, "graphs_compiled") == 3
+    lines = [r.getMessage() for r in caplog.records if "cannot be compiled with dynamic" in r.getMessage()]
+    assert len(lines) == 1 and why in lines[0], lines
+
+
+def test_matmul_with_dynamic_rows_runs_through_xla(rng):
+    def layer(x, w, b):
+        return jax.nn.gelu(x @ w + b)
+
+    f = pallaskit.jit(layer, dynamic={"x": {0: "tokens"}})
+    w = jnp.asarray(rng.standard_normal((32, 48)), jnp.float32)
+    b = jnp.asarray(rng.standard_normal((48,)), jnp.float32)
+    before = counters()
+    for n in (1, 13, 70):
+        x = jnp.asarray(rng.standard_normal((n, 32)), jnp.float32)
+        np.testing.assert_allclose(f(x, w, b), jax.jit(layer)(x, w, b), rtol=2e-4, atol=2e-4)
+    assert delta(before, "graphs_compiled") == 1
+    assert delta(before, "dynamic_fallbacks") == 0
+
+
+def test_explain_shows_symbolic_sizes():
+    f = pallaskit.jit(_softmax, dynamic={"x": {0: "n"}})
+    text = str(pallaskit.explain(f, jnp.ones((7, 100)), jnp.ones((100,))))
+    assert "reduction, n x 100" in text, text
+
+
+def test_disk_cache_never_serves_a_symbolic_graph_for_a_static_signature(rng):
+    """Symbolic graphs bypass the disk cache; a static function on the same
+    shapes compiles and caches its own entry, and a dynamic one never takes it."""
+    def fn(x):
+        return jnp.sin(x) * 2.0
+
+    x = jnp.asarray(rng.standard_normal((6, 8)), jnp.float32)
+    before = counters()
+    dyn = pallaskit.jit(fn, dynamic={"x": {0: "n"}})
+    assert_close(dyn(x), jnp.sin(x) * 2.0)
+    assert (delta(before, "cache_hits"), delta(before, "cache_misses")) == (0, 0)
+    static = pallaskit.jit(fn)
+    assert_close(static(x), jnp.sin(x) * 2.0)
+    assert (delta(before, "cache_hits"), delta(before, "cache_misses")) == (0, 1)
+    assert pallaskit.jit(fn)(x) is not None and delta(before, "cache_hits") == 1
+    dyn2 = pallaskit.jit(fn, dynamic={"x": {0: "n"}})
+    y = jnp.asarray(rng.standard_normal((9, 8)), jnp.float32)
+    assert_close(dyn2(x), jnp.sin(x) * 2.0)
+    assert_close(dyn2(y), jnp.sin(y) * 2.0)
+    assert delta(before, "cache_hits") == 1
+    assert dyn2.lower_to_result(y).result.program.symbols == ["n"]
+
+
+def test_symbolic_program_lowers_to_triton_for_each_size():
+    """Exporting for CUDA runs Pallas' Triton lowering on the CPU: the runtime
+    size operand (``dims_ptr[0]``) and the wrapper-computed grid lower for any
+    size. (PTX compilation does not run; see WORKSPACE.md for the device check.)"""
+    from jax import export
+
+    from pallaskit.runtime import loader
+
+    f = pallaskit.jit(lambda x, w: (jax.nn.softmax(x * w, -1) * x.shape[0], x.sum(0)), dynamic={"x": {0: "n"}})
+    w = jnp.zeros((384,), jnp.float32)
+    with pallaskit.config.override(interpret=False):
+        res = f.lower_to_result(jnp.zeros((7, 384)), w).result
+    checks = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+    call = jax.jit(loader.load(res.program))
+    for n in (1, 1000):
+        exported = export.export(call, platforms=["cuda"], disabled_checks=checks)(jnp.zeros((n, 384)), w)
+        assert exported.mlir_module().count("__gpu$xla.gpu.triton") == len(res.program.kernels) == 2
