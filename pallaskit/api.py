@@ -373,8 +373,7 @@ class JitFunction:
             guards = [compile(g, "<guard>", "eval") for g in result.program.guard_source]
             log.debug("pallaskit compiled %s shape-generic over %s in %.3fs", title,
                       ", ".join(result.program.symbols), seconds)
-            return Compiled(result, closed, jax.jit(call, compiler_options=_per_size_compiler_options()),
-                            constants, out_tree_box[-1], guards=guards)
+            return Compiled(result, closed, jax.jit(call), constants, out_tree_box[-1], guards=guards)
         if aot:
             served = cache.serve(closed, avals, static_pos + static_kw, options, title, build, t0)
             log.debug("pallaskit served %s in %.3fs (cache: %s)", title, time.perf_counter() - t0, served.cache)
@@ -382,16 +381,6 @@ class JitFunction:
         result, call, constants = build()
         metrics.apply_deltas(metrics.graph_deltas(result))
         return Compiled(result, closed, jax.jit(call), constants, out_tree_box[-1])
-
-
-# XLA's per-shape compile of a matmul is mostly autotuning (~1 s for a gelu MLP
-# on the H100, every new size); a dynamic graph meets a new shape at every new
-# size, so by default its executables skip it (option ``dynamic_autotune``).
-_NO_AUTOTUNE = {"xla_gpu_autotune_level": 0}
-
-
-def _per_size_compiler_options() -> dict | None:
-    return None if config.dynamic_autotune else dict(_NO_AUTOTUNE)
 
 
 def jit(fn: Callable | None = None, *, static_argnums: int | Sequence[int] = (),

@@ -144,10 +144,6 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("automatic_dynamic", True, "Make an argument axis dynamic (one shape-generic compilation serving "
            "every size) once a function is called with a second distinct size of it, everything else equal.",
            _parse_bool, _check_bool, "true, false"),
-    Option("dynamic_autotune", False, "Let XLA autotune the matmuls of each size's executable of a dynamic "
-           "(shape-generic) graph. Off: XLA takes its library's heuristic choice, so a new size compiles in a "
-           "fraction of the time (autotuning is most of XLA's per-shape compile of a matmul).",
-           _parse_bool, _check_bool, "true, false"),
     Option("log_fallbacks", True, "Log one line per primitive run through XLA (once per primitive).",
            _parse_bool, _check_bool, "true, false"),
     Option("partitioner", "min_cut", "How a differentiated function is split into forward and backward "
