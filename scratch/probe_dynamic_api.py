@@ -2,7 +2,12 @@
 size costs once the symbolic program exists, beside jax.jit and pallaskit's
 per-size static compile, and the 16-size gelu-MLP sweep of the suite.
 
-PYTHONPATH=. python scratch/probe_dynamic_api.py [--smoke]   (writes $OUT/probe_dynamic_api.json)
+PYTHONPATH=. python scratch/probe_dynamic_api.py [--smoke] [--mlp=jax.jit|pallaskit dynamic]
+(writes $OUT/probe_dynamic_api.json)
+
+The MLP sweep runs one backend per process (--mlp, default jax.jit): XLA keeps
+its matmul autotuning results in-process, so a second backend on the same
+shapes would skip that work and look faster than it is.
 """
 import json, os, sys, time
 import jax, jax.numpy as jnp, numpy as np
@@ -78,7 +83,8 @@ def main():
         w1 = jax.random.normal(ks[0], (1024, 4096), jnp.bfloat16) / 32
         w2 = jax.random.normal(ks[1], (4096, 1024), jnp.bfloat16) / 64
         make_mlp = lambda n, i: (jax.random.normal(jax.random.fold_in(key, i), (n, 1024), jnp.bfloat16), w1, w2)  # noqa
-        for label, build in backends[:2]:
+        mlp = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--mlp=")), "jax.jit")
+        for label, build in [b for b in backends[:2] if b[0] == mlp]:
             with pallaskit.config.override(automatic_dynamic=False):
                 per_size("gelu_mlp sweep", gelu_mlp, make_mlp, (5, 17) if smoke else SWEEP_ROWS, [(label, build)])
     with open(os.path.join(OUT, "probe_dynamic_api.json"), "w") as fh:
