@@ -392,7 +392,7 @@ def jit(fn: Callable | None = None, *, static_argnums: int | Sequence[int] = (),
     compilation, ``{argument: {axis: "symbol"}}`` (argument by name or
     position; one symbol name means one size, checked at every call), e.g.
     ``dynamic={"x": {0: "n"}, "labels": {0: "n"}}``. Option
-    ``automatic_dynamic`` (on) also makes an axis dynamic once it was seen
+    ``automatic_dynamic`` (off by default) also makes an axis dynamic once it was seen
     with a second size. [Note: dynamic dims]"""
     if fn is None:
         return lambda f: JitFunction(f, static_argnums, static_argnames, dynamic)

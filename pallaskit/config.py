@@ -141,8 +141,11 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "store), 'unfused' (the template alone), 'off' (XLA runs every dot_general). Integer dots and some "
            "precision configs always run through XLA.", str, _check_matmul_template,
            "'auto', 'fused', 'unfused', 'off' (true means 'fused', false 'off')"),
-    Option("automatic_dynamic", True, "Make an argument axis dynamic (one shape-generic compilation serving "
-           "every size) once a function is called with a second distinct size of it, everything else equal.",
+    Option("automatic_dynamic", False, "Make an argument axis dynamic (one shape-generic compilation serving "
+           "every size) once a function is called with a second distinct size of it, everything else equal. Off "
+           "by default: on the H100 a new size of a symbolic graph still costs about what a static recompile "
+           "costs (JAX's trace and XLA's compile of each size), and symbolic graphs give up split and mix-order "
+           "reductions, so a norm backward over dynamic rows runs much slower (benchmarks/RESULTS.md).",
            _parse_bool, _check_bool, "true, false"),
     Option("log_fallbacks", True, "Log one line per primitive run through XLA (once per primitive).",
            _parse_bool, _check_bool, "true, false"),

@@ -124,6 +124,7 @@ def test_keyword_call_negative_axis_and_steady_state(rng):
 
 
 def test_automatic_dynamic_recompiles_once(rng, caplog):
+    pallaskit.config.update(automatic_dynamic=True)  # off by default (config.py says why)
     f = pallaskit.jit(lambda a, b: jnp.exp(a) * b + 1.0)
     before = counters()
     with caplog.at_level(logging.INFO, logger="pallaskit"):
@@ -141,7 +142,7 @@ def test_automatic_dynamic_recompiles_once(rng, caplog):
 
 
 def test_automatic_dynamic_off_compiles_every_size(rng):
-    pallaskit.config.update(automatic_dynamic=False)
+    """The default: like jax.jit, one compile per size."""
     f = pallaskit.jit(lambda a: a * 3.0)
     before = counters()
     for n in (5, 9, 17, 33):
@@ -152,6 +153,7 @@ def test_automatic_dynamic_off_compiles_every_size(rng):
 
 def test_automatic_dynamic_keeps_unequal_axes_apart(rng):
     """Axes that varied together share a symbol; axes that did not get their own."""
+    pallaskit.config.update(automatic_dynamic=True)
     f = pallaskit.jit(lambda a, b: (a * 2.0, b.sum(-1)))
     before = counters()
     for n, m in ((3, 4), (6, 4), (6, 9), (11, 2), (7, 7)):
