@@ -545,9 +545,8 @@ def _array_type(leaves) -> type | None:
 
 
 def _abstractify(leaf, where: str):
-    if isinstance(leaf, jax.ShapeDtypeStruct):  # explain / lower_to_result need shapes only
-        return jax.core.ShapedArray(leaf.shape, leaf.dtype, weak_type=leaf.weak_type)
-    if isinstance(leaf, (jax.Array, np.ndarray)) or isinstance(leaf, _SCALARS):
+    # ShapeDtypeStruct: explain / lower_to_result need shapes only
+    if isinstance(leaf, (jax.Array, np.ndarray, jax.ShapeDtypeStruct)) or isinstance(leaf, _SCALARS):
         return jax.typeof(leaf) if hasattr(jax, "typeof") else jax.api_util.shaped_abstractify(leaf)
     if hasattr(leaf, "__jax_array__"):
         return jax.typeof(leaf.__jax_array__())
