@@ -2,9 +2,11 @@
 kernel function is jitted separately and timed on the real intermediate
 values while the program runs eagerly.
 
-PYTHONPATH=. python scratch/kernel_times.py [--smoke]  (writes $OUT/kernel_times.md)
+PYTHONPATH=. python scratch/kernel_times.py [--smoke] [--modes=auto,fused,off] [--hlo]
+(writes $OUT/kernel_times.md; --hlo: also XLA's optimized HLO of the same step,
+$OUT/xla_step_hlo.txt, and its fusions and library calls)
 """
-import os, sys
+import os, re, sys
 sys.path.insert(0, os.path.dirname(__file__))
 import jax, jax.numpy as jnp
 import pallaskit
@@ -48,21 +50,45 @@ def kernel_times(fn, args, **options):
     return rows, whole
 
 
-def main():
-    smoke = "--smoke" in sys.argv
-    args = inputs(64, 48, 96, jnp.bfloat16) if smoke else inputs(8192, 1024, 4096, jnp.bfloat16)
-    step = jax.value_and_grad(loss, argnums=(0, 1, 2, 3))
-    lines = [f"# Kernel times, training step (jax.value_and_grad inside pallaskit.jit), {jax.devices()[0].device_kind}", ""]
-    lines.append(f"XLA whole step: {bench(jax.jit(step), args):.4f} ms")
-    for mode in ("fused", "off"):
-        rows, whole = kernel_times(step, args, matmul_template=mode)
-        lines += ["", f"## matmul_template={mode}: whole step {whole:.4f} ms, sum of kernels "
-                  f"{sum(ms for _, ms in rows):.4f} ms", "", "| kernel | ms |", "|---|---|"]
-        lines += [f"| {n} | {ms:.4f} |" for n, ms in rows]
+def kernel_table(label, rows, whole) -> list[str]:
+    """Markdown lines: one program's kernels and their times."""
+    return (["", f"## {label}: whole step {whole:.4f} ms, sum of kernels {sum(ms for _, ms in rows):.4f} ms", "",
+             "| kernel | ms |", "|---|---|"] + [f"| {n} | {ms:.4f} |" for n, ms in rows])
+
+
+def report(lines, filename):
+    """Print the lines and write them to $OUT/filename."""
     text = "\n".join(lines)
     print(text)
-    with open(os.path.join(OUT, "kernel_times.md"), "w") as fh:
+    with open(os.path.join(OUT, filename), "w") as fh:
         fh.write(text + "\n")
+
+
+def xla_fusions(step, args) -> list[str]:
+    """XLA's optimized HLO of the step, written to $OUT/xla_step_hlo.txt, and
+    the fusions and library calls of its entry computation (markdown lines)."""
+    hlo = jax.jit(step).lower(*args).compile().as_text()
+    with open(os.path.join(OUT, "xla_step_hlo.txt"), "w") as fh:
+        fh.write(hlo)
+    entry = hlo[hlo.rfind("ENTRY"):]
+    calls = re.findall(r"= \S+ (fusion|custom-call)\(.*?(?:kind=(\w+)|custom_call_target=\"([^\"]+)\")", entry)
+    return ["", "## XLA entry computation: fusions and custom calls", ""] + [f"- {a} {b or c}" for a, b, c in calls]
+
+
+def main():
+    smoke = "--smoke" in sys.argv
+    modes = next((a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--modes=")), ["auto"])
+    args = inputs(64, 48, 96, jnp.bfloat16) if smoke else inputs(8192, 1024, 4096, jnp.bfloat16)
+    step = jax.value_and_grad(loss, argnums=(0, 1, 2, 3))
+    lines = [f"# Kernel times, training step (jax.value_and_grad inside pallaskit.jit), "
+             f"{jax.devices()[0].device_kind}, jax {jax.__version__}", ""]
+    lines.append(f"XLA whole step: {bench(jax.jit(step), args):.4f} ms")
+    for mode in modes:
+        rows, whole = kernel_times(step, args, matmul_template=mode)
+        lines += kernel_table(f"matmul_template={mode}", rows, whole)
+    if "--hlo" in sys.argv:
+        lines += xla_fusions(step, args)
+    report(lines, "kernel_times.md")
 
 
 if __name__ == "__main__":
