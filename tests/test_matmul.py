@@ -356,3 +356,80 @@ def test_template_lowers_to_triton_ir():
     checks = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
     exported = export.export(jax.jit(loader.load(res.program)), platforms=["cuda"], disabled_checks=checks)(*args)
     assert exported.mlir_module().count("__gpu$xla.gpu.triton") == 1
+
+
+# --------------------------------------------------------------------------- #
+# A dynamic M ([Note: symbolic dims]): one compile serves every row count
+# --------------------------------------------------------------------------- #
+DYN_FORMS = {
+    # name: (fn, dynamic spec, operand shapes with n rows, contraction size)
+    "gelu_bias": (lambda x, w, b: jax.nn.gelu(x @ w + b), {"x": {0: "n"}},
+                  lambda n: ((n, 40), (40, 72), (72,)), 40),
+    "3d_tokens": (lambda x, w: jnp.tanh(jnp.einsum("bsk,kn->bsn", x, w)), {"x": {0: "n"}},
+                  lambda n: ((n, 3, 24), (24, 40)), 24),
+    "lhs_transposed": (lambda xt, w: xt.T @ w, {"xt": {1: "n"}}, lambda n: ((24, n), (24, 33)), 24),
+    "batched": (lambda x, w: jnp.einsum("bmk,bkn->bmn", x, w) * 2.0, {"x": {1: "n"}},
+                lambda n: ((2, n, 16), (2, 16, 20)), 16),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "bf16"])
+@pytest.mark.parametrize("form", sorted(DYN_FORMS))
+def test_dynamic_m_runs_in_the_template_compiled_once(form, dtype, rng):
+    fn, spec, shapes, k = DYN_FORMS[form]
+    f = pallaskit.jit(fn, dynamic=spec)
+    before = dict(pallaskit.metrics.counters)
+    for n in (7, 1, 64, 129):
+        args = _operands(rng, dtype, *shapes(n), k=k)
+        out, ref = f(*args), jax.jit(fn)(*args)
+        assert out.shape == ref.shape and out.dtype == ref.dtype
+        np.testing.assert_allclose(np.asarray(out, np.float64), np.asarray(ref, np.float64), **TOL[np.dtype(dtype)])
+    counters = pallaskit.metrics.counters
+    assert counters["graphs_compiled"] - before["graphs_compiled"] == 1
+    assert counters["dynamic_fallbacks"] == before["dynamic_fallbacks"]
+    e = pallaskit.explain(f, *args)
+    assert [k.kind for k in e.kernels] == ["matmul"], str(e)
+    assert "M_BLOCKS = (M + BLOCK_M - 1) // BLOCK_M" in e.kernels[0].source
+
+
+def test_dynamic_k_or_n_stays_with_xla(rng):
+    """Only M may be dynamic in the template; a dynamic K (or N) is XLA's dot."""
+    fn = lambda x, w: jax.nn.relu(x @ w)  # noqa: E731
+    f = pallaskit.jit(fn, dynamic={"x": {1: "k"}, "w": {0: "k"}})
+    for kk in (5, 33):
+        x, w = _operands(rng, F32, (9, kk), (kk, 12), k=kk)
+        np.testing.assert_allclose(f(x, w), jax.jit(fn)(x, w), **TOL[np.dtype(F32)])
+    e = pallaskit.explain(f, x, w)
+    assert [k.kind for k in e.kernels] == ["pointwise"] and "dot_general" in e.ir_after
+
+
+def test_dynamic_m_auto_mode_decides_at_the_hint(rng):
+    """'auto' asks heuristics.matmul_template_wins at the size hint (the first
+    call's rows): few rows, the template; many, XLA."""
+    fn = lambda x, w: x @ w  # noqa: E731
+    with pallaskit.config.override(matmul_template="auto"):
+        for rows, kinds in ((40, ["matmul"]), (600, [])):
+            x, w = _operands(rng, BF16, (rows, 16), (16, 600), k=16)
+            f = pallaskit.jit(fn, dynamic={"x": {0: "n"}})
+            np.testing.assert_allclose(np.asarray(f(x, w), np.float32), np.asarray(jax.jit(fn)(x, w), np.float32),
+                                       **TOL[np.dtype(BF16)])
+            assert [k.kind for k in pallaskit.explain(f, x, w).kernels] == kinds
+
+
+def test_dynamic_m_template_lowers_to_triton_ir_for_each_size():
+    """Pallas' Triton lowering of the dynamic-M template (runtime M from
+    ``dims_ptr``, the grid from the wrapper), on the CPU for two sizes."""
+    from jax import export
+
+    from pallaskit.runtime import loader
+
+    fn, spec, shapes, _ = DYN_FORMS["gelu_bias"]
+    f = pallaskit.jit(fn, dynamic=spec)
+    with pallaskit.config.override(interpret=False):
+        res = f.lower_to_result(*[jnp.zeros(s, BF16) for s in shapes(7)]).result
+    checks = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+    call = jax.jit(loader.load(res.program))
+    for n in (1, 1000):
+        exported = export.export(call, platforms=["cuda"], disabled_checks=checks)(
+            *[jnp.zeros(s, BF16) for s in shapes(n)])
+        assert exported.mlir_module().count("__gpu$xla.gpu.triton") == 1

@@ -57,6 +57,7 @@ def matmul_dims(node: ir.Matmul) -> tuple[int, int, int, int]:
 def matmul_kernel_config(kernel: Kernel, options: CompileOptions) -> heuristics.MatmulConfig:
     node = _matmul_member(kernel).node
     b, m, n, k = matmul_dims(node)
+    m = sizes.hint(m, options.size_hints)  # a dynamic M: the tiles of its hinted size
     cfg = heuristics.matmul_config(m, n, k, node.operands[0].dtype, batch=b, num_sms=options.num_sms)
     if options.num_warps:
         cfg = dataclasses.replace(cfg, num_warps=options.num_warps)
@@ -75,12 +76,16 @@ def render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
     node: ir.Matmul = mm.node
     em.bounds = matmul_kernel_bounds(node)
     b, m, n, k = matmul_dims(node)
-    m_blocks, n_blocks, k_blocks = (-(-m // cfg.block_m)), (-(-n // cfg.block_n)), (-(-k // cfg.block_k))
+    n_blocks, k_blocks = (-(-n // cfg.block_n)), (-(-k // cfg.block_k))
+    # A dynamic M (the only size the template takes symbolic): the kernel reads
+    # it at run time (``M_BLOCKS``); every other count is a number.
+    dynamic_m = sizes.is_symbolic(m)
+    m_blocks = "M_BLOCKS" if dynamic_m else -(-m // cfg.block_m)
     w = em.w
 
     # -- which tile -----------------------------------------------------------------
     w.line("pid = pl.program_id(0).astype(IDX)")
-    tiles = m_blocks * n_blocks
+    tiles = f"(M_BLOCKS * {n_blocks})" if dynamic_m else m_blocks * n_blocks
     tile = "pid"
     if b > 1 and tiles == 1:
         w.line("xb, tile = pid, 0")
@@ -108,7 +113,7 @@ def render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
     # -- the K loop -----------------------------------------------------------------
     lhs, rhs = (ir.substitute_index(op, mm.coords) for op in mm.body.args)
     a_rows, b_cols = XR, XC
-    if m % cfg.block_m:
+    if dynamic_m or m % cfg.block_m:
         w.line("xra = xr % M  # rows past M read a valid row; they are never stored")
         a_rows = _A_ROW
     if n % cfg.block_n:
@@ -167,6 +172,9 @@ def _operand_offset(em, load: ir.Load, names: dict) -> sympy.Expr:
 def _wrap(kernel: Kernel, node: ir.Matmul, cfg: heuristics.MatmulConfig, em, dims, blocks) -> pallas.RenderedKernel:
     b, m, n, k = dims
     m_blocks, n_blocks, k_blocks = blocks
+    dynamic_m = sizes.is_symbolic(m)
+    header = f"M, N, K = {sizes.to_source(m)}, {n}, {k}"
+    dim_names = pallas.used_dims(em.schedule, header + "\n" + em.w.source())
     w = SourceWriter()
     w.line(f"# kernel {kernel.name}: matmul {'%d x ' % b if b > 1 else ''}({m} x {k}) @ ({k} x {n}), {cfg}")
     own = _origins(em.graph, _matmul_member(kernel), em.schedule.stored)
@@ -180,14 +188,20 @@ def _wrap(kernel: Kernel, node: ir.Matmul, cfg: heuristics.MatmulConfig, em, dim
             w.line(f"#   {eq}")
     ins = list(em.in_refs.values())
     outs = list(em.out_refs.values())
-    w.line(f"def {kernel.name}_kernel({', '.join(ins + outs)}):")
+    w.line(f"def {kernel.name}_kernel({', '.join((['dims_ptr'] if dim_names else []) + ins + outs)}):")
     with w.indent():
-        w.line(f"M, N, K = {m}, {n}, {k}")
+        for j, d in enumerate(dim_names):  # dynamic sizes: runtime scalars ([Note: symbolic dims])
+            w.line(f"{d} = dims_ptr[{j}]")
+        w.line(header)
         w.line(f"BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M = {cfg.block_m}, {cfg.block_n}, {cfg.block_k}, {cfg.group_m}")
+        if dynamic_m:
+            w.line("M_BLOCKS = (M + BLOCK_M - 1) // BLOCK_M")
         w.line(f"K_BLOCKS = {k_blocks}")
         w.line("BLOCK_R, BLOCK_C = BLOCK_M, BLOCK_N  # the epilogue's tile")
         w.line(f"IDX = {em.index_dtype}")
     w.lines.append(em.w.source().rstrip("\n"))
     w.line()
-    pallas.write_launcher(w, kernel, len(ins), b * m_blocks * n_blocks, cfg.num_warps, cfg.num_stages)
-    return pallas.RenderedKernel(kernel.name, w.source(), list(kernel.origin), cfg)
+    grid = (f"{b * n_blocks} * pl.cdiv({sizes.to_source(m)}, {cfg.block_m})" if dynamic_m
+            else b * m_blocks * n_blocks)
+    pallas.write_launcher(w, kernel, len(ins), grid, cfg.num_warps, cfg.num_stages, dims=dim_names)
+    return pallas.RenderedKernel(kernel.name, w.source(), list(kernel.origin), cfg, dim_names, em.guards)

@@ -67,32 +67,46 @@ def unsupported(eqn, options) -> str:
     if precision_of(eqn.params.get("precision")) is None:
         return f"precision {eqn.params.get('precision')} is not DEFAULT or HIGHEST on both operands"
     b, m, n, k = _sizes(eqn)
+    m = sizes.hint(m, options.size_hints)
     if heuristics.matmul_needs_split_k(b, m, n, k, options.num_sms):
         return f"output {b}x{m}x{n} too small for K={k} without split-K (heuristics.matmul_needs_split_k)"
     return ""
 
 
 def _sizes(eqn):
+    """(batch, M, N, K), each flattened; M may be symbolic (a dynamic dim)."""
     lhs, rhs = (v.aval for v in eqn.invars)
-    (lc, _), (lb, _) = eqn.params["dimension_numbers"]
+    (lc, rc), (lb, _) = eqn.params["dimension_numbers"]
     b = math.prod(lhs.shape[d] for d in lb)
     k = math.prod(lhs.shape[d] for d in lc)
-    return b, math.prod(lhs.shape) // (b * k), math.prod(rhs.shape) // (b * k), k
+    m = math.prod(d for i, d in enumerate(lhs.shape) if i not in lc and i not in lb)
+    return b, m, math.prod(rhs.shape) // (b * k), k
+
+
+def _symbolic_m_only(eqn) -> bool:
+    """Is the lhs's free side the only place a dynamic size appears? The
+    template then takes it (tiles from the size hints, M a runtime value)."""
+    lhs, rhs = (v.aval for v in eqn.invars)
+    (lc, _), (lb, _) = eqn.params["dimension_numbers"]
+    fixed = [lhs.shape[d] for d in tuple(lc) + tuple(lb)] + list(rhs.shape)
+    return not sizes.is_symbolic(fixed)
 
 
 @register_lowering("dot_general", kind="matmul",
                    note="matmul template (float32 accumulation, fused epilogues); integer/float64 dots, mixed "
                         "operand dtypes and precisions other than DEFAULT/HIGHEST run through XLA")
 def _dot_general(ctx, eqn, lhs, rhs):
-    if sizes.is_symbolic(tuple(eqn.invars[0].aval.shape) + tuple(eqn.invars[1].aval.shape)):
-        # Dynamic dims: XLA's dot takes any size; the template's tile choice
-        # would need a size (not built: [Note: symbolic dims]).
-        raise PreferXLA("symbolic operand shape")
+    symbolic = sizes.is_symbolic(tuple(eqn.invars[0].aval.shape) + tuple(eqn.invars[1].aval.shape))
+    if symbolic and not _symbolic_m_only(eqn):
+        # A dynamic N, K or batch: XLA's dot takes any size; the template's
+        # grid and K loop take a runtime M only ([Note: symbolic dims]).
+        raise PreferXLA("dynamic size outside the lhs's free dims")
     reason = unsupported(eqn, ctx.options)
     if reason or isinstance(lhs, ir.Const) or isinstance(rhs, ir.Const):
         raise NotImplementedError(reason or "literal operand")
     if ctx.options.matmul_template == "auto":
         b, m, n, k = _sizes(eqn)
+        m = sizes.hint(m, ctx.options.size_hints)  # a dynamic M: decided at its hint
         if not heuristics.matmul_template_wins(b, m, n, k, eqn.invars[0].aval.dtype):
             raise PreferXLA("heuristics.matmul_template_wins: XLA's matmul is faster here")
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
