@@ -404,7 +404,7 @@ class JitFunction:
                 title, [n for n, _ in positions], [p for _, p in positions], len(avals),
                 [multikernel.Variant(b[3], jax.jit(b[1]), b[2], src, [k.source for k in b[0].program.kernels])
                  for src, b in built.items()], options.interpret)
-            # ran=True: the dispatcher counts kernels_compiled per variant when it first runs.
+            # ran=True: the dispatcher counts kernels_compiled (distinct kernels of all variants) on its first call.
             return Compiled(result, closed, dispatcher, constants, out_tree_box[-1], ran=True, guards=guards)
         if aot:
             served = cache.serve(closed, avals, static_pos + static_kw, options, title, build, t0)

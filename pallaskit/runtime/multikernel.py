@@ -94,8 +94,7 @@ class Dispatcher:
         self.interpret = interpret
         self.chosen: dict = {}  # shape key -> variant index
         self.methods: dict = {}  # shape key -> how it was chosen (for tests and debugging)
-        self._counted: set = set()  # kernel sources counted in kernels_compiled
-        self._ran: set = set()  # variant indices that ran
+        self._ran = False  # kernels_compiled counted
         self._warned = False
         try:
             device = jax.devices()[0].device_kind
@@ -114,11 +113,11 @@ class Dispatcher:
         if index is None:
             index = self.select(key, leaves)
         v = self.variants[index]
-        if index not in self._ran:
-            self._ran.add(index)
-            new = [s for s in v.kernel_sources if s not in self._counted]
-            self._counted.update(new)
-            metrics.counters["kernels_compiled"] += len(new)
+        if not self._ran:
+            # kernels_compiled: the distinct kernels of all variants, once (so it
+            # does not grow over sizes, as for a one-variant symbolic graph).
+            self._ran = True
+            metrics.counters["kernels_compiled"] += len({s for w in self.variants for s in w.kernel_sources})
         return v.fn(*leaves, *v.constants)
 
     def shape_key(self, leaves) -> tuple:
