@@ -210,6 +210,8 @@ def test_disk_cache_on_writes_the_choices(rng, tmp_path):
     (name,) = os.listdir(tmp_path / "multi_kernel")
     with open(tmp_path / "multi_kernel" / name) as fh:
         assert json.load(fh)["choices"] == {"n=70": 0}
+    pallaskit.cache.clear()
+    assert os.listdir(tmp_path / "multi_kernel") == []
 
 
 @pytest.mark.parametrize("garbage", [b"{not json", b"\xff\xfe", b'{"format": 1, "choices": {"n=70": 9}}'])
