@@ -154,7 +154,9 @@ class JitFunction:
     # replaced by their symbols) traces the function with
     # ``jax.export.symbolic_shape`` dims and compiles it once: lowering keeps the
     # sizes as sympy symbols ([Note: symbolic dims] in lowering/symbolic.py),
-    # heuristics read them at the first call's sizes (``size_hints``), and the
+    # heuristics read them at hinted sizes (``size_hints``: one compiled variant
+    # per ``multi_kernel_hints`` entry, a dispatcher picking one per new size,
+    # [Note: multi-kernel] in runtime/multikernel.py; or the first call's), and the
     # rendered program reads each size from an input's ``.shape``, computes grids
     # and output shapes from it and hands it to kernels as an int32 operand. The
     # Compiled entry (``jax.jit`` of that program) then serves every concrete
