@@ -367,8 +367,9 @@ class JitFunction:
             constants = [result.schedule.graph.constants[n] for n in result.schedule.graph.inputs
                          if n in result.schedule.graph.constants]
             _log_fallbacks(result.fallbacks)
-            if config.debug_dir:
-                _dump(config.debug_dir, title, closed, result)
+            if config.debug_dir:  # multi-kernel variants: a folder each, named by the hint
+                hint = "_".join(f"{k}{v}" for k, v in options.size_hints) if variants and len(variants) > 1 else ""
+                _dump(config.debug_dir, title + (f"_hint_{hint}" if hint else ""), closed, result)
             return result, call, constants
 
         if symbolic:

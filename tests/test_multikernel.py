@@ -255,3 +255,11 @@ def test_empty_hints_keep_one_variant_at_the_first_call(rng):
     entry = f.lower_to_result(*_args(70, rng))
     assert not isinstance(entry.executable, multikernel.Dispatcher)
     assert entry.result.size_hints == (("n", 70),)
+
+
+def test_debug_dir_has_a_folder_per_variant(rng, tmp_path):
+    pallaskit.config.update(multi_kernel_hints="64,4096", debug_dir=str(tmp_path))
+    _jit()(*_args(70, rng))
+    folders = sorted(os.listdir(tmp_path))
+    assert folders == ["_fn_hint_n4096_000", "_fn_hint_n64_000"], folders
+    assert "BLOCK_R, BLOCK_C = 64, 4" in (tmp_path / folders[1] / "program.py").read_text()
