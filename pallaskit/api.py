@@ -19,7 +19,7 @@ from lowering.options import CompileOptions
 from pallaskit import cache, metrics
 from pallaskit import autodiff
 from pallaskit.config import config
-from pallaskit.runtime import loader
+from pallaskit.runtime import loader, multikernel
 
 log = logging.getLogger("pallaskit")
 
@@ -154,7 +154,9 @@ class JitFunction:
     # replaced by their symbols) traces the function with
     # ``jax.export.symbolic_shape`` dims and compiles it once: lowering keeps the
     # sizes as sympy symbols ([Note: symbolic dims] in lowering/symbolic.py),
-    # heuristics read them at the first call's sizes (``size_hints``), and the
+    # heuristics read them at hinted sizes (``size_hints``: one compiled variant
+    # per ``multi_kernel_hints`` entry, a dispatcher picking one per new size,
+    # [Note: multi-kernel] in runtime/multikernel.py; or the first call's), and the
     # rendered program reads each size from an input's ``.shape``, computes grids
     # and output shapes from it and hands it to kernels as an int32 operand. The
     # Compiled entry (``jax.jit`` of that program) then serves every concrete
@@ -306,9 +308,17 @@ class JitFunction:
             for i, a in enumerate(avals):
                 shape = tuple(dims[axes[(i, k)]] if (i, k) in axes else int(d) for k, d in enumerate(a.shape))
                 structs.append(jax.ShapeDtypeStruct(shape, a.dtype, weak_type=a.weak_type))
-            hints = tuple(sorted(values.items()))
+            # Multi-kernel ([Note: multi-kernel] in runtime/multikernel.py): one
+            # variant per hinted size, every symbol at that size; none given:
+            # one variant at this call's sizes.
+            hinted = [int(h) for h in config.multi_kernel_hints.split(",") if h]
+            variants = [tuple((n, h) for n in names) for h in hinted] or [tuple(sorted(values.items()))]
+            positions = {}
+            for (leaf, axis), sym in sorted(axes.items()):
+                positions.setdefault(sym, (leaf, axis))
             return self._compile(avals, treedef, static_pos, static_kw, n_args, aot=False,
-                                 structs=structs, size_hints=hints)
+                                 structs=structs, size_hints=variants[0], variants=variants,
+                                 positions=[(n, positions[n]) for n in names])
         except Exception as e:  # noqa: BLE001  (anything the symbolic path cannot take: per-size compiles)
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             metrics.counters["dynamic_fallbacks"] += 1
@@ -317,13 +327,16 @@ class JitFunction:
             return None
 
     def _compile(self, avals, treedef, static_pos, static_kw, n_args, aot=True, structs=None,
-                 size_hints=()) -> Compiled:
+                 size_hints=(), variants=None, positions=()) -> Compiled:
         """Trace and compile one signature. ``aot``: compile the executable now,
         through the on-disk graph cache (``pallaskit/cache``), where a hit skips
         the compiler and XLA (``Compiled.result`` is then None); otherwise only
         run the compiler and jit its program lazily (``explain``).
         ``structs``: symbolic input shapes ([Note: dynamic dims]); the graph is
-        then compiled shape-generic, with ``size_hints`` for its heuristics."""
+        then compiled shape-generic, with ``size_hints`` for its heuristics,
+        or once per entry of ``variants`` (size-hint tuples; ``positions``:
+        (symbol, (leaf, axis)) of each symbol) behind a multi-kernel
+        dispatcher when their sources differ."""
         options = compile_options()
         if size_hints:
             options = dataclasses.replace(options, size_hints=tuple(size_hints))
@@ -348,32 +361,54 @@ class JitFunction:
         metrics.counters["trace_seconds"] += time.perf_counter() - t0
         title = getattr(self.fn, "__qualname__", "fn")
 
-        def build():
+        def build(options=options):
             result = lowering.compile_jaxpr(closed, options, title)
             call = loader.load(result.program)
             constants = [result.schedule.graph.constants[n] for n in result.schedule.graph.inputs
                          if n in result.schedule.graph.constants]
             _log_fallbacks(result.fallbacks)
-            if config.debug_dir:
-                _dump(config.debug_dir, title, closed, result)
+            if config.debug_dir:  # multi-kernel variants: a folder each, named by the hint
+                hint = "_".join(f"{k}{v}" for k, v in options.size_hints) if variants and len(variants) > 1 else ""
+                _dump(config.debug_dir, title + (f"_hint_{hint}" if hint else ""), closed, result)
             return result, call, constants
 
         if symbolic:
             # Not through the disk cache: a symbolic graph's executables are per
             # concrete size (jax.jit of the shape-generic program), so an entry
             # could hold only its source; this compiles it in-process instead.
-            result, call, constants = build()
-            if not result.program.symbols:
-                raise lowering.SymbolicUnsupported("no dynamic size reaches the program")
+            built = {}  # source -> [result, call, constants, [hint tuples]]; first hint of a source kept
+            for hints in variants or [tuple(size_hints)]:
+                result, call, constants = build(dataclasses.replace(options, size_hints=tuple(hints)))
+                if not result.program.symbols:
+                    raise lowering.SymbolicUnsupported("no dynamic size reaches the program")
+                built.setdefault(result.program.source, [result, call, constants, []])[3].append(tuple(hints))
+            result, call, constants, _ = next(iter(built.values()))
             deltas = metrics.graph_deltas(result)
+            # The graph counts once; generated_kernel_count also counts the other
+            # variants' kernels whose source differs from every kernel before.
+            seen = {k.source for k in result.program.kernels}
+            for other in list(built.values())[1:]:
+                extra = {k.source for k in other[0].program.kernels} - seen
+                deltas["generated_kernel_count"] += len(extra)
+                seen |= extra
             metrics.apply_deltas(deltas)
             seconds = time.perf_counter() - t0
             metrics.counters["compile_seconds"] += seconds
             metrics.record_graph(title, deltas, metrics.kernel_stats(result), seconds, "off")
-            guards = [compile(g, "<guard>", "eval") for g in result.program.guard_source]
-            log.debug("pallaskit compiled %s shape-generic over %s in %.3fs", title,
-                      ", ".join(result.program.symbols), seconds)
-            return Compiled(result, closed, jax.jit(call), constants, out_tree_box[-1], guards=guards)
+            # Every variant's guards must hold (a size one variant's int32 indexing
+            # cannot take compiles statically for itself).
+            guard_source = list(dict.fromkeys(g for b in built.values() for g in b[0].program.guard_source))
+            guards = [compile(g, "<guard>", "eval") for g in guard_source]
+            log.debug("pallaskit compiled %s shape-generic over %s in %.3fs (%d variant(s))", title,
+                      ", ".join(result.program.symbols), seconds, len(built))
+            if len(built) == 1:
+                return Compiled(result, closed, jax.jit(call), constants, out_tree_box[-1], guards=guards)
+            dispatcher = multikernel.Dispatcher(
+                title, [n for n, _ in positions], [p for _, p in positions], len(avals),
+                [multikernel.Variant(b[3], jax.jit(b[1]), b[2], src, [k.source for k in b[0].program.kernels])
+                 for src, b in built.items()], options.interpret)
+            # ran=True: the dispatcher counts kernels_compiled (distinct kernels of all variants) on its first call.
+            return Compiled(result, closed, dispatcher, constants, out_tree_box[-1], ran=True, guards=guards)
         if aot:
             served = cache.serve(closed, avals, static_pos + static_kw, options, title, build, t0)
             log.debug("pallaskit served %s in %.3fs (cache: %s)", title, time.perf_counter() - t0, served.cache)

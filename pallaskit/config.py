@@ -62,6 +62,37 @@ def _check_nonneg_int(v):
     return v
 
 
+def _check_int_from_minus_one(v):
+    if isinstance(v, str):
+        v = int(v.strip())
+    if isinstance(v, bool) or not isinstance(v, int) or v < -1:
+        raise ValueError(f"expected an int >= -1, got {v!r}")
+    return v
+
+
+def _check_hints(v):
+    """Comma-separated positive ints (or ints), normalized to sorted unique text;
+    '' keeps one variant at the first call's sizes."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        v = str(v)
+    elif isinstance(v, (tuple, list)):
+        v = ",".join(map(str, v))
+    if not isinstance(v, str):
+        raise ValueError(f"expected comma-separated positive ints such as '64,256,4096', got {v!r}")
+    parts = [p.strip() for p in v.split(",") if p.strip()]
+    values = []
+    for p in parts:
+        try:
+            n = int(p)
+        except ValueError:
+            n = 0
+        if n < 1 or not p.isdigit():
+            raise ValueError(f"expected comma-separated positive ints such as '64,256,4096' (or '' for one "
+                             f"variant at the first call's sizes), got {v!r}")
+        values.append(n)
+    return ",".join(map(str, sorted(set(values))))
+
+
 def _check_str(v):
     if not isinstance(v, str):
         raise ValueError(f"expected a string, got {v!r}")
@@ -153,6 +184,18 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "(pallaskit/autodiff.py): 'min_cut' recomputes cheap pointwise values in the backward to save the "
            "fewest bytes; 'default' saves what JAX's partial evaluation saves.", str, _check_partitioner,
            "'min_cut', 'default'"),
+    Option("multi_kernel_hints", "64,256,4096", "Multi-kernel (dynamic dims): compile a symbolic graph once per "
+           "hinted size, every dim symbol read at that size by the heuristics (tiles, warps, persistent or looped, "
+           "split or not); variants with identical source are kept once, and the first call of each new size picks "
+           "one (GPU: timed on the real arguments; interpret mode: the nearest hint by log distance). '' compiles "
+           "one variant at the first call's sizes.", str, _check_hints,
+           "comma-separated positive ints such as '64,256,4096', or ''"),
+    Option("multi_kernel_force", -1, "Multi-kernel: run this variant index (in ascending hint order, after "
+           "identical variants are merged) for every new size instead of choosing (-1: choose).", int,
+           _check_int_from_minus_one, "an int >= -1"),
+    Option("multi_kernel_disk_cache", True, "Multi-kernel: keep each size's chosen variant on disk "
+           "(<cache_dir>/multi_kernel/<hash of the variants' sources>.json) so a new process reuses it; also off "
+           "when the option cache is off.", _parse_bool, _check_bool, "true, false"),
     # -- graph cache and metric tables (pallaskit/cache, pallaskit/metrics.py) --
     Option("cache", True, "Keep compiled graphs (generated source and the compiled executable) in an on-disk "
            "cache, so that a new process running the same function compiles nothing.", _parse_bool, _check_bool,

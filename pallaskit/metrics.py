@@ -39,6 +39,7 @@ COUNTER_NAMES = (
     "codegen_mix_order_reduction",  # kernels doing a row and a column reduction of one input
     "dynamic_fallbacks",  # symbolic signatures that could not compile shape-generic (then compiled per size)
     "dynamic_guard_failures",  # calls whose sizes broke a symbolic program's guard (compiled for their size)
+    "multi_kernel_choices",  # multi-kernel variants chosen for a new size (any method but the in-memory dict)
     "cache_hits",  # graphs served by the on-disk cache
     "cache_misses",  # graphs compiled with the cache on and no valid entry
     "compile_seconds",  # wall time spent in pallaskit's compile path (trace, key, load or compile)

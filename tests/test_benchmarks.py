@@ -48,6 +48,9 @@ def test_smoke_run_writes_every_output(tmp_path):
         assert ("dynamic_mlp_sweep", b, "all sizes", "steady_sum_ms") in ok
         assert ("first_call_gelu_mlp", b, "cold", "first_result_s") in ok
         assert ("first_call_gelu_mlp", b, "warm", "first_result_s") in ok
+    # pallaskit's dynamic hook (multi-kernel hints): hinted and multi rows
+    assert ("matmul_hint_runtime", "pallaskit", "hint=8,M=24", "ms") in ok
+    assert ("matmul_hint_runtime", "pallaskit", "hint=multi,M=24", "ms") in ok
     assert all(r["rel_err"] is not None for r in rows if r["kind"] == "steady")
     meta = data["meta"]
     assert meta["copy_bandwidth_tbs"] > 0 and meta["seed"] and meta["versions"]["jax"] == jax.__version__

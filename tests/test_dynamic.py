@@ -225,6 +225,7 @@ def test_broken_guard_recompiles_that_size(rng, monkeypatch):
     from lowering.codegen import pallas
 
     monkeypatch.setattr(pallas, "INT32_LIMIT", 2000)
+    pallaskit.config.update(multi_kernel_hints="")  # one variant, hinted at the first call's size (7)
     f = pallaskit.jit(lambda x, w: x * w + 1.0, dynamic={"x": {0: "n"}})
     w = jnp.asarray(rng.standard_normal((96,)), jnp.float32)
     before = counters()

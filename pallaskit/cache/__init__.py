@@ -555,11 +555,12 @@ def stats() -> dict:
 
 
 def clear() -> int:
-    """Delete every entry, environment stamp and stray temporary file; returns
-    the count of entries."""
+    """Delete every entry, environment stamp, multi-kernel choice file
+    (``multi_kernel/``) and stray temporary file; returns the count of entries."""
     n = 0
     with _lock("evict"):
-        for folder, suffix in ((graphs_dir(), SUFFIX), (env_dir(), ".json")):
+        for folder, suffix in ((graphs_dir(), SUFFIX), (env_dir(), ".json"),
+                               (os.path.join(cache_dir(), "multi_kernel"), ".json")):
             try:
                 listing = list(os.scandir(folder))
             except FileNotFoundError:
