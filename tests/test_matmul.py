@@ -404,10 +404,10 @@ def test_dynamic_k_or_n_stays_with_xla(rng):
 
 
 def test_dynamic_m_auto_mode_decides_at_the_hint(rng):
-    """'auto' asks heuristics.matmul_template_wins at the size hint (the first
-    call's rows): few rows, the template; many, XLA."""
+    """'auto' asks heuristics.matmul_template_wins at the size hint (here the
+    first call's rows: no multi-kernel hints): few rows, the template; many, XLA."""
     fn = lambda x, w: x @ w  # noqa: E731
-    with pallaskit.config.override(matmul_template="auto"):
+    with pallaskit.config.override(matmul_template="auto", multi_kernel_hints=""):
         for rows, kinds in ((40, ["matmul"]), (600, [])):
             x, w = _operands(rng, BF16, (rows, 16), (16, 600), k=16)
             f = pallaskit.jit(fn, dynamic={"x": {0: "n"}})
@@ -433,3 +433,24 @@ def test_dynamic_m_template_lowers_to_triton_ir_for_each_size():
         exported = export.export(call, platforms=["cuda"], disabled_checks=checks)(
             *[jnp.zeros(s, BF16) for s in shapes(n)])
         assert exported.mlir_module().count("__gpu$xla.gpu.triton") == 1
+
+
+def test_dynamic_m_multi_kernel_variants_are_template_and_xla(rng):
+    """With multi-kernel hints, 'auto' gives a dynamic-M product two variants:
+    the template (tiles at hint 64) and XLA's dot (hint 4096, many rows). On
+    the CPU the dispatcher takes the nearest hint: few rows run the template,
+    many run XLA, and both match jax.jit (N = 600: past the template's 512 at hint 4096)."""
+    from pallaskit.runtime import multikernel
+
+    fn = lambda x, w: jax.nn.relu(x @ w)  # noqa: E731
+    with pallaskit.config.override(matmul_template="auto", multi_kernel_hints="64,4096"):
+        f = pallaskit.jit(fn, dynamic={"x": {0: "n"}})
+        for rows in (40, 3000):
+            x, w = _operands(rng, BF16, (rows, 16), (16, 600), k=16)
+            np.testing.assert_allclose(np.asarray(f(x, w), np.float32), np.asarray(jax.jit(fn)(x, w), np.float32),
+                                       **TOL[np.dtype(BF16)])
+        d = f.lower_to_result(x, w).executable
+    assert isinstance(d, multikernel.Dispatcher) and len(d.variants) == 2
+    assert "plt.load" in d.variants[0].source and "BLOCK_M" in d.variants[0].source  # the template
+    assert "BLOCK_M" not in d.variants[1].source and "EXTERNS" in d.variants[1].source  # XLA's dot
+    assert d.chosen == {(40,): 0, (3000,): 1}
