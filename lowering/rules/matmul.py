@@ -76,7 +76,7 @@ def unsupported(eqn, options) -> str:
 def _sizes(eqn):
     """(batch, M, N, K), each flattened; M may be symbolic (a dynamic dim)."""
     lhs, rhs = (v.aval for v in eqn.invars)
-    (lc, rc), (lb, _) = eqn.params["dimension_numbers"]
+    (lc, _), (lb, _) = eqn.params["dimension_numbers"]
     b = math.prod(lhs.shape[d] for d in lb)
     k = math.prod(lhs.shape[d] for d in lc)
     m = math.prod(d for i, d in enumerate(lhs.shape) if i not in lc and i not in lb)

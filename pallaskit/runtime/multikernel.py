@@ -34,7 +34,7 @@ import math
 import os
 import statistics
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 
