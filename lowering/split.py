@@ -48,13 +48,17 @@ def split_reductions(graph: ir.Graph, options: CompileOptions) -> ir.Graph:
     nodes: dict[str, ir.Node] = {}
     for node in graph.nodes.values():
         parts = None
-        # Symbolic sizes ([Note: symbolic dims]) never split: the program count
-        # would depend on the size. Unsplit is always legal, only slower.
-        if (isinstance(node, ir.Reduction) and node.op in COMBINABLE and not sizes.is_symbolic(node.domain)
-                and node.reduced_numel > 1):
-            if _leading(node) and node.shape:
-                parts = _column(node, row_domains, options)
-            elif _trailing(node):
+        # Symbolic sizes ([Note: symbolic dims]): a column reduction over dynamic
+        # rows splits with a program count taken at the size hint (each program
+        # then walks a runtime number of row blocks); row splits and full
+        # reductions would need a size-dependent chunking and stay unsplit
+        # (always legal, only slower).
+        if isinstance(node, ir.Reduction) and node.op in COMBINABLE:
+            symbolic = sizes.is_symbolic(node.domain)
+            if _leading(node) and node.shape and not sizes.is_symbolic(node.shape):
+                if sizes.hint(node.reduced_numel, options.size_hints) > 1:
+                    parts = _column(node, row_domains, options)
+            elif _trailing(node) and not symbolic and node.reduced_numel > 1:
                 parts = _row(node, options)
         for n in parts or [node]:
             nodes[n.name] = n
@@ -79,7 +83,7 @@ def acc_dtype(op: str, dtype) -> np.dtype:
 
 
 def _column(node: ir.Reduction, row_domains, options: CompileOptions):
-    rows, cols = node.reduced_numel, node.numel
+    rows, cols = sizes.hint(node.reduced_numel, options.size_hints), node.numel
     row_axes = tuple(range(len(node.reduced), len(node.domain)))
     mix = (options.mix_order_reduction and (node.domain, row_axes) in row_domains
            and rows >= heuristics.MIN_SPLIT_ROWS

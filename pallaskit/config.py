@@ -175,8 +175,8 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("automatic_dynamic", False, "Make an argument axis dynamic (one shape-generic compilation serving "
            "every size) once a function is called with a second distinct size of it, everything else equal. Off "
            "by default: on the H100 a new size of a symbolic graph still costs about what a static recompile "
-           "costs (JAX's trace and XLA's compile of each size), and symbolic graphs give up split and mix-order "
-           "reductions, so a norm backward over dynamic rows runs much slower (benchmarks/RESULTS.md).",
+           "costs (JAX's trace and XLA's compile of each size), and a symbolic graph takes its tiles and its "
+           "split and mix-order decisions at size hints, not at each size (benchmarks/RESULTS.md).",
            _parse_bool, _check_bool, "true, false"),
     Option("log_fallbacks", True, "Log one line per primitive run through XLA (once per primitive).",
            _parse_bool, _check_bool, "true, false"),

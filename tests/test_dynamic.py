@@ -318,3 +318,56 @@ def test_symbolic_program_lowers_to_triton_for_each_size():
     for n in (1, 1000):
         exported = export.export(call, platforms=["cuda"], disabled_checks=checks)(jnp.zeros((n, 384)), w)
         assert exported.mlir_module().count("__gpu$xla.gpu.triton") == len(res.program.kernels) == 2
+
+
+def _rms(x, w):
+    xf = x.astype(jnp.float32)
+    return (xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + 1e-6) * w).astype(x.dtype)
+
+
+def _rms_bwd(x, w, dy):
+    return jax.vjp(_rms, x, w)[1](dy)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, BF16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("num_sms,kinds", [(4, ["mix", "reduction"]), (132, ["reduction", "mix", "reduction"])],
+                         ids=["mix", "split"])
+def test_norm_backward_over_dynamic_rows_keeps_split_and_mix(num_sms, kinds, dtype, rng):
+    """dw's column reduction over dynamic rows splits with a program count
+    taken at the hint; each program walks a runtime number of row blocks.
+    With few SMs (num_sms=4) the rows are enough for mix-order fusion: one
+    pass plus the finishing sum; with 132 the row kernel stays apart."""
+    w = jnp.asarray(1 + 0.1 * rng.standard_normal(96), jnp.float32)
+    with pallaskit.config.override(num_sms=num_sms, multi_kernel_hints="4096"):
+        f = pallaskit.jit(_rms_bwd, dynamic={"x": {0: "n"}, "dy": {0: "n"}})
+        before = counters()
+        for n in (1500, 7, 1):
+            x, dy = (jnp.asarray(rng.standard_normal((n, 96)), dtype) for _ in range(2))
+            for a, b in zip(f(x, w, dy), jax.jit(_rms_bwd)(x, w, dy)):
+                # dw sums n rows in another order: the tolerance scales with its magnitude.
+                a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+                scale = max(1.0, float(np.abs(b).max()))
+                np.testing.assert_allclose(a, b, rtol=0, atol=(2e-2 if dtype == BF16 else 2e-6) * scale)
+        assert delta(before, "graphs_compiled") == 1 and delta(before, "dynamic_fallbacks") == 0
+        assert [k.kind for k in pallaskit.explain(f, x, w, dy).kernels] == kinds
+
+
+def test_dynamic_rows_mix_kernel_lowers_to_triton_for_each_size():
+    """The mix kernel's runtime row-block count lowers through Pallas' Triton
+    lowering (on the CPU; PTX and the launch are not run here)."""
+    from jax import export
+
+    from pallaskit.runtime import loader
+
+    w = jnp.zeros((96,), jnp.float32)
+    with pallaskit.config.override(num_sms=4, multi_kernel_hints="4096", interpret=False):
+        f = pallaskit.jit(_rms_bwd, dynamic={"x": {0: "n"}, "dy": {0: "n"}})
+        res = f.lower_to_result(jnp.zeros((7, 96)), w, jnp.zeros((7, 96))).result
+    assert [k.kind for k in res.schedule.kernels] == ["mix", "reduction"]
+    checks = [export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+    call = jax.jit(loader.load(res.program))
+    for n in (1, 5000):
+        exported = export.export(call, platforms=["cuda"], disabled_checks=checks)(
+            jnp.zeros((n, 96)), w, jnp.zeros((n, 96)), *[res.schedule.graph.constants[c] for c in res.schedule.graph.inputs
+                                                          if c in res.schedule.graph.constants])
+        assert exported.mlir_module().count("__gpu$xla.gpu.triton") == 2

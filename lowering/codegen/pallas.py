@@ -441,6 +441,11 @@ def _symbolic_config(kernel: Kernel, schedule: Schedule, options: CompileOptions
             cfg = heuristics.transpose_config(rows, cols)
         else:
             cfg = heuristics.pointwise_config(rows, cols)
+    elif kernel.kind == "mix" and not sizes.is_symbolic(kernel.cols):
+        # Dynamic rows: the persistent grid is sized at the hint (the partial
+        # buffer has that many rows); each program's row-block count is a
+        # runtime value (_render_mix).
+        cfg = heuristics.mix_config(rows, cols, whole_rows=_whole_rows(kernel), programs=kernel.programs)
     elif kernel.kind == "reduction" and not sizes.is_symbolic(kernel.cols):
         inner = _reduction_is_inner(kernel, schedule)
         prod = any(m.role == "reduction" and m.node.op == "prod" for m in kernel.members)
@@ -599,7 +604,10 @@ def _render_mix(em: _KernelEmitter, kernel: Kernel, bodies, cfg):
         w.line(f"{name} = jnp.full((BLOCK_R, BLOCK_C), {_reduction_identity(m.node.op, acc_dt)}, {dtype_source(acc_dt)})")
         accs.append((name, acc_dt, m))
     carry = ", ".join(a for a, _, _ in accs) + ("," if len(accs) == 1 else "")
-    n_iter = -(-(-(-kernel.rows // cfg.block_rows)) // kernel.programs)
+    if sizes.is_symbolic(kernel.rows):  # dynamic rows: the row-block count is computed in the kernel
+        n_iter = "((ROWS + BLOCK_R - 1) // BLOCK_R + PROGRAMS - 1) // PROGRAMS"
+    else:
+        n_iter = -(-(-(-kernel.rows // cfg.block_rows)) // kernel.programs)
     # Loads that do not depend on the row (a norm's weight) stay inside the
     # loop: hoisted, they hold registers for the whole loop and cost one-warp
     # programs occupancy (H100, scratch/probe_mix4.py: RMSNorm backward 0.503
@@ -732,15 +740,15 @@ def _wrap_kernel(kernel: Kernel, schedule: Schedule, cfg, em: _KernelEmitter, bo
         w.line(f"IDX = {em.index_dtype}")
     w.lines.append(body.rstrip("\n"))
     w.line()
-    if sizes.is_symbolic((kernel.rows, kernel.cols)):
+    if kernel.kind == "mix":  # a persistent grid: its program count is a number even over dynamic rows
+        grid = kernel.programs * (1 if _whole_rows(kernel) else -(-kernel.cols // cfg.block_cols))
+    elif sizes.is_symbolic((kernel.rows, kernel.cols)):
         if kernel.kind == "pointwise":
             grid = f"{_grid_cdiv(kernel.rows, cfg.block_rows)} * {_grid_cdiv(kernel.cols, cfg.block_cols)}"
         else:
             grid = _grid_cdiv(kernel.rows, cfg.block_rows)
     elif kernel.kind == "pointwise":
         grid = (-(-kernel.rows // cfg.block_rows)) * (-(-kernel.cols // cfg.block_cols))
-    elif kernel.kind == "mix":
-        grid = kernel.programs * (1 if _whole_rows(kernel) else -(-kernel.cols // cfg.block_cols))
     else:
         grid = -(-kernel.rows // cfg.block_rows)
     write_launcher(w, kernel, len(ins), grid, cfg.num_warps, cfg.num_stages, dims=dims)
