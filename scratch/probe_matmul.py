@@ -25,6 +25,7 @@ import numpy as np
 from jax import lax
 
 import pallaskit
+from benchmarks.training_step import time_ms as step_time_ms
 from lowering import heuristics as H
 
 SMOKE = os.environ.get("PROBE_SMOKE") == "1"
@@ -53,22 +54,8 @@ def elapsed() -> float:
 
 # -- timing and checks ------------------------------------------------------------------
 def time_ms(fn, args) -> float:
-    """Median over ROUNDS rounds of the time per call; a round runs enough calls
-    back to back to take MIN_ROUND_S, then waits once."""
-    for _ in range(3):
-        jax.block_until_ready(fn(*args))
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    iters = max(1, int(MIN_ROUND_S / max(time.perf_counter() - t0, 1e-6)))
-    samples = []
-    for _ in range(ROUNDS):
-        t0 = time.perf_counter()
-        out = None
-        for _ in range(iters):
-            out = fn(*args)
-        jax.block_until_ready(out)
-        samples.append((time.perf_counter() - t0) * 1e3 / iters)
-    return float(np.median(samples))
+    """Median over ROUNDS rounds of the time per call (the training benchmark's timer)."""
+    return step_time_ms(lambda: fn(*args), jax.block_until_ready, ROUNDS, MIN_ROUND_S)
 
 
 def rel_err(a, b) -> float:

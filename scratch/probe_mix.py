@@ -78,6 +78,24 @@ def norm_inputs(rng):
             jnp.asarray(rng.standard_normal(N), bf), jnp.asarray(rng.standard_normal(N), bf))
 
 
+def nhwc_inputs(rng):
+    """The NHWC block's x (32, 25, 25, 1024) and s, b (1, 1024, 1, 1), bf16."""
+    bf = jnp.bfloat16
+    return (jnp.asarray(rng.standard_normal((32, 25, 25, 1024)), bf),
+            jnp.asarray(rng.standard_normal((1, 1024, 1, 1)), bf), jnp.asarray(rng.standard_normal((1, 1024, 1, 1)), bf))
+
+
+def nhwc(x, s, b):
+    """The channels-last example of issue 3 (nvFuser's layout issue)."""
+    t = jnp.transpose(x, (0, 3, 1, 2)) * s + b
+    return jnp.transpose(jax.nn.relu(t), (0, 2, 3, 1)), jnp.transpose(t > 0, (0, 2, 3, 1))
+
+
+def plain_relu(x, s, b):
+    """The same relu with no transposes: what the NHWC block should cost."""
+    return jax.nn.relu(x * s.reshape(1, 1, 1, 1024) + b.reshape(1, 1, 1, 1024))
+
+
 def main():
     rng = np.random.default_rng(0)
     bf = jnp.bfloat16
@@ -120,14 +138,7 @@ def main():
         run_pk(nm, "pallaskit_nosplit", f, (xs,), floor, ref, split_reductions=False)
 
     # NHWC layout example
-    xn = jnp.asarray(rng.standard_normal((32, 25, 25, 1024)), bf)
-    s = jnp.asarray(rng.standard_normal((1, 1024, 1, 1)), bf)
-    bb = jnp.asarray(rng.standard_normal((1, 1024, 1, 1)), bf)
-
-    def nhwc(x, s, b):
-        t = jnp.transpose(x, (0, 3, 1, 2)) * s + b
-        return jnp.transpose(jax.nn.relu(t), (0, 2, 3, 1)), jnp.transpose(t > 0, (0, 2, 3, 1))
-
+    xn, s, bb = nhwc_inputs(rng)
     n = xn.size
     floor = (n * 2 + n * 2 + n * 1) / 3.0e12 * 1e3
     ref = jax.jit(nhwc)(xn, s, bb)

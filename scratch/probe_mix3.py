@@ -10,7 +10,7 @@ import pallaskit
 from lowering import heuristics as H
 from norms import layernorm_fwd_bwd, rmsnorm_bwd_vjp
 import probe_mix
-from probe_mix import M, N, errs, norm_inputs
+from probe_mix import M, N, errs, nhwc, nhwc_inputs, norm_inputs, plain_relu
 
 OUT = os.environ.get("OUT", "/tmp")
 RESULTS = []
@@ -84,18 +84,11 @@ def main():
             run("colsum", f"pps{pps}_br{br}_bc{bc}", colsum, (xs,), floor, ref)
     restore()
 
-    xn = jnp.asarray(rng.standard_normal((32, 25, 25, 1024)), bf)
-    s = jnp.asarray(rng.standard_normal((1, 1024, 1, 1)), bf)
-    bb = jnp.asarray(rng.standard_normal((1, 1024, 1, 1)), bf)
-    def nhwc(x, s, b):
-        t = jnp.transpose(x, (0, 3, 1, 2)) * s + b
-        return jnp.transpose(jax.nn.relu(t), (0, 2, 3, 1)), jnp.transpose(t > 0, (0, 2, 3, 1))
+    xn, s, bb = nhwc_inputs(rng)
     def relu_only(x, s, b):
         return nhwc(x, s, b)[0]
     def bool_only(x, s, b):
         return nhwc(x, s, b)[1]
-    def plain_relu(x, s, b):
-        return jax.nn.relu(x * s.reshape(1, 1, 1, 1024) + b.reshape(1, 1, 1, 1024))
     n = xn.size
     for nm, f, floor in (("nhwc", nhwc, 5 * n), ("nhwc_relu_only", relu_only, 4 * n), ("nhwc_bool_only", bool_only, 3 * n),
                          ("plain_relu_nhwc", plain_relu, 4 * n)):

@@ -9,7 +9,7 @@ import jax, jax.numpy as jnp, numpy as np
 import pallaskit
 from lowering import heuristics as H
 from benchmarks.workloads import pointwise_chain
-from probe_mix import bench, errs
+from probe_mix import bench, errs, nhwc, nhwc_inputs, plain_relu
 
 OUT = os.environ.get("OUT", "/tmp")
 RESULTS = []
@@ -106,18 +106,7 @@ def main():
     transposes(rng)
     if sys.argv[1:] == ["transposes"]:
         return dump()
-    bf = jnp.bfloat16
-    xn = jnp.asarray(rng.standard_normal((32, 25, 25, 1024)), bf)
-    s = jnp.asarray(rng.standard_normal((1, 1024, 1, 1)), bf)
-    b = jnp.asarray(rng.standard_normal((1, 1024, 1, 1)), bf)
-
-    def nhwc(x, s, b):
-        t = jnp.transpose(x, (0, 3, 1, 2)) * s + b
-        return jnp.transpose(jax.nn.relu(t), (0, 2, 3, 1)), jnp.transpose(t > 0, (0, 2, 3, 1))
-
-    def plain_relu(x, s, b):
-        return jax.nn.relu(x * s.reshape(1, 1, 1, 1024) + b.reshape(1, 1, 1, 1024))
-
+    xn, s, b = nhwc_inputs(rng)
     n = xn.size
     for nm, f, nbytes in (("nhwc", nhwc, 5 * n), ("plain_relu_nhwc", plain_relu, 4 * n)):
         floor = nbytes / 3.0e12 * 1e3
@@ -134,8 +123,8 @@ def main():
             run_many(nm, f"tiles {elems}/{warps}w", f, args, floor, cfg=tiles(elems, warps))
 
     M, N = 576000, 384
-    x = jnp.asarray(rng.standard_normal((M, N)), bf)
-    y = jnp.asarray(rng.standard_normal((M, N)), bf)
+    x = jnp.asarray(rng.standard_normal((M, N)), jnp.bfloat16)
+    y = jnp.asarray(rng.standard_normal((M, N)), jnp.bfloat16)
     floor = 3 * M * N * 2 / 3.0e12 * 1e3
     ref = jax.jit(pointwise_chain)(x, y)
     emit(dict(name="pointwise_chain", variant="xla", ms=round(bench(jax.jit(pointwise_chain), (x, y)), 4),
