@@ -24,6 +24,10 @@ class CompileOptions:
     # symbolic size at (the first concrete call's sizes). Index expressions,
     # masks and grids keep the symbol. Empty for static graphs.
     size_hints: tuple = ()
+    # Symbolic graphs run on size buckets (pallaskit/runtime/buckets.py), which
+    # only kernels may touch: "auto" then gives a 16-bit dot over a dynamic M the
+    # template at every hint, since an XLA dot would make the program per-size.
+    bucketed: bool = False
 
     def hints(self) -> dict:
         return dict(self.size_hints)

@@ -19,7 +19,7 @@ from lowering.options import CompileOptions
 from pallaskit import cache, metrics
 from pallaskit import autodiff
 from pallaskit.config import config
-from pallaskit.runtime import loader, multikernel
+from pallaskit.runtime import buckets, loader, multikernel
 
 log = logging.getLogger("pallaskit")
 
@@ -373,6 +373,7 @@ class JitFunction:
             return result, call, constants
 
         if symbolic:
+            options = dataclasses.replace(options, bucketed=bool(config.dynamic_buckets))
             # Not through the disk cache: a symbolic graph's executables are per
             # concrete size (jax.jit of the shape-generic program), so an entry
             # could hold only its source; this compiles it in-process instead.
@@ -401,12 +402,26 @@ class JitFunction:
             guards = [compile(g, "<guard>", "eval") for g in guard_source]
             log.debug("pallaskit compiled %s shape-generic over %s in %.3fs (%d variant(s))", title,
                       ", ".join(result.program.symbols), seconds, len(built))
+            symbols, where = [n for n, _ in positions], [p for _, p in positions]
+
+            def runner(program, call):
+                """The variant's callable: bucketed ([Note: size buckets]) where it can be."""
+                if not config.dynamic_buckets or program.unbucketable or program.symbols != symbols:
+                    if config.dynamic_buckets and program.unbucketable:
+                        log.debug("pallaskit: %s: no size buckets: %s", title, program.unbucketable)
+                    return jax.jit(call)
+                return buckets.Bucketed(title, call, symbols, where, len(avals), program.input_shapes,
+                                        program.output_shapes, guards)
+
             if len(built) == 1:
-                return Compiled(result, closed, jax.jit(call), constants, out_tree_box[-1], guards=guards)
+                return Compiled(result, closed, runner(result.program, call), constants, out_tree_box[-1],
+                                guards=guards)
+            variants_ = [multikernel.Variant(b[3], runner(b[0].program, b[1]), b[2], src,
+                                             [k.source for k in b[0].program.kernels])
+                         for src, b in built.items()]
             dispatcher = multikernel.Dispatcher(
-                title, [n for n, _ in positions], [p for _, p in positions], len(avals),
-                [multikernel.Variant(b[3], jax.jit(b[1]), b[2], src, [k.source for k in b[0].program.kernels])
-                 for src, b in built.items()], options.interpret)
+                title, symbols, where, len(avals), variants_, options.interpret,
+                bucketed=all(isinstance(v.fn, buckets.Bucketed) for v in variants_))
             # ran=True: the dispatcher counts kernels_compiled (distinct kernels of all variants) on its first call.
             return Compiled(result, closed, dispatcher, constants, out_tree_box[-1], ran=True, guards=guards)
         if aot:

@@ -184,6 +184,11 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "(pallaskit/autodiff.py): 'min_cut' recomputes cheap pointwise values in the backward to save the "
            "fewest bytes; 'default' saves what JAX's partial evaluation saves.", str, _check_partitioner,
            "'min_cut', 'default'"),
+    Option("dynamic_buckets", True, "Dynamic dims: serve a symbolic program's sizes from one XLA executable per "
+           "size bucket (each dim's value rounded up to a power of two, the real values passed to the kernels at "
+           "run time, inputs and outputs exchanged as zero-copy views), so a new size within a compiled bucket "
+           "costs a dispatch, not a compile (pallaskit/runtime/buckets.py). Off: one executable per size.",
+           _parse_bool, _check_bool, "true, false"),
     Option("multi_kernel_hints", "64,256,4096", "Multi-kernel (dynamic dims): compile a symbolic graph once per "
            "hinted size, every dim symbol read at that size by the heuristics (tiles, warps, persistent or looped, "
            "split or not); variants with identical source are kept once, and the first call of each new size picks "

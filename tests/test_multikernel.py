@@ -33,6 +33,19 @@ def _args(n, rng):
     return (jnp.asarray(rng.standard_normal((n, 4)), jnp.float32), jnp.asarray(rng.standard_normal((4,)), jnp.float32))
 
 
+@pytest.fixture(autouse=True)
+def _per_size(_fresh_state):
+    """The dispatcher per exact size: size buckets (tests/test_buckets.py) key
+    choices by bucket and take the nearest hint."""
+    pallaskit.config.update(dynamic_buckets=False)
+
+
+# Tests that expect interpret mode's untimed choice (the nearest hint); compiled
+# for a GPU (PALLASKIT_INTERPRET=0) the dispatcher times the variants instead.
+untimed = pytest.mark.skipif(not pallaskit.api.compile_options().interpret,
+                             reason="compiled for a GPU the dispatcher times the variants")
+
+
 def _jit():
     return pallaskit.jit(_fn, dynamic={"x": {0: "n"}})
 
@@ -65,6 +78,7 @@ def test_variants_differ_and_each_matches_jax_for_every_size(rng):
         assert len(d.chosen) == len(SIZES)
 
 
+@untimed
 def test_cpu_chooses_the_nearest_hint_and_logs_a_metric_row(rng, tmp_path):
     pallaskit.config.update(multi_kernel_hints="64,4096", enabled_metric_tables="multi_kernel_choices",
                             metrics_dir=str(tmp_path))
@@ -157,7 +171,8 @@ _CHILD = textwrap.dedent("""
 
 
 def _child(cache_dir, **env):
-    env = dict(os.environ, PALLASKIT_CACHE_DIR=str(cache_dir), JAX_PLATFORMS="cpu",
+    env = dict(os.environ, PALLASKIT_CACHE_DIR=str(cache_dir), JAX_PLATFORMS="cpu", PALLASKIT_INTERPRET="1",
+               PALLASKIT_DYNAMIC_BUCKETS="0",
                PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), **env)
     proc = subprocess.run([sys.executable, "-c", _CHILD], env=env, cwd=REPO, capture_output=True, text=True,
                           timeout=300)
@@ -187,6 +202,7 @@ def test_disk_choice_cache_is_read_back_by_a_new_process(tmp_path):
     assert third["methods"] == {"70": "nearest_hint", "3000": "nearest_hint"}
 
 
+@untimed
 @pytest.mark.parametrize("how", ["option", "env", "cache_off"])
 def test_disk_cache_off_writes_nothing(how, rng, tmp_path, monkeypatch):
     pallaskit.config.update(cache_dir=str(tmp_path), multi_kernel_hints="64,4096")
@@ -203,6 +219,7 @@ def test_disk_cache_off_writes_nothing(how, rng, tmp_path, monkeypatch):
     assert not os.path.exists(tmp_path / "multi_kernel")
 
 
+@untimed
 def test_disk_cache_on_writes_the_choices(rng, tmp_path):
     pallaskit.config.update(cache_dir=str(tmp_path), multi_kernel_hints="64,4096")
     f = _jit()
@@ -214,6 +231,7 @@ def test_disk_cache_on_writes_the_choices(rng, tmp_path):
     assert os.listdir(tmp_path / "multi_kernel") == []
 
 
+@untimed
 @pytest.mark.parametrize("garbage", [b"{not json", b"\xff\xfe", b'{"format": 1, "choices": {"n=70": 9}}'])
 def test_corrupt_choice_file_is_ignored_and_rewritten(garbage, rng, tmp_path, caplog):
     pallaskit.config.update(cache_dir=str(tmp_path), multi_kernel_hints="64,4096")

@@ -190,8 +190,7 @@ def _wrap(kernel: Kernel, node: ir.Matmul, cfg: heuristics.MatmulConfig, em, dim
     outs = list(em.out_refs.values())
     w.line(f"def {kernel.name}_kernel({', '.join((['dims_ptr'] if dim_names else []) + ins + outs)}):")
     with w.indent():
-        for j, d in enumerate(dim_names):  # dynamic sizes: runtime scalars ([Note: symbolic dims])
-            w.line(f"{d} = dims_ptr[{j}]")
+        pallas.write_dim_reads(w, em.schedule, dim_names)
         w.line(header)
         w.line(f"BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M = {cfg.block_m}, {cfg.block_n}, {cfg.block_k}, {cfg.group_m}")
         if dynamic_m:

@@ -145,6 +145,12 @@ class RenderedProgram:
     # must hold of their values (sympy booleans) for the program to be right.
     symbols: list = dataclasses.field(default_factory=list)
     guards: list = dataclasses.field(default_factory=list)
+    # Size buckets ([Note: size buckets] in pallaskit/runtime/buckets.py): the
+    # inputs' and outputs' shapes as Python source over the symbols, and why
+    # one executable cannot serve a bucket of sizes ('' when it can).
+    input_shapes: list = dataclasses.field(default_factory=list)
+    output_shapes: list = dataclasses.field(default_factory=list)
+    unbucketable: str = ""
 
     @property
     def guard_source(self) -> list[str]:
@@ -733,8 +739,7 @@ def _wrap_kernel(kernel: Kernel, schedule: Schedule, cfg, em: _KernelEmitter, bo
     dims = used_dims(schedule, extents + "\n" + body)
     w.line(f"def {kernel.name}_kernel({', '.join((['dims_ptr'] if dims else []) + ins + outs)}):")
     with w.indent():
-        for k, d in enumerate(dims):  # dynamic sizes: runtime scalars, so the kernel serves every size
-            w.line(f"{d} = dims_ptr[{k}]")
+        write_dim_reads(w, schedule, dims)
         w.line(extents)
         w.line(f"BLOCK_R, BLOCK_C = {cfg.block_rows}, {cfg.block_cols}")
         w.line(f"IDX = {em.index_dtype}")
@@ -769,20 +774,32 @@ def used_dims(schedule: Schedule, text: str) -> list[str]:
     return [d for d in program_dims(schedule) if re.search(rf"(?<![\w.]){re.escape(d)}\b", text)]
 
 
+def write_dim_reads(w: SourceWriter, schedule: Schedule, dims: list[str]):
+    """``n = dims_ptr[i]`` for each dim symbol a kernel reads: ``dims_ptr``
+    is the program's int32 array of all its dim values, in ``program_dims``
+    order ([Note: symbolic dims])."""
+    order = program_dims(schedule)
+    for d in dims:  # dynamic sizes: runtime scalars, so the kernel serves every size
+        w.line(f"{d} = dims_ptr[{order.index(d)}]")
+
+
 def write_launcher(w: SourceWriter, kernel: Kernel, n_inputs: int, grid, num_warps: int, num_stages: int,
                    dims: list[str] = ()):
     """``def <kernel>(in0, ...)``: the ``pallas_call`` of ``<kernel>_kernel`` on
     flat refs in ``pl.ANY`` memory, one flat output per stored member.
     ``dims``: the dim symbols the kernel reads ([Note: symbolic dims]); the
-    launcher takes them as keyword ints (the concrete sizes while jax.jit
-    traces the wrapper), sizes its outputs and grid (``grid`` is then source)
-    with them, and passes them to the kernel as an int32 array."""
+    launcher then takes the program's dims array first (the values the kernel
+    reads at run time) and the symbols as keyword ints: the sizes its outputs
+    and grid (``grid`` is then source) are built for while jax.jit traces the
+    wrapper, the concrete sizes or, bucketed, the bucket's
+    ([Note: size buckets] in pallaskit/runtime/buckets.py)."""
     out_shapes = [f"jax.ShapeDtypeStruct(({sizes.to_source(m.node.numel)},), {dtype_source(m.node.dtype)})"
                   for m in kernel.members if m.store]
     args = [f"in{i}" for i in range(n_inputs)]
     operands = [a + ".reshape(-1)" for a in args]
     if dims:
-        operands = [f"jnp.asarray([{', '.join(dims)}], jnp.int32)"] + operands
+        args = ["dims"] + args
+        operands = ["dims"] + operands
     w.line(f"def {kernel.name}({', '.join(args + (['*'] + list(dims) if dims else []))}):")
     with w.indent():
         w.line("return pl.pallas_call(")
@@ -825,17 +842,24 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Rend
         w.line()
     externs = []
     w.line()
-    w.line(f"def call({', '.join(graph.inputs)}):")
+    w.line(f"def call({', '.join(list(graph.inputs) + (['*', 'dims=None'] if dims else []))}):")
     with w.indent():
-        for d in dims:  # dynamic sizes, read from the inputs (Python ints while jax.jit traces)
+        if dims:
+            w.line("# Dynamic sizes: Python ints from the input shapes while jax.jit traces; ``dims``")
+            w.line("# (int32 array) holds the values the kernels read, when these are a size bucket's.")
+        for d in dims:
             name, axis = _dim_source(graph, d)
             w.line(f"{d} = {name}.shape[{axis}]")
+        if dims:
+            w.line("if dims is None:")
+            w.line(f"    dims = jnp.asarray([{', '.join(dims)}], jnp.int32)")
         launched = {rk.name: rk for rk in kernels}
         for step in schedule.steps:
             if isinstance(step, Kernel):
                 outs = [f"{m.name}" for m in step.members if m.store]
                 kw = [f"{d}={d}" for d in getattr(launched[step.name], "dims", ())]
-                w.line(f"{', '.join(outs)}, = {step.name}({', '.join(list(step.reads) + kw)})")
+                reads = (["dims"] if kw else []) + list(step.reads)
+                w.line(f"{', '.join(outs)}, = {step.name}({', '.join(reads + kw)})")
                 for m in step.members:
                     if m.store:
                         w.line(f"{m.name} = {m.name}.reshape({_shape_source(m.node.shape)})")
@@ -856,7 +880,33 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Rend
             else:
                 outs.append(o)
         w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
-    return RenderedProgram(w.source(), kernels, externs, list(graph.inputs), list(graph.outputs), dims, guards)
+    program = RenderedProgram(w.source(), kernels, externs, list(graph.inputs), list(graph.outputs), dims, guards)
+    if dims:
+        program.input_shapes = [_shape_source(graph.buffer_aval(n)[0]) for n in graph.inputs]
+        program.output_shapes = ["()" if isinstance(o, ir.Const) else _shape_source(graph.buffer_aval(o)[0])
+                                 for o in graph.outputs]
+        program.unbucketable = _unbucketable(schedule)
+    return program
+
+
+def _unbucketable(schedule: Schedule) -> str:
+    """Why the program cannot run on a size bucket's buffers ('' if it can).
+    Bucketed, a dynamic-sized buffer holds its data as a prefix and garbage (or,
+    for an input, memory past its end) after it: only the program's kernels,
+    which read the real sizes at run time and mask, may touch one. An XLA op
+    would read the whole buffer (and XLA copies an input returned as an output)."""
+    graph = schedule.graph
+
+    def dynamic(x):
+        return not isinstance(x, ir.Const) and sizes.is_symbolic(tuple(graph.buffer_aval(x)[0]))
+
+    for step in schedule.steps:
+        if not isinstance(step, Kernel) and any(dynamic(x) for x in list(step.inputs) + list(step.outputs)):
+            return f"{step.primitive.name} runs through XLA on a dynamic-sized value"
+    for o in graph.outputs:
+        if o in graph.inputs and dynamic(o):
+            return f"the input {o} is also an output"
+    return ""
 
 
 def _shape_source(shape) -> str:

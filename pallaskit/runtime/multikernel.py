@@ -23,6 +23,11 @@ nearest hint by log distance, untimed. A choice is kept in memory, written to
 ``<cache_dir>/multi_kernel/<digest>.json`` (digest: sha256 of the variants'
 sources and the device kind), logged as a ``multi_kernel_choices`` metric row
 and counted (counter ``multi_kernel_choices``).
+
+When every variant runs on size buckets ([Note: size buckets] in
+runtime/buckets.py), the shape key is the bucket and the choice the nearest
+hint, untimed on a GPU too: timing would compile every variant for every new
+bucket (~0.2-1 s each on the H100), which is what buckets are there to avoid.
 """
 from __future__ import annotations
 
@@ -40,6 +45,7 @@ import jax
 
 from pallaskit import metrics
 from pallaskit.config import config
+from pallaskit.runtime.buckets import bucket
 
 log = logging.getLogger("pallaskit")
 
@@ -85,8 +91,9 @@ class Dispatcher:
     constants passed are the first variant's and are replaced by the chosen one's."""
 
     def __init__(self, title: str, symbols: list[str], positions: list[tuple[int, int]], n_leaves: int,
-                 variants: list[Variant], interpret: bool):
+                 variants: list[Variant], interpret: bool, bucketed: bool = False):
         self.title = title
+        self.bucketed = bucketed  # every variant runs on size buckets: choices are per bucket, untimed
         self.symbols = list(symbols)
         self.positions = list(positions)  # (leaf, axis) of each symbol
         self.n_leaves = n_leaves
@@ -109,6 +116,8 @@ class Dispatcher:
     def __call__(self, *args):
         leaves = args[:self.n_leaves]
         key = tuple(int(leaves[l].shape[a]) for l, a in self.positions)
+        if self.bucketed:
+            key = tuple(bucket(v) for v in key)
         index = self.chosen.get(key)
         if index is None:
             index = self.select(key, leaves)
@@ -147,7 +156,7 @@ class Dispatcher:
                 index = self._read().get(self._key_text(key))
                 method = "disk"
             if index is None:
-                if self.interpret or traced:
+                if self.interpret or traced or self.bucketed:
                     index, method = nearest(self.variants, dict(zip(self.symbols, key))), "nearest_hint"
                 else:
                     timings = self._time(leaves)
