@@ -184,10 +184,13 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "(pallaskit/autodiff.py): 'min_cut' recomputes cheap pointwise values in the backward to save the "
            "fewest bytes; 'default' saves what JAX's partial evaluation saves.", str, _check_partitioner,
            "'min_cut', 'default'"),
-    Option("dynamic_buckets", True, "Dynamic dims: serve a symbolic program's sizes from one XLA executable per "
-           "size bucket (each dim's value rounded up to a power of two, the real values passed to the kernels at "
-           "run time, inputs and outputs exchanged as zero-copy views), so a new size within a compiled bucket "
-           "costs a dispatch, not a compile (pallaskit/runtime/buckets.py). Off: one executable per size.",
+    Option("dynamic_buckets", False, "Dynamic dims, experimental: serve a symbolic program's sizes from one XLA "
+           "executable per size bucket (each dim's value rounded up to a power of two, the real values passed to "
+           "the kernels at run time, inputs and outputs exchanged as zero-copy DLPack views), so a new size within "
+           "a compiled bucket costs a dispatch (~1 ms on the H100), not a compile (pallaskit/runtime/buckets.py). "
+           "Off by default: on the H100 each bucketed call costs ~0.2 ms more host time than jax.jit, and one "
+           "multi-kernel configuration hit a fatal PJRT check (a DLPack hold outliving its buffer); see "
+           "benchmarks/RESULTS.md. Off: one executable per concrete size.",
            _parse_bool, _check_bool, "true, false"),
     Option("multi_kernel_hints", "64,256,4096", "Multi-kernel (dynamic dims): compile a symbolic graph once per "
            "hinted size, every dim symbol read at that size by the heuristics (tiles, warps, persistent or looped, "

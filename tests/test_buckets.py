@@ -9,9 +9,15 @@ import pytest
 import pallaskit
 from conftest import assert_close
 from pallaskit import metrics
+from pallaskit.config import OPTIONS
 from pallaskit.runtime import buckets
 
 BF16 = jnp.bfloat16
+
+
+@pytest.fixture(autouse=True)
+def _buckets_on(_fresh_state):
+    pallaskit.config.update(dynamic_buckets=True)  # experimental, off by default
 
 
 def delta(before, name):
@@ -134,14 +140,15 @@ def test_unbucketable_programs_compile_per_size(fn, why, rng):
     assert why in f.lower_to_result(x).result.program.unbucketable
 
 
-def test_option_off_compiles_each_size(rng):
+def test_option_off_by_default_compiles_each_size(rng):
+    assert OPTIONS["dynamic_buckets"].default is False
+    pallaskit.config.update(dynamic_buckets=False)
     w = jnp.asarray(rng.standard_normal((8,)), jnp.float32)
-    with pallaskit.config.override(dynamic_buckets=False):
-        f = pallaskit.jit(_rmsnorm, dynamic={"x": {0: "n"}})
-        before = dict(metrics.counters)
-        for n in (3, 5):
-            x = jnp.asarray(rng.standard_normal((n, 8)), jnp.float32)
-            assert_close(f(x, w), jax.jit(_rmsnorm)(x, w))
+    f = pallaskit.jit(_rmsnorm, dynamic={"x": {0: "n"}})
+    before = dict(metrics.counters)
+    for n in (3, 5):
+        x = jnp.asarray(rng.standard_normal((n, 8)), jnp.float32)
+        assert_close(f(x, w), jax.jit(_rmsnorm)(x, w))
     assert delta(before, "bucket_calls") == 0
     assert not isinstance(_entry(f, x, w), buckets.Bucketed)
 
