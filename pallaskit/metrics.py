@@ -42,7 +42,6 @@ COUNTER_NAMES = (
     "multi_kernel_choices",  # multi-kernel variants chosen for a new size (any method but the in-memory dict)
     "bucket_compiles",  # XLA executables built for a size bucket of a symbolic program (runtime/buckets.py)
     "bucket_calls",  # calls of a symbolic program served by a bucket's executable
-    "triton_compile_reuses",  # Pallas kernels whose Triton compile a bucket's lowering found in memory
     "cache_hits",  # graphs served by the on-disk cache
     "cache_misses",  # graphs compiled with the cache on and no valid entry
     "compile_seconds",  # wall time spent in pallaskit's compile path (trace, key, load or compile)

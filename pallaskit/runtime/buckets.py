@@ -22,6 +22,16 @@ the bucket being garbage the kernels never read unmasked. So:
 - each dynamic-shaped output comes back as a zero-copy view of its prefix at
   the real shape.
 
+Status (H100, 2026-11-23; benchmarks/RESULTS.md, "Size buckets"): a size in a
+compiled bucket costs ~1 ms, a new bucket what a new size cost before (RMSNorm
+~0.12-0.23 s, the gelu MLP ~0.65-0.9 s: Pallas's Triton module is re-lowered
+and recompiled per bucket, its bytecode differs by bucket); but each bucketed
+call costs ~0.2 ms more host time than jax.jit (the DLPack round trips on the
+GPU), and a multi-kernel MLP run hit PJRT's fatal "Non-zero type 1 hold on
+destruction" (a view's external reference outliving the viewed buffer). Hence
+the option is off by default. Tried: a DLManagedTensor of our own (no
+external reference) read wrong data on the CPU; not pursued further.
+
 Legal only when nothing but the program's kernels touches a dynamic-sized
 buffer (``RenderedProgram.unbucketable`` says why not: an XLA op on one, an
 input returned as an output); otherwise, and for sizes whose bucket fails a
@@ -175,45 +185,6 @@ def _padded(leaf, shape, dtype, device):
     return jax.device_put(buf.reshape(shape), device)
 
 
-_triton_memo: dict = {}
-
-
-def _memoize_triton_compile():
-    """Pallas's Triton lowering compiles each kernel's Triton module to PTX
-    (``jax._src.lib.triton.compile``, jaxlib > 0.10.2) every time a jax.jit
-    lowers it, and a bucket's executable lowers the same kernels again: keep
-    the results in-process, keyed by the module bytecode and the compile
-    parameters (``triton_compile_reuses`` counts the hits). A jax whose
-    lowering does not go through that function is left alone."""
-    try:
-        from jax._src.pallas.triton import pallas_call_registration as registration
-    except ImportError:
-        return
-    module = getattr(registration, "triton", None)
-    original = getattr(module, "compile", None)
-    if original is None or getattr(original, "pallaskit_memo", False):
-        return
-
-    def compile(*args, **kwargs):  # noqa: A001  (the name it replaces)
-        try:
-            key = (tuple(bytes(a) if isinstance(a, (bytes, bytearray, memoryview)) else a for a in args),
-                   tuple(sorted(kwargs.items())))
-            hash(key)
-        except TypeError:
-            return original(*args, **kwargs)
-        if key in _triton_memo:
-            metrics.counters["triton_compile_reuses"] += 1
-            return _triton_memo[key]
-        result = original(*args, **kwargs)
-        if len(_triton_memo) >= 512:
-            _triton_memo.pop(next(iter(_triton_memo)))
-        _triton_memo[key] = result
-        return result
-
-    compile.pallaskit_memo = True
-    module.compile = compile
-
-
 def _device(args):
     """The device of the call's first array (the default device if none)."""
     for x in args:
@@ -312,7 +283,6 @@ class Bucketed:
             self.executables[buckets] = None
             return None
         t0 = time.perf_counter()
-        _memoize_triton_compile()
         structs = []
         for x, s in zip(args, self._in_shapes):
             dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
