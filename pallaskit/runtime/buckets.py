@@ -168,12 +168,12 @@ def view(array: jax.Array, shape: tuple, device=None) -> jax.Array:
     return jax.dlpack.from_dlpack(producer, copy=False)
 
 
-def _padded(leaf, shape, dtype, device):
+def _padded(leaf, shape, device):
     """A bucket-shaped copy of ``leaf`` on ``device``, its data the flat prefix;
     the rest NaN (or the dtype's largest value), so that a kernel reading past
     the real size shows in results rather than adding zeros."""
     host = np.asarray(leaf).reshape(-1)
-    dtype = np.dtype(dtype)
+    dtype = host.dtype
     if dtype == np.bool_:
         fill = True
     elif np.issubdtype(dtype, np.integer):
@@ -203,11 +203,10 @@ class Bucketed:
     over the symbols that must hold for a bucket's executable."""
 
     def __init__(self, title: str, call: Callable, symbols: list[str], positions: list[tuple[int, int]],
-                 n_leaves: int, input_shapes: list[str], output_shapes: list[str], guards: list,
-                 exact: Callable | None = None):
+                 n_leaves: int, input_shapes: list[str], output_shapes: list[str], guards: list):
         self.title = title
         self.call = call
-        self.exact = exact or jax.jit(call)
+        self.exact = jax.jit(call)
         self.symbols = list(symbols)
         self.positions = list(positions)
         self.n_leaves = n_leaves
@@ -226,25 +225,19 @@ class Bucketed:
             return self.exact(*args)
         key = self.shape_key(leaves)
         buckets = tuple(bucket(v) for v in key)
-        if buckets == key:  # exactly a bucket: no views to make
-            exe = self.executables.get(buckets, False)
-            if exe is False:
-                exe = self._build(buckets, args)
-            if exe is None:
-                return self.exact(*args)
-            metrics.counters["bucket_calls"] += 1
-            return exe(*args, self._dims_array(key, args))
         exe = self.executables.get(buckets, False)
         if exe is False:
             exe = self._build(buckets, args)
         if exe is None:
             return self.exact(*args)
-        env = dict(zip(self.symbols, buckets))
-        device = _device(args)
-        fitted = [self._fit(x, tuple(eval(s, {}, env)), device) for x, s in zip(args, self._in_shapes)]
-        outs = exe(*fitted, self._dims_array(key, args))
-        env = dict(zip(self.symbols, key))
         metrics.counters["bucket_calls"] += 1
+        device = _device(args)
+        dims = self._dims_array(key, device)
+        if buckets == key:  # exactly a bucket: no views to make
+            return exe(*args, dims)
+        env = dict(zip(self.symbols, buckets))
+        outs = exe(*[self._fit(x, tuple(eval(s, {}, env)), device) for x, s in zip(args, self._in_shapes)], dims)
+        env = dict(zip(self.symbols, key))
         return tuple(o if tuple(o.shape) == (want := tuple(eval(s, {}, env))) else view(o, want, device)
                      for o, s in zip(outs, self._out_shapes))
 
@@ -262,14 +255,14 @@ class Bucketed:
     def _fit(x, shape, device):
         if tuple(np.shape(x)) == shape:
             return x
-        if isinstance(x, jax.Array) and device is not None and device.platform == "gpu":
+        if isinstance(x, jax.Array) and device.platform == "gpu":
             return view(x, shape, device)
-        return _padded(x, shape, np.asarray(x).dtype if not isinstance(x, jax.Array) else x.dtype, device)
+        return _padded(x, shape, device)
 
-    def _dims_array(self, key, args):
+    def _dims_array(self, key, device):
         d = self._dims.get(key)
         if d is None:
-            d = jax.device_put(np.asarray(key, np.int32), _device(args))
+            d = jax.device_put(np.asarray(key, np.int32), device)
             if len(self._dims) < 4096:
                 self._dims[key] = d
         return d
@@ -277,7 +270,7 @@ class Bucketed:
     def _build(self, buckets: tuple, args):
         """The executable of a bucket (None when the bucket breaks a guard)."""
         env = dict(zip(self.symbols, buckets))
-        if not all(eval(g, {}, dict(env)) for g in self.guards):
+        if not all(eval(g, {}, env) for g in self.guards):
             log.info("pallaskit: %s: bucket %s breaks a guard of the program; its sizes compile one by one",
                      self.title, env)
             self.executables[buckets] = None

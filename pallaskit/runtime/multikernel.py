@@ -115,7 +115,7 @@ class Dispatcher:
     # -- per call ---------------------------------------------------------------
     def __call__(self, *args):
         leaves = args[:self.n_leaves]
-        key = tuple(int(leaves[l].shape[a]) for l, a in self.positions)
+        key = self.shape_key(leaves)
         if self.bucketed:
             key = tuple(bucket(v) for v in key)
         index = self.chosen.get(key)
