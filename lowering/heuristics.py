@@ -24,6 +24,7 @@ class TileConfig:
     num_warps: int
     persistent: bool  # reduction kernels: the whole row in one tile
     num_stages: int = 1  # Triton software pipelining of the kernel's loop
+    prefetch: int = 0  # mix kernels: row blocks whose loads are issued ahead of the one being computed
 
     @property
     def elements(self):
@@ -156,15 +157,29 @@ def fits_in_tile(cols: int, max_persistent_cols: int) -> bool:
     return next_power_of_2(cols) <= max_persistent_cols
 
 
-def mix_config(rows: int, cols: int, *, whole_rows: bool, programs: int) -> TileConfig:
+# Row blocks a whole-row mix kernel loads ahead: its loop carries the loads of
+# the next MIX_PREFETCH blocks, so each one-warp program keeps loads in flight
+# while it reduces and stores the current block. H100, 576000x384 bf16
+# (scratch/probe_prefetch.py): RMSNorm backward, generated, 0.504 ms with none,
+# 0.498 with 1, 0.492 with 2 (hand-written: 3 and 4 were slower, 0.62-0.65).
+# But LayerNorm forward+backward went from 0.746 to 0.848 ms with 2: its two
+# column accumulators (dw, db) plus the prefetched tiles are too many
+# registers for a one-warp program. Hence only kernels with one accumulator.
+MIX_PREFETCH = 2
+MIX_PREFETCH_MAX_COLUMNS = 1
+
+
+def mix_config(rows: int, cols: int, *, whole_rows: bool, programs: int, columns: int = 1) -> TileConfig:
     """Tile of a mix kernel: each of ``programs`` programs walks row blocks of
     ``block_rows`` rows. ``whole_rows``: the kernel also computes row
     reductions, so a tile spans the full row (one column block): one row per
     step, ``mix_warps`` warps (on the H100 0.51 ms against 0.60-1.13 ms for 2-8
-    rows with 2-4 warps). Otherwise (a split column reduction) 8 x 512 tiles,
+    rows with 2-4 warps); ``columns`` (column reductions accumulated) decides
+    the prefetch depth. Otherwise (a split column reduction) 8 x 512 tiles,
     4 warps (a 576001x383 bf16 column sum: 0.195 ms; 32 x 128 tiles: 0.249 ms)."""
     if whole_rows:
-        return TileConfig(1, next_power_of_2(cols), mix_warps(cols), True)
+        prefetch = MIX_PREFETCH if columns <= MIX_PREFETCH_MAX_COLUMNS else 0
+        return TileConfig(1, next_power_of_2(cols), mix_warps(cols), True, prefetch=prefetch)
     bc = min(next_power_of_2(cols), 512)
     br = max(1, min(next_power_of_2(ceil_div(rows, programs)), 4096 // bc))
     return TileConfig(br, bc, 4, False)

@@ -57,7 +57,7 @@ def child(name, smoke):
     inputs = [(jax.random.normal(jax.random.fold_in(key, 100 + i), (n, d), jnp.bfloat16),) + rest
               for i, n in enumerate(sizes)]
     jax.block_until_ready(inputs)
-    pallaskit.config.update(cache=False, **options)
+    pallaskit.config.update(cache=False, **{"dynamic_buckets": True, **options})
     f = jax.jit(fn) if backend == "jax.jit" else pallaskit.jit(fn, dynamic={0: {0: "n"}})
     pallaskit.metrics.reset()
     firsts = []
@@ -78,6 +78,18 @@ def child(name, smoke):
                         for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b))))
     steady = [time_ms(lambda a=args: f(*a), jax.block_until_ready, rounds=5 if smoke else 15, min_round_s=0.02)
               for args in inputs]
+    if os.environ.get("PROFILE") and backend == "dynamic":  # where a steady-state call's host time goes
+        import cProfile
+        import pstats
+        args = inputs[5]
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(300):
+            out = f(*args)
+        jax.block_until_ready(out)
+        prof.disable()
+        with open(os.path.join(OUT, f"profile_{name.replace(' ', '_')}.txt"), "w") as fh:
+            pstats.Stats(prof, stream=fh).sort_stats("tottime").print_stats(30)
     return dict(config=name, options=options, sizes=list(map(int, sizes)), total_first_s=round(total, 3),
                 first_ms=[round(t, 1) for t in firsts], later_median_ms=round(float(np.median(firsts[1:])), 1),
                 steady_ms=[round(t, 4) for t in steady], steady_sum_ms=round(sum(steady), 3),

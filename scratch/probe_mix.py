@@ -113,7 +113,7 @@ def main():
         grid = grid[::5]
     for pps, br, wp in grid:
         heuristics._programs_per_sm = (lambda p: lambda cols: p)(pps)
-        heuristics.mix_config = (lambda br_, wp_: lambda rows, cols, *, whole_rows, programs: heuristics.TileConfig(
+        heuristics.mix_config = (lambda br_, wp_: lambda rows, cols, *, whole_rows, programs, **_: heuristics.TileConfig(
             br_, heuristics.next_power_of_2(cols), wp_, True))(br, wp)
         run_pk("rmsnorm_bwd", f"pps{pps}_br{br}_w{wp}", rmsnorm_bwd_vjp, (x, w, dy), floor, ref)
     heuristics.mix_config, heuristics._programs_per_sm = orig_cfg, orig_pps

@@ -45,7 +45,7 @@ def per_sm(n):
 
 
 def whole(br, w, st):
-    return lambda rows, cols, *, whole_rows, programs: H.TileConfig(br, H.next_power_of_2(cols), w, True, st)
+    return lambda rows, cols, *, whole_rows, programs, **_: H.TileConfig(br, H.next_power_of_2(cols), w, True, st)
 
 
 def main():
@@ -79,7 +79,7 @@ def main():
     for pps in (8, 16, 32):
         for br, bc in ((32, 128), (16, 256), (8, 512)):
             H._programs_per_sm = per_sm(pps)
-            H.mix_config = (lambda br_, bc_: lambda rows, cols, *, whole_rows, programs:
+            H.mix_config = (lambda br_, bc_: lambda rows, cols, *, whole_rows, programs, **_:
                             H.TileConfig(br_, bc_, 4, False, 1))(br, bc)
             run("colsum", f"pps{pps}_br{br}_bc{bc}", colsum, (xs,), floor, ref)
     restore()

@@ -181,6 +181,33 @@ def test_small_row_counts_keep_plain_reductions(rng):
     _check(pallaskit.jit(rmsnorm_bwd_vjp)(x, w, x), jax.jit(rmsnorm_bwd_vjp)(x, w, x), jnp.float32)
 
 
+@pytest.mark.parametrize("depth", [0, 1, 3])
+def test_mix_kernel_loads_rows_ahead(depth, rng, monkeypatch):
+    """The mix kernel's loop carries the row loads of the next ``depth`` row
+    blocks (heuristics.MIX_PREFETCH); blocks past the last row load nothing.
+    LayerNorm's two column sums are let in (MIX_PREFETCH_MAX_COLUMNS) to
+    cover a loop carrying several accumulators and prefetched rows."""
+    from lowering import heuristics
+    monkeypatch.setattr(heuristics, "MIX_PREFETCH", depth)
+    monkeypatch.setattr(heuristics, "MIX_PREFETCH_MAX_COLUMNS", 2)
+    x, w, b, dy = _inputs(rng, 1000, jnp.bfloat16)
+    with pallaskit.config.override(cache=False):
+        kernels = _kernels(layernorm_fwd_bwd, x, w, b, dy)
+        assert kernels[0].kind == "mix"
+        assert kernels[0].source.count("rows0 = load_rows(") == (depth > 0)
+        _check(pallaskit.jit(layernorm_fwd_bwd)(x, w, b, dy), jax.jit(layernorm_fwd_bwd)(x, w, b, dy), jnp.bfloat16)
+
+
+def test_mix_prefetch_only_with_one_column_sum():
+    """Default heuristics: RMSNorm backward (dw) loads ahead, LayerNorm
+    backward (dw and db: register pressure, slower on the H100) does not."""
+    x, w = jnp.zeros((M, 384), jnp.bfloat16), jnp.zeros((384,), jnp.bfloat16)
+    rms = _kernels(rmsnorm_bwd_vjp, x, w, x)[0]
+    ln = _kernels(layernorm_fwd_bwd, x, w, w, x)[0]
+    assert rms.kind == ln.kind == "mix"
+    assert "load_rows" in rms.source and "load_rows" not in ln.source
+
+
 def test_mix_kernel_is_explained(rng):
     x, w, _, dy = _inputs(rng, 384, jnp.float32)
     e = pallaskit.explain(rmsnorm_bwd_vjp, x, w, dy)

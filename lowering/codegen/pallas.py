@@ -221,6 +221,7 @@ class _KernelEmitter:
         self.out_refs = {m.name: f"out_ptr{i}" for i, m in enumerate(m for m in kernel.members if m.store)}
         self.helpers: set[str] = set()
         self.row_values: dict[str, str] = {}  # in-kernel row-level buffers -> var
+        self.prefetched: dict[ir.Load, tuple[str, frozenset]] = {}  # mix kernels: loads issued a step ahead
         self.wide_of: dict[str, str] = {}  # 16-bit var -> the float32 var it was rounded from
         self.scopes: list[dict] = [{}]  # CSE: key -> (var, extent)
         self.counter = 0
@@ -355,6 +356,8 @@ class _KernelEmitter:
     def _load(self, ld: ir.Load):
         if ld.buffer in self.row_values:
             return self.row_values[ld.buffer], frozenset("r")
+        if ld in self.prefetched:
+            return self.prefetched[ld]
         off, off_ext = self.index(self.offset(ld.buffer, ld.index))
         extent = off_ext
         masks = []
@@ -426,7 +429,7 @@ def kernel_config(kernel: Kernel, schedule: Schedule, options: CompileOptions) -
             cfg = heuristics.pointwise_config(kernel.rows, kernel.cols)
     elif kernel.kind == "mix":
         cfg = heuristics.mix_config(kernel.rows, kernel.cols, whole_rows=_whole_rows(kernel),
-                                    programs=kernel.programs)
+                                    programs=kernel.programs, columns=_columns(kernel))
     else:
         inner = _reduction_is_inner(kernel, schedule)
         prod = any(m.role == "reduction" and m.node.op == "prod" for m in kernel.members)
@@ -451,7 +454,8 @@ def _symbolic_config(kernel: Kernel, schedule: Schedule, options: CompileOptions
         # Dynamic rows: the persistent grid is sized at the hint (the partial
         # buffer has that many rows); each program's row-block count is a
         # runtime value (_render_mix).
-        cfg = heuristics.mix_config(rows, cols, whole_rows=_whole_rows(kernel), programs=kernel.programs)
+        cfg = heuristics.mix_config(rows, cols, whole_rows=_whole_rows(kernel), programs=kernel.programs,
+                                    columns=_columns(kernel))
     elif kernel.kind == "reduction" and not sizes.is_symbolic(kernel.cols):
         inner = _reduction_is_inner(kernel, schedule)
         prod = any(m.role == "reduction" and m.node.op == "prod" for m in kernel.members)
@@ -586,6 +590,11 @@ def _whole_rows(kernel: Kernel) -> bool:
     return any(m.role in ("reduction", "row") for m in kernel.members)
 
 
+def _columns(kernel: Kernel) -> int:
+    """Column reductions a mix kernel accumulates."""
+    return sum(m.role == "column" for m in kernel.members)
+
+
 def _render_mix(em: _KernelEmitter, kernel: Kernel, bodies, cfg):
     """A persistent grid of ``PROGRAMS`` programs; each walks the row blocks
     ``program, program + PROGRAMS, ...``, doing the row work of each block (row
@@ -609,7 +618,13 @@ def _render_mix(em: _KernelEmitter, kernel: Kernel, bodies, cfg):
         name = f"acc{i}"
         w.line(f"{name} = jnp.full((BLOCK_R, BLOCK_C), {_reduction_identity(m.node.op, acc_dt)}, {dtype_source(acc_dt)})")
         accs.append((name, acc_dt, m))
-    carry = ", ".join(a for a, _, _ in accs) + ("," if len(accs) == 1 else "")
+    ahead = _row_loads(em, kernel, bodies) if whole and cfg.prefetch else []
+    if ahead:
+        _write_row_loads(em, ahead)
+        for d in range(cfg.prefetch):
+            w.line(f"rows{d} = load_rows(program + {d} * PROGRAMS)")
+    carry = ", ".join([a for a, _, _ in accs] + [f"rows{d}" for d in range(cfg.prefetch if ahead else 0)])
+    carry += "," if carry.count(",") == 0 else ""
     if sizes.is_symbolic(kernel.rows):  # dynamic rows: the row-block count is computed in the kernel
         n_iter = "((ROWS + BLOCK_R - 1) // BLOCK_R + PROGRAMS - 1) // PROGRAMS"
     else:
@@ -625,6 +640,11 @@ def _render_mix(em: _KernelEmitter, kernel: Kernel, bodies, cfg):
         em.scopes.append({})
         em.row_values = {}
         row_block = "(program + step * PROGRAMS)"
+        if ahead:  # this block's loads were issued earlier; issue those of the block prefetch steps on
+            names = [f"row{i}" for i in range(len(ahead))]
+            w.line(f"{', '.join(names)}, = rows0")
+            w.line(f"rows{cfg.prefetch} = load_rows(program + (step + {cfg.prefetch}) * PROGRAMS)")
+            em.prefetched = {ld: (n, ext) for (ld, ext), n in zip(ahead, names)}
         if whole:
             _render_reduction(em, kernel, bodies, cfg, row_block=row_block, columns_ready=True)
         else:
@@ -646,6 +666,8 @@ def _render_mix(em: _KernelEmitter, kernel: Kernel, bodies, cfg):
             # Combined element-wise: the cross-row reduction happens once, after the loop.
             outs.append(_COMBINE[m.node.op].format(a=name, v=masked))
         em.scopes.pop()
+        em.prefetched = {}
+        outs += [f"rows{d}" for d in range(1, cfg.prefetch + 1)] if ahead else []
         w.line(f"return ({', '.join(outs)},)")
     w.line(f"{carry} = lax.fori_loop(0, {n_iter}, row_block, ({carry}))")
     for name, acc_dt, m in accs:
@@ -654,6 +676,34 @@ def _render_mix(em: _KernelEmitter, kernel: Kernel, bodies, cfg):
         if em.interpret:
             off = em.bind(("oob", off, "cmask"), f"jnp.where(cmask, {off}, {m.node.numel})", frozenset("c"), "idx")[0]
         w.line(f"plt.store({em.out_refs[m.name]}.at[{off}], {fn}({name}, axis=0, keepdims=True), mask=cmask)")
+
+
+def _row_loads(em, kernel: Kernel, bodies) -> list[tuple[ir.Load, frozenset]]:
+    """The loads of a mix kernel that move with the row block (what the
+    kernel streams: inputs indexed by the row), each with its extent."""
+    members = {m.name for m in kernel.members}
+    found = {}
+    for m in kernel.members:
+        for ld in ir.loads(bodies[m.name]):
+            if ld.buffer not in members and "r" in em.extent_of(em.offset(ld.buffer, ld.index)):
+                found[ld] = None
+    return [(ld, None) for ld in found]
+
+
+def _write_row_loads(em, ahead: list) -> None:
+    """``def load_rows(block)``: the row loads of one row block, as a tuple
+    (blocks past the last row load nothing: their rows are masked). Fills in
+    each load's extent in ``ahead``."""
+    w = em.w
+    w.line("def load_rows(block):")
+    with w.indent():
+        em.scopes.append({})
+        w.line("xr = block * BLOCK_R + lax.broadcasted_iota(IDX, (BLOCK_R, 1), 0)")
+        w.line("rmask = xr < ROWS")
+        loaded = [em._load(ld) for ld, _ in ahead]
+        em.scopes.pop()
+        w.line(f"return ({', '.join(v for v, _ in loaded)},)")
+    ahead[:] = [(ld, ext) for (ld, _), (_, ext) in zip(ahead, loaded)]
 
 
 def _row_ready(m, em, kernel):
