@@ -24,13 +24,15 @@ the bucket being garbage the kernels never read unmasked. So:
 
 Status (H100, 2026-11-23; benchmarks/RESULTS.md, "Size buckets"): a size in a
 compiled bucket costs ~1 ms, a new bucket what a new size cost before (RMSNorm
-~0.12-0.23 s, the gelu MLP ~0.65-0.9 s: Pallas's Triton module is re-lowered
-and recompiled per bucket, its bytecode differs by bucket); but each bucketed
-call costs ~0.2 ms more host time than jax.jit (the DLPack round trips on the
-GPU), and a multi-kernel MLP run hit PJRT's fatal "Non-zero type 1 hold on
-destruction" (a view's external reference outliving the viewed buffer). Hence
-the option is off by default. Tried: a DLManagedTensor of our own (no
-external reference) read wrong data on the CPU; not pursued further.
+~0.12-0.23 s, the gelu MLP ~0.65-1.1 s). XLA compiles each executable's Triton
+kernels anew: even byte-identical (canonicalized) modules were not reused.
+Each bucketed call costs ~0.2 ms more host time than jax.jit: ~70 us calling
+the AOT executable, ~70 us for an input and an output view, ~25 us in the
+views' deleters. PJRT's fatal "Non-zero type 1 hold on destruction" (a view's
+external reference outliving the viewed buffer) aborted two runs. Hence the
+option is off by default. Tried: a DLManagedTensor of our own (no external
+reference) read wrong data on the CPU; one jax.jit over every bucket instead
+of AOT executables dispatched slower (~120 us per call).
 
 Legal only when nothing but the program's kernels touches a dynamic-sized
 buffer (``RenderedProgram.unbucketable`` says why not: an XLA op on one, an
