@@ -28,6 +28,23 @@ ANY = pl.BlockSpec(memory_space=pl.ANY)
 SMS = 132
 
 
+def _launch(kernel, programs, warps, stages, finish=True):
+    """jit of ``(x, w, dy) -> (dx, dw)``: the kernel writes dx and per-program
+    partial dw rows, which XLA sums (``finish=False``: the partials as they are)."""
+    call = pl.pallas_call(
+        kernel, grid=(programs,), in_specs=[ANY, ANY, ANY], out_specs=(ANY, ANY),
+        out_shape=(jax.ShapeDtypeStruct((programs * N,), jnp.float32), jax.ShapeDtypeStruct((M * N,), jnp.bfloat16)),
+        compiler_params=plt.CompilerParams(num_warps=warps, num_stages=stages),
+        interpret=jax.default_backend() == "cpu")
+
+    def f(x, w, dy):
+        part, dx = call(x.reshape(-1), w.astype(jnp.float32), dy.reshape(-1))
+        if not finish:
+            return dx, part
+        return dx.reshape(M, N), jnp.sum(part.reshape(programs, N), 0).astype(w.dtype)
+    return jax.jit(f)
+
+
 def make(programs, depth, warps=1, stages=1, contiguous=False):
     n_iter = -(-M // programs)
 
@@ -79,16 +96,7 @@ def make(programs, depth, warps=1, stages=1, contiguous=False):
             acc = out[0]
         plt.store(part_ref.at[pid * N + xc], acc, mask=cmask)
 
-    call = pl.pallas_call(
-        kernel, grid=(programs,), in_specs=[ANY, ANY, ANY], out_specs=(ANY, ANY),
-        out_shape=(jax.ShapeDtypeStruct((programs * N,), jnp.float32), jax.ShapeDtypeStruct((M * N,), jnp.bfloat16)),
-        compiler_params=plt.CompilerParams(num_warps=warps, num_stages=stages),
-        interpret=jax.default_backend() == "cpu")
-
-    def f(x, w, dy):
-        part, dx = call(x.reshape(-1), w.astype(jnp.float32), dy.reshape(-1))
-        return dx.reshape(M, N), jnp.sum(part.reshape(programs, N), 0).astype(w.dtype)
-    return jax.jit(f)
+    return _launch(kernel, programs, warps, stages)
 
 
 CHUNKS = ((0, 256), (256, 128))  # 384 = 256 + 128: no masked lanes
@@ -140,18 +148,7 @@ def make_chunked(programs, depth, warps=1, stages=1, finish=True):
         for a, xc in zip(accs, cols):
             plt.store(part_ref.at[pid * N + xc], a)
 
-    call = pl.pallas_call(
-        kernel, grid=(programs,), in_specs=[ANY, ANY, ANY], out_specs=(ANY, ANY),
-        out_shape=(jax.ShapeDtypeStruct((programs * N,), jnp.float32), jax.ShapeDtypeStruct((M * N,), jnp.bfloat16)),
-        compiler_params=plt.CompilerParams(num_warps=warps, num_stages=stages),
-        interpret=jax.default_backend() == "cpu")
-
-    def f(x, w, dy):
-        part, dx = call(x.reshape(-1), w.astype(jnp.float32), dy.reshape(-1))
-        if not finish:
-            return dx, part
-        return dx.reshape(M, N), jnp.sum(part.reshape(programs, N), 0).astype(w.dtype)
-    return jax.jit(f)
+    return _launch(kernel, programs, warps, stages, finish)
 
 
 def generated():
