@@ -189,7 +189,8 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "the kernels at run time, inputs and outputs exchanged as zero-copy DLPack views), so a new size within "
            "a compiled bucket costs a dispatch (~1 ms on the H100), not a compile (pallaskit/runtime/buckets.py). "
            "Off by default: on the H100 each bucketed call costs ~0.2 ms more host time than jax.jit, and two "
-           "runs aborted on a fatal PJRT check (a DLPack hold outliving its buffer); see benchmarks/RESULTS.md. Off: one executable per concrete size.",
+           "runs aborted on a fatal PJRT check (a DLPack hold outliving its buffer); see benchmarks/RESULTS.md. "
+           "Off: one executable per concrete size.",
            _parse_bool, _check_bool, "true, false"),
     Option("multi_kernel_hints", "64,256,4096", "Multi-kernel (dynamic dims): compile a symbolic graph once per "
            "hinted size, every dim symbol read at that size by the heuristics (tiles, warps, persistent or looped, "

@@ -599,7 +599,9 @@ def _render_mix(em: _KernelEmitter, kernel: Kernel, bodies, cfg):
     """A persistent grid of ``PROGRAMS`` programs; each walks the row blocks
     ``program, program + PROGRAMS, ...``, doing the row work of each block (row
     reductions, row values, row-wise stores) and folding each column member
-    into a (1, BLOCK_C) accumulator, stored as the program's partial row."""
+    into a (1, BLOCK_C) accumulator, stored as the program's partial row.
+    With ``cfg.prefetch``, the loop also carries the row loads of the next
+    blocks (``load_rows``), issued that many steps before they are used."""
     w = em.w
     columns = [m for m in kernel.members if m.role == "column"]
     whole = _whole_rows(kernel)
@@ -618,13 +620,13 @@ def _render_mix(em: _KernelEmitter, kernel: Kernel, bodies, cfg):
         name = f"acc{i}"
         w.line(f"{name} = jnp.full((BLOCK_R, BLOCK_C), {_reduction_identity(m.node.op, acc_dt)}, {dtype_source(acc_dt)})")
         accs.append((name, acc_dt, m))
-    ahead = _row_loads(em, kernel, bodies) if whole and cfg.prefetch else []
-    if ahead:
-        _write_row_loads(em, ahead)
-        for d in range(cfg.prefetch):
-            w.line(f"rows{d} = load_rows(program + {d} * PROGRAMS)")
-    carry = ", ".join([a for a, _, _ in accs] + [f"rows{d}" for d in range(cfg.prefetch if ahead else 0)])
-    carry += "," if carry.count(",") == 0 else ""
+    loads = _row_loads(em, kernel, bodies) if whole and cfg.prefetch else []
+    ahead = _write_row_loads(em, loads) if loads else []  # (load, extent) of each row load
+    depth = cfg.prefetch if ahead else 0
+    for d in range(depth):
+        w.line(f"rows{d} = load_rows(program + {d} * PROGRAMS)")
+    carried = [a for a, _, _ in accs] + [f"rows{d}" for d in range(depth)]
+    carry = ", ".join(carried) + ("," if len(carried) == 1 else "")
     if sizes.is_symbolic(kernel.rows):  # dynamic rows: the row-block count is computed in the kernel
         n_iter = "((ROWS + BLOCK_R - 1) // BLOCK_R + PROGRAMS - 1) // PROGRAMS"
     else:
@@ -640,10 +642,10 @@ def _render_mix(em: _KernelEmitter, kernel: Kernel, bodies, cfg):
         em.scopes.append({})
         em.row_values = {}
         row_block = "(program + step * PROGRAMS)"
-        if ahead:  # this block's loads were issued earlier; issue those of the block prefetch steps on
-            names = [f"row{i}" for i in range(len(ahead))]
+        if ahead:  # this block's row loads came in the carry; issue those of the block `depth` steps on
+            names = [f"pre{i}" for i in range(len(ahead))]
             w.line(f"{', '.join(names)}, = rows0")
-            w.line(f"rows{cfg.prefetch} = load_rows(program + (step + {cfg.prefetch}) * PROGRAMS)")
+            w.line(f"rows{depth} = load_rows(program + (step + {depth}) * PROGRAMS)")
             em.prefetched = {ld: (n, ext) for (ld, ext), n in zip(ahead, names)}
         if whole:
             _render_reduction(em, kernel, bodies, cfg, row_block=row_block, columns_ready=True)
@@ -667,7 +669,7 @@ def _render_mix(em: _KernelEmitter, kernel: Kernel, bodies, cfg):
             outs.append(_COMBINE[m.node.op].format(a=name, v=masked))
         em.scopes.pop()
         em.prefetched = {}
-        outs += [f"rows{d}" for d in range(1, cfg.prefetch + 1)] if ahead else []
+        outs += [f"rows{d}" for d in range(1, depth + 1)]
         w.line(f"return ({', '.join(outs)},)")
     w.line(f"{carry} = lax.fori_loop(0, {n_iter}, row_block, ({carry}))")
     for name, acc_dt, m in accs:
@@ -678,32 +680,32 @@ def _render_mix(em: _KernelEmitter, kernel: Kernel, bodies, cfg):
         w.line(f"plt.store({em.out_refs[m.name]}.at[{off}], {fn}({name}, axis=0, keepdims=True), mask=cmask)")
 
 
-def _row_loads(em, kernel: Kernel, bodies) -> list[tuple[ir.Load, frozenset]]:
-    """The loads of a mix kernel that move with the row block (what the
-    kernel streams: inputs indexed by the row), each with its extent."""
+def _row_loads(em, kernel: Kernel, bodies) -> list[ir.Load]:
+    """The loads of a mix kernel that move with the row block (what it
+    streams: inputs indexed by the row), each once."""
     members = {m.name for m in kernel.members}
     found = {}
     for m in kernel.members:
         for ld in ir.loads(bodies[m.name]):
             if ld.buffer not in members and "r" in em.extent_of(em.offset(ld.buffer, ld.index)):
                 found[ld] = None
-    return [(ld, None) for ld in found]
+    return list(found)
 
 
-def _write_row_loads(em, ahead: list) -> None:
-    """``def load_rows(block)``: the row loads of one row block, as a tuple
-    (blocks past the last row load nothing: their rows are masked). Fills in
-    each load's extent in ``ahead``."""
+def _write_row_loads(em, loads: list[ir.Load]) -> list[tuple[ir.Load, frozenset]]:
+    """``def load_rows(block)``: ``loads`` at one row block, returned as a
+    tuple (a block past the last row loads nothing: its rows are masked).
+    Returns each load with its extent."""
     w = em.w
     w.line("def load_rows(block):")
     with w.indent():
         em.scopes.append({})
         w.line("xr = block * BLOCK_R + lax.broadcasted_iota(IDX, (BLOCK_R, 1), 0)")
         w.line("rmask = xr < ROWS")
-        loaded = [em._load(ld) for ld, _ in ahead]
+        loaded = [em._load(ld) for ld in loads]
         em.scopes.pop()
         w.line(f"return ({', '.join(v for v, _ in loaded)},)")
-    ahead[:] = [(ld, ext) for (ld, _), (_, ext) in zip(ahead, loaded)]
+    return [(ld, ext) for ld, (_, ext) in zip(loads, loaded)]
 
 
 def _row_ready(m, em, kernel):
