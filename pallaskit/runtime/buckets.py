@@ -27,12 +27,12 @@ compiled bucket costs ~1 ms, a new bucket what a new size cost before (RMSNorm
 ~0.12-0.23 s, the gelu MLP ~0.65-1.1 s). XLA compiles each executable's Triton
 kernels anew: even byte-identical (canonicalized) modules were not reused.
 Each bucketed call costs ~0.2 ms more host time than jax.jit: ~70 us calling
-the AOT executable, ~70 us for an input and an output view, ~25 us in the
-views' deleters. PJRT's fatal "Non-zero type 1 hold on destruction" (a view's
-external reference outliving the viewed buffer) aborted two runs. Hence the
-option is off by default. Tried: a DLManagedTensor of our own (no external
+the AOT executable, ~140 us for an input and an output view, ~25 us in the
+views' deleters (cProfile, which inflates each). PJRT's fatal "Non-zero type 1
+hold on destruction" (a view's external reference outliving the viewed buffer)
+aborted two runs. Hence the option is off by default. Tried: a DLManagedTensor of our own (no external
 reference) read wrong data on the CPU; one jax.jit over every bucket instead
-of AOT executables dispatched slower (~120 us per call).
+of AOT executables was slower (0.26-0.41 against 0.21-0.29 ms per call).
 
 Legal only when nothing but the program's kernels touches a dynamic-sized
 buffer (``RenderedProgram.unbucketable`` says why not: an XLA op on one, an
