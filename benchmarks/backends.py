@@ -137,6 +137,21 @@ def _build_pallaskit(backend, workload, hint, ctx):
     return _jax_runner(fn, {**options, **hint_options})
 
 
+def _build_pallaskit_dynamic(backend, workload, hint, ctx):
+    """The sweep as a user of dynamic shapes writes it: one ``pallaskit.jit``
+    with axis 0 of the varying argument dynamic, default multi-kernel hints."""
+    import pallaskit
+    from benchmarks.workloads import SWEEP
+
+    if workload.kind != SWEEP or hint is not None:
+        raise Unavailable("serves the dynamic-shape sweep; see pallaskit's hinted rows elsewhere")
+    options = dict(backend.options)
+    missing = [k for k in options if k not in pallaskit.config.snapshot()]
+    if missing:
+        raise Unavailable(f"pallaskit has no option {', '.join(missing)}")
+    return _jax_runner(pallaskit.jit(workload.jax_fn, dynamic={workload.dynamic_arg: (0,)}), options)
+
+
 # -- torch --------------------------------------------------------------------------
 def import_torch():
     try:
@@ -255,6 +270,10 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in [
             options=(("mix_order_reduction", False),), tags=NORM_BWD),
     Backend("pallaskit_layout_prop_off", JAX, "pallaskit.jit, layout_propagation=False", _build_pallaskit,
             options=(("layout_propagation", False),), tags=frozenset({"layout"})),
+    Backend("pallaskit_dynamic", JAX, "pallaskit.jit, dynamic axis 0 (default multi-kernel hints)",
+            _build_pallaskit_dynamic, tags=frozenset({"dynamic"})),
+    Backend("pallaskit_buckets", JAX, "pallaskit.jit, dynamic axis 0, dynamic_buckets=True (experimental)",
+            _build_pallaskit_dynamic, options=(("dynamic_buckets", True),), tags=frozenset({"dynamic"})),
     Backend("xla", JAX, "jax.jit", _build_xla),
     Backend("torch_eager", TORCH, "torch eager", _build_torch_eager, compiles=False),
     Backend("torch_compile", TORCH, "torch.compile, default options", _build_torch_compile, hinted=True),

@@ -86,8 +86,16 @@ def reduction_config(rows: int, cols: int, *, max_persistent_cols: int, inner_co
 #   4 warps: 0.800 ms.
 # MIN_ROWS_PER_PROGRAM: each program's partial row costs an extra N floats
 #   written and read; 64 rows per program keeps that under 1/16 of the input.
+# Two column sums (LayerNorm's dw and db): the loop carries two accumulators
+#   and MIX_PREFETCH row blocks of loads, so a one-warp program needs more
+#   registers and fewer fit on an SM: 12 per SM. LayerNorm forward+backward,
+#   same shape (scratch/probe_prefetch.py grid): 12/SM with prefetch 2
+#   0.713-0.721 ms; 16/SM without prefetch 0.738-0.744 (with it 0.843-0.856,
+#   past the registers); 14/SM 0.92 (not all resident: a second wave);
+#   10/SM 0.76; 8/SM 0.79. RMSNorm (one sum) at 12/SM: 0.516 against 0.49.
 MIN_SPLIT_ROWS = 1024
 WARPS_PER_SM = 16
+WARPS_PER_SM_TWO_COLUMNS = 12
 MIN_ROWS_PER_PROGRAM = 64
 
 
@@ -97,22 +105,24 @@ def mix_warps(cols: int) -> int:
     return max(1, min(8, next_power_of_2(cols) // 512))
 
 
-def _programs_per_sm(cols: int) -> int:
-    return max(2, WARPS_PER_SM // mix_warps(cols))
+def _programs_per_sm(cols: int, columns: int = 1) -> int:
+    warps = WARPS_PER_SM_TWO_COLUMNS if columns == 2 else WARPS_PER_SM
+    return max(2, warps // mix_warps(cols))
 
 
-def mix_worthwhile(rows: int, cols: int, num_sms: int) -> bool:
+def mix_worthwhile(rows: int, cols: int, num_sms: int, columns: int = 1) -> bool:
     """Is doing the row work inside the mix kernel worth it? Only when there
     are rows enough for at least half the full grid at MIN_ROWS_PER_PROGRAM
     each; with fewer, the row work would run on a fraction of the SMs. On the
     H100 an 8192x1024 RMSNorm inside a training step took 0.75 ms longer as
     one mix kernel of 128 programs than as a row kernel plus a split column sum."""
-    return ceil_div(rows, MIN_ROWS_PER_PROGRAM) * 2 >= num_sms * _programs_per_sm(cols)
+    return ceil_div(rows, MIN_ROWS_PER_PROGRAM) * 2 >= num_sms * _programs_per_sm(cols, columns)
 
 
-def partial_programs(rows: int, cols: int, num_sms: int) -> int:
-    """Programs (= partial rows) for a column reduction split over ``rows``."""
-    return max(1, min(num_sms * _programs_per_sm(cols), ceil_div(rows, MIN_ROWS_PER_PROGRAM)))
+def partial_programs(rows: int, cols: int, num_sms: int, columns: int = 1) -> int:
+    """Programs (= partial rows) for a column reduction split over ``rows``;
+    ``columns``: the column reductions over the same domain (they share a kernel)."""
+    return max(1, min(num_sms * _programs_per_sm(cols, columns), ceil_div(rows, MIN_ROWS_PER_PROGRAM)))
 
 
 def column_reduction_underfilled(rows: int, cols: int, num_sms: int) -> bool:
@@ -162,11 +172,13 @@ def fits_in_tile(cols: int, max_persistent_cols: int) -> bool:
 # while it reduces and stores the current block. H100, 576000x384 bf16
 # (scratch/probe_prefetch.py): RMSNorm backward, generated, 0.504 ms with none,
 # 0.498 with 1, 0.492 with 2 (hand-written: 3 and 4 were slower, 0.62-0.65).
-# But LayerNorm forward+backward went from 0.746 to 0.848 ms with 2: its two
-# column accumulators (dw, db) plus the prefetched tiles are too many
-# registers for a one-warp program. Hence only kernels with one accumulator.
+# LayerNorm forward+backward (two column accumulators, dw and db) went from
+# 0.746 to 0.848 ms with 2 at 16 programs per SM (too many registers for 16
+# one-warp programs), and to 0.713-0.721 with 2 at 12 per SM
+# (WARPS_PER_SM_TWO_COLUMNS). Three or more accumulators are not measured:
+# they keep 16 per SM and no prefetch.
 MIX_PREFETCH = 2
-MIX_PREFETCH_MAX_COLUMNS = 1
+MIX_PREFETCH_MAX_COLUMNS = 2
 
 
 def mix_config(rows: int, cols: int, *, whole_rows: bool, programs: int, columns: int = 1) -> TileConfig:

@@ -511,7 +511,7 @@ class Fuser:
         not worth it. Groups over the same iteration space that share nothing
         still save a launch (the finishing sums of a norm backward's dw and db)."""
         if self._adds_row_work_to_mix(a, b) and not heuristics.mix_worthwhile(
-                self.size(a.rows), self.size(a.cols), self.options.num_sms):
+                self.size(a.rows), self.size(a.cols), self.options.num_sms, self._column_sums(a, b)):
             return 0, 0  # too few rows to spread the row work over the persistent grid
         if "matmul" in (a.kind, b.kind):
             return self._matmul_score(a, b)
@@ -520,6 +520,13 @@ class Fuser:
         if saved == 0 and (a.kind, a.domain) != (b.kind, b.domain):
             return 0, 0
         return saved, 1
+
+    def _column_sums(self, a: _Group, b: _Group) -> int:
+        """Column reductions (split into partials) over the mix group's domain:
+        what the finished mix kernel accumulates, as split.py counted them."""
+        mix = a if a.kind == "mix" else b
+        return sum(isinstance(n, ir.PartialReduction) and (n.domain, n.row_axes) == mix.domain
+                   for n in self.graph.nodes.values())
 
     @staticmethod
     def _adds_row_work_to_mix(a: _Group, b: _Group) -> bool:

@@ -27,6 +27,7 @@ thresholds are in ``heuristics``.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 import jax.numpy as jnp
@@ -45,6 +46,10 @@ def split_reductions(graph: ir.Graph, options: CompileOptions) -> ir.Graph:
     if not (options.split_reductions or options.mix_order_reduction):
         return graph
     row_domains = {(n.domain, n.axes) for n in graph.nodes.values() if isinstance(n, ir.Reduction)}
+    # Column reductions over one domain end in one mix kernel: how many it
+    # accumulates decides its programs per SM (registers).
+    columns = collections.Counter((n.domain, len(n.reduced)) for n in graph.nodes.values()
+                                  if isinstance(n, ir.Reduction) and n.op in COMBINABLE and _leading(n))
     nodes: dict[str, ir.Node] = {}
     for node in graph.nodes.values():
         parts = None
@@ -57,7 +62,7 @@ def split_reductions(graph: ir.Graph, options: CompileOptions) -> ir.Graph:
             symbolic = sizes.is_symbolic(node.domain)
             if _leading(node) and node.shape and not sizes.is_symbolic(node.shape):
                 if sizes.hint(node.reduced_numel, options.size_hints) > 1:
-                    parts = _column(node, row_domains, options)
+                    parts = _column(node, row_domains, columns[(node.domain, len(node.reduced))], options)
             elif _trailing(node) and not symbolic and node.reduced_numel > 1:
                 parts = _row(node, options)
         for n in parts or [node]:
@@ -82,17 +87,17 @@ def acc_dtype(op: str, dtype) -> np.dtype:
     return dt
 
 
-def _column(node: ir.Reduction, row_domains, options: CompileOptions):
+def _column(node: ir.Reduction, row_domains, columns: int, options: CompileOptions):
     rows, cols = sizes.hint(node.reduced_numel, options.size_hints), node.numel
     row_axes = tuple(range(len(node.reduced), len(node.domain)))
     mix = (options.mix_order_reduction and (node.domain, row_axes) in row_domains
            and rows >= heuristics.MIN_SPLIT_ROWS
-           and heuristics.mix_worthwhile(rows, cols, options.num_sms)
+           and heuristics.mix_worthwhile(rows, cols, options.num_sms, columns)
            and heuristics.fits_in_tile(cols, options.max_persistent_cols))
     split = options.split_reductions and heuristics.column_reduction_underfilled(rows, cols, options.num_sms)
     if not (mix or split):
         return None
-    programs = heuristics.partial_programs(rows, cols, options.num_sms)
+    programs = heuristics.partial_programs(rows, cols, options.num_sms, columns)
     acc = acc_dtype(node.op, node.body.dtype)
     part = ir.PartialReduction(f"{node.name}_part", (programs,) + node.shape, acc, node.origin,
                                body=node.body, kept=node.shape, reduced=node.reduced, op=node.op,

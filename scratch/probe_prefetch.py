@@ -5,6 +5,7 @@ and warps. Baseline (depth 0) is the kernel pallaskit generates today.
 
 PYTHONPATH=. python scratch/probe_prefetch.py [pps,depth,warps,stages[,kind] ...]  (writes $OUT/probe_prefetch.json)
 PYTHONPATH=. python scratch/probe_prefetch.py generated  (pallaskit's own mix kernels at prefetch 0, 1, 2)
+PYTHONPATH=. python scratch/probe_prefetch.py grid ln:16,0 ln:8,2 ...  (generated, programs per SM x prefetch)
 """
 import json
 import os
@@ -172,9 +173,53 @@ def generated():
         print(r.get("name"), r.get("variant"), r.get("ms"), r.get("frac"), r.get("err"))
 
 
+def generated_grid(specs):
+    """LayerNorm fwd+bwd (and RMSNorm bwd) generated at several (programs per SM, prefetch depth):
+    specs like ``ln:12,2`` or ``rms:16,2``; the prefetch applies whatever the column-sum count."""
+    from lowering import heuristics
+    from norms import layernorm_fwd_bwd
+    x, dy, w, b = norm_inputs(np.random.default_rng(0))
+    cases = {"rms": ("rmsnorm_bwd", rmsnorm_bwd_vjp, (x, w, dy), 3),
+             "ln": ("layernorm_fwd_bwd", layernorm_fwd_bwd, (x, w, b, dy), 4)}
+    refs = {}
+    orig = heuristics.mix_config, heuristics._programs_per_sm
+    for spec in specs:
+        kind, rest = spec.split(":")
+        pps, depth, *tile = map(int, rest.split(","))  # tile: block rows, warps, stages
+        name, f, args, nbytes = cases[kind]
+        floor = nbytes * M * N * 2 / 3.0e12 * 1e3
+        if kind not in refs:
+            refs[kind] = jax.jit(f)(*args)
+            record(name, "xla", bench(jax.jit(f), args), floor)
+        heuristics.WARPS_PER_SM, heuristics.MIX_PREFETCH, heuristics.MIX_PREFETCH_MAX_COLUMNS = pps, depth, 8
+        heuristics.mix_config, heuristics._programs_per_sm = orig
+        label = f"generated_pps{pps}_prefetch{depth}"
+        if tile:
+            br, warps, stages = tile
+            heuristics._programs_per_sm = lambda cols, pps=pps: pps
+
+            def mix_config(rows, cols, *, whole_rows, programs, columns=1, br=br, warps=warps, stages=stages,
+                           depth=depth):
+                if not whole_rows:
+                    return orig[0](rows, cols, whole_rows=whole_rows, programs=programs, columns=columns)
+                return heuristics.TileConfig(br, heuristics.next_power_of_2(cols), warps, True, num_stages=stages,
+                                             prefetch=depth)
+            heuristics.mix_config = mix_config
+            label += f"_rows{br}_warps{warps}_stages{stages}"
+        with pallaskit.config.override(cache=False):
+            jf = pallaskit.jit(f)
+            record(name, label, bench(jf, args), floor, err(jf(*args), refs[kind]))
+    with open(os.path.join(OUT, "probe_prefetch_grid.json"), "w") as fh:
+        json.dump(RESULTS, fh, indent=1)
+    for r in RESULTS:
+        print(r.get("name"), r.get("variant"), r.get("ms"), r.get("frac"), r.get("err"))
+
+
 def main():
     if sys.argv[1:] == ["generated"]:
         return generated()
+    if sys.argv[1:2] == ["grid"]:
+        return generated_grid(sys.argv[2:])
     x, dy, w, _ = norm_inputs(np.random.default_rng(0))
     floor = 3 * M * N * 2 / 3.0e12 * 1e3
     ref = jax.jit(rmsnorm_bwd_vjp)(x, w, dy)

@@ -29,7 +29,7 @@ def test_smoke_run_writes_every_output(tmp_path):
     out = tmp_path / "out"
     proc = _run("--smoke", f"--output={out}", "--workloads=add,matmul_hint_runtime,dynamic_mlp_sweep,"
                 "first_call_gelu_mlp", "--sizes=matmul_hint_runtime=8:24x32x48,dynamic_mlp_sweep=5:9x32x64x32",
-                "--backends=pallaskit,xla,torch_eager,torch_compile")
+                "--backends=pallaskit,pallaskit_dynamic,xla,torch_eager,torch_compile")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for name in ("results.json", "results.csv", "results.md", "RESULTS.md"):
         assert (out / name).stat().st_size > 0, name
@@ -51,6 +51,9 @@ def test_smoke_run_writes_every_output(tmp_path):
     # pallaskit's dynamic hook (multi-kernel hints): hinted and multi rows
     assert ("matmul_hint_runtime", "pallaskit", "hint=8,M=24", "ms") in ok
     assert ("matmul_hint_runtime", "pallaskit", "hint=multi,M=24", "ms") in ok
+    # the sweep through dynamic=, and only the sweep
+    assert ("dynamic_mlp_sweep", "pallaskit_dynamic", "all sizes", "steady_sum_ms") in ok
+    assert {r["workload"] for r in rows if r["backend"] == "pallaskit_dynamic"} == {"dynamic_mlp_sweep"}
     assert all(r["rel_err"] is not None for r in rows if r["kind"] == "steady")
     meta = data["meta"]
     assert meta["copy_bandwidth_tbs"] > 0 and meta["seed"] and meta["versions"]["jax"] == jax.__version__

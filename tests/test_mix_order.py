@@ -185,11 +185,9 @@ def test_small_row_counts_keep_plain_reductions(rng):
 def test_mix_kernel_loads_rows_ahead(depth, rng, monkeypatch):
     """The mix kernel's loop carries the row loads of the next ``depth`` row
     blocks (heuristics.MIX_PREFETCH); blocks past the last row load nothing.
-    LayerNorm's two column sums are let in (MIX_PREFETCH_MAX_COLUMNS) to
-    cover a loop carrying several accumulators and prefetched rows."""
+    LayerNorm: a loop carrying two column accumulators and the prefetched rows."""
     from lowering import heuristics
     monkeypatch.setattr(heuristics, "MIX_PREFETCH", depth)
-    monkeypatch.setattr(heuristics, "MIX_PREFETCH_MAX_COLUMNS", 2)
     x, w, b, dy = _inputs(rng, 1000, jnp.bfloat16)
     with pallaskit.config.override(cache=False):
         kernels = _kernels(layernorm_fwd_bwd, x, w, b, dy)
@@ -198,14 +196,40 @@ def test_mix_kernel_loads_rows_ahead(depth, rng, monkeypatch):
         _check(pallaskit.jit(layernorm_fwd_bwd)(x, w, b, dy), jax.jit(layernorm_fwd_bwd)(x, w, b, dy), jnp.bfloat16)
 
 
-def test_mix_prefetch_only_with_one_column_sum():
-    """Default heuristics: RMSNorm backward (dw) loads ahead, LayerNorm
-    backward (dw and db: register pressure, slower on the H100) does not."""
-    x, w = jnp.zeros((M, 384), jnp.bfloat16), jnp.zeros((384,), jnp.bfloat16)
-    rms = _kernels(rmsnorm_bwd_vjp, x, w, x)[0]
-    ln = _kernels(layernorm_fwd_bwd, x, w, w, x)[0]
-    assert rms.kind == ln.kind == "mix"
-    assert "load_rows" in rms.source and "load_rows" not in ln.source
+def _programs(kernel) -> int:
+    return int(kernel.source.split("PROGRAMS = ")[1].split()[0])
+
+
+def test_mix_programs_and_prefetch_follow_the_column_sums():
+    """The GPU's plan at the benchmark shape: one column sum (RMSNorm's dw)
+    runs 16 programs per SM, two (LayerNorm's dw, db: more registers) 12, both
+    loading rows ahead; three keep 16 and load nothing ahead (not measured)."""
+    x, w = jnp.zeros((576000, 384), jnp.bfloat16), jnp.zeros((384,), jnp.bfloat16)
+
+    def three_sums(x, dy):
+        xf, dyf = x.astype(jnp.float32), dy.astype(jnp.float32)
+        dx = xf * jnp.sum(xf * dyf, axis=1, keepdims=True)
+        return dx.astype(x.dtype), jnp.sum(dyf * xf, 0), jnp.sum(dyf, 0), jnp.sum(xf, 0)
+
+    rms = _kernels(rmsnorm_bwd_vjp, x, w, x, num_sms=132)[0]
+    ln = _kernels(layernorm_fwd_bwd, x, w, w, x, num_sms=132)[0]
+    three = _kernels(three_sums, x, x, num_sms=132)[0]
+    assert rms.kind == ln.kind == three.kind == "mix"
+    assert (_programs(rms), _programs(ln), _programs(three)) == (132 * 16, 132 * 12, 132 * 16)
+    assert "load_rows" in rms.source and "load_rows" in ln.source and "load_rows" not in three.source
+
+
+def test_mix_kernel_with_three_column_sums_is_right(rng):
+    x, dy = (jnp.asarray(rng.standard_normal((M, 300)), jnp.bfloat16) for _ in range(2))
+
+    def three_sums(x, dy):
+        xf, dyf = x.astype(jnp.float32), dy.astype(jnp.float32)
+        dx = xf * jnp.sum(xf * dyf, axis=1, keepdims=True)
+        return dx.astype(x.dtype), jnp.sum(dyf * xf, 0), jnp.sum(dyf, 0), jnp.sum(xf, 0)
+
+    with pallaskit.config.override(cache=False):
+        assert [k.kind for k in _kernels(three_sums, x, dy)][0] == "mix"
+        _check(pallaskit.jit(three_sums)(x, dy), jax.jit(three_sums)(x, dy), jnp.bfloat16)
 
 
 def test_mix_kernel_is_explained(rng):
