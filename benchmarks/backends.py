@@ -272,8 +272,9 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in [
             options=(("layout_propagation", False),), tags=frozenset({"layout"})),
     Backend("pallaskit_dynamic", JAX, "pallaskit.jit, dynamic axis 0 (default multi-kernel hints)",
             _build_pallaskit_dynamic, tags=frozenset({"dynamic"})),
-    Backend("pallaskit_buckets", JAX, "pallaskit.jit, dynamic axis 0, dynamic_buckets=True (experimental)",
-            _build_pallaskit_dynamic, options=(("dynamic_buckets", True),), tags=frozenset({"dynamic"})),
+    Backend("pallaskit_buckets", JAX, "pallaskit.jit, dynamic axis 0, dynamic_buckets=True (experimental; its "
+            "H100 sweep died with CUDA_ERROR_ILLEGAL_ADDRESS)", _build_pallaskit_dynamic,
+            options=(("dynamic_buckets", True),), tags=frozenset({"dynamic"}), default=False),
     Backend("xla", JAX, "jax.jit", _build_xla),
     Backend("torch_eager", TORCH, "torch eager", _build_torch_eager, compiles=False),
     Backend("torch_compile", TORCH, "torch.compile, default options", _build_torch_compile, hinted=True),

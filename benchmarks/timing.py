@@ -93,7 +93,13 @@ def measure(call: Callable[[int], Any], clock, *, rounds: int = 15, min_round_s:
 
     for _ in range(warmup):
         clock.round(calls(1))
-    one_ms = clock.round(calls(min_iters))[0] / min_iters  # a batch: one slow call must not set the pace
+    # The pace from a batch (one slow call must not set it), the second of two:
+    # the first batch is the first time min_iters calls' outputs are alive at
+    # once, and growing the allocator's pool for them made it ~5x slow on the
+    # H100 (LayerNorm fwd+bwd: 5 calls a round instead of ~25, whose fixed
+    # cost per round then showed as +0.08 ms a call).
+    clock.round(calls(min_iters))
+    one_ms = clock.round(calls(min_iters))[0] / min_iters
     iters = int(min(max_iters, max(min_iters, min_round_s * 1e3 / max(one_ms, 1e-4))))
     samples, host = [], []
     for _ in range(rounds):

@@ -188,9 +188,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "executable per size bucket (each dim's value rounded up to a power of two, the real values passed to "
            "the kernels at run time, inputs and outputs exchanged as zero-copy DLPack views), so a new size within "
            "a compiled bucket costs a dispatch (~1 ms on the H100), not a compile (pallaskit/runtime/buckets.py). "
-           "Off by default: on the H100 each bucketed call costs ~0.2 ms more host time than jax.jit, and two "
-           "runs aborted on a fatal PJRT check (a DLPack hold outliving its buffer); see benchmarks/RESULTS.md. "
-           "Off: one executable per concrete size.",
+           "Off by default, and NOT SAFE on a GPU: each bucketed call costs ~0.2 ms more host time than jax.jit "
+           "on the H100, two runs aborted on a fatal PJRT check (a DLPack hold outliving its buffer), and the "
+           "benchmark sweep's run dies with CUDA_ERROR_ILLEGAL_ADDRESS (cause not found; the same sizes in a plain "
+           "loop pass); see benchmarks/RESULTS.md. Turning it on logs a warning. Off: one executable per size.",
            _parse_bool, _check_bool, "true, false"),
     Option("multi_kernel_hints", "64,256,4096", "Multi-kernel (dynamic dims): compile a symbolic graph once per "
            "hinted size, every dim symbol read at that size by the heuristics (tiles, warps, persistent or looped, "

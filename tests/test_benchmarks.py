@@ -156,6 +156,29 @@ def test_results_md_section_leaves_other_text_alone(tmp_path):
     assert text.rstrip().endswith("more numbers")
 
 
+class _FakeClock:
+    """Rounds take 1 ms a call, except the first batch of several calls,
+    which takes 10 ms a call (an allocator growing its pool)."""
+
+    def __init__(self):
+        self.calls, self.batches = [], 0
+
+    def round(self, run):
+        before = len(self.calls)
+        run()
+        n = len(self.calls) - before
+        self.batches += n > 1
+        per = 10.0 if n > 1 and self.batches == 1 else 1.0
+        return n * per, 0.0
+
+
+def test_calibration_ignores_the_first_slow_batch():
+    from benchmarks import timing
+    clock = _FakeClock()
+    t = timing.measure(clock.calls.append, clock, rounds=3, min_round_s=0.02, warmup=1)
+    assert t.iters == 20 and t.ms == 1.0  # paced by the first batch: 5 calls a round
+
+
 def test_floors_and_rotation():
     assert hardware.floor_ms(3.0e9) == pytest.approx(1.0)
     assert hardware.floor_ms(1e6, flops=989e9, dtype="bfloat16") == pytest.approx(1.0)

@@ -30,7 +30,12 @@ Each bucketed call costs ~0.2 ms more host time than jax.jit: ~70 us calling
 the AOT executable, ~140 us for an input and an output view, ~25 us in the
 views' deleters (cProfile, which inflates each). PJRT's fatal "Non-zero type 1
 hold on destruction" (a view's external reference outliving the viewed buffer)
-aborted two runs. Hence the option is off by default. Tried: a DLManagedTensor of our own (no external
+aborted two runs, and the benchmark suite's MLP sweep with buckets dies with
+CUDA_ERROR_ILLEGAL_ADDRESS (session 7; the same 16 sizes and hints in a plain
+loop, scratch/repro_buckets.py, pass with correct results; suspects: a view's
+hold released while a kernel still reads it, or a read past an input's
+allocation). Hence the option is off by default, and a GPU run with it on
+logs a warning (``Bucketed`` below). Tried: a DLManagedTensor of our own (no external
 reference) read wrong data on the CPU; one jax.jit over every bucket instead
 of AOT executables was slower (0.26-0.41 against 0.21-0.29 ms per call).
 
@@ -195,6 +200,16 @@ def _device(args):
     return jax.devices()[0]
 
 
+_warned = []
+
+
+def _warn_unsafe():
+    if not _warned and jax.default_backend() == "gpu":
+        _warned.append(True)
+        log.warning("pallaskit: option dynamic_buckets is experimental and not safe on a GPU: runs with it have "
+                    "died with CUDA_ERROR_ILLEGAL_ADDRESS and PJRT hold aborts (pallaskit/runtime/buckets.py)")
+
+
 class Bucketed:
     """Callable as a symbolic program: ``(*leaves, *constants) -> outputs``.
 
@@ -217,6 +232,7 @@ class Bucketed:
         self.guards = guards
         self.executables: dict = {}  # bucket key -> compiled executable, or None (its guards fail)
         self._dims: dict = {}  # value key -> the int32 dims array on the device
+        _warn_unsafe()
 
     def shape_key(self, leaves) -> tuple:
         return tuple(int(leaves[l].shape[a]) for l, a in self.positions)
