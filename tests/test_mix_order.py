@@ -196,6 +196,13 @@ def test_mix_kernel_loads_rows_ahead(depth, rng, monkeypatch):
         _check(pallaskit.jit(layernorm_fwd_bwd)(x, w, b, dy), jax.jit(layernorm_fwd_bwd)(x, w, b, dy), jnp.bfloat16)
 
 
+def three_sums(x, dy):
+    """A row reduction and three column sums over one domain."""
+    xf, dyf = x.astype(jnp.float32), dy.astype(jnp.float32)
+    dx = xf * jnp.sum(xf * dyf, axis=1, keepdims=True)
+    return dx.astype(x.dtype), jnp.sum(dyf * xf, 0), jnp.sum(dyf, 0), jnp.sum(xf, 0)
+
+
 def _programs(kernel) -> int:
     return int(kernel.source.split("PROGRAMS = ")[1].split()[0])
 
@@ -205,12 +212,6 @@ def test_mix_programs_and_prefetch_follow_the_column_sums():
     runs 16 programs per SM, two (LayerNorm's dw, db: more registers) 12, both
     loading rows ahead; three keep 16 and load nothing ahead (not measured)."""
     x, w = jnp.zeros((576000, 384), jnp.bfloat16), jnp.zeros((384,), jnp.bfloat16)
-
-    def three_sums(x, dy):
-        xf, dyf = x.astype(jnp.float32), dy.astype(jnp.float32)
-        dx = xf * jnp.sum(xf * dyf, axis=1, keepdims=True)
-        return dx.astype(x.dtype), jnp.sum(dyf * xf, 0), jnp.sum(dyf, 0), jnp.sum(xf, 0)
-
     rms = _kernels(rmsnorm_bwd_vjp, x, w, x, num_sms=132)[0]
     ln = _kernels(layernorm_fwd_bwd, x, w, w, x, num_sms=132)[0]
     three = _kernels(three_sums, x, x, num_sms=132)[0]
@@ -221,14 +222,8 @@ def test_mix_programs_and_prefetch_follow_the_column_sums():
 
 def test_mix_kernel_with_three_column_sums_is_right(rng):
     x, dy = (jnp.asarray(rng.standard_normal((M, 300)), jnp.bfloat16) for _ in range(2))
-
-    def three_sums(x, dy):
-        xf, dyf = x.astype(jnp.float32), dy.astype(jnp.float32)
-        dx = xf * jnp.sum(xf * dyf, axis=1, keepdims=True)
-        return dx.astype(x.dtype), jnp.sum(dyf * xf, 0), jnp.sum(dyf, 0), jnp.sum(xf, 0)
-
     with pallaskit.config.override(cache=False):
-        assert [k.kind for k in _kernels(three_sums, x, dy)][0] == "mix"
+        assert _kernels(three_sums, x, dy)[0].kind == "mix"
         _check(pallaskit.jit(three_sums)(x, dy), jax.jit(three_sums)(x, dy), jnp.bfloat16)
 
 
