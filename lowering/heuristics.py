@@ -92,7 +92,8 @@ def reduction_config(rows: int, cols: int, *, max_persistent_cols: int, inner_co
 #   same shape (scratch/probe_prefetch.py grid): 12/SM with prefetch 2
 #   0.713-0.721 ms; 16/SM without prefetch 0.738-0.744 (with it 0.843-0.856,
 #   past the registers); 14/SM 0.92 (not all resident: a second wave);
-#   10/SM 0.76; 8/SM 0.79. RMSNorm (one sum) at 12/SM: 0.516 against 0.49.
+#   10/SM 0.76; 8/SM 0.79. RMSNorm (one sum) stays at 16: at 12/SM it took
+#   0.516 ms (hand-written), at 14/SM 0.507 (generated), against 0.49.
 MIN_SPLIT_ROWS = 1024
 WARPS_PER_SM = 16
 WARPS_PER_SM_TWO_COLUMNS = 12
