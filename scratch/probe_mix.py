@@ -78,6 +78,12 @@ def norm_inputs(rng):
             jnp.asarray(rng.standard_normal(N), bf), jnp.asarray(rng.standard_normal(N), bf))
 
 
+def norm_cases(x, dy, w, b):
+    """{kind: (name, function, args, arrays moved)} of the two norm backwards."""
+    return {"rms": ("rmsnorm_bwd", rmsnorm_bwd_vjp, (x, w, dy), 3),
+            "ln": ("layernorm_fwd_bwd", layernorm_fwd_bwd, (x, w, b, dy), 4)}
+
+
 def nhwc_inputs(rng):
     """The NHWC block's x (32, 25, 25, 1024) and s, b (1, 1024, 1, 1), bf16."""
     bf = jnp.bfloat16

@@ -41,11 +41,12 @@ def run(name, variant, f, args, floor, ref, **opts):
 
 
 def per_sm(n):
-    return lambda cols: n
+    return lambda cols, columns=1: n
 
 
-def whole(br, w, st):
-    return lambda rows, cols, *, whole_rows, programs, **_: H.TileConfig(br, H.next_power_of_2(cols), w, True, st)
+def whole(br, w, st, prefetch=0):
+    return lambda rows, cols, *, whole_rows, programs, **_: H.TileConfig(br, H.next_power_of_2(cols), w, True, st,
+                                                                         prefetch=prefetch)
 
 
 def main():

@@ -10,9 +10,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 import numpy as np
 import jax
 from lowering import heuristics as H
-from norms import layernorm_fwd_bwd, rmsnorm_bwd_vjp
 import probe_mix3
-from probe_mix import M, N, norm_inputs
+from probe_mix import M, N, norm_cases, norm_inputs
 from probe_mix3 import per_sm, restore, run, whole
 
 OUT = os.environ.get("OUT", "/tmp")
@@ -26,9 +25,7 @@ if len(sys.argv) > 1:
 
 
 def main():
-    x, dy, w, b = norm_inputs(np.random.default_rng(0))
-    for name, f, args, nbytes in (("rmsnorm_bwd", rmsnorm_bwd_vjp, (x, w, dy), 3),
-                                  ("layernorm_fwd_bwd", layernorm_fwd_bwd, (x, w, b, dy), 4)):
+    for name, f, args, nbytes in norm_cases(*norm_inputs(np.random.default_rng(0))).values():
         floor = nbytes * M * N * 2 / 3.0e12 * 1e3
         ref = jax.jit(f)(*args)
         run(name, "default", f, args, floor, ref)

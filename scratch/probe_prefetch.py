@@ -21,7 +21,7 @@ from jax.experimental.pallas import triton as plt
 
 import pallaskit
 from norms import rmsnorm_bwd_vjp
-from probe_mix import M, N, bench, err, norm_inputs, record, RESULTS
+from probe_mix import M, N, bench, err, norm_cases, norm_inputs, record, RESULTS
 
 OUT = os.environ.get("OUT", "/tmp")
 BC = 512
@@ -155,10 +155,7 @@ def make_chunked(programs, depth, warps=1, stages=1, finish=True):
 def generated():
     """The generated mix kernels at MIX_PREFETCH 0 and 2, alternated, beside XLA."""
     from lowering import heuristics
-    from norms import layernorm_fwd_bwd
-    x, dy, w, b = norm_inputs(np.random.default_rng(0))
-    for name, f, args, nbytes in (("rmsnorm_bwd", rmsnorm_bwd_vjp, (x, w, dy), 3),
-                                  ("layernorm_fwd_bwd", layernorm_fwd_bwd, (x, w, b, dy), 4)):
+    for name, f, args, nbytes in norm_cases(*norm_inputs(np.random.default_rng(0))).values():
         floor = nbytes * M * N * 2 / 3.0e12 * 1e3
         ref = jax.jit(f)(*args)
         record(name, "xla", bench(jax.jit(f), args), floor)
@@ -174,38 +171,28 @@ def generated():
 
 
 def generated_grid(specs):
-    """LayerNorm fwd+bwd (and RMSNorm bwd) generated at several (programs per SM, prefetch depth):
-    specs like ``ln:12,2`` or ``rms:16,2``; the prefetch applies whatever the column-sum count."""
+    """The generated norm kernels at chosen programs per SM and prefetch depth (whatever the
+    column-sum count), optionally a whole-row tile: specs ``ln:12,2`` or ``rms:2,0,8,8,3``
+    (pps, depth[, block rows, warps, stages])."""
     from lowering import heuristics
-    from norms import layernorm_fwd_bwd
-    x, dy, w, b = norm_inputs(np.random.default_rng(0))
-    cases = {"rms": ("rmsnorm_bwd", rmsnorm_bwd_vjp, (x, w, dy), 3),
-             "ln": ("layernorm_fwd_bwd", layernorm_fwd_bwd, (x, w, b, dy), 4)}
+    from probe_mix3 import per_sm, restore, whole
+    cases = norm_cases(*norm_inputs(np.random.default_rng(0)))
     refs = {}
-    orig = heuristics.mix_config, heuristics._programs_per_sm
     for spec in specs:
         kind, rest = spec.split(":")
-        pps, depth, *tile = map(int, rest.split(","))  # tile: block rows, warps, stages
+        pps, depth, *tile = map(int, rest.split(","))
         name, f, args, nbytes = cases[kind]
         floor = nbytes * M * N * 2 / 3.0e12 * 1e3
         if kind not in refs:
             refs[kind] = jax.jit(f)(*args)
             record(name, "xla", bench(jax.jit(f), args), floor)
-        heuristics.WARPS_PER_SM, heuristics.MIX_PREFETCH, heuristics.MIX_PREFETCH_MAX_COLUMNS = pps, depth, 8
-        heuristics.mix_config, heuristics._programs_per_sm = orig
+        restore()
+        heuristics._programs_per_sm = per_sm(pps)
+        heuristics.MIX_PREFETCH, heuristics.MIX_PREFETCH_MAX_COLUMNS = depth, 8
         label = f"generated_pps{pps}_prefetch{depth}"
         if tile:
-            br, warps, stages = tile
-            heuristics._programs_per_sm = lambda cols, pps=pps: pps
-
-            def mix_config(rows, cols, *, whole_rows, programs, columns=1, br=br, warps=warps, stages=stages,
-                           depth=depth):
-                if not whole_rows:
-                    return orig[0](rows, cols, whole_rows=whole_rows, programs=programs, columns=columns)
-                return heuristics.TileConfig(br, heuristics.next_power_of_2(cols), warps, True, num_stages=stages,
-                                             prefetch=depth)
-            heuristics.mix_config = mix_config
-            label += f"_rows{br}_warps{warps}_stages{stages}"
+            heuristics.mix_config = whole(*tile, prefetch=depth)
+            label += "_rows{}_warps{}_stages{}".format(*tile)
         with pallaskit.config.override(cache=False):
             jf = pallaskit.jit(f)
             record(name, label, bench(jf, args), floor, err(jf(*args), refs[kind]))
