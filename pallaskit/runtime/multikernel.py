@@ -41,6 +41,7 @@ bucket (~0.2-1 s each on the H100), which is what buckets are there to avoid.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
 import json
@@ -202,9 +203,14 @@ class Dispatcher:
         return "/".join(",".join(f"{s}={h}" for s, h in hints) for hints in self.variants[i].hints)
 
     def _time(self, leaves) -> list[float]:
+        # Warm-up: one call of each variant compiles it for this size. The calls run
+        # in threads, so XLA compiles the variants at once (its compiler releases
+        # the GIL) and the first size of a class waits for the slowest compile,
+        # not the sum. Then the variants are timed one after another.
+        with concurrent.futures.ThreadPoolExecutor(len(self.variants)) as pool:
+            list(pool.map(lambda v: jax.block_until_ready(v.fn(*leaves, *v.constants)), self.variants))
         out = []
         for v in self.variants:
-            jax.block_until_ready(v.fn(*leaves, *v.constants))  # warm-up: compiles this variant for the size
             runs = []
             for _ in range(TIMED_RUNS):
                 t0 = time.perf_counter()
