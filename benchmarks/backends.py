@@ -272,9 +272,6 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in [
             options=(("layout_propagation", False),), tags=frozenset({"layout"})),
     Backend("pallaskit_dynamic", JAX, "pallaskit.jit, dynamic axis 0 (default multi-kernel hints)",
             _build_pallaskit_dynamic, tags=frozenset({"dynamic"})),
-    Backend("pallaskit_dynamic_every_size", JAX, "pallaskit.jit, dynamic axis 0, multi_kernel_size_classes=False "
-            "(the variants timed at every new size, not once per power-of-two class)", _build_pallaskit_dynamic,
-            options=(("multi_kernel_size_classes", False),), tags=frozenset({"dynamic"}), default=False),
     Backend("pallaskit_buckets", JAX, "pallaskit.jit, dynamic axis 0, dynamic_buckets=True (experimental; its "
             "H100 sweep died with CUDA_ERROR_ILLEGAL_ADDRESS)", _build_pallaskit_dynamic,
             options=(("dynamic_buckets", True),), tags=frozenset({"dynamic"}), default=False),

@@ -202,10 +202,6 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("multi_kernel_force", -1, "Multi-kernel: run this variant index (in ascending hint order, after "
            "identical variants are merged) for every new size instead of choosing (-1: choose).", int,
            _check_int_from_minus_one, "an int >= -1"),
-    Option("multi_kernel_size_classes", True, "Multi-kernel on a GPU: time the variants at the first size of "
-           "each power-of-two size class of the dynamic dims (n in 129..256 is one class) and give later sizes of "
-           "that class the same variant untimed, so a new size costs one XLA compile instead of one per variant. "
-           "Off: every new size is timed.", _parse_bool, _check_bool, "true, false"),
     Option("multi_kernel_disk_cache", True, "Multi-kernel: keep each size's chosen variant on disk "
            "(<cache_dir>/multi_kernel/<hash of the variants' sources>.json) so a new process reuses it; also off "
            "when the option cache is off.", _parse_bool, _check_bool, "true, false"),

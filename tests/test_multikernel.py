@@ -129,45 +129,6 @@ def test_gpu_path_times_the_variants_and_takes_the_fastest(rng, tmp_path):
     assert row["method"] == "benchmark" and row["timings_ms"] == "5.0000;1.0000" and row["chosen_variant"] == "1"
 
 
-def _timed_dispatcher(f, rng, timings):
-    """``f``'s dispatcher on the GPU path (not interpret), its timing stubbed
-    to ``timings``; returns it and the list of sizes it timed."""
-    d = _dispatcher(f, rng)
-    d.interpret = False
-    timed = []
-    d._time = lambda leaves: timed.append(leaves[0].shape[0]) or list(timings)
-    return d, timed
-
-
-@pytest.mark.parametrize("classes", [True, False])
-def test_gpu_path_times_once_per_power_of_two_size_class(classes, rng, tmp_path):
-    pallaskit.config.update(multi_kernel_hints="64,4096", multi_kernel_size_classes=classes)
-    f = _jit()
-    d, timed = _timed_dispatcher(f, rng, [5.0, 1.0])
-    for n in (70, 100, 128, 129, 300, 100):
-        args = _args(n, rng)
-        assert_close(f(*args), jax.jit(_fn)(*args))
-    if classes:  # 70, 100, 128 share the class 128; 129 and 300 are the class 256 and 512
-        assert timed == [70, 129, 300]
-        assert d.methods == {(70,): "benchmark", (100,): "size_class", (128,): "size_class",
-                             (129,): "benchmark", (300,): "benchmark"}
-        assert d.class_chosen == {(128,): 1, (256,): 1, (512,): 1}
-    else:
-        assert timed == [70, 100, 128, 129, 300] and set(d.methods.values()) == {"benchmark"}
-    assert set(d.chosen.values()) == {1}
-
-    # a new process (here: a new function over the same sources) reads the class choice back
-    f2 = _jit()
-    d2, timed2 = _timed_dispatcher(f2, rng, [1.0, 5.0])
-    args = _args(90, rng)
-    assert_close(f2(*args), jax.jit(_fn)(*args))
-    assert d2.digest == d.digest
-    assert (timed2, d2.methods) == (([], {(90,): "size_class"}) if classes else ([90], {(90,): "benchmark"}))
-    with open(d.path()) as fh:
-        choices = json.load(fh)["choices"]
-    assert ("class n=128" in choices) == classes and choices["n=70"] == 1
-
-
 def test_identical_variants_are_merged(rng):
     # default hints 64,256,4096: (n, 4) pointwise tiles are 64 x 4 at 64 and 256 x 4 at both 256 and 4096
     d = _dispatcher(_jit(), rng)

@@ -16,23 +16,13 @@ reads the shape key (the symbols' values, from known (leaf, axis) positions)
 and looks the variant up in a dict; the first call of a key selects one:
 the forced index (option ``multi_kernel_force``), else the disk choice cache,
 else a choice: on a GPU (not interpret mode) each variant is timed on the real
-arguments (one warm-up call, which also compiles it for this size, then the
-median of ``TIMED_RUNS`` calls, host wall clock around
-``jax.block_until_ready``); in interpret mode (the CPU) the variant of the
+arguments (one warm-up call, which also compiles it for this size, the
+variants' warm-ups in parallel threads; then the median of ``TIMED_RUNS``
+calls, host wall clock around ``jax.block_until_ready``); in interpret mode (the CPU) the variant of the
 nearest hint by log distance, untimed. A choice is kept in memory, written to
 ``<cache_dir>/multi_kernel/<digest>.json`` (digest: sha256 of the variants'
 sources and the device kind), logged as a ``multi_kernel_choices`` metric row
 and counted (counter ``multi_kernel_choices``).
-
-Timing costs a compile of every variant for the new size (the warm-up call),
-about 1 s each for a gelu MLP on the H100, so a 16-size sweep with 3 variants
-took 48 s against 19.5 s for per-size static compiles. With option
-``multi_kernel_size_classes`` (on) the variants are timed once per size class
-(each dim rounded up to a power of two, ``buckets.bucket``) and later sizes of
-the class take that choice untimed (method ``size_class``): the best variant
-changes at hint boundaries (64, 256, 4096 apart by 4x and more), not within a
-factor of two. Class choices live in memory and in the disk file under keys
-``class n=256``.
 
 When every variant runs on size buckets ([Note: size buckets] in
 runtime/buckets.py), the shape key is the bucket and the choice the nearest
@@ -112,7 +102,6 @@ class Dispatcher:
         self.interpret = interpret
         self.chosen: dict = {}  # shape key -> variant index
         self.methods: dict = {}  # shape key -> how it was chosen (for tests and debugging)
-        self.class_chosen: dict = {}  # size class -> the variant timed for it (multi_kernel_size_classes)
         self._ran = False  # kernels_compiled counted
         self._warned = False
         try:
@@ -147,13 +136,6 @@ class Dispatcher:
     def _key_text(self, key: tuple) -> str:
         return ",".join(f"{s}={n}" for s, n in zip(self.symbols, key))
 
-    @staticmethod
-    def size_class(key: tuple) -> tuple:
-        return tuple(bucket(n) for n in key)
-
-    def _class_text(self, key: tuple) -> str:
-        return "class " + self._key_text(self.size_class(key))
-
     # -- choosing -----------------------------------------------------------------
     def select(self, key: tuple, leaves) -> int:
         """The variant for a shape key seen for the first time: forced, from
@@ -169,24 +151,19 @@ class Dispatcher:
                                  f"{', '.join(self.hint_text(i) for i in range(n))})")
             index, method = force, "forced"
         else:
+            index = None
             use_disk = disk_enabled() and not traced
-            on_disk = self._read() if use_disk else {}
-            index, method = on_disk.get(self._key_text(key)), "disk"
-            timed = not (self.interpret or traced or self.bucketed)
-            classes = timed and config.multi_kernel_size_classes
-            if index is None and classes:
-                index = self.class_chosen.get(self.size_class(key), on_disk.get(self._class_text(key)))
-                method = "size_class"
+            if use_disk:
+                index = self._read().get(self._key_text(key))
+                method = "disk"
             if index is None:
-                if timed:
+                if self.interpret or traced or self.bucketed:
+                    index, method = nearest(self.variants, dict(zip(self.symbols, key))), "nearest_hint"
+                else:
                     timings = self._time(leaves)
                     index, method = min(range(n), key=lambda i: timings[i]), "benchmark"
-                else:
-                    index, method = nearest(self.variants, dict(zip(self.symbols, key))), "nearest_hint"
                 if use_disk:
-                    self._write({self._key_text(key): index} | ({self._class_text(key): index} if classes else {}))
-                if classes:
-                    self.class_chosen[self.size_class(key)] = index
+                    self._write(self._key_text(key), index)
         if traced:  # under a transformation: no record, the concrete call decides
             return index
         self.chosen[key] = index
@@ -246,15 +223,15 @@ class Dispatcher:
                             path, type(e).__name__, e)
             return {}
 
-    def _write(self, new: dict):
-        """Add choices ({key text: index}) to the file: re-read under a lock (other
-        processes' choices are kept), then write atomically. Failures are logged, never raised."""
+    def _write(self, key_text: str, index: int):
+        """Add one choice to the file: re-read under a lock (other processes'
+        choices are kept), then write atomically. Failures are logged, never raised."""
         from pallaskit import cache
 
         try:
             with cache._lock("multi_kernel-" + self.digest[:2]):
                 choices = dict(self._read())
-                choices.update(new)
+                choices[key_text] = index
                 data = {"format": FORMAT, "title": self.title, "symbols": self.symbols,
                         "hints": [self.hint_text(i) for i in range(len(self.variants))], "choices": choices}
                 cache._write_atomic(self.path(), json.dumps(data, sort_keys=True, indent=1).encode())
