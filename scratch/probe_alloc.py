@@ -22,6 +22,12 @@ it, zero-copy, 2000 of 2000 freed); ms, first / steady: device_put 0.6-15.7 /
 0.28-2.45 for the sweep shapes and 388 / 39.5 for 576000 x 384; dlpack
 0.31-0.62 / 0.07-0.10 at every size (1.7 / 0.10 for 576000 x 384); jit_empty
 22-33 / 0.05-0.07 (an XLA compile per new shape).
+Handing over without a host sync (the pattern written after ~3 ms of other
+writes on our stream, JAX's external-ready stream made to wait on an event):
+XLA read the right values 5 of 5 times, but so did the control without the
+event, so this run does not show whether the import itself waits or the race
+window was missed; a host sync before the import is the safe choice until a
+discriminating test exists.
 """
 import ctypes
 import gc
@@ -54,6 +60,9 @@ check("cuCtxSetCurrent", ctx)
 STREAM = ctypes.c_void_p()
 check("cuStreamCreate", ctypes.byref(STREAM), 1)  # CU_STREAM_NON_BLOCKING
 
+EVENT = ctypes.c_void_p()
+check("cuEventCreate", ctypes.byref(EVENT), 2)  # CU_EVENT_DISABLE_TIMING
+
 _DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _owned: dict = {}  # address of our DLManagedTensor -> (struct, shape array, device pointer)
 freed = [0]
@@ -74,12 +83,24 @@ from jax._src.lib import jaxlib_extension_version as _EXTENSION  # noqa: E402
 DEVICE = jax.devices()[0]
 
 
-def dlpack_empty(shape):
-    """A bf16 array of ``shape`` in memory from cuMemAllocAsync, zero-copy."""
+def dlpack_empty(shape, fill=None, slow=0, wait=True):
+    """A bf16 array of ``shape`` in memory from cuMemAllocAsync, zero-copy. With
+    ``fill`` (16-bit pattern) the memory is written on our stream first, after
+    ``slow`` passes of other patterns over it, and JAX's stream is made to wait
+    for our stream by an event (the DLPack stream protocol) instead of the host
+    synchronizing: a consumer that did not wait would read an earlier pattern."""
     nbytes = int(np.prod(shape)) * 2
     ptr = ctypes.c_void_p()
     check("cuMemAllocAsync", ctypes.byref(ptr), ctypes.c_size_t(max(nbytes, 2)), STREAM)
-    check("cuStreamSynchronize", STREAM)  # allocated before XLA may touch it
+    if fill is None:
+        check("cuStreamSynchronize", STREAM)  # allocated before XLA may touch it
+    else:
+        for i in range(slow):
+            check("cuMemsetD16Async", ptr, ctypes.c_ushort(0x4000 + i), ctypes.c_size_t(nbytes // 2), STREAM)
+        check("cuMemsetD16Async", ptr, ctypes.c_ushort(fill), ctypes.c_size_t(nbytes // 2), STREAM)
+        if wait:  # wait=False: the negative control
+            check("cuEventRecord", EVENT, STREAM)
+            check("cuStreamWaitEvent", ctypes.c_void_p(_stream(DEVICE)), EVENT, 0)
     dims = (ctypes.c_int64 * len(shape))(*shape)
     managed = _DLManaged()
     managed.dl_tensor = _DLTensor(ptr.value, CUDA, 0, len(shape), BF16_CODE, BF16_BITS, 1, dims, None, 0)
@@ -134,7 +155,17 @@ def checks():
         del a
     gc.collect()
     check("cuStreamSynchronize", STREAM)
-    return {"pattern_reads_back": bool((host == 1.0).all()), "xla_consumes": bool((y == 2.0).all()),
+    # no host sync: 20 passes over 442 MB (~3 ms) on our stream, then bf16 1.0; XLA adds 1 at once
+    add1 = jax.jit(lambda a: a.astype(jnp.float32) + 1)
+    waits, no_wait = [], []
+    for results, wait in ((waits, True), (no_wait, False)):
+        for _ in range(5):
+            z = add1(dlpack_empty((576000, 384), fill=0x3F80, slow=20, wait=wait))
+            results.append(bool((np.asarray(z) == 2.0).all()))
+            del z
+        check("cuStreamSynchronize", STREAM)
+    return {"pattern_reads_back": bool((host == 1.0).all()), "xla_waits_for_our_stream": waits,
+            "without_the_wait (control)": no_wait, "xla_consumes": bool((y == 2.0).all()),
             "zero_copy": bool(same_ptr), "freed_of_2000": freed[0] - before, "still_owned": len(_owned)}
 
 
