@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -127,6 +128,29 @@ def test_gpu_path_times_the_variants_and_takes_the_fastest(rng, tmp_path):
     assert d.chosen == {(70,): 1} and d.methods == {(70,): "benchmark"}
     (row,) = _rows(tmp_path)
     assert row["method"] == "benchmark" and row["timings_ms"] == "5.0000;1.0000" and row["chosen_variant"] == "1"
+
+
+def test_gpu_path_compiles_the_variants_at_once(rng):
+    """The warm-up calls (each an XLA compile of a variant for the new size) run
+    concurrently: every variant's first call waits at a barrier that only opens
+    when all of them are in flight, so calls made one after another break it."""
+    pallaskit.config.update(multi_kernel_hints="64,4096")
+    d = _dispatcher(_jit(), rng)
+    barrier = threading.Barrier(len(d.variants), timeout=10)
+    first_calls = []
+
+    def wrap(fn):
+        def call(*args):
+            if fn not in first_calls:
+                first_calls.append(fn)
+                barrier.wait()
+            return fn(*args)
+        return call
+
+    for v in d.variants:
+        v.fn = wrap(v.fn)
+    timings = d._time(_args(70, rng))
+    assert len(first_calls) == 2 and len(timings) == 2 and all(t > 0 for t in timings)
 
 
 def test_identical_variants_are_merged(rng):
