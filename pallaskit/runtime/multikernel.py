@@ -19,10 +19,10 @@ else a choice: on a GPU (not interpret mode) each variant is timed on the real
 arguments (one warm-up call, which also compiles it for this size, the
 variants' warm-ups in parallel threads; then the median of ``TIMED_RUNS``
 calls, host wall clock around ``jax.block_until_ready``); in interpret mode
-(the CPU) the variant of the nearest hint by log distance, untimed. A choice is kept in memory, written to
-``<cache_dir>/multi_kernel/<digest>.json`` (digest: sha256 of the variants'
-sources and the device kind), logged as a ``multi_kernel_choices`` metric row
-and counted (counter ``multi_kernel_choices``).
+(the CPU) the variant of the nearest hint by log distance, untimed. A choice
+is kept in memory, written to ``<cache_dir>/multi_kernel/<digest>.json``
+(digest: sha256 of the variants' sources and the device kind), logged as a
+``multi_kernel_choices`` metric row and counted (counter ``multi_kernel_choices``).
 
 When every variant runs on size buckets ([Note: size buckets] in
 runtime/buckets.py), the shape key is the bucket and the choice the nearest
