@@ -5,6 +5,8 @@ import tempfile
 import zlib
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if os.environ["JAX_PLATFORMS"] == "cpu":  # raw Triton kernels run in Triton's interpreter, chosen
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # when triton is first imported
 # The on-disk graph cache of a test session lives in a temporary directory
 # (inherited by subprocesses); each test gets its own subdirectory below it.
 _CACHE_ROOT = tempfile.mkdtemp(prefix="pallaskit-test-cache-")

@@ -1,0 +1,411 @@
+"""Raw Triton kernels launched outside XLA, on JAX arrays' buffers (issue 4).
+
+[Note: launching outside XLA]
+A size-generic kernel (its sizes runtime arguments, its edges masked) compiles
+once; launching it at a new size should cost a launch, not the per-shape XLA
+executable (trace, lowering, XLA compile: ~1-1.5 s for the gelu MLP) that
+``jax.jit`` needs. ``Launch`` runs a sequence of such kernels directly:
+
+- *compile*: ``triton.compile`` of the kernel's AST for the GPU that JAX sees,
+  once per argument signature (dtypes, int widths, constexprs); sizes are
+  plain ints and never specialized, pointers are specialized as 16-byte
+  aligned (checked at launch; without it the matmul is not pipelined).
+- *load and launch*: Triton's own CUDA loader and launcher, called directly,
+  on a non-blocking stream of our own in the primary context XLA uses.
+  Triton's active driver (process-wide, and its CUDA flavour imports torch)
+  is never asked or replaced, so a user's own Triton kernels are unaffected
+  and torch is never loaded.
+- *allocate*: outputs in memory from ``cuMemAllocAsync`` on our stream,
+  wrapped in a DLManagedTensor of our own and imported zero-copy; its deleter
+  frees the memory on our stream after XLA's stream has passed that point.
+- *fences*: inputs are ready before the first launch (``block_until_ready``)
+  and our stream is synchronized before outputs are handed back.
+
+In interpret mode (no GPU) the same kernels run in Triton's interpreter on
+host numpy buffers, without torch: ``_HostTensor`` answers the few
+torch-tensor calls the interpreter makes. Two interpreter limits for whoever
+writes kernels for it: a bfloat16 ``tl.dot`` is wrong (widen the operands to
+float32), and a runtime int cannot bound a ``range`` loop (use a constexpr).
+
+Measured with hand-written kernels on the H100 (benchmarks/RESULTS.md,
+"Kernels launched outside XLA", "Allocating outputs outside XLA"): all 16
+sizes of the gelu-MLP sweep to first results in 136-166 ms against jax.jit's
+17.8-20.1 s, after a one-off kernel compile (2.9 s cold, 0.6 s from Triton's
+cache); an output allocation ~0.1 ms at any size.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from pallaskit.runtime import buckets
+
+_TRITON_DTYPES = {  # numpy dtype name -> Triton's pointee / scalar type
+    "bool": "i1", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
+    "uint8": "u8", "uint16": "u16", "uint32": "u32", "uint64": "u64",
+    "float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64",
+}
+_DLPACK_CODES = {"i": 0, "u": 1, "f": 2, "b": 6}  # dlpack.h kDLInt, kDLUInt, kDLFloat, kDLBool
+_KDL_BFLOAT, _KDL_CUDA = 4, 2
+_ALIGN = 16
+
+
+class LaunchError(RuntimeError):
+    """A kernel cannot be launched as asked (bad argument, misaligned buffer,
+    too little shared memory): raised before anything reaches the GPU."""
+
+
+def _triton(interpret: bool | None = None):
+    """The triton module. Its interpreter is chosen when triton is first imported
+    (TRITON_INTERPRET: its standard library's ``@jit`` functions, ``tl.sum`` and
+    ``tl.sigmoid`` among them, become interpretable or compilable then, not
+    both), so interpret mode sets it if triton is not imported yet and refuses
+    a process that imported triton the other way."""
+    if interpret and "triton" not in sys.modules:
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton
+    except ImportError as e:  # an optional dependency: only the raw-Triton path needs it
+        raise LaunchError("raw Triton kernels need the 'triton' package (pip install 'pallaskit[triton]')") from e
+    if interpret is not None and bool(triton.knobs.runtime.interpret) != interpret:
+        raise LaunchError(
+            f"triton was imported {'without' if interpret else 'with'} TRITON_INTERPRET=1, so its kernels "
+            f"{'cannot' if interpret else 'can only'} run in its interpreter: set it (or not) before "
+            "triton is first imported")
+    return triton
+
+
+class _Cuda:
+    """The CUDA driver API through ctypes: XLA's primary context, our stream."""
+
+    def __init__(self, device: jax.Device):
+        self.lib = ctypes.CDLL("libcuda.so.1")
+        self.device = device
+        self.ordinal = device.local_hardware_id or 0
+        self.context = ctypes.c_void_p()
+        dev = ctypes.c_int()
+        self.check("cuInit", 0)
+        self.check("cuDeviceGet", ctypes.byref(dev), self.ordinal)
+        self.check("cuDevicePrimaryCtxRetain", ctypes.byref(self.context), dev)  # the context XLA uses
+        self._threads = threading.local()
+        self.make_current()
+        self.stream = ctypes.c_void_p()
+        self.check("cuStreamCreate", ctypes.byref(self.stream), 1)  # CU_STREAM_NON_BLOCKING
+        self.xla_stream = buckets._stream(device)
+        self.deleter = _DELETER(self._free)
+        self.live: dict[int, tuple] = {}  # address of our DLManagedTensor -> (struct, dims, pointer)
+
+    def check(self, name: str, *args) -> None:
+        rc = getattr(self.lib, name)(*args)
+        if rc != 0:
+            raise LaunchError(f"{name} failed with CUresult {rc}")
+
+    def make_current(self) -> None:
+        """A context is current per thread; the dispatcher launches from several."""
+        if not getattr(self._threads, "current", False):
+            self.check("cuCtxSetCurrent", self.context)
+            self._threads.current = True
+
+    def synchronize(self) -> None:
+        self.check("cuStreamSynchronize", self.stream)
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> jax.Array:
+        """An uninitialized array in memory of our own, zero-copy (see the Note)."""
+        self.make_current()
+        nbytes = max(math.prod(shape) * dtype.itemsize, 1)
+        pointer = ctypes.c_void_p()
+        self.check("cuMemAllocAsync", ctypes.byref(pointer), ctypes.c_size_t(nbytes), self.stream)
+        dims = (ctypes.c_int64 * len(shape))(*shape)
+        code = _KDL_BFLOAT if dtype.name == "bfloat16" else _DLPACK_CODES[dtype.kind]
+        managed = buckets._DLManaged()
+        managed.dl_tensor = buckets._DLTensor(pointer.value, _KDL_CUDA, self.ordinal, len(shape), code,
+                                              dtype.itemsize * 8, 1, dims, None, 0)
+        managed.deleter = ctypes.cast(self.deleter, ctypes.c_void_p).value
+        address = ctypes.addressof(managed)
+        self.live[address] = (managed, dims, pointer.value)
+        # No sync here: the allocation is ordered before our kernels on our stream, and
+        # ``Launch.finish`` synchronizes before the array reaches anything else.
+        capsule = _capsule_new(address, b"dltensor", None)
+        return _import(capsule, self.device, self.xla_stream)
+
+    def _free(self, address: int) -> None:
+        """DLPack deleter: JAX dropped the array. Free it on our stream once XLA's
+        stream has passed this point (work there may still read it)."""
+        _, _, pointer = self.live.pop(address)
+        self.make_current()
+        if self.xla_stream:
+            event = ctypes.c_void_p()
+            self.check("cuEventCreate", ctypes.byref(event), 2)  # CU_EVENT_DISABLE_TIMING
+            self.check("cuEventRecord", event, ctypes.c_void_p(self.xla_stream))
+            self.check("cuStreamWaitEvent", self.stream, event, 0)
+            self.check("cuEventDestroy_v2", event)
+        self.check("cuMemFreeAsync", ctypes.c_void_p(pointer), self.stream)
+
+
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+def _import(capsule, device, stream) -> jax.Array:
+    if buckets._to_buffer is None:
+        return jax.dlpack.from_dlpack(capsule)
+    if buckets._EXTENSION >= 467:
+        return buckets._to_buffer(capsule, device, stream, False, _KDL_CUDA)
+    return buckets._to_buffer(capsule, device, stream, False)
+
+
+class _HostTensor:
+    """A host numpy array dressed as the torch tensor Triton's interpreter expects:
+    it copies each pointer argument "to the host" and back through these calls,
+    which for memory already on the host are no-ops."""
+
+    def __init__(self, array: np.ndarray):
+        self.array, self.dtype = array, array.dtype
+
+    def data_ptr(self) -> int:
+        return self.array.ctypes.data
+
+    def untyped_storage(self):
+        return self
+
+    def cpu(self):
+        return self
+
+    def copy_(self, other):
+        return self
+
+    def new_empty(self, *args, **kwargs):
+        return self
+
+    def set_(self, *args):
+        return self
+
+    def storage_offset(self) -> int:
+        return 0
+
+    def size(self):
+        return self.array.shape
+
+    def stride(self):
+        return self.array.strides
+
+
+@dataclass
+class _Loaded:
+    """One compiled kernel, loaded: Triton's launcher and the CUfunction."""
+    function: int
+    launcher: Any
+    packed_metadata: Any
+
+
+class TritonKernel:
+    """A ``@triton.jit`` kernel made launchable by ``Launch``: compiled once per
+    argument signature, never for a new size. ``num_warps``/``num_stages`` are
+    Triton's compile options."""
+
+    def __init__(self, fn, *, num_warps: int = 4, num_stages: int = 3):
+        triton = _triton()
+        from triton.runtime.interpreter import InterpretedFunction
+        if not isinstance(fn, (triton.runtime.JITFunction, InterpretedFunction)):
+            raise TypeError(f"TritonKernel takes a @triton.jit function, got {type(fn).__name__}")
+        self.fn, self.num_warps, self.num_stages = fn, num_warps, num_stages
+        self.arg_names = list(fn.arg_names)
+        self._loaded: dict[tuple, _Loaded] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self.fn.__name__
+
+    def bind(self, args: tuple, constexprs: dict) -> list:
+        """All arguments in the kernel's order; a clear error for a missing or unknown one."""
+        names = self.arg_names
+        unknown = sorted(set(constexprs) - set(names))
+        if unknown:
+            raise LaunchError(f"{self.name}: unknown argument(s) {unknown}; it takes {names}")
+        if len(args) + len(constexprs) != len(names) or set(names[:len(args)]) & set(constexprs):
+            raise LaunchError(f"{self.name} takes {names}: got {len(args)} positional and {sorted(constexprs)}")
+        return list(args) + [constexprs[n] for n in names[len(args):]]
+
+    def signature(self, bound: list, n_constexpr: int) -> tuple:
+        """(Triton signature entries, constexpr values): the compile cache key."""
+        entries = []
+        first_constexpr = len(bound) - n_constexpr
+        for i, (name, value) in enumerate(zip(self.arg_names, bound)):
+            if i >= first_constexpr:
+                entries.append(("constexpr", value))
+            elif hasattr(value, "dtype") and hasattr(value, "shape"):
+                entries.append(("*" + _triton_dtype(self.name, name, value.dtype), None))
+            elif isinstance(value, (bool, np.bool_)):
+                entries.append(("i1", None))
+            elif isinstance(value, (int, np.integer)):
+                entries.append(("i32" if -2**31 <= int(value) < 2**31 else "i64", None))
+            elif isinstance(value, (float, np.floating)):
+                entries.append(("fp32", None))
+            else:
+                raise LaunchError(f"{self.name}: argument {name!r} is a {type(value).__name__}; "
+                                  "expected an array, an int or a float")
+        return tuple(entries)
+
+    def loaded(self, key: tuple, cuda: _Cuda) -> _Loaded:
+        with self._lock:  # one compile per signature, even when threads launch at once
+            if key not in self._loaded:
+                self._loaded[key] = self._compile(key, cuda)
+            return self._loaded[key]
+
+    def _compile(self, key: tuple, cuda: _Cuda) -> _Loaded:
+        triton = _triton(interpret=False)
+        from triton.backends.compiler import GPUTarget
+        from triton.backends.nvidia.driver import CudaLauncher, CudaUtils
+        from triton.compiler import ASTSource
+
+        signature = {name: entry for name, (entry, _) in zip(self.arg_names, key)}
+        constexprs = {name: value for name, (entry, value) in zip(self.arg_names, key) if entry == "constexpr"}
+        attrs = {(i,): [["tt.divisibility", _ALIGN]] for i, (entry, _) in enumerate(key) if entry.startswith("*")}
+        major, minor = map(int, cuda.device.compute_capability.split("."))
+        compiled = triton.compile(ASTSource(self.fn, signature, constexprs, attrs),
+                                  target=GPUTarget("cuda", 10 * major + minor, 32),
+                                  options={"num_warps": self.num_warps, "num_stages": self.num_stages})
+        utils = _utils(CudaUtils)
+        max_shared = utils.get_device_properties(cuda.ordinal)["max_shared_mem"]
+        if compiled.metadata.shared > max_shared:
+            raise LaunchError(f"{self.name} needs {compiled.metadata.shared} bytes of shared memory; "
+                              f"the GPU has {max_shared}: smaller blocks or fewer stages")
+        if compiled.metadata.global_scratch_size or compiled.metadata.profile_scratch_size:
+            raise LaunchError(f"{self.name} needs Triton's global scratch memory, which this launcher "
+                              "does not allocate")
+        cuda.make_current()
+        _, function, _, _, max_threads = utils.load_binary(compiled.name, compiled.kernel,
+                                                          compiled.metadata.shared, cuda.ordinal)
+        if self.num_warps * 32 > max_threads:
+            raise LaunchError(f"{self.name}: {self.num_warps} warps exceed the {max_threads} threads "
+                              "its registers allow")
+        return _Loaded(function, CudaLauncher(compiled.src, compiled.metadata), compiled.packed_metadata)
+
+    def interpreted(self):
+        """The same kernel for Triton's interpreter (interpret mode): ``@triton.jit``
+        gave one already, triton having been imported with TRITON_INTERPRET=1."""
+        _triton(interpret=True)
+        return self.fn
+
+
+_utils_instance = []
+
+
+def _utils(cls):
+    if not _utils_instance:
+        _utils_instance.append(cls())  # builds Triton's small C helper once
+    return _utils_instance[0]
+
+
+def _triton_dtype(kernel: str, arg: str, dtype) -> str:
+    name = np.dtype(dtype).name
+    if name not in _TRITON_DTYPES:
+        raise LaunchError(f"{kernel}: argument {arg!r} has dtype {name}, which Triton kernels do not take")
+    return _TRITON_DTYPES[name]
+
+
+_cudas: dict = {}
+_cudas_lock = threading.Lock()
+
+
+def _cuda_for(device: jax.Device) -> _Cuda:
+    with _cudas_lock:
+        if device not in _cudas:
+            _cudas[device] = _Cuda(device)
+        return _cudas[device]
+
+
+class Launch:
+    """One sequence of kernel launches on one device, fenced once on each side.
+
+        run = Launch(interpret=False)
+        h = run.empty((m, 4096), jnp.bfloat16)
+        run(linear, grid, x, w1, b1, h, m, N=4096, ...)
+        (y,) = run.finish(y)
+
+    ``empty`` gives an output buffer; ``__call__`` launches a kernel on arrays
+    (inputs or earlier outputs), ints and floats (sizes: never specialized),
+    keyword constexprs; ``finish`` waits for the launches and returns the
+    buffers asked for as JAX arrays. With ``interpret`` the kernels run in
+    Triton's interpreter on host copies (no GPU needed)."""
+
+    def __init__(self, *, interpret: bool, device: jax.Device | None = None):
+        self.interpret = interpret
+        self.device = device or jax.devices()[0]
+        if not interpret and self.device.platform != "gpu":
+            raise LaunchError(f"raw Triton kernels run on a CUDA GPU, not on {self.device.platform!r}; "
+                              "use interpret mode there")
+        _triton(interpret)
+        self.cuda = None if interpret else _cuda_for(self.device)
+        self._host: dict[int, np.ndarray] = {}  # interpret mode: id(array) -> its host copy
+        self._fenced: set[int] = set()
+        self._keep: list = []  # every array launched on, alive until finish: our stream may still read it
+
+    def empty(self, shape, dtype):
+        """An output buffer for this launch's kernels; uninitialized, and not to be
+        used outside them until ``finish`` hands it back."""
+        shape, dtype = tuple(int(d) for d in shape), np.dtype(dtype)
+        if self.interpret:
+            return np.empty(shape, dtype)
+        return self.cuda.empty(shape, dtype)
+
+    def __call__(self, kernel: TritonKernel, grid, *args, **constexprs) -> None:
+        bound = kernel.bind(args, constexprs)
+        key = kernel.signature(bound, len(constexprs))
+        grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+        if min(grid) <= 0:
+            return  # an empty size: nothing to launch
+        self._keep.extend(a for a in args if hasattr(a, "dtype") and hasattr(a, "shape"))
+        if self.interpret:
+            host = [_HostTensor(self._on_host(a)) if entry.startswith("*") else a
+                    for a, (entry, _) in zip(bound[:len(args)], key)]
+            kernel.interpreted()[grid](*host, **constexprs)
+            return
+        loaded = kernel.loaded(key, self.cuda)
+        pointers = [self._pointer(kernel, name, a) if entry.startswith("*") else a
+                    for name, a, (entry, _) in zip(kernel.arg_names, bound[:len(args)], key)]
+        self.cuda.make_current()
+        loaded.launcher(*grid, self.cuda.stream.value, loaded.function, loaded.packed_metadata,
+                        None, None, None, *pointers, *bound[len(args):])
+
+    def finish(self, *outputs) -> tuple[jax.Array, ...]:
+        """Outputs as JAX arrays once every launch so far has finished."""
+        if self.interpret:
+            results = tuple(jax.device_put(self._on_host(o), self.device) for o in outputs)
+        else:
+            self.cuda.synchronize()
+            results = outputs
+        self._keep.clear()
+        return results
+
+    def _on_host(self, array) -> np.ndarray:
+        if isinstance(array, np.ndarray):
+            return array
+        if id(array) not in self._host:
+            self._host[id(array)] = np.array(array)  # writable: the interpreter may store into it
+        return self._host[id(array)]
+
+    def _pointer(self, kernel: TritonKernel, name: str, array) -> int:
+        if not isinstance(array, jax.Array):
+            raise LaunchError(f"{kernel.name}: argument {name!r} is a {type(array).__name__}; "
+                              "on the GPU buffers are JAX arrays")
+        if array.devices() != {self.device}:
+            raise LaunchError(f"{kernel.name}: argument {name!r} is on {array.devices()}, not {self.device}")
+        if id(array) not in self._fenced:
+            array.block_until_ready()  # written by XLA: finished before our stream reads it
+            self._fenced.add(id(array))
+        pointer = array.unsafe_buffer_pointer()
+        if pointer % _ALIGN:
+            raise LaunchError(f"{kernel.name}: argument {name!r} is not {_ALIGN}-byte aligned")
+        return pointer

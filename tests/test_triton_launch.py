@@ -1,0 +1,177 @@
+"""Raw Triton kernels launched outside XLA (pallaskit/runtime/triton_launch.py).
+
+On the CPU the kernels run in Triton's interpreter; on a GPU (JAX_PLATFORMS=cuda,
+PALLASKIT_INTERPRET=0) they are compiled and launched for real on memory of our own.
+Each is checked against jax.jit on fresh random inputs, odd and size-1 sizes,
+float32 and bfloat16.
+"""
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tests.conftest import assert_close
+
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+
+from pallaskit.runtime import triton_launch  # noqa: E402
+from pallaskit.runtime.triton_launch import Launch, LaunchError, TritonKernel  # noqa: E402
+
+INTERPRET = jax.default_backend() == "cpu" or os.environ.get("PALLASKIT_INTERPRET", "") not in ("0", "false")
+DTYPES = [jnp.float32, jnp.bfloat16]
+
+
+@triton.jit
+def _silu_mul(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    y = tl.load(y_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, (x * tl.sigmoid(x) * y).to(out_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _linear(a_ptr, w_ptr, b_ptr, c_ptr, M, N: tl.constexpr, K: tl.constexpr, GELU: tl.constexpr,
+            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """c[:M] = act(a[:M] @ w + b), row-major, every edge masked, fp32 accumulation. The
+    operands are widened to float32 before tl.dot (the interpreter's bf16 dot is wrong), which
+    multiplies in full float32 ("ieee", not the GPU's default tf32), and
+    K is a constexpr (the interpreter cannot bound a range by a runtime int)."""
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        rk = k0 + tl.arange(0, BK)
+        a = tl.load(a_ptr + rm[:, None] * K + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+        w = tl.load(w_ptr + rk[:, None] * N + rn[None, :], mask=(rk[:, None] < K) & (rn[None, :] < N), other=0.0)
+        acc = tl.dot(a.to(tl.float32), w.to(tl.float32), acc=acc, input_precision="ieee")
+    acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    if GELU:  # tanh gelu: 0.5 x (1 + tanh(u)) == x * sigmoid(2u)
+        acc = acc * tl.sigmoid(1.5957691216057308 * (acc + 0.044715 * acc * acc * acc))
+    tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc.to(c_ptr.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+SILU_MUL = TritonKernel(_silu_mul)
+
+
+def _normal(rng, shape, dtype, scale=1.0):
+    return jnp.asarray((rng.standard_normal(shape) * scale).astype(np.float32)).astype(dtype)
+
+
+def _silu_mul_ref(x, y):
+    x32, y32 = x.astype(jnp.float32), y.astype(jnp.float32)
+    return (jax.nn.silu(x32) * y32).astype(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 1000, 4099])
+def test_pointwise_kernel_matches_jax(rng, dtype, n):
+    x, y = _normal(rng, (n,), dtype), _normal(rng, (n,), dtype)
+    run = Launch(interpret=INTERPRET)
+    out = run.empty((n,), dtype)
+    run(SILU_MUL, (triton.cdiv(n, 256),), x, y, out, n, BLOCK=256)
+    (out,) = run.finish(out)
+    assert isinstance(out, jax.Array) and out.shape == (n,) and out.dtype == dtype
+    assert_close(out, jax.jit(_silu_mul_ref)(x, y), dtype)
+
+
+def _mlp(run, linear, x, w1, b1, w2, b2, block=(16, 32, 32)):
+    """gelu(x @ w1 + b1) @ w2 + b2 as two launches of one kernel; the hidden
+    activation is an output of the first that the second reads."""
+    bm, bn, bk = block
+    m, k = x.shape
+    hidden, n = w1.shape[1], w2.shape[1]
+    h = run.empty((m, hidden), x.dtype)
+    y = run.empty((m, n), x.dtype)
+    run(linear, (triton.cdiv(m, bm), triton.cdiv(hidden, bn)), x, w1, b1, h, m,
+        N=hidden, K=k, GELU=True, BM=bm, BN=bn, BK=bk)
+    run(linear, (triton.cdiv(m, bm), triton.cdiv(n, bn)), h, w2, b2, y, m,
+        N=n, K=hidden, GELU=False, BM=bm, BN=bn, BK=bk)
+    return run.finish(y)[0]
+
+
+def _mlp_ref(x, w1, b1, w2, b2):
+    hp = jax.lax.Precision.HIGHEST  # float32 products on the GPU too, as the kernel's
+    h = jnp.dot(x, w1, precision=hp, preferred_element_type=jnp.float32) + b1
+    h = jax.nn.gelu(h, approximate=True).astype(x.dtype)
+    return (jnp.dot(h, w2, precision=hp, preferred_element_type=jnp.float32) + b2).astype(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_two_kernels_chain_and_one_compile_serves_every_size(rng, dtype):
+    k, hidden, n = 40, 72, 24  # none a multiple of the blocks: every edge masked
+    w1, w2 = _normal(rng, (k, hidden), dtype, k ** -0.5), _normal(rng, (hidden, n), dtype, hidden ** -0.5)
+    b1, b2 = _normal(rng, (hidden,), jnp.float32, 0.1), _normal(rng, (n,), jnp.float32, 0.1)
+    linear = TritonKernel(_linear, num_warps=4, num_stages=2)  # a fresh compile cache
+    for m in (1, 37, 100):
+        x = _normal(rng, (m, k), dtype)
+        y = _mlp(Launch(interpret=INTERPRET), linear, x, w1, b1, w2, b2)
+        assert y.shape == (m, n) and y.dtype == dtype
+        assert_close(y, jax.jit(_mlp_ref)(x, w1, b1, w2, b2), dtype)
+    if not INTERPRET:  # sizes are runtime ints: two signatures (GELU on/off), none per size
+        assert len(linear._loaded) == 2
+
+
+def test_bad_launches_are_clear_errors(rng):
+    x = _normal(rng, (8,), jnp.float32)
+    run = Launch(interpret=INTERPRET)
+    out = run.empty((8,), jnp.float32)
+    with pytest.raises(LaunchError, match=r"unknown argument\(s\) \['BLOK'\]"):
+        run(SILU_MUL, (1,), x, x, out, 8, BLOK=256)
+    with pytest.raises(LaunchError, match="_silu_mul takes"):
+        run(SILU_MUL, (1,), x, x, out, BLOCK=256)
+    with pytest.raises(LaunchError, match="'n' is a str"):
+        run(SILU_MUL, (1,), x, x, out, "8", BLOCK=256)
+    with pytest.raises(LaunchError, match="dtype complex64"):
+        run(SILU_MUL, (1,), x.astype(jnp.complex64), x, out, 8, BLOCK=256)
+    with pytest.raises(TypeError, match="@triton.jit"):
+        TritonKernel(lambda x: x)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU refuses a real launch")
+def test_a_real_launch_off_the_gpu_is_refused():
+    with pytest.raises(LaunchError, match="interpret mode"):
+        Launch(interpret=False)
+
+
+@pytest.mark.skipif(INTERPRET, reason="GPU only: memory of our own, freed by its deleter")
+def test_outputs_are_freed_when_jax_drops_them(rng):
+    run = Launch(interpret=False)
+    cuda = triton_launch._cuda_for(run.device)
+    before = len(cuda.live)
+    for n in (1, 1000, 4099) * 20:
+        x = _normal(rng, (n,), jnp.float32)
+        out = run.empty((n,), jnp.float32)
+        run(SILU_MUL, (triton.cdiv(n, 256),), x, x, out, n, BLOCK=256)
+        (out,) = run.finish(out)
+        assert_close(out + 1, jax.jit(lambda a: _silu_mul_ref(a, a) + 1)(x))  # XLA reads our memory
+        del out
+    gc.collect()
+    assert len(cuda.live) == before
+
+
+@pytest.mark.skipif(INTERPRET, reason="GPU only")
+def test_the_gpu_path_never_imports_torch():
+    script = textwrap.dedent("""
+        import sys
+        sys.modules["torch"] = None  # any import of torch now fails
+        import jax, jax.numpy as jnp, numpy as np
+        from tests import test_triton_launch as t
+        x = jnp.asarray(np.random.default_rng(1).standard_normal(777, dtype=np.float32))
+        run = t.Launch(interpret=False)
+        out = run.empty((777,), jnp.float32)
+        run(t.SILU_MUL, (4,), x, x, out, 777, BLOCK=256)
+        (out,) = run.finish(out)
+        np.testing.assert_allclose(np.asarray(out), np.asarray(t._silu_mul_ref(x, x)), rtol=1e-5, atol=1e-6)
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
