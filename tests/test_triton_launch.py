@@ -1,12 +1,11 @@
 """Raw Triton kernels launched outside XLA (pallaskit/runtime/triton_launch.py).
 
-On the CPU the kernels run in Triton's interpreter; on a GPU (JAX_PLATFORMS=cuda,
-PALLASKIT_INTERPRET=0) they are compiled and launched for real on memory of our own.
+On the CPU the kernels run in Triton's interpreter; on a GPU (JAX_PLATFORMS=cuda) they
+are compiled and launched for real on memory of our own.
 Each is checked against jax.jit on fresh random inputs, odd and size-1 sizes,
 float32 and bfloat16.
 """
 import gc
-import os
 import subprocess
 import sys
 import textwrap
@@ -24,7 +23,7 @@ import triton.language as tl  # noqa: E402
 from pallaskit.runtime import triton_launch  # noqa: E402
 from pallaskit.runtime.triton_launch import Launch, LaunchError, TritonKernel  # noqa: E402
 
-INTERPRET = jax.default_backend() == "cpu" or os.environ.get("PALLASKIT_INTERPRET", "") not in ("0", "false")
+INTERPRET = bool(triton.knobs.runtime.interpret)  # TRITON_INTERPRET=1: the conftest sets it on the CPU
 DTYPES = [jnp.float32, jnp.bfloat16]
 
 
