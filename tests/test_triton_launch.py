@@ -131,6 +131,8 @@ def test_bad_launches_are_clear_errors(rng):
         run(SILU_MUL, (1,), x, x, out, "8", BLOCK=256)
     with pytest.raises(LaunchError, match="dtype complex64"):
         run(SILU_MUL, (1,), x.astype(jnp.complex64), x, out, 8, BLOCK=256)
+    with pytest.raises(LaunchError, match="dtype complex64"):
+        run.empty((8,), jnp.complex64)
     with pytest.raises(TypeError, match="@triton.jit"):
         TritonKernel(lambda x: x)
 

@@ -356,6 +356,9 @@ class Launch:
         """An output buffer for this launch's kernels; uninitialized, and not to be
         used outside them until ``finish`` hands it back."""
         shape, dtype = tuple(int(d) for d in shape), np.dtype(dtype)
+        _triton_dtype("empty", "dtype", dtype)  # one Triton kernels take, or a clear error
+        if min(shape, default=1) < 0:
+            raise LaunchError(f"empty: negative dimension in {shape}")
         if self.interpret:
             return np.empty(shape, dtype)
         return self.cuda.empty(shape, dtype)
