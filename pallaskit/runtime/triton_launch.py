@@ -389,7 +389,9 @@ class Launch:
         else:
             self.cuda.synchronize()
             results = outputs
-        self._keep.clear()
+        self._keep.clear()  # with it the ids below may be reused: forget them too
+        self._fenced.clear()
+        self._host.clear()
         return results
 
     def _on_host(self, array) -> np.ndarray:
