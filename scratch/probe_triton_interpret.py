@@ -17,7 +17,7 @@ Two interpreter limits found (a renderer must work around them in interpret mode
 - A runtime int cannot bound a ``range`` loop under numpy >= 2 (the interpreter
   calls ``int()`` on a 1-element array); constexpr bounds work.
 
-    pip install triton==3.6.0 && python scratch/probe_triton_interpret.py
+    pip install triton==3.6.0 && PYTHONPATH=. python scratch/probe_triton_interpret.py
 """
 import os
 
@@ -31,39 +31,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 
-class HostTensor:
-    """A host numpy array dressed as the torch tensor the interpreter expects."""
-
-    def __init__(self, arr: np.ndarray):
-        self.arr, self.dtype = arr, arr.dtype
-
-    def data_ptr(self):
-        return self.arr.ctypes.data
-
-    # the interpreter's device -> host copy (already on the host: itself) and back (nothing to do)
-    def untyped_storage(self):
-        return self
-
-    def cpu(self):
-        return self
-
-    def copy_(self, other):
-        return self
-
-    def new_empty(self, *args, **kwargs):
-        return self
-
-    def set_(self, *args):
-        return self
-
-    def storage_offset(self):
-        return 0
-
-    def size(self):
-        return self.arr.shape
-
-    def stride(self):
-        return self.arr.strides
+from pallaskit.runtime.triton_launch import _HostTensor as HostTensor  # noqa: E402  (the shim, kept there)
 
 
 @triton.jit

@@ -36,6 +36,7 @@ cache); an output allocation ~0.1 ms at any size.
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import os
 import sys
@@ -101,6 +102,7 @@ class _Cuda:
         self.check("cuStreamCreate", ctypes.byref(self.stream), 1)  # CU_STREAM_NON_BLOCKING
         self.xla_stream = buckets._stream(device)
         self.deleter = _DELETER(self._free)
+        self._finalizing = sys.is_finalizing  # bound now: `sys` may be gone when the last arrays drop
         self.live: dict[int, tuple] = {}  # address of our DLManagedTensor -> (struct, dims, pointer)
 
     def check(self, name: str, *args) -> None:
@@ -138,8 +140,11 @@ class _Cuda:
 
     def _free(self, address: int) -> None:
         """DLPack deleter: JAX dropped the array. Free it on our stream once XLA's
-        stream has passed this point (work there may still read it)."""
+        stream has passed this point (work there may still read it). At interpreter
+        exit (module globals already torn down) the process's end frees it instead."""
         _, _, pointer = self.live.pop(address)
+        if self._finalizing():
+            return
         self.make_current()
         if self.xla_stream:
             event = ctypes.c_void_p()
@@ -266,7 +271,7 @@ class TritonKernel:
     def _compile(self, key: tuple, cuda: _Cuda) -> _Loaded:
         triton = _triton(interpret=False)
         from triton.backends.compiler import GPUTarget
-        from triton.backends.nvidia.driver import CudaLauncher, CudaUtils
+        from triton.backends.nvidia.driver import CudaLauncher
         from triton.compiler import ASTSource
 
         signature = {name: entry for name, (entry, _) in zip(self.arg_names, key)}
@@ -276,7 +281,7 @@ class TritonKernel:
         compiled = triton.compile(ASTSource(self.fn, signature, constexprs, attrs),
                                   target=GPUTarget("cuda", 10 * major + minor, 32),
                                   options={"num_warps": self.num_warps, "num_stages": self.num_stages})
-        utils = _utils(CudaUtils)
+        utils = _cuda_utils()
         max_shared = utils.get_device_properties(cuda.ordinal)["max_shared_mem"]
         if compiled.metadata.shared > max_shared:
             raise LaunchError(f"{self.name} needs {compiled.metadata.shared} bytes of shared memory; "
@@ -299,13 +304,10 @@ class TritonKernel:
         return self.fn
 
 
-_utils_instance = []
-
-
-def _utils(cls):
-    if not _utils_instance:
-        _utils_instance.append(cls())  # builds Triton's small C helper once
-    return _utils_instance[0]
+@functools.cache
+def _cuda_utils():
+    from triton.backends.nvidia.driver import CudaUtils
+    return CudaUtils()  # builds Triton's small C helper once
 
 
 def _triton_dtype(kernel: str, arg: str, dtype) -> str:
