@@ -318,7 +318,7 @@ class JitFunction:
                 positions.setdefault(sym, (leaf, axis))
             return self._compile(avals, treedef, static_pos, static_kw, n_args, aot=False,
                                  structs=structs, size_hints=variants[0], variants=variants,
-                                 positions=[(n, positions[n]) for n in names])
+                                 positions=[(n, positions[n]) for n in names], first_sizes=values)
         except Exception as e:  # noqa: BLE001  (anything the symbolic path cannot take: per-size compiles)
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             metrics.counters["dynamic_fallbacks"] += 1
@@ -327,7 +327,7 @@ class JitFunction:
             return None
 
     def _compile(self, avals, treedef, static_pos, static_kw, n_args, aot=True, structs=None,
-                 size_hints=(), variants=None, positions=()) -> Compiled:
+                 size_hints=(), variants=None, positions=(), first_sizes=None) -> Compiled:
         """Trace and compile one signature. ``aot``: compile the executable now,
         through the on-disk graph cache (``pallaskit/cache``), where a hit skips
         the compiler and XLA (``Compiled.result`` is then None); otherwise only
@@ -413,7 +413,8 @@ class JitFunction:
                 return buckets.Bucketed(title, call, symbols, where, len(avals), program.input_shapes,
                                         program.output_shapes, guards)
 
-            if len(built) == 1:
+            eager_program = _eager_program(title, built, options, first_sizes or {})
+            if len(built) == 1 and eager_program is None:
                 return Compiled(result, closed, runner(result.program, call), constants, out_tree_box[-1],
                                 guards=guards)
             variants_ = [multikernel.Variant(b[3], runner(b[0].program, b[1]), b[2], src,
@@ -422,6 +423,8 @@ class JitFunction:
             dispatcher = multikernel.Dispatcher(
                 title, symbols, where, len(avals), variants_, options.interpret,
                 bucketed=all(isinstance(v.fn, buckets.Bucketed) for v in variants_))
+            if eager_program is not None:
+                dispatcher.eager, dispatcher.eager_constants = eager_program
             # ran=True: the dispatcher counts kernels_compiled (distinct kernels of all variants) on its first call.
             return Compiled(result, closed, dispatcher, constants, out_tree_box[-1], ran=True, guards=guards)
         if aot:
@@ -431,6 +434,38 @@ class JitFunction:
         result, call, constants = build()
         metrics.apply_deltas(metrics.graph_deltas(result))
         return Compiled(result, closed, jax.jit(call), constants, out_tree_box[-1])
+
+
+def _eager_program(title: str, built: dict, options, first_sizes: dict):
+    """(EagerProgram, its constants) of the variant nearest ``first_sizes`` among
+    those whose kernels all render to raw Triton, or None ([Note: eager
+    launches] in runtime/eager.py; option ``dynamic_launch``)."""
+    mode = config.dynamic_launch
+    if mode == "off" or config.dynamic_buckets or (mode == "auto" and options.interpret):
+        return None
+    from lowering.codegen import triton as triton_codegen
+
+    renderable, why = [], []
+    for result, _, constants, hints in built.values():
+        try:
+            program = triton_codegen.render(result.schedule, dataclasses.replace(options, size_hints=hints[0]), title)
+        except triton_codegen.TritonUnsupported as e:
+            why.append(str(e))
+            continue
+        renderable.append((multikernel.Variant(hints, None, constants, program.source, []), program))
+    if not renderable:
+        log.debug("pallaskit: %s: no eager launches (%s)", title, "; ".join(dict.fromkeys(why)))
+        return None
+    index = multikernel.nearest([v for v, _ in renderable], first_sizes) if first_sizes else 0
+    variant, program = renderable[index]
+    try:
+        from pallaskit.runtime.eager import EagerProgram
+
+        return EagerProgram(program, options.interpret, variant.hints[0]), variant.constants
+    except Exception as e:  # noqa: BLE001  (no triton, or imported without its interpreter: XLA path)
+        log.log(logging.WARNING if mode == "on" else logging.DEBUG,
+                "pallaskit: %s: no eager launches (%s: %s)", title, type(e).__name__, e)
+        return None
 
 
 def jit(fn: Callable | None = None, *, static_argnums: int | Sequence[int] = (),
@@ -495,7 +530,11 @@ def _resolve_static(sig, argnums, argnames):
 _RESERVED = frozenset({
     "pid", "xr", "xc", "xb", "xk", "rmask", "cmask", "col_blocks", "ROWS", "COLS", "BLOCK_R", "BLOCK_C", "IDX",
     "PROGRAMS", "program", "chunk", "carry", "step", "row_block", "dims_ptr", "jax", "jnp", "lax", "pl", "plt", "np",
-    "ANY", "INTERPRET", "EXTERNS", "call", "sympy"})
+    "ANY", "INTERPRET", "EXTERNS", "call", "sympy",
+    # the matmul template's names, and the Triton renderer's (lowering/codegen/triton.py)
+    "M", "N", "K", "M_BLOCKS", "K_BLOCKS", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "first_m", "group_rows",
+    "pid_m", "pid_n", "tile", "xra", "xcb", "ka", "kb", "a", "b", "mm", "tl", "triton", "launch", "run",
+    "kernels"})
 _RESERVED_PATTERN = re.compile(r"^(i|r|tmp|idx|mask|cst|red|acc|phase|in_ptr|out_ptr|arg|const|buf|in)\d+$")
 
 

@@ -43,6 +43,14 @@ def _check_bool(v):
     return v
 
 
+def _check_dynamic_launch(v):
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    if isinstance(v, str) and v.strip().lower() in ("auto", "on", "off"):
+        return v.strip().lower()
+    raise ValueError(f"expected 'auto', 'on' or 'off', got {v!r}")
+
+
 def _check_interpret(v):
     if isinstance(v, str):
         v = v.strip().lower()
@@ -199,6 +207,12 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "one (GPU: timed on the real arguments; interpret mode: the nearest hint by log distance). '' compiles "
            "one variant at the first call's sizes.", str, _check_hints,
            "comma-separated positive ints such as '64,256,4096', or ''"),
+    Option("dynamic_launch", "auto", "Dynamic dims: serve a new size's first calls by launching the symbolic "
+           "program's kernels as raw Triton outside XLA (compiled once, sizes as kernel arguments; "
+           "pallaskit/runtime/eager.py) while the size's XLA executable compiles in the background from its second "
+           "call. 'auto': on a GPU when every kernel renders to Triton and triton is installed; 'on': also in "
+           "interpret mode (Triton's interpreter); 'off': every new size waits for its XLA compile.",
+           str, _check_dynamic_launch, "'auto', 'on', 'off'"),
     Option("multi_kernel_force", -1, "Multi-kernel: run this variant index (in ascending hint order, after "
            "identical variants are merged) for every new size instead of choosing (-1: choose).", int,
            _check_int_from_minus_one, "an int >= -1"),

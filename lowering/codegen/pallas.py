@@ -240,6 +240,30 @@ class _KernelEmitter:
         self.guards += [sympy.Lt(sizes.simplify(e), INT32_LIMIT) for e in symbolic]
         return False
 
+    # -- the dialect: how values are written (the Triton renderer overrides these) --
+    HELPERS = HELPERS
+
+    def dtype_text(self, dt) -> str:
+        return dtype_source(dt)
+
+    def full_text(self, value: str, dtype: str | None = None) -> str:
+        return f"jnp.full((1, 1), {value}, {dtype})" if dtype else f"jnp.full((1, 1), {value})"
+
+    def cast_text(self, var: str, dt) -> str:
+        return f"{var}.astype({self.dtype_text(dt)})"
+
+    def broadcast_text(self, var: str, shape: str) -> str:
+        return f"jnp.broadcast_to({var}, {shape})"
+
+    def op_template(self, e, names) -> str:
+        return OPS[e.op]
+
+    def load_text(self, ref: str, off: str, mask_arg: str) -> str:
+        return f"plt.load({ref}.at[{off}]{mask_arg})"
+
+    def store_text(self, ref: str, off: str, val: str, mask_arg: str) -> str:
+        return f"plt.store({ref}.at[{off}], {val}{mask_arg})"
+
     # -- CSE ---------------------------------------------------------------------
     def lookup(self, key):
         for scope in reversed(self.scopes):
@@ -265,7 +289,7 @@ class _KernelEmitter:
     def broadcast(self, var, extent, to) -> str:
         if extent == to:
             return var
-        return self.bind(("bcast", var, to), f"jnp.broadcast_to({var}, {self.shape_of(to)})", to)[0]
+        return self.bind(("bcast", var, to), self.broadcast_text(var, self.shape_of(to)), to)[0]
 
     # -- index expressions --------------------------------------------------------
     @staticmethod
@@ -277,14 +301,14 @@ class _KernelEmitter:
         expr = sizes.simplify(sympy.sympify(expr))
         ext = self.extent_of(expr)
         if not ext:
-            return self.bind(("index", expr), f"jnp.full((1, 1), {sizes.to_source(expr)}, {self.index_dtype})", ext, "idx")
+            return self.bind(("index", expr), self.full_text(sizes.to_source(expr), self.index_dtype), ext, "idx")
         return self.bind(("index", expr), sizes.to_source(expr), ext, "idx")
 
     def condition(self, cond) -> tuple[str, frozenset]:
         ext = self.extent_of(cond)
         text = sizes.to_source(cond)
         if not ext:
-            text = f"jnp.full((1, 1), {text})"
+            text = self.full_text(text)
         return self.bind(("cond", cond), text, ext, "mask")
 
     def edge_mask(self, extent) -> tuple[str, frozenset] | None:
@@ -309,14 +333,14 @@ class _KernelEmitter:
 
     def _emit(self, e, memo):
         if isinstance(e, ir.Const):
-            return self.bind(("const", e), f"jnp.full((1, 1), {const_source(e.value, e.dtype)}, {dtype_source(e.dtype)})",
+            return self.bind(("const", e), self.full_text(const_source(e.value, e.dtype), self.dtype_text(e.dtype)),
                              frozenset(), "cst")
         if isinstance(e, ir.IndexValue):
             if isinstance(e.expr, sympy.logic.boolalg.Boolean):
                 var, ext = self.condition(e.expr)
                 return var, ext
             var, ext = self.index(e.expr)
-            return self.bind(("iv", e), f"{var}.astype({dtype_source(e.dtype)})", ext)
+            return self.bind(("iv", e), self.cast_text(var, e.dtype), ext)
         if isinstance(e, ir.Load):
             return self._load(e)
         # Op
@@ -333,7 +357,7 @@ class _KernelEmitter:
             var, ext = self._op(wide, names, extent)
             if not _is_16bit_float(e.dtype):
                 return var, ext
-            narrow = self.bind(("narrow", var, e.dtype), f"{var}.astype({dtype_source(e.dtype)})", ext)
+            narrow = self.bind(("narrow", var, e.dtype), self.cast_text(var, e.dtype), ext)
             self.wide_of[narrow[0]] = var
             return narrow
         return self._op(e, names, extent)
@@ -341,12 +365,12 @@ class _KernelEmitter:
     def _widen(self, var, extent, exact=False) -> str:
         if var in self.wide_of and not exact:
             return self.wide_of[var]
-        return self.bind(("f32", var), f"{var}.astype(jnp.float32)", extent)[0]
+        return self.bind(("f32", var), self.cast_text(var, np.float32), extent)[0]
 
     def _op(self, e, names, extent):
-        params = {k: (dtype_source(v) if isinstance(v, np.dtype) else v) for k, v in e.params}
-        template = OPS[e.op]
-        for h in HELPERS:
+        params = {k: (self.dtype_text(v) if isinstance(v, np.dtype) else v) for k, v in e.params}
+        template = self.op_template(e, names)
+        for h in self.HELPERS:
             if h + "(" in template:
                 self.helpers.add(h)
                 self.helpers.update(_HELPER_DEPS.get(h, ()))
@@ -377,7 +401,7 @@ class _KernelEmitter:
         ref = self.in_refs[ld.buffer]
         other = "False" if ld.dtype == np.bool_ else "0"
         mask_arg = f", mask={mask}, other={other}" if mask else ""
-        return self.bind(("load", ref, off, mask), f"plt.load({ref}.at[{off}]{mask_arg})", extent)
+        return self.bind(("load", ref, off, mask), self.load_text(ref, off, mask_arg), extent)
 
     def store(self, m: Member, var: str, extent):
         own = tuple(sizes.simplify(m.coords.get(s, s)) for s in m.node.symbols)
@@ -396,7 +420,7 @@ class _KernelEmitter:
                 # interpret mode scatters every lane, so send them out of bounds,
                 # where the scatter drops them.
                 off = self.bind(("oob", off, mask_var), f"jnp.where({mask_var}, {off}, {m.node.numel})", full, "idx")[0]
-        self.w.line(f"plt.store({self.out_refs[m.name]}.at[{off}], {val}.astype({dtype_source(m.node.dtype)}){mask})")
+        self.w.line(self.store_text(self.out_refs[m.name], off, self.cast_text(val, m.node.dtype), mask))
 
 
 def _kernel_coords_body(m: Member) -> ir.Expr:

@@ -101,6 +101,10 @@ class Dispatcher:
         self.variants = variants
         self.interpret = interpret
         self.chosen: dict = {}  # shape key -> variant index
+        self.eager = None  # EagerProgram serving keys with no compiled variant yet ([Note: eager launches])
+        self.eager_constants: list = []
+        self.sightings: dict = {}  # shape key -> eager calls so far
+        self.tier_up_errors: dict = {}  # shape key -> why its background choice failed (it stays eager)
         self.methods: dict = {}  # shape key -> how it was chosen (for tests and debugging)
         self._ran = False  # kernels_compiled counted
         self._warned = False
@@ -121,6 +125,8 @@ class Dispatcher:
             key = tuple(bucket(v) for v in key)
         index = self.chosen.get(key)
         if index is None:
+            if self.eager is not None and not any(isinstance(x, jax.core.Tracer) for x in leaves):
+                return self._eager_call(key, leaves)
             index = self.select(key, leaves)
         v = self.variants[index]
         if not self._ran:
@@ -137,9 +143,47 @@ class Dispatcher:
         return ",".join(f"{s}={n}" for s, n in zip(self.symbols, key))
 
     # -- choosing -----------------------------------------------------------------
+    # -- eager launches ([Note: eager launches] in runtime/eager.py) ------------------
+    def _eager_call(self, key: tuple, leaves):
+        if config.multi_kernel_force >= len(self.variants):
+            self.select(key, leaves)  # raises: the forced index is out of range
+        seen = self.sightings.get(key, 0) + 1
+        self.sightings[key] = seen
+        if seen == 2 and key not in self.tier_up_errors:  # the size recurs: compile its XLA variant
+            from pallaskit.runtime import eager
+
+            eager.submit(self._tier_up, key, leaves)
+        if not self._ran:
+            self._ran = True
+            metrics.counters["kernels_compiled"] += len({s for w in self.variants for s in w.kernel_sources})
+        if not getattr(self, "_eager_ran", False):
+            self._eager_ran = True
+            metrics.counters["kernels_compiled"] += len(self.eager.kernels)
+        return self.eager(*leaves, *self.eager_constants)
+
+    def _tier_up(self, key: tuple, leaves) -> None:
+        """Background: choose the key's variant, compile it for the key's sizes,
+        then record the choice (later calls of the key take it)."""
+        try:
+            index, method, timings = self._choose(key, leaves)
+            v = self.variants[index]
+            jax.block_until_ready(v.fn(*leaves, *v.constants))  # XLA's compile for these sizes
+            self._record(key, index, method, timings)
+        except Exception as e:  # noqa: BLE001  (the key keeps running eagerly)
+            self.tier_up_errors[key] = f"{type(e).__name__}: {e}"
+            log.warning("pallaskit: %s: compiling %s in the background failed (%s); it keeps running eagerly",
+                        self.title, self._key_text(key), self.tier_up_errors[key])
+
     def select(self, key: tuple, leaves) -> int:
         """The variant for a shape key seen for the first time: forced, from
         disk, or chosen; recorded in memory (and on disk when chosen)."""
+        index, method, timings = self._choose(key, leaves)
+        if any(isinstance(x, jax.core.Tracer) for x in leaves):  # under a transformation: no record
+            return index
+        self._record(key, index, method, timings)
+        return index
+
+    def _choose(self, key: tuple, leaves) -> tuple[int, str, list | None]:
         n = len(self.variants)
         timings = None
         force = config.multi_kernel_force
@@ -164,8 +208,10 @@ class Dispatcher:
                     index, method = min(range(n), key=lambda i: timings[i]), "benchmark"
                 if use_disk:
                     self._write(self._key_text(key), index)
-        if traced:  # under a transformation: no record, the concrete call decides
-            return index
+        return index, method, timings
+
+    def _record(self, key: tuple, index: int, method: str, timings) -> None:
+        n = len(self.variants)
         self.chosen[key] = index
         self.methods[key] = method
         metrics.counters["multi_kernel_choices"] += 1
@@ -174,7 +220,6 @@ class Dispatcher:
                         timings_ms=";".join(f"{t:.4f}" for t in timings) if timings else "", method=method)
         log.debug("pallaskit: %s: %s -> variant %d (%s, %s)", self.title, self._key_text(key), index,
                   self.hint_text(index), method)
-        return index
 
     def hint_text(self, i: int) -> str:
         return "/".join(",".join(f"{s}={h}" for s, h in hints) for hints in self.variants[i].hints)

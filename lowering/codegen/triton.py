@@ -1,0 +1,472 @@
+"""Raw-Triton renderer: a schedule as ``@triton.jit`` kernels plus a Python
+``launch`` that runs them outside XLA (issue 4; pallaskit/runtime/eager.py).
+
+[Note: the Triton renderer]
+The same schedule, tiles and index expressions as the Pallas renderer: the
+kernel emitter of ``codegen/pallas.py`` writes the values, with the Triton
+dialect below (``tl.load(ptr + offset, mask=...)``, ``x.to(tl.float32)``,
+an op table of ``tl`` calls). What differs is around the values: sizes are
+kernel arguments (ints, never specialized by the launcher), so one compiled
+kernel serves every size of a dynamic dim; tiles are constexprs; loops are
+Python ``for`` loops over static trip counts. The module's ``launch(run, kernels,
+*inputs)`` reads the dynamic sizes from the inputs' shapes, allocates every
+stored buffer at its own shape (``run.empty``: kernels index memory flat, so
+no reshape runs), launches each kernel with its grid and returns the outputs.
+
+Rendered today: pointwise kernels (flat, rows x columns, transposed tiles), row
+reductions whose reduced extent is static (persistent or looped), and the
+matmul template with its epilogue. Anything else raises ``TritonUnsupported``
+and the program keeps its XLA path: mix kernels (their loop trip count is a
+runtime value, which Triton's interpreter cannot run), reductions over a
+dynamic axis, argmax/argmin and products, XLA externs, and ops without a ``tl``
+form below. Triton's interpreter multiplies bfloat16 ``tl.dot`` operands
+wrongly, so in interpret mode the template widens them to float32 first.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from lowering import ir, sizes
+from lowering.codegen import matmul, pallas
+from lowering.codegen.writer import SourceWriter
+from lowering.options import CompileOptions
+from lowering.scheduler import XC, XK, XR, Kernel, Schedule, _origins, matmul_kernel_bounds
+
+
+class TritonUnsupported(NotImplementedError):
+    """The schedule has something this renderer does not write; the message says what."""
+
+
+_TL_DTYPES = {"bool": "tl.int1", "int8": "tl.int8", "int16": "tl.int16", "int32": "tl.int32",
+              "int64": "tl.int64", "uint8": "tl.uint8", "uint16": "tl.uint16", "uint32": "tl.uint32",
+              "uint64": "tl.uint64", "float16": "tl.float16", "bfloat16": "tl.bfloat16",
+              "float32": "tl.float32", "float64": "tl.float64"}
+
+_NAN_MAX = "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"
+_NAN_MIN = "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"
+OPS = {
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "neg": "(-{0})",
+    "square": "({0} * {0})", "abs": "tl.abs({0})",
+    "exp": "tl.exp({0})", "exp2": "tl.exp2({0})", "log": "tl.log({0})", "tanh": "_tanh({0})",
+    "logistic": "tl.sigmoid({0})", "sqrt": "tl.sqrt_rn({0})", "rsqrt": "(1.0 / tl.sqrt_rn({0}))",
+    "erf": "tl.erf({0})", "sin": "tl.sin({0})", "cos": "tl.cos({0})",
+    "floor": "tl.floor({0})", "ceil": "tl.ceil({0})",
+    "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
+    "gt": "({0} > {1})", "ge": "({0} >= {1})",
+    "and": "({0} & {1})", "or": "({0} | {1})", "xor": "({0} ^ {1})",
+}
+
+HELPERS = {
+    "_tanh": '''
+@triton.jit
+def _tanh(x):
+    """tanh in float32: its odd series near 0 (no cancellation), else
+    (1 - e^-2|x|) / (1 + e^-2|x|) with the sign of x."""
+    a = tl.abs(x)
+    x2 = x * x
+    series = x * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0))))
+    t = tl.exp(-2.0 * a)
+    r = (1.0 - t) / (1.0 + t)
+    return tl.where(a < 0.0625, series, tl.where(x < 0, -r, r))
+''',
+}
+
+_PRELUDE = '''\
+import numpy as np
+import triton
+import triton.language as tl
+'''
+
+
+@dataclasses.dataclass
+class TritonKernelSource:
+    name: str
+    num_warps: int
+    num_stages: int
+
+
+@dataclasses.dataclass
+class TritonProgram:
+    source: str  # the module: prelude, helpers, ``@triton.jit`` kernels, ``launch``
+    kernels: list[TritonKernelSource]
+    input_names: list[str]
+    output_names: list
+
+
+class _TritonEmitter(pallas._KernelEmitter):
+    """The Pallas kernel emitter writing Triton (see the module's Note)."""
+    HELPERS = HELPERS
+
+    def __init__(self, kernel, schedule, cfg, options):
+        super().__init__(kernel, schedule, cfg, options)
+        self.triton_interpret = self.interpret
+        self.interpret = False  # the base's scatter-out-of-bounds trick is for Pallas' interpret mode
+        self.index_dtype = "tl.int64" if self.index_dtype == "jnp.int64" else "tl.int32"
+
+    def dtype_text(self, dt) -> str:
+        name = np.dtype(dt).name
+        if name not in _TL_DTYPES:
+            raise TritonUnsupported(f"dtype {name}")
+        return _TL_DTYPES[name]
+
+    def full_text(self, value, dtype=None) -> str:
+        if dtype in ("tl.bfloat16", "tl.float16"):  # the interpreter has no 16-bit constants: round one
+            return f"tl.full((1, 1), {value}, tl.float32).to({dtype})"
+        return f"tl.full((1, 1), {value}, {dtype or 'tl.int1'})"
+
+    def cast_text(self, var, dt) -> str:
+        if np.dtype(dt) == np.bool_:
+            return f"({var} != 0)"
+        return f"{var}.to({self.dtype_text(dt)})"
+
+    def broadcast_text(self, var, shape) -> str:
+        return f"tl.broadcast_to({var}, {shape})"
+
+    def op_template(self, e, names) -> str:
+        params = dict(e.params)
+        float_op = pallas.is_float(e.dtype) or any(pallas.is_float(a.dtype) for a in e.args)
+        if e.op in ("max", "min"):
+            return (_NAN_MAX if e.op == "max" else _NAN_MIN) if float_op else f"tl.{e.op}imum({{0}}, {{1}})"
+        if e.op == "div":
+            return "({0} / {1})" if float_op else "({0} // {1})"  # Triton's // truncates, like lax.div
+        if e.op == "rem":
+            return "({0} % {1})"  # C's remainder (fmod / srem), like lax.rem
+        if e.op == "integer_pow":
+            y = int(params["y"])
+            if y == 0:
+                raise TritonUnsupported("integer_pow with y=0")
+            product = "(" + " * ".join(["{0}"] * abs(y)) + ")"
+            return product if y > 0 else f"(1.0 / {product})"
+        if e.op == "select_n" and len(e.args) == 3 and e.args[0].dtype == np.bool_:
+            return "tl.where({0}, {2}, {1})"
+        if e.op == "clamp":
+            return (f"tl.minimum(tl.maximum({{1}}, {{0}}, propagate_nan=tl.PropagateNan.ALL), {{2}}, "
+                    "propagate_nan=tl.PropagateNan.ALL)" if float_op else "tl.minimum(tl.maximum({1}, {0}), {2})")
+        if e.op == "not":
+            return "({0} == 0)" if e.dtype == np.bool_ else "(~{0})"
+        if e.op == "convert_element_type":
+            return self.cast_text("{0}", params["new_dtype"])
+        if e.op not in OPS:
+            raise TritonUnsupported(f"op {e.op}")
+        return OPS[e.op]
+
+    def load_text(self, ref, off, mask_arg) -> str:
+        return f"tl.load({ref} + {off}{mask_arg})"
+
+    def store_text(self, ref, off, val, mask_arg) -> str:
+        return f"tl.store({ref} + {off}, {val}{mask_arg})"
+
+
+class _TritonMatmulEmitter(matmul._MatmulEmitter, _TritonEmitter):
+    """Reads the accumulator tile from ``tile_values`` (matmul's emitter), writes Triton."""
+
+
+def _iota(axis: int, block: str, idx: str) -> str:
+    """``tl.arange`` as a (BLOCK, 1) column (axis 0) or (1, BLOCK) row (axis 1)."""
+    text = f"tl.arange(0, {block})[{':, None' if axis == 0 else 'None, :'}]"
+    return text if idx == "tl.int32" else f"{text}.to({idx})"
+
+
+_REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min", "and": "tl.min", "or": "tl.max"}
+_COMBINE = {"sum": "({a} + {v})", "max": "tl.maximum({a}, {v}, propagate_nan=tl.PropagateNan.ALL)",
+            "min": "tl.minimum({a}, {v}, propagate_nan=tl.PropagateNan.ALL)",
+            "and": "tl.minimum({a}, {v})", "or": "tl.maximum({a}, {v})"}
+
+
+# --------------------------------------------------------------------------- #
+# Kernels
+# --------------------------------------------------------------------------- #
+def _render_kernel(kernel: Kernel, schedule: Schedule, options: CompileOptions):
+    if kernel.kind == "mix":
+        raise TritonUnsupported(f"mix kernel {kernel.name}")
+    if kernel.kind == "reduction" and sizes.is_symbolic(kernel.cols):
+        raise TritonUnsupported(f"kernel {kernel.name} reduces over a dynamic axis")
+    cfg = pallas.kernel_config(kernel, schedule, options)
+    em = _TritonEmitter(kernel, schedule, cfg, options)
+    w, idx = em.w, em.index_dtype
+    bodies = {m.name: pallas._kernel_coords_body(m) for m in kernel.members}
+    w.line(f"pid = tl.program_id(0){'' if idx == 'tl.int32' else f'.to({idx})'}")
+    if kernel.kind == "pointwise":
+        w.line(f"col_blocks = {pallas._cdiv_source(kernel.cols, cfg.block_cols, 'COLS', 'BLOCK_C')}")
+        w.line(f"xr = (pid // col_blocks) * BLOCK_R + {_iota(0, 'BLOCK_R', idx)}")
+        w.line(f"xc = (pid % col_blocks) * BLOCK_C + {_iota(1, 'BLOCK_C', idx)}")
+        w.line("rmask = xr < ROWS")
+        w.line("cmask = xc < COLS")
+        for m in kernel.members:
+            var, ext = em.value(bodies[m.name])
+            if m.store:
+                em.store(m, var, ext)
+    else:
+        _render_reduction(em, kernel, bodies, cfg)
+    extents = [f"ROWS = {sizes.to_source(kernel.rows)}", f"COLS = {sizes.to_source(kernel.cols)}"]
+    header = (f"# kernel {kernel.name}: {kernel.kind}, {kernel.rows} x {kernel.cols}, "
+              f"block {cfg.block_rows} x {cfg.block_cols}, {'persistent' if cfg.persistent else 'looped'}\n"
+              "# from:\n" + "\n".join(f"#   {eq}" for eq in kernel.origin))
+    if kernel.kind == "pointwise" or sizes.is_symbolic(kernel.rows) or sizes.is_symbolic(kernel.cols):
+        grid = (f"{_grid_cdiv(kernel.rows, cfg.block_rows)} * {_grid_cdiv(kernel.cols, cfg.block_cols)}"
+                if kernel.kind == "pointwise" else _grid_cdiv(kernel.rows, cfg.block_rows))
+    else:
+        grid = _grid_cdiv(kernel.rows, cfg.block_rows)
+    return _wrap(kernel, schedule, em, header, extents, {"BLOCK_R": cfg.block_rows, "BLOCK_C": cfg.block_cols},
+                 grid, cfg.num_warps, cfg.num_stages)
+
+
+def _grid_cdiv(n, block: int) -> str:
+    """Launcher source of ceil(n / block), parenthesized (it may be a factor)."""
+    if not sizes.is_symbolic(n):
+        return str(-(-int(n) // block))
+    return f"(({sizes.to_source(n)} + {block - 1}) // {block})"
+
+
+def _render_reduction(em: _TritonEmitter, kernel: Kernel, bodies, cfg):
+    """Row reductions (reduced extent static), row values and row-wise stores of
+    the program's block of rows, phase by phase as in the Pallas renderer."""
+    for m in kernel.members:
+        if m.role == "reduction" and m.node.op not in _REDUCE:
+            raise TritonUnsupported(f"{m.node.op} reduction")
+    w, idx = em.w, em.index_dtype
+    w.line(f"xr = pid * BLOCK_R + {_iota(0, 'BLOCK_R', idx)}")
+    w.line("rmask = xr < ROWS")
+    phase = pallas._phases(kernel)
+    for p in range(max(phase.values()) + 1):
+        reds = [m for m in kernel.members if m.role == "reduction" and phase[m.name] == p]
+        rowwise = [m for m in kernel.members if m.role == "rowwise" and m.store and phase[m.name] == p]
+        if reds or rowwise:
+            if cfg.persistent:
+                if p == 0:
+                    w.line(f"xc = {_iota(1, 'BLOCK_C', idx)}")
+                    w.line("cmask = xc < COLS")
+                results = {}
+                for m in reds:
+                    var, ext = em.value(bodies[m.name])
+                    masked = _masked_operand(em, m, var, ext)
+                    text = f"{_REDUCE[m.node.op]}({masked}, axis=1, keep_dims=True)"
+                    results[m.name] = em.bind(("reduce", m.name), em.cast_text(text, m.node.dtype), frozenset("r"),
+                                              "red")[0]
+                for m in rowwise:
+                    em.store(m, *em.value(bodies[m.name]))
+                em.row_values.update(results)
+            else:
+                accs = []
+                for i, m in enumerate(reds):
+                    name = f"acc{p}_{i}"
+                    acc_dt = pallas._acc_dtype(m.node.op, m.body.dtype)
+                    ident = pallas._reduction_identity(m.node.op, m.body.dtype)
+                    w.line(f"{name} = tl.full((BLOCK_R, BLOCK_C), {ident}, {em.dtype_text(acc_dt)})")
+                    accs.append((name, m))
+                w.line(f"for chunk in range(0, {-(-int(kernel.cols) // cfg.block_cols)}):")
+                with w.indent():
+                    w.line(f"xc = chunk * BLOCK_C + {_iota(1, 'BLOCK_C', idx)}")
+                    w.line("cmask = xc < COLS")
+                    em.scopes.append({})
+                    for name, m in accs:
+                        var, ext = em.value(bodies[m.name])
+                        masked = _masked_operand(em, m, var, ext)
+                        w.line(f"{name} = {_COMBINE[m.node.op].format(a=name, v=masked)}")
+                    for m in rowwise:
+                        em.store(m, *em.value(bodies[m.name]))
+                    em.scopes.pop()
+                for name, m in accs:
+                    text = f"{_REDUCE[m.node.op]}({name}, axis=1, keep_dims=True)"
+                    em.row_values[m.name] = em.bind(("reduce", m.name), em.cast_text(text, m.node.dtype),
+                                                    frozenset("r"), "red")[0]
+        for m in kernel.members:  # row values (epilogues) whose inputs are final after this phase
+            if m.role == "row" and m.name not in em.row_values and pallas._row_ready(m, em, kernel):
+                var, ext = em.value(bodies[m.name])
+                var = em.broadcast(var, ext, frozenset("r"))
+                em.row_values[m.name] = var
+                if m.store:
+                    em.store(m, var, frozenset("r"))
+    for m in kernel.members:
+        if m.role == "reduction" and m.store:
+            em.store(m, em.row_values[m.name], frozenset("r"))
+
+
+def _masked_operand(em, m, var, ext) -> str:
+    """A reduction's operand over the tile, in its accumulator dtype, with the
+    identity past the last column."""
+    full = frozenset("rc")
+    acc_dt = pallas._acc_dtype(m.node.op, m.body.dtype)
+    v = em.broadcast(var, ext, full)
+    if acc_dt != m.body.dtype:
+        v = em.bind(("cast", v, acc_dt), em.cast_text(v, acc_dt), full)[0]
+    ident = pallas._reduction_identity(m.node.op, m.body.dtype)
+    return em.bind(("masked", v), f"tl.where(cmask, {v}, {ident})", full)[0]
+
+
+def _render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
+    """The matmul template ([Note: the matmul template] in codegen/matmul.py) in Triton."""
+    cfg = matmul.matmul_kernel_config(kernel, options)
+    em = _TritonMatmulEmitter(kernel, schedule, cfg, options)
+    mm = matmul._matmul_member(kernel)
+    node: ir.Matmul = mm.node
+    em.bounds = matmul_kernel_bounds(node)
+    b, m, n, k = matmul.matmul_dims(node)
+    n_blocks, k_blocks = -(-n // cfg.block_n), -(-k // cfg.block_k)
+    dynamic_m = sizes.is_symbolic(m)
+    m_blocks = "M_BLOCKS" if dynamic_m else -(-m // cfg.block_m)
+    w, idx = em.w, em.index_dtype
+    w.line(f"pid = tl.program_id(0){'' if idx == 'tl.int32' else f'.to({idx})'}")
+    if dynamic_m:
+        w.line("M_BLOCKS = (M + BLOCK_M - 1) // BLOCK_M")
+    tiles = f"(M_BLOCKS * {n_blocks})" if dynamic_m else m_blocks * n_blocks
+    tile = "pid"
+    if b > 1:
+        w.line(f"xb = pid // {tiles}")
+        w.line(f"tile = pid % {tiles}")
+        tile = "tile"
+    if n_blocks == 1:
+        w.line(f"pid_m = {tile}")
+        w.line("pid_n = 0")
+    elif m_blocks == 1:
+        w.line("pid_m = 0")
+        w.line(f"pid_n = {tile}")
+    else:
+        group = cfg.group_m * n_blocks
+        w.line("# GROUP_M row blocks walk the column blocks together, sharing B tiles in L2")
+        w.line(f"first_m = ({tile} // {group}) * GROUP_M")
+        w.line(f"group_rows = tl.minimum({m_blocks} - first_m, GROUP_M)")
+        w.line(f"pid_m = first_m + ({tile} % {group}) % group_rows")
+        w.line(f"pid_n = ({tile} % {group}) // group_rows")
+    w.line(f"xr = pid_m * BLOCK_M + {_iota(0, 'BLOCK_M', idx)}")
+    w.line(f"xc = pid_n * BLOCK_N + {_iota(1, 'BLOCK_N', idx)}")
+    w.line("rmask = xr < M")
+    w.line("cmask = xc < N")
+    lhs, rhs = (ir.substitute_index(op, mm.coords) for op in mm.body.args)
+    a_rows, b_cols = XR, XC
+    if dynamic_m or m % cfg.block_m:
+        w.line("xra = xr % M  # rows past M read a valid row; they are never stored")
+        a_rows = matmul._A_ROW
+    if n % cfg.block_n:
+        w.line("xcb = xc % N")
+        b_cols = matmul._B_COL
+    a_off = matmul._operand_offset(em, lhs, {XR: a_rows, XK: matmul._A_K})
+    b_off = matmul._operand_offset(em, rhs, {XK: matmul._B_K, XC: b_cols})
+    k_tail = k % cfg.block_k != 0
+    wide = em.triton_interpret and lhs.dtype != np.float32  # the interpreter's 16-bit tl.dot is wrong
+    if lhs.dtype == np.float32:
+        precision = "ieee" if node.precision == "highest" else "tf32"
+        dot = f"tl.dot(a, b, acc, input_precision={precision!r})"
+    else:
+        dot = "tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision='ieee')" if wide else "tl.dot(a, b, acc)"
+    w.line("acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
+    w.line(f"for step in range(0, {k_blocks}):")
+    with w.indent():
+        w.line(f"ka = step * BLOCK_K + {_iota(1, 'BLOCK_K', idx)}")
+        w.line(f"kb = step * BLOCK_K + {_iota(0, 'BLOCK_K', idx)}")
+        for name, ref, off, free, shape, kmask in (
+                ("a", em.in_refs[lhs.buffer], a_off, {a_rows, matmul._A_K}, "(BLOCK_M, BLOCK_K)", "ka < K"),
+                ("b", em.in_refs[rhs.buffer], b_off, {matmul._B_K, b_cols}, "(BLOCK_K, BLOCK_N)", "kb < K")):
+            text = sizes.to_source(off)
+            if not free <= off.free_symbols:
+                text = (f"tl.broadcast_to({text}, {shape})" if off.free_symbols
+                        else f"tl.full({shape}, {text}, {idx})")
+            mask = f", mask=tl.broadcast_to({kmask}, {shape}), other=0" if k_tail else ""
+            w.line(f"{name} = tl.load({ref} + {text}{mask})")
+        w.line(f"acc = {dot}")
+    full = frozenset("rc")
+    tile_var = "acc"
+    if node.dtype != np.float32:
+        w.line(f"mm = acc.to({em.dtype_text(node.dtype)})")
+        tile_var = "mm"
+        em.wide_of["mm"] = "acc"  # a 16-bit product feeds its epilogue unrounded (allow_excess_precision)
+    em.tile_values[node.name] = (tile_var, full)
+    if mm.store:
+        em.store(mm, tile_var, full)
+    for member in kernel.members:
+        if member is not mm:
+            var, ext = em.value(pallas._kernel_coords_body(member))
+            if member.store:
+                em.store(member, var, ext)
+    own = _origins(em.graph, mm, em.schedule.stored)
+    header = (f"# kernel {kernel.name}: matmul {'%d x ' % b if b > 1 else ''}({m} x {k}) @ ({k} x {n}), {cfg}\n"
+              "# matmul (operand views folded into its loads):\n" + "\n".join(f"#   {eq}" for eq in own))
+    epilogue = [eq for eq in kernel.origin if eq not in own]
+    if epilogue:
+        header += "\n# epilogue:\n" + "\n".join(f"#   {eq}" for eq in epilogue)
+    extents = [f"M = {sizes.to_source(m)}", f"N = {n}", f"K = {k}"]
+    grid = f"{b * n_blocks} * {_grid_cdiv(m, cfg.block_m)}" if dynamic_m else str(b * (-(-m // cfg.block_m)) * n_blocks)
+    blocks = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "GROUP_M": cfg.group_m,
+              "BLOCK_R": cfg.block_m, "BLOCK_C": cfg.block_n}
+    return _wrap(kernel, schedule, em, header, extents, blocks, grid, cfg.num_warps, cfg.num_stages)
+
+
+@dataclasses.dataclass
+class _Rendered:
+    name: str
+    source: str
+    reads: list
+    dims: list
+    grid: str
+    constexprs: dict
+    num_warps: int
+    num_stages: int
+    helpers: set
+
+
+def _wrap(kernel, schedule, em, header, extents, constexprs, grid, num_warps, num_stages) -> _Rendered:
+    body = em.w.source()
+    dims = pallas.used_dims(schedule, "\n".join(extents) + "\n" + body)
+    ins, outs = list(em.in_refs.values()), list(em.out_refs.values())
+    w = SourceWriter()
+    w.lines.extend(header.splitlines())
+    w.line("@triton.jit")
+    params = ins + outs + dims + [f"{c}: tl.constexpr" for c in constexprs]
+    w.line(f"def {kernel.name}_kernel({', '.join(params)}):")
+    with w.indent():
+        for line in extents:
+            w.line(line)
+    w.lines.append(body.rstrip("\n"))
+    return _Rendered(kernel.name, w.source(), list(kernel.reads), dims, grid, constexprs, num_warps, num_stages,
+                     set(em.helpers))
+
+
+# --------------------------------------------------------------------------- #
+# The whole program
+# --------------------------------------------------------------------------- #
+def render(schedule: Schedule, options: CompileOptions, title: str = "") -> TritonProgram:
+    """The schedule as a Triton module with ``launch(run, kernels, *inputs)``; raises
+    ``TritonUnsupported`` naming the first thing it cannot render."""
+    graph = schedule.graph
+    rendered = []
+    for step in schedule.steps:
+        if not isinstance(step, Kernel):
+            raise TritonUnsupported(f"{step.primitive.name} runs through XLA")
+        fn = _render_matmul if step.kind == "matmul" else _render_kernel
+        rendered.append(fn(step, schedule, options))
+    dims = pallas.program_dims(schedule)
+    w = SourceWriter()
+    w.line(f"# Generated by pallaskit (Triton){': ' + title if title else ''}")
+    w.lines.extend(_PRELUDE.splitlines())
+    for h in sorted(set().union(*[r.helpers for r in rendered]) if rendered else ()):
+        w.lines.extend(HELPERS[h].splitlines())
+    for r in rendered:
+        w.line()
+        w.line()
+        w.lines.extend(r.source.rstrip("\n").splitlines())
+    w.line()
+    w.line()
+    w.line(f"def launch(run, kernels, {', '.join(graph.inputs)}):")
+    with w.indent():
+        w.line('"""Every kernel on ``run`` (a pallaskit Launch); ``kernels``: name -> launchable kernel."""')
+        for d in dims:
+            name, axis = pallas._dim_source(graph, d)
+            w.line(f"{d} = {name}.shape[{axis}]")
+        for r, step in zip(rendered, schedule.kernels):
+            for m in step.members:
+                if m.store:
+                    w.line(f"{m.name} = run.empty({pallas._shape_source(m.node.shape)}, "
+                           f"np.dtype({np.dtype(m.node.dtype).name!r}))")
+            outs = [m.name for m in step.members if m.store]
+            ce = ", ".join(f"{c}={v}" for c, v in r.constexprs.items())
+            w.line(f"run(kernels[{r.name!r}], ({r.grid},), {', '.join(r.reads + outs + r.dims)}, {ce})")
+        outs = []
+        for o in graph.outputs:
+            if isinstance(o, ir.Const):
+                raise TritonUnsupported("a constant output")
+            outs.append(o)
+        w.line(f"return run.finish({', '.join(outs)})")
+    kernels = [TritonKernelSource(r.name, r.num_warps, r.num_stages) for r in rendered]
+    return TritonProgram(w.source(), kernels, list(graph.inputs), list(graph.outputs))
