@@ -26,6 +26,7 @@ def _fresh_state(request):
     pallaskit.config.reset()
     pallaskit.config.update(cache_dir=os.path.join(_CACHE_ROOT, f"{zlib.crc32(request.node.nodeid.encode()):08x}"))
     yield
+    pallaskit.wait_compiles()  # background tier-up compiles (runtime/eager.py) end with their test
     pallaskit.config.reset()
 
 

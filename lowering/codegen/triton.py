@@ -51,7 +51,7 @@ OPS = {
     "square": "({0} * {0})", "abs": "tl.abs({0})",
     "exp": "tl.exp({0})", "exp2": "tl.exp2({0})", "log": "tl.log({0})", "tanh": "_tanh({0})",
     "logistic": "tl.sigmoid({0})", "sqrt": "tl.sqrt_rn({0})", "rsqrt": "(1.0 / tl.sqrt_rn({0}))",
-    "erf": "tl.erf({0})", "sin": "tl.sin({0})", "cos": "tl.cos({0})",
+    "erf": "tl.erf({0})", "erfc": "(1.0 - tl.erf({0}))", "sin": "tl.sin({0})", "cos": "tl.cos({0})",
     "floor": "tl.floor({0})", "ceil": "tl.ceil({0})",
     "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
     "gt": "({0} > {1})", "ge": "({0} >= {1})",
@@ -150,6 +150,8 @@ class _TritonEmitter(pallas._KernelEmitter):
             return self.cast_text("{0}", params["new_dtype"])
         if e.op not in OPS:
             raise TritonUnsupported(f"op {e.op}")
+        if e.op in ("erf", "erfc") and pallas._is_16bit_float(e.dtype):  # not upcast by the emitter; tl.erf is f32
+            return self.cast_text(OPS[e.op].format("{0}.to(tl.float32)"), e.dtype)
         return OPS[e.op]
 
     def load_text(self, ref, off, mask_arg) -> str:

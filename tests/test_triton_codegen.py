@@ -1,0 +1,201 @@
+"""The raw-Triton renderer (lowering/codegen/triton.py) and the eager launches
+of symbolic programs (pallaskit/runtime/eager.py, [Note: eager launches]).
+
+On the CPU the kernels run in Triton's interpreter (``dynamic_launch='on'``);
+``JAX_PLATFORMS=cuda PALLASKIT_INTERPRET=0`` compiles them for the GPU. Every
+case checks that the call really ran eagerly (counter ``eager_launches``), so
+a program that silently took its XLA path fails."""
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip("triton")
+
+import pallaskit  # noqa: E402
+from conftest import assert_close  # noqa: E402
+from pallaskit import metrics  # noqa: E402
+
+BF16 = jnp.bfloat16
+SIZES = (1, 7, 37, 300)
+
+
+def _pointwise_broadcast(x, w, b):
+    return jnp.tanh(x * w + b) * 2.0 - jnp.maximum(x, 0.5) / (1.0 + jnp.abs(b))
+
+
+def _transposed(x, s):
+    return jnp.transpose(x, (1, 0)) * s  # a (96, n) result: a tiled transpose
+
+
+def _softmax(x, w):
+    return jax.nn.softmax(x * w, axis=-1)
+
+
+def _layernorm(x, w, b):
+    xf = x.astype(jnp.float32)
+    mu = jnp.mean(xf, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(xf - mu), axis=-1, keepdims=True)
+    return ((xf - mu) * jax.lax.rsqrt(var + 1e-5) * w + b).astype(x.dtype), jnp.max(xf, axis=-1)
+
+
+def _long_rows(x):
+    # rows far longer than a persistent tile: a looped reduction, and a row-wise store in the loop
+    return jnp.sum(jnp.exp(x - 1.0), axis=-1), jnp.where(x > 0, x, 0.1 * x)
+
+
+def _mlp(x, w1, b1, w2, r):
+    return jax.nn.gelu(x @ w1 + b1) @ w2 + r
+
+
+def _mlp_erf(x, w1, w2):
+    return jax.nn.gelu(jnp.einsum("nk,kh->nh", x, w1), approximate=False) @ w2
+
+
+def _normal(rng, shape, dt, scale=1.0):
+    return jnp.asarray(rng.standard_normal(shape) * scale, dt)
+
+
+CASES = {
+    # name: (fn, dynamic, (n, dtype, rng) -> args)
+    "pointwise_broadcast": (_pointwise_broadcast, {"x": {0: "n"}},
+                            lambda n, dt, r: (_normal(r, (n, 96), dt), _normal(r, (96,), dt), _normal(r, (1, 96), dt))),
+    "transposed": (_transposed, {"x": {0: "n"}}, lambda n, dt, r: (_normal(r, (n, 96), dt), _normal(r, (), dt))),
+    "softmax": (_softmax, {"x": {0: "n"}}, lambda n, dt, r: (_normal(r, (n, 100), dt), _normal(r, (100,), dt))),
+    "layernorm": (_layernorm, {"x": {0: "n"}},
+                  lambda n, dt, r: (_normal(r, (n, 130), dt), _normal(r, (130,), dt), _normal(r, (130,), dt))),
+    "long_rows": (_long_rows, {"x": {0: "n"}}, lambda n, dt, r: (_normal(r, (n, 5000), dt),)),
+    "mlp": (_mlp, {"x": {0: "n"}, "r": {0: "n"}},
+            lambda n, dt, r: (_normal(r, (n, 40), dt), _normal(r, (40, 72), dt, 0.2), _normal(r, (72,), dt),
+                              _normal(r, (72, 24), dt, 0.2), _normal(r, (n, 24), dt))),
+    "mlp_erf": (_mlp_erf, {"x": {0: "n"}},
+                lambda n, dt, r: (_normal(r, (n, 40), dt), _normal(r, (40, 72), dt, 0.2),
+                                  _normal(r, (72, 24), dt, 0.2))),
+}
+
+
+# Products: summation order and one rounding of a bfloat16 product differ from XLA's
+# (tests/test_matmul.py's tolerances); on a GPU a float32 product runs as TF32.
+MATMUL_TOL = {np.dtype(jnp.float32): dict(rtol=1e-4, atol=1e-4) if jax.default_backend() == "cpu"
+              else dict(rtol=1e-2, atol=1e-2), np.dtype(BF16): dict(rtol=2e-2, atol=3e-2)}
+
+
+def _check(name, dtype, rng, sizes=SIZES):
+    fn, dynamic, make = CASES[name]
+    f = pallaskit.jit(fn, dynamic=dynamic)
+    for n in sizes:
+        args = make(n, dtype, rng)
+        before = metrics.counters["eager_launches"]
+        got = f(*args)
+        assert metrics.counters["eager_launches"] == before + 1, f"{name} at n={n} did not run eagerly"
+        for g, e in zip(jax.tree.leaves(got), jax.tree.leaves(jax.jit(fn)(*args))):
+            assert g.dtype == e.dtype and g.shape == e.shape
+            if name.startswith("mlp"):
+                np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(e, np.float32),
+                                           **MATMUL_TOL[np.dtype(dtype)])
+            else:
+                assert_close(g, e, dtype)
+    return f
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, BF16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("name", [n for n in CASES if not n.startswith("mlp")])
+def test_eager_kernels_match_jax_jit(name, dtype, rng):
+    pallaskit.config.update(dynamic_launch="on")
+    _check(name, dtype, rng)
+
+
+@pytest.mark.parametrize("name", ["mlp", "mlp_erf"])
+def test_eager_matmul_template_with_epilogue(name, rng):
+    # bf16: mode 'auto' gives float32 products to XLA (not eager); 'fused' runs the template in float32 too
+    pallaskit.config.update(dynamic_launch="on")
+    _check(name, BF16, rng, sizes=(1, 37, 130))
+    pallaskit.config.update(matmul_template="fused")
+    _check(name, jnp.float32, rng, sizes=(5, 70))
+
+
+def test_one_kernel_compile_serves_every_size_and_a_recurring_size_tiers_up(rng):
+    pallaskit.config.update(dynamic_launch="on")
+    fn, dynamic, make = CASES["softmax"]
+    f = pallaskit.jit(fn, dynamic=dynamic)
+    args = {n: make(n, jnp.float32, rng) for n in (3, 50, 200)}
+    for n in (3, 50, 200):
+        assert_close(f(*args[n]), jax.jit(fn)(*args[n]))
+    compiled = metrics.counters["kernels_compiled"]
+    assert metrics.counters["eager_launches"] == 3 and metrics.counters["graphs_compiled"] == 1
+    dispatcher = next(iter(f._sym.values())).executable
+    assert not dispatcher.chosen
+    f(*args[50])  # the size recurs: still eager, its XLA variant compiles in the background
+    assert metrics.counters["eager_launches"] == 4
+    pallaskit.wait_compiles()
+    assert list(dispatcher.chosen) == [(50,)]
+    assert_close(f(*args[50]), jax.jit(fn)(*args[50]))  # now through XLA
+    assert metrics.counters["eager_launches"] == 4
+    assert metrics.counters["kernels_compiled"] == compiled
+
+
+def test_unrenderable_programs_keep_their_xla_path(rng, caplog):
+    pallaskit.config.update(dynamic_launch="on")
+
+    def sort_rows(x):
+        return jnp.sort(x, axis=-1) * 2.0  # sort runs through XLA: no eager program
+
+    f = pallaskit.jit(sort_rows, dynamic={"x": {0: "n"}})
+    for n in (4, 9):
+        x = _normal(rng, (n, 16), jnp.float32)
+        assert_close(f(x), jax.jit(sort_rows)(x))
+    assert metrics.counters["eager_launches"] == 0
+
+
+def test_dynamic_launch_off_and_auto_on_the_cpu(rng):
+    fn, dynamic, make = CASES["softmax"]
+    args = make(11, jnp.float32, rng)
+    for mode in ("off", "auto"):  # auto: only on a GPU
+        if mode == "auto" and jax.default_backend() == "gpu":
+            continue
+        pallaskit.config.update(dynamic_launch=mode)
+        assert_close(pallaskit.jit(fn, dynamic=dynamic)(*args), jax.jit(fn)(*args))
+        assert metrics.counters["eager_launches"] == 0
+    with pytest.raises(ValueError, match="dynamic_launch"):
+        pallaskit.config.update(dynamic_launch="sometimes")
+
+
+def test_forced_variant_out_of_range_still_raises(rng):
+    pallaskit.config.update(dynamic_launch="on", multi_kernel_force=7)
+    fn, dynamic, make = CASES["long_rows"]
+    f = pallaskit.jit(fn, dynamic=dynamic)
+    with pytest.raises(ValueError, match="multi_kernel_force=7"):
+        f(*make(3, jnp.float32, rng))
+
+
+def test_background_failure_is_logged_and_the_size_stays_eager(rng, caplog, monkeypatch):
+    pallaskit.config.update(dynamic_launch="on")
+    fn, dynamic, make = CASES["pointwise_broadcast"]
+    f = pallaskit.jit(fn, dynamic=dynamic)
+    args = make(6, jnp.float32, rng)
+    f(*args)
+    dispatcher = next(iter(f._sym.values())).executable
+
+    def broken(*a):
+        raise RuntimeError("no compiler today")
+
+    monkeypatch.setattr(dispatcher, "_choose", broken)
+    with caplog.at_level(logging.WARNING, logger="pallaskit"):
+        f(*args)
+        pallaskit.wait_compiles()
+    assert "no compiler today" in caplog.text and not dispatcher.chosen
+    assert_close(f(*args), jax.jit(fn)(*args))
+    assert metrics.counters["eager_launches"] == 3
+
+
+def test_generated_source_is_readable(rng):
+    pallaskit.config.update(dynamic_launch="on")
+    fn, dynamic, make = CASES["mlp"]
+    f = pallaskit.jit(fn, dynamic=dynamic)
+    f(*make(9, BF16, rng))
+    source = next(iter(f._sym.values())).executable.eager.program.source
+    assert "@triton.jit" in source and "def launch(run, kernels," in source
+    assert "# epilogue:" in source and "= tanh" in source  # the jaxpr equations each kernel came from
+    assert "tl.dot(" in source and "n = arg0.shape[0]" in source
