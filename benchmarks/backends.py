@@ -38,6 +38,10 @@ class Runner:
     # JAX only: (list of native input sets) -> outputs of one call per set, all
     # inside one jax.jit (one dispatch), so the host clock measures the device.
     staged: Callable | None = None
+    # (native inputs) -> None: brings a size to its steady state before it is timed
+    # (pallaskit's dynamic path: a recurring size's XLA executable compiles in the
+    # background, runtime/eager.py; this calls once more and waits for it).
+    settle: Callable | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +80,8 @@ class Context:
 
 # -- JAX ----------------------------------------------------------------------------
 def _jax_runner(fn, first_call_options=None) -> Runner:
+    """A JAX function's runner; ``first_call_options`` (pallaskit's, applied to the
+    first call) also marks a pallaskit function, which settles before steady timing."""
     first = {"done": False}
 
     def call(inputs):
@@ -99,8 +105,15 @@ def _jax_runner(fn, first_call_options=None) -> Runner:
                 return many(sets)
         return many(sets)
 
+    def settle(inputs):
+        import pallaskit
+
+        jax.block_until_ready(call(inputs))
+        pallaskit.wait_compiles()
+
     return Runner(call=call, prepare=tuple, sync=jax.block_until_ready, leaves=jax.tree_util.tree_leaves,
-                  clock=timing.HostClock(jax.block_until_ready), staged=staged)
+                  clock=timing.HostClock(jax.block_until_ready), staged=staged,
+                  settle=settle if first_call_options is not None else None)
 
 
 def _build_xla(backend, workload, hint, ctx):
