@@ -285,6 +285,9 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in [
             options=(("layout_propagation", False),), tags=frozenset({"layout"})),
     Backend("pallaskit_dynamic", JAX, "pallaskit.jit, dynamic axis 0 (default multi-kernel hints)",
             _build_pallaskit_dynamic, tags=frozenset({"dynamic"})),
+    Backend("pallaskit_dynamic_variant_tier", JAX, "pallaskit.jit, dynamic axis 0, dynamic_tier_up='variant' (a "
+            "recurring size compiles its multi-kernel variant, not its own static program)", _build_pallaskit_dynamic,
+            options=(("dynamic_tier_up", "variant"),), tags=frozenset({"dynamic"}), default=False),
     Backend("pallaskit_buckets", JAX, "pallaskit.jit, dynamic axis 0, dynamic_buckets=True (experimental; its "
             "H100 sweep died with CUDA_ERROR_ILLEGAL_ADDRESS)", _build_pallaskit_dynamic,
             options=(("dynamic_buckets", True),), tags=frozenset({"dynamic"}), default=False),

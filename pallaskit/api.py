@@ -198,6 +198,13 @@ class JitFunction:
         sym_key = (treedef, shapes, static_pos, static_kw, n_args)
         if sym_key not in self._sym:
             self._sym[sym_key] = self._compile_symbolic(avals, axes, values, treedef, static_pos, static_kw, n_args)
+            dispatcher = getattr(self._sym[sym_key], "executable", None)
+            if getattr(dispatcher, "eager", None) is not None and config.dynamic_tier_up == "static":
+                def compile_static(leaves, sig=(treedef, static_pos, static_kw, n_args)):
+                    """A recurring size's own static program ([Note: eager launches])."""
+                    entry = self._compile([_abstractify(x, "an argument") for x in leaves], *sig)
+                    return entry.executable, entry.constants
+                dispatcher.compile_static = compile_static
         entry = self._sym[sym_key]
         if entry is None:
             return None

@@ -43,6 +43,12 @@ def _check_bool(v):
     return v
 
 
+def _check_tier_up(v):
+    if isinstance(v, str) and v.strip().lower() in ("static", "variant"):
+        return v.strip().lower()
+    raise ValueError(f"expected 'static' or 'variant', got {v!r}")
+
+
 def _check_dynamic_launch(v):
     if isinstance(v, bool):
         return "on" if v else "off"
@@ -213,6 +219,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "call. 'auto': on a GPU when every kernel renders to Triton and triton is installed; 'on': also in "
            "interpret mode (Triton's interpreter); 'off': every new size waits for its XLA compile.",
            str, _check_dynamic_launch, "'auto', 'on', 'off'"),
+    Option("dynamic_tier_up", "static", "Dynamic dims with dynamic_launch: what a recurring size (its second call) "
+           "compiles in the background to replace its eager launches: 'static', its own static program (pallaskit's "
+           "full compile at that size, through the on-disk cache); 'variant', the multi-kernel variant chosen for "
+           "it, compiled by XLA for that size.", str, _check_tier_up, "'static', 'variant'"),
     Option("multi_kernel_force", -1, "Multi-kernel: run this variant index (in ascending hint order, after "
            "identical variants are merged) for every new size instead of choosing (-1: choose).", int,
            _check_int_from_minus_one, "an int >= -1"),

@@ -62,6 +62,11 @@ def main():
     print(f"all 16 sizes to first result: {total:.3f} s; first size {firsts[SWEEP_ROWS[0]]:.0f} ms; "
           f"later sizes {min(list(firsts.values())[1:]):.2f}-{max(list(firsts.values())[1:]):.2f} ms; "
           f"eager_launches {c['eager_launches']}, kernels_compiled {c['kernels_compiled']}")
+    print(f"first size: trace {c['trace_seconds']:.3f} s, pallaskit compile (all variants, incl. trace) "
+          f"{c['compile_seconds']:.3f} s, the rest (Triton compile + load, launches) "
+          f"{firsts[SWEEP_ROWS[0]] / 1e3 - c['compile_seconds']:.3f} s")
+    if "--first-only" in sys.argv:
+        return
     new = {}
     for m, args in extra.items():
         t1 = time.perf_counter()
@@ -92,10 +97,10 @@ def main():
         args = inputs[row["m"]]
         row["tier_ms"] = per_call_ms(f, args)
         row["tier_err"] = rel_err(f(*args), ref(*args))
-        row["variant"] = dispatcher.chosen.get((row["m"],))
+        row["variant"] = "static" if (row["m"],) in dispatcher.static else dispatcher.chosen.get((row["m"],))
         floor = (2 * row["m"] * (K + H + N) + 2 * (K * H + H * N)) / 3.0e12 * 1e3
         print(f"M={row['m']:5d} first {row['first_ms']:8.2f} ms | steady eager {row['eager_ms']:.3f} "
-              f"tier {row['tier_ms']:.3f} (v{row['variant']}) jax.jit {row['xla_ms']:.3f} | floor {floor:.3f} | "
+              f"tier {row['tier_ms']:.3f} ({row['variant']}) jax.jit {row['xla_ms']:.3f} | floor {floor:.3f} | "
               f"rel err eager {row['eager_err']:.1e} tier {row['tier_err']:.1e} jax.jit {row['xla_err']:.1e}")
     sums = {k: round(sum(r[k] for r in rows), 3) for k in ("eager_ms", "tier_ms", "xla_ms")}
     print("steady sums (ms):", sums)

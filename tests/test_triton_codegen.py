@@ -116,8 +116,9 @@ def test_eager_matmul_template_with_epilogue(name, rng):
     _check(name, jnp.float32, rng, sizes=(5, 70))
 
 
-def test_one_kernel_compile_serves_every_size_and_a_recurring_size_tiers_up(rng):
-    pallaskit.config.update(dynamic_launch="on")
+@pytest.mark.parametrize("tier_up", ["static", "variant"])
+def test_one_kernel_compile_serves_every_size_and_a_recurring_size_tiers_up(tier_up, rng):
+    pallaskit.config.update(dynamic_launch="on", dynamic_tier_up=tier_up)
     fn, dynamic, make = CASES["softmax"]
     f = pallaskit.jit(fn, dynamic=dynamic)
     args = {n: make(n, jnp.float32, rng) for n in (3, 50, 200)}
@@ -126,14 +127,19 @@ def test_one_kernel_compile_serves_every_size_and_a_recurring_size_tiers_up(rng)
     compiled = metrics.counters["kernels_compiled"]
     assert metrics.counters["eager_launches"] == 3 and metrics.counters["graphs_compiled"] == 1
     dispatcher = next(iter(f._sym.values())).executable
-    assert not dispatcher.chosen
-    f(*args[50])  # the size recurs: still eager, its XLA variant compiles in the background
+    assert not dispatcher.chosen and not dispatcher.static
+    f(*args[50])  # the size recurs: still eager, its compile runs in the background
     assert metrics.counters["eager_launches"] == 4
     pallaskit.wait_compiles()
-    assert list(dispatcher.chosen) == [(50,)]
-    assert_close(f(*args[50]), jax.jit(fn)(*args[50]))  # now through XLA
-    assert metrics.counters["eager_launches"] == 4
-    assert metrics.counters["kernels_compiled"] == compiled
+    if tier_up == "static":  # the size's own static program, compiled as without dynamic=
+        assert list(dispatcher.static) == [(50,)] and not dispatcher.chosen
+        assert metrics.counters["graphs_compiled"] == 2
+    else:  # the multi-kernel choice, compiled by XLA for this size: no new kernel
+        assert list(dispatcher.chosen) == [(50,)] and not dispatcher.static
+        assert metrics.counters["kernels_compiled"] == compiled
+    assert_close(f(*args[50]), jax.jit(fn)(*args[50]))  # now compiled, not eager
+    assert_close(f(*args[3]), jax.jit(fn)(*args[3]))
+    assert metrics.counters["eager_launches"] == 5  # n=3 is still eager (seen twice now: compiling)
 
 
 def test_unrenderable_programs_keep_their_xla_path(rng, caplog):
@@ -181,7 +187,7 @@ def test_background_failure_is_logged_and_the_size_stays_eager(rng, caplog, monk
     def broken(*a):
         raise RuntimeError("no compiler today")
 
-    monkeypatch.setattr(dispatcher, "_choose", broken)
+    monkeypatch.setattr(dispatcher, "compile_static", broken)
     with caplog.at_level(logging.WARNING, logger="pallaskit"):
         f(*args)
         pallaskit.wait_compiles()
@@ -199,3 +205,16 @@ def test_generated_source_is_readable(rng):
     assert "@triton.jit" in source and "def launch(run, kernels," in source
     assert "# epilogue:" in source and "= tanh" in source  # the jaxpr equations each kernel came from
     assert "tl.dot(" in source and "n = arg0.shape[0]" in source
+
+
+def test_numpy_and_scalar_leaves_run_eagerly(rng):
+    pallaskit.config.update(dynamic_launch="on")
+
+    def scaled(x, s):
+        return x * s + 1.0
+
+    f = pallaskit.jit(scaled, dynamic={"x": {0: "n"}})
+    for n in (2, 9):
+        x = rng.standard_normal((n, 12)).astype(np.float32)
+        assert_close(f(x, 3.0), jax.jit(scaled)(x, 3.0))
+    assert metrics.counters["eager_launches"] == 2

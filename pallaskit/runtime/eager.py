@@ -10,12 +10,15 @@ kernels). When every kernel of a symbolic program renders to raw Triton
 kernel arguments), and a new size costs the launches.
 
 The multi-kernel dispatcher (runtime/multikernel.py) serves a shape key this
-way until that key has a variant chosen and compiled by XLA: a size's first
-call runs eagerly; its second call (the size recurs) starts the usual choice
-(forced, from disk, timed or nearest) and the variant's XLA compile for that
-size on a background thread, and runs eagerly again; the calls after that
-compile finishes take the XLA executable, which costs less host time per call
-than the Python launcher. ``wait_compiles()`` waits for the background work
+way until something compiled for that key is ready: a size's first call runs
+eagerly; its second call (the size recurs) starts a compile on a background
+thread and runs eagerly again; the calls after that compile finishes take the
+compiled executable, which costs less host time per call than the Python
+launcher. What compiles (option ``dynamic_tier_up``): ``static`` (default), the
+size's own static program, as ``pallaskit.jit`` without ``dynamic=`` would
+compile it (through the on-disk cache; figures in benchmarks/RESULTS.md);
+``variant``, the usual multi-kernel choice
+(forced, from disk, timed or nearest) and that variant's XLA compile. ``wait_compiles()`` waits for the background work
 (benchmarks call it before timing a steady state). Why not at first sight: the
 background trace and lowering hold the GIL, and the eager calls of other new
 sizes then wait on it.
@@ -48,7 +51,7 @@ class EagerProgram:
         digest = hashlib.sha256(program.source.encode()).hexdigest()[:16]
         filename = f"<pallaskit-triton-{digest}>"  # Triton reads kernel source through inspect: linecache
         linecache.cache[filename] = (len(program.source), None, program.source.splitlines(True), filename)
-        namespace: dict = {}
+        namespace: dict = {"__name__": f"pallaskit_triton_{digest}"}  # Triton reads helpers' __module__
         exec(compile(program.source, filename, "exec"), namespace)
         self._launch = namespace["launch"]
         self.kernels = {k.name: TritonKernel(namespace[f"{k.name}_kernel"], num_warps=k.num_warps,
@@ -57,7 +60,11 @@ class EagerProgram:
     def __call__(self, *inputs):
         from pallaskit.runtime.triton_launch import Launch
 
+        import jax
+        import jax.numpy as jnp
+
         metrics.counters["eager_launches"] += 1
+        inputs = [x if isinstance(x, jax.Array) else jnp.asarray(x) for x in inputs]  # numpy, Python scalars
         return self._launch(Launch(interpret=self.interpret), self.kernels, *inputs)
 
 

@@ -105,6 +105,8 @@ class Dispatcher:
         self.eager_constants: list = []
         self.sightings: dict = {}  # shape key -> eager calls so far
         self.tier_up_errors: dict = {}  # shape key -> why its background choice failed (it stays eager)
+        self.compile_static = None  # leaves -> (executable, constants) of their static program (option dynamic_tier_up)
+        self.static: dict = {}  # shape key -> (executable, constants) compiled by compile_static
         self.methods: dict = {}  # shape key -> how it was chosen (for tests and debugging)
         self._ran = False  # kernels_compiled counted
         self._warned = False
@@ -123,6 +125,9 @@ class Dispatcher:
         key = self.shape_key(leaves)
         if self.bucketed:
             key = tuple(bucket(v) for v in key)
+        static = self.static.get(key)
+        if static is not None:  # a recurring size's static program (runtime/eager.py)
+            return static[0](*leaves, *static[1])
         index = self.chosen.get(key)
         if index is None:
             if self.eager is not None and not any(isinstance(x, jax.core.Tracer) for x in leaves):
@@ -162,9 +167,15 @@ class Dispatcher:
         return self.eager(*leaves, *self.eager_constants)
 
     def _tier_up(self, key: tuple, leaves) -> None:
-        """Background: choose the key's variant, compile it for the key's sizes,
-        then record the choice (later calls of the key take it)."""
+        """Background: compile the key's static program (``compile_static``), or
+        choose the key's variant and compile it for the key's sizes and record
+        the choice; later calls of the key take it."""
         try:
+            if self.compile_static is not None:
+                executable, constants = self.compile_static(leaves)
+                jax.block_until_ready(executable(*leaves, *constants))
+                self.static[key] = (executable, constants)
+                return
             index, method, timings = self._choose(key, leaves)
             v = self.variants[index]
             jax.block_until_ready(v.fn(*leaves, *v.constants))  # XLA's compile for these sizes
