@@ -385,11 +385,25 @@ class JitFunction:
             # concrete size (jax.jit of the shape-generic program), so an entry
             # could hold only its source; this compiles it in-process instead.
             built = {}  # source -> [result, call, constants, [hint tuples]]; first hint of a source kept
-            for hints in variants or [tuple(size_hints)]:
+            order = list(variants or [tuple(size_hints)])
+            # Eager launches with static tier-up use one variant: build the nearest
+            # first and stop at the first that renders to Triton ([Note: eager launches]).
+            lazy = bool(first_sizes) and _eager_wanted(options) and config.dynamic_tier_up == "static"
+            if lazy:
+                order.sort(key=lambda hints: multikernel.log_distance(hints, first_sizes))
+            eager_program = None
+            for hints in order:
                 result, call, constants = build(dataclasses.replace(options, size_hints=tuple(hints)))
                 if not result.program.symbols:
                     raise lowering.SymbolicUnsupported("no dynamic size reaches the program")
-                built.setdefault(result.program.source, [result, call, constants, []])[3].append(tuple(hints))
+                entry = built.setdefault(result.program.source, [result, call, constants, []])
+                entry[3].append(tuple(hints))
+                if lazy and len(entry[3]) == 1:
+                    eager_program = _eager_program(title, {result.program.source: entry}, options, first_sizes)
+                    if eager_program is not None:
+                        break
+            if not lazy:
+                eager_program = _eager_program(title, built, options, first_sizes or {})
             result, call, constants, _ = next(iter(built.values()))
             deltas = metrics.graph_deltas(result)
             # The graph counts once; generated_kernel_count also counts the other
@@ -420,7 +434,6 @@ class JitFunction:
                 return buckets.Bucketed(title, call, symbols, where, len(avals), program.input_shapes,
                                         program.output_shapes, guards)
 
-            eager_program = _eager_program(title, built, options, first_sizes or {})
             if len(built) == 1 and eager_program is None:
                 return Compiled(result, closed, runner(result.program, call), constants, out_tree_box[-1],
                                 guards=guards)
@@ -443,13 +456,19 @@ class JitFunction:
         return Compiled(result, closed, jax.jit(call), constants, out_tree_box[-1])
 
 
+def _eager_wanted(options) -> bool:
+    """Should a symbolic program run new sizes eagerly (option ``dynamic_launch``)?"""
+    mode = config.dynamic_launch
+    return not (mode == "off" or config.dynamic_buckets or (mode == "auto" and options.interpret))
+
+
 def _eager_program(title: str, built: dict, options, first_sizes: dict):
     """(EagerProgram, its constants) of the variant nearest ``first_sizes`` among
     those whose kernels all render to raw Triton, or None ([Note: eager
     launches] in runtime/eager.py; option ``dynamic_launch``)."""
-    mode = config.dynamic_launch
-    if mode == "off" or config.dynamic_buckets or (mode == "auto" and options.interpret):
+    if not _eager_wanted(options):
         return None
+    mode = config.dynamic_launch
     from lowering.codegen import triton as triton_codegen
 
     renderable, why = [], []

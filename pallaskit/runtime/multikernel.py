@@ -63,13 +63,19 @@ class Variant:
     kernel_sources: list  # to count distinct kernels compiled across variants
 
 
+def log_distance(hints, key: dict) -> float:
+    """Sum over symbols of |log size - log hint|: how far a hint tuple
+    ((symbol, size), ...) is from ``key`` ({symbol: size})."""
+    return sum(abs(math.log(key[s]) - math.log(h)) for s, h in hints if s in key)
+
+
 def nearest(variants: list[Variant], key: dict) -> int:
-    """Index of the variant holding the hint nearest ``key`` ({symbol: size}):
-    the sum over symbols of |log size - log hint|; ties go to the first."""
+    """Index of the variant holding the hint nearest ``key`` ({symbol: size})
+    by ``log_distance``; ties go to the first."""
     best, best_d = 0, math.inf
     for i, v in enumerate(variants):
         for hints in v.hints:
-            d = sum(abs(math.log(key[s]) - math.log(h)) for s, h in hints if s in key)
+            d = log_distance(hints, key)
             if d < best_d - 1e-12:
                 best, best_d = i, d
     return best
