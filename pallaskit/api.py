@@ -370,7 +370,7 @@ class JitFunction:
 
         def build(options=options):
             result = lowering.compile_jaxpr(closed, options, title)
-            call = loader.load(result.program)
+            call = loader.load_lazily(result.program)
             constants = [result.schedule.graph.constants[n] for n in result.schedule.graph.inputs
                          if n in result.schedule.graph.constants]
             _log_fallbacks(result.fallbacks)

@@ -27,3 +27,17 @@ def load(program: RenderedProgram):
     namespace = {"EXTERNS": [_extern_callable(p, params) for p, params in program.externs]}
     exec(compile(program.source, filename, "exec"), namespace)
     return namespace["call"]
+
+
+def load_lazily(program: RenderedProgram):
+    """``load`` on the first call: a symbolic program served by eager launches
+    (runtime/eager.py) may never run its Pallas module, whose import of Pallas
+    costs ~0.5 s in a fresh process."""
+    loaded = []
+
+    def call(*args, **kwargs):
+        if not loaded:
+            loaded.append(load(program))
+        return loaded[0](*args, **kwargs)
+
+    return call
