@@ -133,7 +133,9 @@ def pallaskit_dynamic_jit(fn, dynamic_arg: int, hint):
     if "dynamic" not in params or "multi_kernel_hints" not in pallaskit.config.snapshot():
         raise Unavailable("pallaskit has no dynamic shapes yet (issue 4): static compile per size only")
     hints = hint if isinstance(hint, tuple) else (hint,)
-    options = {"multi_kernel_hints": ",".join(map(str, hints))}
+    # dynamic_launch off: these rows time the hinted variants themselves, not the
+    # eager launches and static tier-up that serve a dynamic dim by default
+    options = {"multi_kernel_hints": ",".join(map(str, hints)), "dynamic_launch": "off"}
     return pallaskit.jit(fn, dynamic={dynamic_arg: (0,)}), options
 
 

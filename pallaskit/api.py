@@ -200,11 +200,8 @@ class JitFunction:
             self._sym[sym_key] = self._compile_symbolic(avals, axes, values, treedef, static_pos, static_kw, n_args)
             dispatcher = getattr(self._sym[sym_key], "executable", None)
             if getattr(dispatcher, "eager", None) is not None and config.dynamic_tier_up == "static":
-                def compile_static(leaves, sig=(treedef, static_pos, static_kw, n_args)):
-                    """A recurring size's own static program ([Note: eager launches])."""
-                    entry = self._compile([_abstractify(x, "an argument") for x in leaves], *sig)
-                    return entry.executable, entry.constants
-                dispatcher.compile_static = compile_static
+                dispatcher.compile_static = functools.partial(self._compile_static, treedef, static_pos, static_kw,
+                                                              n_args)
         entry = self._sym[sym_key]
         if entry is None:
             return None
@@ -214,6 +211,21 @@ class JitFunction:
                      self._title(), values)
             return None
         return entry
+
+    def _compile_static(self, treedef, static_pos, static_kw, n_args, leaves):
+        """A recurring size's own static program, compiled on the background
+        thread ([Note: eager launches] in runtime/eager.py); returns (executable,
+        constants) for the dispatcher, and files the entry under the call's keys
+        so the size's later calls skip the dispatcher, as a static signature's do."""
+        avals = [_abstractify(x, "an argument") for x in leaves]
+        entry = self._compile(avals, treedef, static_pos, static_kw, n_args)
+        self._cache[(treedef, tuple(avals), static_pos, static_kw, n_args)] = entry
+        array = _array_type(leaves)
+        if not static_pos and not static_kw and array is not None and all(type(x) is array for x in leaves):
+            dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
+            fast_tree = jax.tree_util.tree_structure((tuple(dyn_args), dyn_kwargs))
+            self._fast[(fast_tree, tuple(x.aval for x in leaves))] = entry
+        return entry.executable, entry.constants
 
     def _title(self):
         return getattr(self.fn, "__qualname__", "fn")
@@ -309,6 +321,10 @@ class JitFunction:
         """Trace with ``jax.export.symbolic_shape`` dims and compile once; None
         (the signature then compiles per size) when it cannot, with one log line."""
         names = sorted(set(axes.values()))
+        if _eager_wanted(compile_options()):
+            from pallaskit.runtime import eager
+
+            eager.prewarm(compile_options().interpret)  # Triton's import and cache key, while this compiles
         try:
             dims = dict(zip(names, jax.export.symbolic_shape(", ".join(names))))
             structs = []

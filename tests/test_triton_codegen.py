@@ -134,6 +134,8 @@ def test_one_kernel_compile_serves_every_size_and_a_recurring_size_tiers_up(tier
     if tier_up == "static":  # the size's own static program, compiled as without dynamic=
         assert list(dispatcher.static) == [(50,)] and not dispatcher.chosen
         assert metrics.counters["graphs_compiled"] == 2
+        # filed under the call's own keys: the size's later calls skip the dispatcher
+        assert sum(e.executable is not dispatcher for e in f._fast.values()) == 1
     else:  # the multi-kernel choice, compiled by XLA for this size: no new kernel
         assert list(dispatcher.chosen) == [(50,)] and not dispatcher.static
         assert metrics.counters["kernels_compiled"] == compiled

@@ -35,6 +35,7 @@ from pallaskit import metrics
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _pending: set = set()
 _lock = threading.Lock()
+_prewarmed = False
 
 
 class EagerProgram:
@@ -66,6 +67,32 @@ class EagerProgram:
         metrics.counters["eager_launches"] += 1
         inputs = [x if isinstance(x, jax.Array) else jnp.asarray(x) for x in inputs]  # numpy, Python scalars
         return self._launch(Launch(interpret=self.interpret), self.kernels, *inputs)
+
+
+def prewarm(interpret: bool) -> None:
+    """Import triton and compute its source-hash cache key on a thread, once per
+    process, while the caller compiles a symbolic graph: the key (Triton hashes
+    its own package, ~0.5 s on the H100 machine) is part of the first kernel
+    compile, which would otherwise wait for it after the pallaskit compile."""
+    global _prewarmed
+    with _lock:
+        if _prewarmed:
+            return
+        _prewarmed = True
+
+    def work():
+        try:
+            from pallaskit.runtime.triton_launch import _triton
+
+            _triton(interpret)
+            if not interpret:
+                from triton.runtime.cache import triton_key
+
+                triton_key()
+        except Exception:  # noqa: BLE001  (the eager program's own import reports what is wrong)
+            pass
+
+    threading.Thread(target=work, name="pallaskit-triton-prewarm", daemon=True).start()
 
 
 def submit(fn, *args) -> concurrent.futures.Future:
