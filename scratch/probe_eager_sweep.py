@@ -44,7 +44,41 @@ def rel_err(a, ref):
     return float(np.linalg.norm(a - ref) / np.linalg.norm(ref))
 
 
+def ab_steady():
+    """Steady state in one process, interleaved rounds: pallaskit.jit static per size,
+    the dynamic function after tier-up (static and variant), and jax.jit."""
+    w = WORKLOADS["dynamic_mlp_sweep"]
+    key = jax.random.key(1)
+    inputs = {m: w.make_inputs((m, K, H, N), BF16, jax.random.fold_in(key, m)) for m in SWEEP_ROWS}
+    fns = {"static": pallaskit.jit(w.jax_fn), "xla": jax.jit(w.jax_fn)}
+    for tier in ("static", "variant"):
+        with pallaskit.config.override(dynamic_tier_up=tier):
+            f = pallaskit.jit(w.jax_fn, dynamic={0: (0,)})
+            for m in SWEEP_ROWS:
+                jax.block_until_ready(f(*inputs[m]))
+            for m in SWEEP_ROWS:
+                jax.block_until_ready(f(*inputs[m]))
+            pallaskit.wait_compiles()
+        fns["dyn_" + tier] = f
+    sums = {k: 0.0 for k in fns}
+    for m in SWEEP_ROWS:
+        per = {k: [] for k in fns}
+        for _ in range(5):
+            for k, fn in fns.items():
+                per[k].append(per_call_ms(fn, inputs[m], calls=20, rounds=1))
+        med = {k: statistics.median(v) for k, v in per.items()}
+        for k in fns:
+            sums[k] += med[k]
+        print(f"M={m:5d} " + " ".join(f"{k} {v:.3f}" for k, v in med.items()))
+    print("steady sums (ms):", {k: round(v, 3) for k, v in sums.items()})
+
+
 def main():
+    if "--ab" in sys.argv:
+        return ab_steady()
+    if "--no-prewarm" in sys.argv:
+        import pallaskit.runtime.eager as eager_mod
+        eager_mod.prewarm = lambda *a: None
     w = WORKLOADS["dynamic_mlp_sweep"]
     key = jax.random.key(0)
     inputs = {m: w.make_inputs((m, K, H, N), BF16, jax.random.fold_in(key, m)) for m in SWEEP_ROWS}

@@ -17,6 +17,14 @@ BF16 = jnp.bfloat16
 SIZES = (1, 7, 64, 129, 300)
 
 
+@pytest.fixture(autouse=True)
+def _symbolic_path(_fresh_state):
+    """These tests count the symbolic program's compiles: no eager launches, whose
+    tier-up (on a GPU by default) compiles recurring sizes statically
+    (tests/test_triton_codegen.py covers them)."""
+    pallaskit.config.update(dynamic_launch="off")
+
+
 def counters():
     return dict(metrics.counters)
 

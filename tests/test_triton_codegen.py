@@ -220,3 +220,13 @@ def test_numpy_and_scalar_leaves_run_eagerly(rng):
         x = rng.standard_normal((n, 12)).astype(np.float32)
         assert_close(f(x, 3.0), jax.jit(scaled)(x, 3.0))
     assert metrics.counters["eager_launches"] == 2
+
+
+def test_size_used_as_a_value(rng):
+    """``x.shape[0]`` as a value (dim_as_value) is the runtime size, not a mask."""
+    pallaskit.config.update(dynamic_launch="on")
+    f = pallaskit.jit(lambda x: x * x.shape[0] + x.shape[1], dynamic={"x": {0: "n"}})
+    for n in (3, 11, 40):
+        x = _normal(rng, (n, 5), jnp.float32)
+        assert_close(f(x), x * n + 5)
+    assert metrics.counters["eager_launches"] == 3

@@ -336,7 +336,7 @@ class _KernelEmitter:
             return self.bind(("const", e), self.full_text(const_source(e.value, e.dtype), self.dtype_text(e.dtype)),
                              frozenset(), "cst")
         if isinstance(e, ir.IndexValue):
-            if isinstance(e.expr, sympy.logic.boolalg.Boolean):
+            if isinstance(e.expr, sympy.logic.boolalg.Boolean) and not e.expr.is_Symbol:  # a Symbol is Boolean too
                 var, ext = self.condition(e.expr)
                 return var, ext
             var, ext = self.index(e.expr)
