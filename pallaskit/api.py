@@ -321,10 +321,6 @@ class JitFunction:
         """Trace with ``jax.export.symbolic_shape`` dims and compile once; None
         (the signature then compiles per size) when it cannot, with one log line."""
         names = sorted(set(axes.values()))
-        if _eager_wanted(compile_options()):
-            from pallaskit.runtime import eager
-
-            eager.prewarm(compile_options().interpret)  # Triton's import and cache key, while this compiles
         try:
             dims = dict(zip(names, jax.export.symbolic_shape(", ".join(names))))
             structs = []

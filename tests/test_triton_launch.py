@@ -177,3 +177,34 @@ def test_the_gpu_path_never_imports_torch_and_exits_cleanly():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
     assert "Exception ignored" not in done.stderr, done.stderr[-3000:]  # `out` is still alive at exit
+
+
+@pytest.mark.skipif(INTERPRET, reason="GPU only: compiled kernels")
+def test_compiled_kernels_are_kept_and_a_bad_file_is_recompiled(rng, tmp_path, monkeypatch, caplog):
+    """[Note: kernel artifacts]: a second TritonKernel (a new process's) loads the
+    compiled kernel from the cache without triton.compile; a corrupt file is
+    logged, recompiled and rewritten."""
+    x, y = _normal(rng, (1000,), jnp.float32), _normal(rng, (1000,), jnp.float32)
+
+    def run(kernel):
+        launch = Launch(interpret=False)
+        out = launch.empty((1000,), jnp.float32)
+        launch(kernel, (4,), x, y, out, 1000, BLOCK=256)
+        return launch.finish(out)[0]
+
+    assert_close(run(TritonKernel(_silu_mul, cache_dir=str(tmp_path))), _silu_mul_ref(x, y))
+    (path,) = tmp_path.glob("*.kernel")
+    real_compile = triton.compile
+
+    def no_compile(*a, **k):
+        raise AssertionError("compiled again")
+
+    monkeypatch.setattr(triton, "compile", no_compile)
+    assert_close(run(TritonKernel(_silu_mul, cache_dir=str(tmp_path))), _silu_mul_ref(x, y))
+    monkeypatch.setattr(triton, "compile", real_compile)
+    data = path.read_bytes()
+    path.write_bytes(data[:-100])  # torn
+    with caplog.at_level("WARNING", logger="pallaskit"):
+        assert_close(run(TritonKernel(_silu_mul, cache_dir=str(tmp_path))), _silu_mul_ref(x, y))
+    assert "ignoring the compiled kernel" in caplog.text
+    assert path.read_bytes() == data  # rewritten whole

@@ -556,11 +556,13 @@ def stats() -> dict:
 
 def clear() -> int:
     """Delete every entry, environment stamp, multi-kernel choice file
-    (``multi_kernel/``) and stray temporary file; returns the count of entries."""
+    (``multi_kernel/``), compiled raw-Triton kernel (``triton_kernels/``) and
+    stray temporary file; returns the count of entries."""
     n = 0
     with _lock("evict"):
         for folder, suffix in ((graphs_dir(), SUFFIX), (env_dir(), ".json"),
-                               (os.path.join(cache_dir(), "multi_kernel"), ".json")):
+                               (os.path.join(cache_dir(), "multi_kernel"), ".json"),
+                               (os.path.join(cache_dir(), "triton_kernels"), "")):
             try:
                 listing = list(os.scandir(folder))
             except FileNotFoundError:

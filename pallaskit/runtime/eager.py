@@ -28,6 +28,7 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import linecache
+import os
 import threading
 
 from pallaskit import metrics
@@ -35,7 +36,6 @@ from pallaskit import metrics
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _pending: set = set()
 _lock = threading.Lock()
-_prewarmed = False
 
 
 class EagerProgram:
@@ -55,8 +55,11 @@ class EagerProgram:
         namespace: dict = {"__name__": f"pallaskit_triton_{digest}"}  # Triton reads helpers' __module__
         exec(compile(program.source, filename, "exec"), namespace)
         self._launch = namespace["launch"]
+        from pallaskit import cache
+
+        artifacts = os.path.join(cache.cache_dir(), "triton_kernels") if cache.enabled() else None
         self.kernels = {k.name: TritonKernel(namespace[f"{k.name}_kernel"], num_warps=k.num_warps,
-                                             num_stages=k.num_stages) for k in program.kernels}
+                                             num_stages=k.num_stages, cache_dir=artifacts) for k in program.kernels}
 
     def __call__(self, *inputs):
         from pallaskit.runtime.triton_launch import Launch
@@ -67,32 +70,6 @@ class EagerProgram:
         metrics.counters["eager_launches"] += 1
         inputs = [x if isinstance(x, jax.Array) else jnp.asarray(x) for x in inputs]  # numpy, Python scalars
         return self._launch(Launch(interpret=self.interpret), self.kernels, *inputs)
-
-
-def prewarm(interpret: bool) -> None:
-    """Import triton and compute its source-hash cache key on a thread, once per
-    process, while the caller compiles a symbolic graph: the key (Triton hashes
-    its own package, ~0.5 s on the H100 machine) is part of the first kernel
-    compile, which would otherwise wait for it after the pallaskit compile."""
-    global _prewarmed
-    with _lock:
-        if _prewarmed:
-            return
-        _prewarmed = True
-
-    def work():
-        try:
-            from pallaskit.runtime.triton_launch import _triton
-
-            _triton(interpret)
-            if not interpret:
-                from triton.runtime.cache import triton_key
-
-                triton_key()
-        except Exception:  # noqa: BLE001  (the eager program's own import reports what is wrong)
-            pass
-
-    threading.Thread(target=work, name="pallaskit-triton-prewarm", daemon=True).start()
 
 
 def submit(fn, *args) -> concurrent.futures.Future:

@@ -37,9 +37,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
+import json
+import logging
 import math
 import os
+import shutil
 import sys
+import tempfile
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +62,7 @@ _TRITON_DTYPES = {  # numpy dtype name -> Triton's pointee / scalar type
 _DLPACK_CODES = {"i": 0, "u": 1, "f": 2, "b": 6}  # dlpack.h kDLInt, kDLUInt, kDLFloat, kDLBool
 _KDL_BFLOAT, _KDL_CUDA = 4, 2
 _ALIGN = 16
+log = logging.getLogger("pallaskit")
 
 
 class LaunchError(RuntimeError):
@@ -218,12 +224,13 @@ class TritonKernel:
     argument signature, never for a new size. ``num_warps``/``num_stages`` are
     Triton's compile options."""
 
-    def __init__(self, fn, *, num_warps: int = 4, num_stages: int = 3):
+    def __init__(self, fn, *, num_warps: int = 4, num_stages: int = 3, cache_dir: str | None = None):
         triton = _triton()
         from triton.runtime.interpreter import InterpretedFunction
         if not isinstance(fn, (triton.runtime.JITFunction, InterpretedFunction)):
             raise TypeError(f"TritonKernel takes a @triton.jit function, got {type(fn).__name__}")
         self.fn, self.num_warps, self.num_stages = fn, num_warps, num_stages
+        self.cache_dir = cache_dir  # compiled kernels kept there too ([Note: kernel artifacts])
         self.arg_names = list(fn.arg_names)
         self._loaded: dict[tuple, _Loaded] = {}
         self._lock = threading.Lock()
@@ -278,9 +285,15 @@ class TritonKernel:
         constexprs = {name: value for name, (entry, value) in zip(self.arg_names, key) if entry == "constexpr"}
         attrs = {(i,): [["tt.divisibility", _ALIGN]] for i, (entry, _) in enumerate(key) if entry.startswith("*")}
         major, minor = map(int, cuda.device.compute_capability.split("."))
-        compiled = triton.compile(ASTSource(self.fn, signature, constexprs, attrs),
-                                  target=GPUTarget("cuda", 10 * major + minor, 32),
-                                  options={"num_warps": self.num_warps, "num_stages": self.num_stages})
+        src = ASTSource(self.fn, signature, constexprs, attrs)
+        target = GPUTarget("cuda", 10 * major + minor, 32)
+        artifact = self._artifact_path(key, target, triton.__version__) if self.cache_dir else None
+        compiled = _load_artifact(src, artifact) if artifact else None
+        if compiled is None:
+            compiled = triton.compile(src, target=target,
+                                      options={"num_warps": self.num_warps, "num_stages": self.num_stages})
+            if artifact:
+                _store_artifact(compiled, artifact)
         utils = _cuda_utils()
         max_shared = utils.get_device_properties(cuda.ordinal)["max_shared_mem"]
         if compiled.metadata.shared > max_shared:
@@ -297,11 +310,77 @@ class TritonKernel:
                               "its registers allow")
         return _Loaded(function, CudaLauncher(compiled.src, compiled.metadata), compiled.packed_metadata)
 
+    def _artifact_path(self, key: tuple, target, version: str) -> str:
+        """Where this kernel compiled for ``key`` lives in the cache (no suffix)."""
+        text = repr((_ARTIFACT_FORMAT, version, self.fn.cache_key, self.arg_names, key, self.num_warps,
+                     self.num_stages, target.arch))
+        return os.path.join(self.cache_dir, hashlib.sha256(text.encode()).hexdigest() + ".kernel")
+
     def interpreted(self):
         """The same kernel for Triton's interpreter (interpret mode): ``@triton.jit``
         gave one already, triton having been imported with TRITON_INTERPRET=1."""
         _triton(interpret=True)
         return self.fn
+
+
+# [Note: kernel artifacts]
+# A compiled kernel is kept in pallaskit's cache (``<cache_dir>/triton_kernels/``)
+# as one file per kernel and signature, ``<hash>.kernel``: a header line (JSON:
+# format, the sha256 of the rest) and Triton's metadata JSON and cubin. The hash
+# covers the kernel's source and dependencies (``JITFunction.cache_key``), its
+# signature and constexprs, warps, stages, GPU arch and the Triton version. A
+# process that finds it hands the two parts to Triton's ``CompiledKernel``
+# without calling ``triton.compile``, whose cache lookup alone hashes Triton's
+# own package (~0.5 s once per process on the H100 machine: most of a warm
+# first call). Written atomically; a file that fails its checks is logged,
+# recompiled and rewritten.
+_ARTIFACT_FORMAT = 1
+
+
+def _load_artifact(src, path: str):
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    from triton.compiler.compiler import CompiledKernel
+
+    try:
+        head, _, body = data.partition(b"\n")
+        header = json.loads(head)
+        if header.get("format") != _ARTIFACT_FORMAT or hashlib.sha256(body).hexdigest() != header.get("sha256"):
+            raise ValueError("checksum or format mismatch")
+        metadata, cubin = body[:header["metadata_bytes"]], body[header["metadata_bytes"]:]
+        folder = tempfile.mkdtemp(prefix="pallaskit-kernel-")
+        try:
+            name = os.path.basename(path)
+            group = {}
+            for ext, part in ((".json", metadata), (".cubin", cubin)):
+                group[name + ext] = os.path.join(folder, name + ext)
+                with open(group[name + ext], "wb") as f:
+                    f.write(part)
+            compiled = CompiledKernel(src, group, name)  # reads both files now
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        return compiled
+    except Exception as e:  # noqa: BLE001  (torn or foreign data: compile again, rewrite it)
+        log.warning("pallaskit: ignoring the compiled kernel %s (%s: %s); recompiling", path, type(e).__name__, e)
+        return None
+
+
+def _store_artifact(compiled, path: str) -> None:
+    from pallaskit import cache
+
+    try:
+        meta = next(p for name, p in compiled.metadata_group.items() if name.endswith(".json"))
+        with open(meta, "rb") as f:
+            body = f.read()
+        header = {"format": _ARTIFACT_FORMAT, "metadata_bytes": len(body)}
+        body += bytes(compiled.kernel)
+        header["sha256"] = hashlib.sha256(body).hexdigest()
+        cache._write_atomic(path, json.dumps(header).encode() + b"\n" + body)
+    except Exception as e:  # noqa: BLE001  (a read-only or full disk: keep running)
+        log.warning("pallaskit: cannot keep the compiled kernel %s (%s: %s)", path, type(e).__name__, e)
 
 
 @functools.cache
