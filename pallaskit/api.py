@@ -19,7 +19,7 @@ from lowering.options import CompileOptions
 from pallaskit import cache, metrics
 from pallaskit import autodiff
 from pallaskit.config import config
-from pallaskit.runtime import buckets, loader, multikernel
+from pallaskit.runtime import buckets, eager, loader, multikernel
 
 log = logging.getLogger("pallaskit")
 
@@ -403,6 +403,26 @@ class JitFunction:
             lazy = bool(first_sizes) and _eager_wanted(options) and config.dynamic_tier_up == "static"
             if lazy:
                 order.sort(key=lambda hints: multikernel.log_distance(hints, first_sizes))
+            symbols, where = [n for n, _ in positions], [p for _, p in positions]
+            # The eager program of a symbolic signature is kept on disk
+            # ([Note: eager program cache] in runtime/eager.py): a warm process runs
+            # no compiler for it.
+            eager_key = None
+            if lazy and cache.enabled() and not closed.consts:
+                parts = cache.key_parts(closed, [v.aval for v in closed.jaxpr.invars], static_pos + static_kw, options)
+                parts["eager"] = {"format": eager.CACHE_FORMAT, "hints": [list(map(list, h)) for h in order]}
+                eager_key = cache.key_of(parts)
+                hit = eager.load_cached(eager_key)
+                if hit is not None:
+                    dispatcher = multikernel.Dispatcher(title, symbols, where, len(avals), [], options.interpret)
+                    dispatcher.eager = hit
+                    dispatcher.fallback = functools.partial(
+                        self._compile, avals, treedef, static_pos, static_kw, n_args, aot=False, structs=structs,
+                        size_hints=size_hints, variants=variants, positions=positions)
+                    metrics.counters["eager_cache_hits"] += 1
+                    metrics.counters["compile_seconds"] += time.perf_counter() - t0
+                    return Compiled(None, closed, dispatcher, [], out_tree_box[-1], ran=True,
+                                    guards=[compile(g, "<guard>", "eval") for g in hit.guards])
             eager_program = None
             for hints in order:
                 result, call, constants = build(dataclasses.replace(options, size_hints=tuple(hints)))
@@ -416,6 +436,10 @@ class JitFunction:
                         break
             if not lazy:
                 eager_program = _eager_program(title, built, options, first_sizes or {})
+            elif eager_program is not None and eager_key is not None:
+                eager_program[0].guards = list(dict.fromkeys(
+                    g for b in built.values() for g in b[0].program.guard_source))
+                eager.store_cached(eager_key, eager_program[0])
             result, call, constants, _ = next(iter(built.values()))
             deltas = metrics.graph_deltas(result)
             # The graph counts once; generated_kernel_count also counts the other
@@ -435,7 +459,6 @@ class JitFunction:
             guards = [compile(g, "<guard>", "eval") for g in guard_source]
             log.debug("pallaskit compiled %s shape-generic over %s in %.3fs (%d variant(s))", title,
                       ", ".join(result.program.symbols), seconds, len(built))
-            symbols, where = [n for n, _ in positions], [p for _, p in positions]
 
             def runner(program, call):
                 """The variant's callable: bucketed ([Note: size buckets]) where it can be."""
@@ -497,9 +520,8 @@ def _eager_program(title: str, built: dict, options, first_sizes: dict):
     index = multikernel.nearest([v for v, _ in renderable], first_sizes) if first_sizes else 0
     variant, program = renderable[index]
     try:
-        from pallaskit.runtime.eager import EagerProgram
-
-        return EagerProgram(program, options.interpret, variant.hints[0]), variant.constants
+        kernels = [(k.name, k.num_warps, k.num_stages) for k in program.kernels]
+        return eager.EagerProgram(program.source, kernels, options.interpret, variant.hints[0]), variant.constants
     except Exception as e:  # noqa: BLE001  (no triton, or imported without its interpreter: XLA path)
         log.log(logging.WARNING if mode == "on" else logging.DEBUG,
                 "pallaskit: %s: no eager launches (%s: %s)", title, type(e).__name__, e)

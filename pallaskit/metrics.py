@@ -41,6 +41,7 @@ COUNTER_NAMES = (
     "dynamic_guard_failures",  # calls whose sizes broke a symbolic program's guard (compiled for their size)
     "multi_kernel_choices",  # multi-kernel variants chosen for a new size (any method but the in-memory dict)
     "eager_launches",  # calls of a symbolic program run as raw Triton outside XLA (runtime/eager.py)
+    "eager_cache_hits",  # symbolic signatures whose eager program came from the on-disk cache (no compiler run)
     "bucket_compiles",  # XLA executables built for a size bucket of a symbolic program (runtime/buckets.py)
     "bucket_calls",  # calls of a symbolic program served by a bucket's executable
     "cache_hits",  # graphs served by the on-disk cache

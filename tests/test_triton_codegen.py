@@ -6,6 +6,10 @@ On the CPU the kernels run in Triton's interpreter (``dynamic_launch='on'``);
 case checks that the call really ran eagerly (counter ``eager_launches``), so
 a program that silently took its XLA path fails."""
 import logging
+import os
+import subprocess
+import sys
+import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -203,7 +207,7 @@ def test_generated_source_is_readable(rng):
     fn, dynamic, make = CASES["mlp"]
     f = pallaskit.jit(fn, dynamic=dynamic)
     f(*make(9, BF16, rng))
-    source = next(iter(f._sym.values())).executable.eager.program.source
+    source = next(iter(f._sym.values())).executable.eager.source
     assert "@triton.jit" in source and "def launch(run, kernels," in source
     assert "# epilogue:" in source and "= tanh" in source  # the jaxpr equations each kernel came from
     assert "tl.dot(" in source and "n = arg0.shape[0]" in source
@@ -230,3 +234,59 @@ def test_size_used_as_a_value(rng):
         x = _normal(rng, (n, 5), jnp.float32)
         assert_close(f(x), x * n + 5)
     assert metrics.counters["eager_launches"] == 3
+
+
+def _softmax_f(x, w):
+    return jax.nn.softmax(x * w, axis=-1)
+
+
+def test_eager_program_cache_serves_a_new_function_object_without_the_compiler(rng, tmp_path, caplog):
+    """[Note: eager program cache]: a second pallaskit.jit of the same function
+    (a new process's) reads the eager program from disk; a torn file is logged
+    and rewritten; a traced call on a cached entry compiles the graph in full."""
+    pallaskit.config.update(dynamic_launch="on")
+    args = {n: (_normal(rng, (n, 100), jnp.float32), _normal(rng, (100,), jnp.float32)) for n in (4, 33)}
+    first = pallaskit.jit(_softmax_f, dynamic={"x": {0: "n"}})
+    assert_close(first(*args[4]), _softmax_f(*args[4]))
+    folder = os.path.join(pallaskit.cache.cache_dir(), "eager")
+    files = os.listdir(folder)
+    assert len(files) == 1 and metrics.counters["eager_cache_hits"] == 0
+    graphs = metrics.counters["graphs_compiled"]
+    second = pallaskit.jit(_softmax_f, dynamic={"x": {0: "n"}})
+    for n in (33, 4):
+        assert_close(second(*args[n]), _softmax_f(*args[n]))
+    assert metrics.counters["eager_cache_hits"] == 1 and metrics.counters["graphs_compiled"] == graphs
+    # under jax.jit the eager program cannot run: the graph compiles in full, on first need
+    assert_close(jax.jit(second)(*args[33]), _softmax_f(*args[33]))
+    path = os.path.join(folder, files[0])
+    data = open(path, "rb").read()
+    with open(path, "wb") as f:
+        f.write(data[:-10])
+    with caplog.at_level(logging.WARNING, logger="pallaskit"):
+        third = pallaskit.jit(_softmax_f, dynamic={"x": {0: "n"}})
+        assert_close(third(*args[4]), _softmax_f(*args[4]))
+    assert "ignoring the eager program" in caplog.text and metrics.counters["eager_cache_hits"] == 1
+    assert open(path, "rb").read() == data  # rewritten whole
+
+
+def test_a_warm_process_serves_new_sizes_without_importing_the_compiler(tmp_path):
+    script = textwrap.dedent("""
+        import sys
+        import jax, jax.numpy as jnp, numpy as np
+        import pallaskit
+        pallaskit.config.update(dynamic_launch="on", cache_dir=sys.argv[1])
+        f = pallaskit.jit(lambda x, w: jax.nn.softmax(x * w, axis=-1), dynamic={"x": {0: "n"}})
+        for n in (3, 17, 40):
+            x = jnp.asarray(np.random.default_rng(n).standard_normal((n, 24)), jnp.float32)
+            np.testing.assert_allclose(f(x, jnp.ones(24)), jax.nn.softmax(x, axis=-1), rtol=1e-5, atol=1e-6)
+        c = pallaskit.metrics.counters
+        heavy = [m for m in ("sympy", "lowering.scheduler", "jax.experimental.pallas") if m in sys.modules]
+        print("RESULT", c["eager_cache_hits"], c["eager_launches"], c["graphs_compiled"], heavy)
+    """)
+    env = dict(os.environ, JAX_PLATFORMS=jax.default_backend(),
+               PYTHONPATH=os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p))
+    outs = [subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, env=env,
+                           timeout=300) for _ in range(2)]
+    results = [next(line for line in o.stdout.splitlines() if line.startswith("RESULT")) for o in outs]
+    assert results[0] == "RESULT 0 3 1 ['sympy', 'lowering.scheduler']", outs[0].stderr[-2000:]
+    assert results[1] == "RESULT 1 3 0 []", outs[1].stderr[-2000:]

@@ -556,13 +556,14 @@ def stats() -> dict:
 
 def clear() -> int:
     """Delete every entry, environment stamp, multi-kernel choice file
-    (``multi_kernel/``), compiled raw-Triton kernel (``triton_kernels/``) and
-    stray temporary file; returns the count of entries."""
+    (``multi_kernel/``), compiled raw-Triton kernel (``triton_kernels/``), eager program
+    (``eager/``) and stray temporary file; returns the count of entries."""
     n = 0
     with _lock("evict"):
         for folder, suffix in ((graphs_dir(), SUFFIX), (env_dir(), ".json"),
                                (os.path.join(cache_dir(), "multi_kernel"), ".json"),
-                               (os.path.join(cache_dir(), "triton_kernels"), "")):
+                               (os.path.join(cache_dir(), "triton_kernels"), ""),
+                               (os.path.join(cache_dir(), "eager"), ".json")):
             try:
                 listing = list(os.scandir(folder))
             except FileNotFoundError:

@@ -28,10 +28,13 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import linecache
+import logging
 import os
 import threading
 
 from pallaskit import metrics
+
+log = logging.getLogger("pallaskit")
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _pending: set = set()
@@ -40,26 +43,28 @@ _lock = threading.Lock()
 
 class EagerProgram:
     """``(*inputs) -> outputs`` through Triton launches; ``inputs`` are the
-    program's (leaves, then constants)."""
+    program's (leaves, then constants). ``source``: the Triton renderer's module
+    (lowering/codegen/triton.py); ``kernels``: (name, num_warps, num_stages)."""
 
-    def __init__(self, program, interpret: bool, hints: tuple):
+    def __init__(self, source: str, kernels: list, interpret: bool, hints: tuple, guards: list = ()):
+        from pallaskit import cache
         from pallaskit.runtime.triton_launch import TritonKernel, _triton
 
         _triton(interpret)
-        self.program = program
+        self.source, self.kernel_configs = source, [tuple(k) for k in kernels]
         self.interpret = interpret
-        self.hints = hints  # the variant's size hints (for logs)
-        digest = hashlib.sha256(program.source.encode()).hexdigest()[:16]
+        self.hints = tuple(tuple(h) for h in hints)  # the variant's size hints (for logs)
+        self.guards = list(guards)  # Python source over the symbols: what the program assumes
+        self.from_cache = False  # read from the eager program cache (its kernels: from the artifact cache)
+        digest = hashlib.sha256(source.encode()).hexdigest()[:16]
         filename = f"<pallaskit-triton-{digest}>"  # Triton reads kernel source through inspect: linecache
-        linecache.cache[filename] = (len(program.source), None, program.source.splitlines(True), filename)
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         namespace: dict = {"__name__": f"pallaskit_triton_{digest}"}  # Triton reads helpers' __module__
-        exec(compile(program.source, filename, "exec"), namespace)
+        exec(compile(source, filename, "exec"), namespace)
         self._launch = namespace["launch"]
-        from pallaskit import cache
-
         artifacts = os.path.join(cache.cache_dir(), "triton_kernels") if cache.enabled() else None
-        self.kernels = {k.name: TritonKernel(namespace[f"{k.name}_kernel"], num_warps=k.num_warps,
-                                             num_stages=k.num_stages, cache_dir=artifacts) for k in program.kernels}
+        self.kernels = {name: TritonKernel(namespace[f"{name}_kernel"], num_warps=warps, num_stages=stages,
+                                           cache_dir=artifacts) for name, warps, stages in self.kernel_configs}
 
     def __call__(self, *inputs):
         from pallaskit.runtime.triton_launch import Launch
@@ -90,3 +95,65 @@ def wait_compiles(timeout: float | None = None) -> None:
     with _lock:
         pending = list(_pending)
     concurrent.futures.wait(pending, timeout=timeout)
+
+
+# [Note: eager program cache]
+# A symbolic signature served eagerly (static tier-up) keeps its eager program
+# on disk, ``<cache_dir>/eager/<key>.json``: the Triton module's source, its
+# kernels' warps and stages, the variant's hints and guards. The key is the
+# graph cache's (jaxpr, avals with their symbols, static arguments, options,
+# versions, pallaskit's source, device, XLA flags) plus the order the hints
+# were tried in (nearest the first call's sizes first). With the compiled
+# kernels kept too ([Note: kernel artifacts] in triton_launch.py), a warm
+# process's first call traces, reads one file and launches: no compiler (nor
+# sympy) is imported. The multi-kernel variants are then not built; a call
+# under a jax transformation (or a forced variant) compiles the symbolic graph
+# in full on first need (``Dispatcher.fallback``). Graphs with constants are
+# not kept. A file that fails its checks is logged once and rewritten.
+CACHE_FORMAT = 1
+
+
+def _cache_path(key: str) -> str:
+    from pallaskit import cache
+
+    return os.path.join(cache.cache_dir(), "eager", key + ".json")
+
+
+def load_cached(key: str) -> EagerProgram | None:
+    import json
+
+    path = _cache_path(key)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        log.warning("pallaskit: cannot read the eager program %s (%s); recompiling", path, e)
+        return None
+    try:
+        head, _, body = data.partition(b"\n")
+        header = json.loads(head)
+        if header.get("format") != CACHE_FORMAT or hashlib.sha256(body).hexdigest() != header.get("sha256"):
+            raise ValueError("checksum or format mismatch")
+        entry = json.loads(body)  # interpret mode is in the key (CompileOptions)
+        program = EagerProgram(entry["source"], entry["kernels"], entry["interpret"], entry["hints"], entry["guards"])
+        program.from_cache = True
+        return program
+    except Exception as e:  # noqa: BLE001  (torn, foreign or stale: compile again, rewrite it)
+        log.warning("pallaskit: ignoring the eager program %s (%s: %s); recompiling", path, type(e).__name__, e)
+        return None
+
+
+def store_cached(key: str, program: EagerProgram) -> None:
+    import json
+
+    from pallaskit import cache
+
+    try:
+        body = json.dumps({"source": program.source, "kernels": program.kernel_configs, "hints": program.hints,
+                           "guards": program.guards, "interpret": program.interpret}).encode()
+        header = json.dumps({"format": CACHE_FORMAT, "sha256": hashlib.sha256(body).hexdigest()}).encode()
+        cache._write_atomic(_cache_path(key), header + b"\n" + body)
+    except Exception as e:  # noqa: BLE001  (a read-only or full disk: keep running)
+        log.warning("pallaskit: cannot keep the eager program %s (%s: %s)", _cache_path(key), type(e).__name__, e)

@@ -113,6 +113,8 @@ class Dispatcher:
         self.tier_up_errors: dict = {}  # shape key -> why its background choice failed (it stays eager)
         self.compile_static = None  # leaves -> (executable, constants) of their static program (option dynamic_tier_up)
         self.static: dict = {}  # shape key -> (executable, constants) compiled by compile_static
+        self.fallback = None  # () -> the symbolic graph's Compiled in full, when built without variants
+        self._fallback_entry = None
         self.methods: dict = {}  # shape key -> how it was chosen (for tests and debugging)
         self._ran = False  # kernels_compiled counted
         self._warned = False
@@ -138,6 +140,8 @@ class Dispatcher:
         if index is None:
             if self.eager is not None and not any(isinstance(x, jax.core.Tracer) for x in leaves):
                 return self._eager_call(key, leaves)
+            if not self.variants:  # served from the eager program cache: compile in full now
+                return self._full(leaves)
             index = self.select(key, leaves)
         v = self.variants[index]
         if not self._ran:
@@ -155,8 +159,16 @@ class Dispatcher:
 
     # -- choosing -----------------------------------------------------------------
     # -- eager launches ([Note: eager launches] in runtime/eager.py) ------------------
+    def _full(self, leaves):
+        """The symbolic graph compiled in full (``fallback``), for what the eager
+        program alone cannot serve (runtime/eager.py, [Note: eager program cache])."""
+        if self._fallback_entry is None:
+            self._fallback_entry = self.fallback()
+        entry = self._fallback_entry
+        return entry.executable(*leaves, *entry.constants)
+
     def _eager_call(self, key: tuple, leaves):
-        if config.multi_kernel_force >= len(self.variants):
+        if self.variants and config.multi_kernel_force >= len(self.variants):
             self.select(key, leaves)  # raises: the forced index is out of range
         seen = self.sightings.get(key, 0) + 1
         self.sightings[key] = seen
@@ -169,7 +181,8 @@ class Dispatcher:
             metrics.counters["kernels_compiled"] += len({s for w in self.variants for s in w.kernel_sources})
         if not getattr(self, "_eager_ran", False):
             self._eager_ran = True
-            metrics.counters["kernels_compiled"] += len(self.eager.kernels)
+            if not self.eager.from_cache:
+                metrics.counters["kernels_compiled"] += len(self.eager.kernels)
         return self.eager(*leaves, *self.eager_constants)
 
     def _tier_up(self, key: tuple, leaves) -> None:
