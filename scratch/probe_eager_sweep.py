@@ -76,9 +76,14 @@ def ab_steady():
 def main():
     if "--ab" in sys.argv:
         return ab_steady()
-    if "--no-prewarm" in sys.argv:
+    if "--serial" in sys.argv:
         import pallaskit.runtime.eager as eager_mod
-        eager_mod.prewarm = lambda *a: None
+        eager_mod.PARALLEL_COMPILE = False
+    if "--cold" in sys.argv:  # empty pallaskit and Triton caches (set before triton is imported)
+        import os
+        import tempfile
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp()
+        pallaskit.config.update(cache_dir=tempfile.mkdtemp())
     w = WORKLOADS["dynamic_mlp_sweep"]
     key = jax.random.key(0)
     inputs = {m: w.make_inputs((m, K, H, N), BF16, jax.random.fold_in(key, m)) for m in SWEEP_ROWS}

@@ -283,10 +283,11 @@ def test_a_warm_process_serves_new_sizes_without_importing_the_compiler(tmp_path
         heavy = [m for m in ("sympy", "lowering.scheduler", "jax.experimental.pallas") if m in sys.modules]
         print("RESULT", c["eager_cache_hits"], c["eager_launches"], c["graphs_compiled"], heavy)
     """)
-    env = dict(os.environ, JAX_PLATFORMS=jax.default_backend(),
-               PYTHONPATH=os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p))
     outs = [subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, env=env,
                            timeout=300) for _ in range(2)]
+    for o in outs:
+        assert o.returncode == 0, o.stderr[-3000:]
     results = [next(line for line in o.stdout.splitlines() if line.startswith("RESULT")) for o in outs]
     assert results[0] == "RESULT 0 3 1 ['sympy', 'lowering.scheduler']", outs[0].stderr[-2000:]
     assert results[1] == "RESULT 1 3 0 []", outs[1].stderr[-2000:]

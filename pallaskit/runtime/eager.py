@@ -56,6 +56,7 @@ class EagerProgram:
         self.hints = tuple(tuple(h) for h in hints)  # the variant's size hints (for logs)
         self.guards = list(guards)  # Python source over the symbols: what the program assumes
         self.from_cache = False  # read from the eager program cache (its kernels: from the artifact cache)
+        self._compiled = False
         digest = hashlib.sha256(source.encode()).hexdigest()[:16]
         filename = f"<pallaskit-triton-{digest}>"  # Triton reads kernel source through inspect: linecache
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
@@ -67,14 +68,60 @@ class EagerProgram:
                                            cache_dir=artifacts) for name, warps, stages in self.kernel_configs}
 
     def __call__(self, *inputs):
-        from pallaskit.runtime.triton_launch import Launch
-
         import jax
         import jax.numpy as jnp
 
+        from pallaskit.runtime.triton_launch import Launch
+
         metrics.counters["eager_launches"] += 1
         inputs = [x if isinstance(x, jax.Array) else jnp.asarray(x) for x in inputs]  # numpy, Python scalars
+        if not self._compiled and not self.interpret and PARALLEL_COMPILE:
+            self._compile_all(inputs)
+        self._compiled = True
         return self._launch(Launch(interpret=self.interpret), self.kernels, *inputs)
+
+    def _compile_all(self, inputs) -> None:
+        """Compile (or load) every kernel at once, on threads, before the first
+        launch: ``launch`` runs on a recorder that notes each kernel's signature."""
+        import jax
+
+        from pallaskit.runtime.triton_launch import _cuda_for
+
+        recorder = _Recorder()
+        self._launch(recorder, self.kernels, *inputs)
+        cuda = _cuda_for(next(iter(inputs[0].devices())) if inputs else jax.devices()[0])
+        with concurrent.futures.ThreadPoolExecutor(max(1, len(recorder.keys))) as pool:
+            list(pool.map(lambda kk: kk[0].loaded(kk[1], cuda), recorder.keys))
+
+
+PARALLEL_COMPILE = True  # the kernels of a program compile on threads at its first launch
+
+
+class _ArgShape:
+    """What a kernel signature reads of an output buffer: its dtype and shape."""
+
+    def __init__(self, shape, dtype):
+        import numpy as np
+
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+
+
+class _Recorder:
+    """A stand-in for ``Launch`` that records (kernel, signature) per launch."""
+
+    def __init__(self):
+        self.keys: list = []
+
+    def empty(self, shape, dtype):
+        return _ArgShape(shape, dtype)
+
+    def __call__(self, kernel, grid, *args, **constexprs):
+        key = kernel.signature(kernel.bind(args, constexprs), len(constexprs))
+        if (kernel, key) not in self.keys:
+            self.keys.append((kernel, key))
+
+    def finish(self, *outputs):
+        return outputs
 
 
 def submit(fn, *args) -> concurrent.futures.Future:
