@@ -143,10 +143,19 @@ def render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
     w.line("acc = lax.fori_loop(0, K_BLOCKS, k_step, jnp.zeros((BLOCK_M, BLOCK_N), jnp.float32))")
 
     # -- epilogue and stores ----------------------------------------------------------
+    write_epilogue(em, kernel, mm)
+    return _wrap(kernel, node, cfg, em, (b, m, n, k), (m_blocks, n_blocks, k_blocks)), em.helpers
+
+
+def write_epilogue(em, kernel: Kernel, mm) -> None:
+    """After the K loop (the float32 tile ``acc``): the product rounded to its
+    dtype, its store, and the epilogue members read at the accumulator's element
+    ([Note: the matmul template]). Shared with the Triton renderer (``em``'s dialect)."""
+    node = mm.node
     full = frozenset("rc")
     tile_var = "acc"
     if node.dtype != np.float32:
-        w.line(f"mm = acc.astype({pallas.dtype_source(node.dtype)})")
+        em.w.line(f"mm = {em.cast_text('acc', node.dtype)}")
         tile_var = "mm"
         em.wide_of["mm"] = "acc"  # a 16-bit product feeds its epilogue unrounded (allow_excess_precision)
     em.tile_values[node.name] = (tile_var, full)
@@ -158,7 +167,6 @@ def render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
         var, ext = em.value(pallas._kernel_coords_body(member))
         if member.store:
             em.store(member, var, ext)
-    return _wrap(kernel, node, cfg, em, (b, m, n, k), (m_blocks, n_blocks, k_blocks)), em.helpers
 
 
 def _operand_offset(em, load: ir.Load, names: dict) -> sympy.Expr:

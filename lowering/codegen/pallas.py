@@ -596,14 +596,23 @@ def _render_reduction(em: _KernelEmitter, kernel: Kernel, bodies, cfg, *, row_bl
                     em.row_values[m.name] = results[m.name]
             else:
                 _render_loop(em, kernel, bodies, reds, rowwise, p, cfg)
-        # row values (epilogues) whose inputs are final after this phase
-        for m in kernel.members:
-            if m.role == "row" and m.name not in em.row_values and _row_ready(m, em, kernel):
-                var, ext = em.value(bodies[m.name])
-                var = em.broadcast(var, ext, frozenset("r"))
-                em.row_values[m.name] = var
-                if m.store:
-                    em.store(m, var, frozenset("r"))
+        write_ready_row_values(em, kernel, bodies)
+    store_reductions(em, kernel)
+
+
+def write_ready_row_values(em, kernel: Kernel, bodies) -> None:
+    """Row values (epilogues) whose inputs are final after the phase just
+    written, each kept as a (BLOCK_R, 1) value and stored if it is stored."""
+    for m in kernel.members:
+        if m.role == "row" and m.name not in em.row_values and _row_ready(m, em, kernel):
+            var, ext = em.value(bodies[m.name])
+            var = em.broadcast(var, ext, frozenset("r"))
+            em.row_values[m.name] = var
+            if m.store:
+                em.store(m, var, frozenset("r"))
+
+
+def store_reductions(em, kernel: Kernel) -> None:
     for m in kernel.members:
         if m.role == "reduction" and m.store:
             em.store(m, em.row_values[m.name], frozenset("r"))

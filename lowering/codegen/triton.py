@@ -274,16 +274,8 @@ def _render_reduction(em: _TritonEmitter, kernel: Kernel, bodies, cfg):
                     text = f"{_REDUCE[m.node.op]}({name}, axis=1, keep_dims=True)"
                     em.row_values[m.name] = em.bind(("reduce", m.name), em.cast_text(text, m.node.dtype),
                                                     frozenset("r"), "red")[0]
-        for m in kernel.members:  # row values (epilogues) whose inputs are final after this phase
-            if m.role == "row" and m.name not in em.row_values and pallas._row_ready(m, em, kernel):
-                var, ext = em.value(bodies[m.name])
-                var = em.broadcast(var, ext, frozenset("r"))
-                em.row_values[m.name] = var
-                if m.store:
-                    em.store(m, var, frozenset("r"))
-    for m in kernel.members:
-        if m.role == "reduction" and m.store:
-            em.store(m, em.row_values[m.name], frozenset("r"))
+        pallas.write_ready_row_values(em, kernel, bodies)
+    pallas.store_reductions(em, kernel)
 
 
 def _masked_operand(em, m, var, ext) -> str:
@@ -368,20 +360,7 @@ def _render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
             mask = f", mask=tl.broadcast_to({kmask}, {shape}), other=0" if k_tail else ""
             w.line(f"{name} = tl.load({ref} + {text}{mask})")
         w.line(f"acc = {dot}")
-    full = frozenset("rc")
-    tile_var = "acc"
-    if node.dtype != np.float32:
-        w.line(f"mm = acc.to({em.dtype_text(node.dtype)})")
-        tile_var = "mm"
-        em.wide_of["mm"] = "acc"  # a 16-bit product feeds its epilogue unrounded (allow_excess_precision)
-    em.tile_values[node.name] = (tile_var, full)
-    if mm.store:
-        em.store(mm, tile_var, full)
-    for member in kernel.members:
-        if member is not mm:
-            var, ext = em.value(pallas._kernel_coords_body(member))
-            if member.store:
-                em.store(member, var, ext)
+    matmul.write_epilogue(em, kernel, mm)
     own = _origins(em.graph, mm, em.schedule.stored)
     header = (f"# kernel {kernel.name}: matmul {'%d x ' % b if b > 1 else ''}({m} x {k}) @ ({k} x {n}), {cfg}\n"
               "# matmul (operand views folded into its loads):\n" + "\n".join(f"#   {eq}" for eq in own))

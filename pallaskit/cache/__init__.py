@@ -285,6 +285,22 @@ def _write_atomic(path: str, data: bytes) -> None:
 
 
 @functools.lru_cache(maxsize=None)
+def pack_checked(fmt: int, body: bytes, **header) -> bytes:
+    """A header line (JSON: ``format``, the body's sha256, ``header``) and the body:
+    what the eager program and kernel caches write (runtime/eager.py, triton_launch.py)."""
+    head = dict(header, format=fmt, sha256=hashlib.sha256(body).hexdigest())
+    return json.dumps(head, sort_keys=True).encode() + b"\n" + body
+
+
+def unpack_checked(data: bytes, fmt: int) -> tuple[dict, bytes]:
+    """(header, body) of ``pack_checked`` data; ValueError when torn, foreign or stale."""
+    head, _, body = data.partition(b"\n")
+    header = json.loads(head)
+    if header.get("format") != fmt or hashlib.sha256(body).hexdigest() != header.get("sha256"):
+        raise ValueError("checksum or format mismatch")
+    return header, body
+
+
 def _cpu_fingerprint() -> str:
     """XLA's CPU code is built for the host's instruction set."""
     text = platform.machine()

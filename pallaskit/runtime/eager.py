@@ -169,6 +169,8 @@ def _cache_path(key: str) -> str:
 def load_cached(key: str) -> EagerProgram | None:
     import json
 
+    from pallaskit import cache
+
     path = _cache_path(key)
     try:
         with open(path, "rb") as f:
@@ -179,10 +181,7 @@ def load_cached(key: str) -> EagerProgram | None:
         log.warning("pallaskit: cannot read the eager program %s (%s); recompiling", path, e)
         return None
     try:
-        head, _, body = data.partition(b"\n")
-        header = json.loads(head)
-        if header.get("format") != CACHE_FORMAT or hashlib.sha256(body).hexdigest() != header.get("sha256"):
-            raise ValueError("checksum or format mismatch")
+        _, body = cache.unpack_checked(data, CACHE_FORMAT)
         entry = json.loads(body)  # interpret mode is in the key (CompileOptions)
         program = EagerProgram(entry["source"], entry["kernels"], entry["interpret"], entry["hints"], entry["guards"])
         program.from_cache = True
@@ -200,7 +199,6 @@ def store_cached(key: str, program: EagerProgram) -> None:
     try:
         body = json.dumps({"source": program.source, "kernels": program.kernel_configs, "hints": program.hints,
                            "guards": program.guards, "interpret": program.interpret}).encode()
-        header = json.dumps({"format": CACHE_FORMAT, "sha256": hashlib.sha256(body).hexdigest()}).encode()
-        cache._write_atomic(_cache_path(key), header + b"\n" + body)
+        cache._write_atomic(_cache_path(key), cache.pack_checked(CACHE_FORMAT, body))
     except Exception as e:  # noqa: BLE001  (a read-only or full disk: keep running)
         log.warning("pallaskit: cannot keep the eager program %s (%s: %s)", _cache_path(key), type(e).__name__, e)

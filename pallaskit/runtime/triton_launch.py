@@ -38,7 +38,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import json
 import logging
 import math
 import os
@@ -345,11 +344,10 @@ def _load_artifact(src, path: str):
         return None
     from triton.compiler.compiler import CompiledKernel
 
+    from pallaskit import cache
+
     try:
-        head, _, body = data.partition(b"\n")
-        header = json.loads(head)
-        if header.get("format") != _ARTIFACT_FORMAT or hashlib.sha256(body).hexdigest() != header.get("sha256"):
-            raise ValueError("checksum or format mismatch")
+        header, body = cache.unpack_checked(data, _ARTIFACT_FORMAT)
         metadata, cubin = body[:header["metadata_bytes"]], body[header["metadata_bytes"]:]
         folder = tempfile.mkdtemp(prefix="pallaskit-kernel-")
         try:
@@ -374,11 +372,9 @@ def _store_artifact(compiled, path: str) -> None:
     try:
         meta = next(p for name, p in compiled.metadata_group.items() if name.endswith(".json"))
         with open(meta, "rb") as f:
-            body = f.read()
-        header = {"format": _ARTIFACT_FORMAT, "metadata_bytes": len(body)}
-        body += bytes(compiled.kernel)
-        header["sha256"] = hashlib.sha256(body).hexdigest()
-        cache._write_atomic(path, json.dumps(header).encode() + b"\n" + body)
+            metadata = f.read()
+        cache._write_atomic(path, cache.pack_checked(_ARTIFACT_FORMAT, metadata + bytes(compiled.kernel),
+                                                     metadata_bytes=len(metadata)))
     except Exception as e:  # noqa: BLE001  (a read-only or full disk: keep running)
         log.warning("pallaskit: cannot keep the compiled kernel %s (%s: %s)", path, type(e).__name__, e)
 
