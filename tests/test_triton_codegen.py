@@ -291,3 +291,27 @@ def test_a_warm_process_serves_new_sizes_without_importing_the_compiler(tmp_path
     results = [next(line for line in o.stdout.splitlines() if line.startswith("RESULT")) for o in outs]
     assert results[0] == "RESULT 0 3 1 ['sympy', 'lowering.scheduler']", outs[0].stderr[-2000:]
     assert results[1] == "RESULT 1 3 0 []", outs[1].stderr[-2000:]
+
+
+def test_a_failing_eager_launch_falls_back_to_xla(rng, caplog):
+    """An eager call that raises (a launch or Triton compile error) is logged and the
+    program takes its XLA path from then on: the call still returns jax.jit's result."""
+    pallaskit.config.update(dynamic_launch="on")
+    fn, dynamic, make = CASES["softmax"]
+    f = pallaskit.jit(fn, dynamic=dynamic)
+    f(*make(5, jnp.float32, rng))
+    dispatcher = next(iter(f._sym.values())).executable
+
+    class Broken:
+        from_cache, kernels = True, {}
+
+        def __call__(self, *args):
+            raise pallaskit.runtime.triton_launch.LaunchError("argument 'in_ptr0' is not 16-byte aligned")
+
+    dispatcher.eager = Broken()
+    args = make(9, jnp.float32, rng)
+    with caplog.at_level(logging.WARNING, logger="pallaskit"):
+        assert_close(f(*args), jax.jit(fn)(*args))
+    assert "eager launch failed" in caplog.text and dispatcher.eager is None
+    args = make(12, jnp.float32, rng)
+    assert_close(f(*args), jax.jit(fn)(*args))

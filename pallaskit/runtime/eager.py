@@ -17,11 +17,15 @@ compiled executable, which costs less host time per call than the Python
 launcher. What compiles (option ``dynamic_tier_up``): ``static`` (default), the
 size's own static program, as ``pallaskit.jit`` without ``dynamic=`` would
 compile it (through the on-disk cache; figures in benchmarks/RESULTS.md);
-``variant``, the usual multi-kernel choice
-(forced, from disk, timed or nearest) and that variant's XLA compile. ``wait_compiles()`` waits for the background work
-(benchmarks call it before timing a steady state). Why not at first sight: the
-background trace and lowering hold the GIL, and the eager calls of other new
-sizes then wait on it.
+``variant``, the usual multi-kernel choice (forced, from disk, timed or
+nearest) and that variant's XLA compile. ``wait_compiles()`` waits for the
+background work (benchmarks call it before timing a steady state). Why not at
+first sight: the background trace and lowering hold the GIL, and the eager
+calls of other new sizes then wait on it.
+
+An eager call that fails (a launch error, a Triton compile error) is logged
+once and turns eager launches off for that program: the call and the ones
+after it take the XLA path, so a function ``jax.jit`` runs still runs.
 """
 from __future__ import annotations
 
@@ -89,7 +93,7 @@ class EagerProgram:
 
         recorder = _Recorder()
         self._launch(recorder, self.kernels, *inputs)
-        cuda = _cuda_for(next(iter(inputs[0].devices())) if inputs else jax.devices()[0])
+        cuda = _cuda_for(jax.devices()[0])  # Launch's device
         with concurrent.futures.ThreadPoolExecutor(max(1, len(recorder.keys))) as pool:
             list(pool.map(lambda kk: kk[0].loaded(kk[1], cuda), recorder.keys))
 

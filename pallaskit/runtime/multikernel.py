@@ -183,7 +183,13 @@ class Dispatcher:
             self._eager_ran = True
             if not self.eager.from_cache:
                 metrics.counters["kernels_compiled"] += len(self.eager.kernels)
-        return self.eager(*leaves, *self.eager_constants)
+        try:
+            return self.eager(*leaves, *self.eager_constants)
+        except Exception as e:  # noqa: BLE001  (never break a call jax.jit runs: take the XLA path)
+            log.warning("pallaskit: %s: eager launch failed (%s: %s); running it through XLA from now on",
+                        self.title, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            self.eager = None
+            return self(*leaves, *self.eager_constants)
 
     def _tier_up(self, key: tuple, leaves) -> None:
         """Background: compile the key's static program (``compile_static``), or
