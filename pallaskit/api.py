@@ -142,6 +142,8 @@ class JitFunction:
             return self._compile(avals, treedef, static_pos, static_kw, len(args), aot=False)
         if entry is None:
             entry = self._dynamic_entry(leaves, avals, treedef, static_pos, static_kw, len(args))
+            if entry is not None and entry.result is None:  # an eager program from the disk cache
+                return self._compile(avals, treedef, static_pos, static_kw, len(args), aot=False)
             if entry is None:
                 entry = self._compile(avals, treedef, static_pos, static_kw, len(args), aot=False)
             self._cache[key] = entry
@@ -169,7 +171,9 @@ class JitFunction:
     # signature that cannot compile (a jax trace that needs more of the size, a
     # symbolic extern parameter, argmax over the dynamic axis...) is remembered
     # as None: its sizes compile one by one (``dynamic_fallbacks``, one warning).
-    # Symbolic graphs bypass the disk cache (executables are per size).
+    # Symbolic graphs bypass the disk cache (executables are per size), except
+    # for the eager program of one served by eager launches ([Note: eager
+    # program cache] in runtime/eager.py).
     def _dynamic_entry(self, leaves, avals, treedef, static_pos, static_kw, n_args) -> Compiled | None:
         """The symbolic graph serving this call's concrete signature, compiled
         on first use; None when the call has no dynamic axis, when the symbolic
@@ -513,6 +517,10 @@ def _eager_program(title: str, built: dict, options, first_sizes: dict):
         except triton_codegen.TritonUnsupported as e:
             why.append(str(e))
             continue
+        except Exception as e:  # noqa: BLE001  (a renderer bug must not cost the symbolic program)
+            log.warning("pallaskit: %s: the Triton renderer failed (%s: %s); no eager launches", title,
+                        type(e).__name__, e)
+            continue
         renderable.append((multikernel.Variant(hints, None, constants, program.source, []), program))
     if not renderable:
         log.debug("pallaskit: %s: no eager launches (%s)", title, "; ".join(dict.fromkeys(why)))
@@ -594,7 +602,7 @@ _RESERVED = frozenset({
     # the matmul template's names, and the Triton renderer's (lowering/codegen/triton.py)
     "M", "N", "K", "M_BLOCKS", "K_BLOCKS", "BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "first_m", "group_rows",
     "pid_m", "pid_n", "tile", "xra", "xcb", "ka", "kb", "a", "b", "mm", "tl", "triton", "launch", "run",
-    "kernels"})
+    "kernels", "range"})
 _RESERVED_PATTERN = re.compile(r"^(i|r|tmp|idx|mask|cst|red|acc|phase|in_ptr|out_ptr|arg|const|buf|in)\d+$")
 
 

@@ -258,6 +258,8 @@ def test_eager_program_cache_serves_a_new_function_object_without_the_compiler(r
     assert metrics.counters["eager_cache_hits"] == 1 and metrics.counters["graphs_compiled"] == graphs
     # under jax.jit the eager program cannot run: the graph compiles in full, on first need
     assert_close(jax.jit(second)(*args[33]), _softmax_f(*args[33]))
+    fresh = (_normal(rng, (50, 100), jnp.float32), args[4][1])  # a size never called: explain runs the compiler
+    assert "kernel" in str(pallaskit.explain(second, *fresh))
     path = os.path.join(folder, files[0])
     data = open(path, "rb").read()
     with open(path, "wb") as f:
