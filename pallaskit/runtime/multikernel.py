@@ -115,6 +115,7 @@ class Dispatcher:
         self.static: dict = {}  # shape key -> (executable, constants) compiled by compile_static
         self.fallback = None  # () -> the symbolic graph's Compiled in full, when built without variants
         self._fallback_entry = None
+        self._eager_ran = False  # the eager program's kernels counted in kernels_compiled
         self.methods: dict = {}  # shape key -> how it was chosen (for tests and debugging)
         self._ran = False  # kernels_compiled counted
         self._warned = False
@@ -172,14 +173,14 @@ class Dispatcher:
             self.select(key, leaves)  # raises: the forced index is out of range
         seen = self.sightings.get(key, 0) + 1
         self.sightings[key] = seen
-        if seen == 2 and key not in self.tier_up_errors:  # the size recurs: compile its XLA variant
+        if seen == 2 and key not in self.tier_up_errors:  # the size recurs: compile for it in the background
             from pallaskit.runtime import eager
 
             eager.submit(self._tier_up, key, leaves)
         if not self._ran:
             self._ran = True
             metrics.counters["kernels_compiled"] += len({s for w in self.variants for s in w.kernel_sources})
-        if not getattr(self, "_eager_ran", False):
+        if not self._eager_ran:
             self._eager_ran = True
             if not self.eager.from_cache:
                 metrics.counters["kernels_compiled"] += len(self.eager.kernels)
@@ -197,9 +198,7 @@ class Dispatcher:
         the choice; later calls of the key take it."""
         try:
             if self.compile_static is not None:
-                executable, constants = self.compile_static(leaves)
-                jax.block_until_ready(executable(*leaves, *constants))
-                self.static[key] = (executable, constants)
+                self.static[key] = self.compile_static(leaves)  # compiled ahead of time: ready to run
                 return
             index, method, timings = self._choose(key, leaves)
             v = self.variants[index]
