@@ -455,4 +455,7 @@ def test_dynamic_m_multi_kernel_variants_are_template_and_xla(rng):
     assert isinstance(d, multikernel.Dispatcher) and len(d.variants) == 2
     assert "plt.load" in d.variants[0].source and "BLOCK_M" in d.variants[0].source  # the template
     assert "BLOCK_M" not in d.variants[1].source and "EXTERNS" in d.variants[1].source  # XLA's dot
-    assert d.chosen == {(40,): 0, (3000,): 1}
+    if d.interpret:  # the nearest hint; compiled for a GPU the dispatcher times the variants instead
+        assert d.chosen == {(40,): 0, (3000,): 1}
+    else:
+        assert set(d.chosen) == {(40,), (3000,)} and set(d.methods.values()) == {"benchmark"}
