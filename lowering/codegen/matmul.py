@@ -85,30 +85,7 @@ def render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
 
     # -- which tile -----------------------------------------------------------------
     w.line("pid = pl.program_id(0).astype(IDX)")
-    tiles = f"(M_BLOCKS * {n_blocks})" if dynamic_m else m_blocks * n_blocks
-    tile = "pid"
-    if b > 1 and tiles == 1:
-        w.line("xb, tile = pid, 0")
-        tile = "tile"
-    elif b > 1:
-        w.line(f"xb = pid // {tiles}")
-        w.line(f"tile = pid % {tiles}")
-        tile = "tile"
-    if n_blocks == 1:
-        w.line(f"pid_m, pid_n = {tile}, 0")
-    elif m_blocks == 1:
-        w.line(f"pid_m, pid_n = 0, {tile}")
-    else:
-        group = cfg.group_m * n_blocks
-        w.line("# GROUP_M row blocks walk the column blocks together, sharing B tiles in L2")
-        w.line(f"first_m = ({tile} // {group}) * GROUP_M")
-        w.line(f"group_rows = jnp.minimum({m_blocks} - first_m, GROUP_M)")
-        w.line(f"pid_m = first_m + ({tile} % {group}) % group_rows")
-        w.line(f"pid_n = ({tile} % {group}) // group_rows")
-    w.line("xr = pid_m * BLOCK_M + lax.broadcasted_iota(IDX, (BLOCK_M, 1), 0)")
-    w.line("xc = pid_n * BLOCK_N + lax.broadcasted_iota(IDX, (1, BLOCK_N), 1)")
-    w.line("rmask = xr < M")
-    w.line("cmask = xc < N")
+    write_tile(em, b, m_blocks, n_blocks, cfg.group_m, dynamic_m)
 
     # -- the K loop -----------------------------------------------------------------
     lhs, rhs = (ir.substitute_index(op, mm.coords) for op in mm.body.args)
@@ -145,6 +122,36 @@ def render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
     # -- epilogue and stores ----------------------------------------------------------
     write_epilogue(em, kernel, mm)
     return _wrap(kernel, node, cfg, em, (b, m, n, k), (m_blocks, n_blocks, k_blocks)), em.helpers
+
+
+def write_tile(em, b: int, m_blocks, n_blocks: int, group_m: int, dynamic_m: bool) -> None:
+    """From ``pid``: the batch entry ``xb``, the tile's row and column blocks
+    (GROUP_M row blocks at a time), ``xr``/``xc`` and their masks (both
+    renderers, ``em``'s dialect)."""
+    w = em.w
+    tiles = f"(M_BLOCKS * {n_blocks})" if dynamic_m else m_blocks * n_blocks
+    tile = "pid"
+    if b > 1:
+        w.line(f"xb = pid // {tiles}")
+        w.line(f"tile = pid % {tiles}")
+        tile = "tile"
+    if n_blocks == 1:
+        w.line(f"pid_m = {tile}")
+        w.line("pid_n = 0")
+    elif m_blocks == 1:
+        w.line("pid_m = 0")
+        w.line(f"pid_n = {tile}")
+    else:
+        group = group_m * n_blocks
+        w.line("# GROUP_M row blocks walk the column blocks together, sharing B tiles in L2")
+        w.line(f"first_m = ({tile} // {group}) * GROUP_M")
+        w.line(f"group_rows = {em.MINIMUM}({m_blocks} - first_m, GROUP_M)")
+        w.line(f"pid_m = first_m + ({tile} % {group}) % group_rows")
+        w.line(f"pid_n = ({tile} % {group}) // group_rows")
+    w.line(f"xr = pid_m * BLOCK_M + {em.iota_text(0, 'BLOCK_M')}")
+    w.line(f"xc = pid_n * BLOCK_N + {em.iota_text(1, 'BLOCK_N')}")
+    w.line("rmask = xr < M")
+    w.line("cmask = xc < N")
 
 
 def write_epilogue(em, kernel: Kernel, mm) -> None:

@@ -255,6 +255,12 @@ class _KernelEmitter:
     def broadcast_text(self, var: str, shape: str) -> str:
         return f"jnp.broadcast_to({var}, {shape})"
 
+    MINIMUM = "jnp.minimum"
+
+    def iota_text(self, axis: int, block: str) -> str:
+        """Indices 0..block-1 as a (block, 1) column (axis 0) or (1, block) row (axis 1)."""
+        return f"lax.broadcasted_iota(IDX, {'(%s, 1)' % block if axis == 0 else '(1, %s)' % block}, {axis})"
+
     def op_template(self, e, names) -> str:
         return OPS[e.op]
 
@@ -553,21 +559,28 @@ def render_kernel(kernel: Kernel, schedule: Schedule, options: CompileOptions) -
     bodies = {m.name: _kernel_coords_body(m) for m in kernel.members}
     w.line("pid = pl.program_id(0)")
     if kernel.kind == "pointwise":
-        w.line(f"col_blocks = {_cdiv_source(kernel.cols, cfg.block_cols, 'COLS', 'BLOCK_C')}")
-        w.line("xr = (pid // col_blocks) * BLOCK_R + lax.broadcasted_iota(IDX, (BLOCK_R, 1), 0)")
-        w.line("xc = (pid % col_blocks) * BLOCK_C + lax.broadcasted_iota(IDX, (1, BLOCK_C), 1)")
-        w.line("rmask = xr < ROWS")
-        w.line("cmask = xc < COLS")
-        for m in kernel.members:
-            var, ext = em.value(bodies[m.name])
-            if m.store:
-                em.store(m, var, ext)
+        write_pointwise(em, kernel, bodies, cfg)
     elif kernel.kind == "mix":
         _render_mix(em, kernel, bodies, cfg)
     else:
         _render_reduction(em, kernel, bodies, cfg)
     body = w.source()
     return _wrap_kernel(kernel, schedule, cfg, em, body), em.helpers
+
+
+def write_pointwise(em, kernel: Kernel, bodies, cfg) -> None:
+    """A pointwise kernel's body after ``pid``: its tile of rows x columns, every
+    member's value, the stores (both renderers, ``em``'s dialect)."""
+    w = em.w
+    w.line(f"col_blocks = {_cdiv_source(kernel.cols, cfg.block_cols, 'COLS', 'BLOCK_C')}")
+    w.line(f"xr = (pid // col_blocks) * BLOCK_R + {em.iota_text(0, 'BLOCK_R')}")
+    w.line(f"xc = (pid % col_blocks) * BLOCK_C + {em.iota_text(1, 'BLOCK_C')}")
+    w.line("rmask = xr < ROWS")
+    w.line("cmask = xc < COLS")
+    for m in kernel.members:
+        var, ext = em.value(bodies[m.name])
+        if m.store:
+            em.store(m, var, ext)
 
 
 def _render_reduction(em: _KernelEmitter, kernel: Kernel, bodies, cfg, *, row_block="pid", columns_ready=False):

@@ -124,6 +124,15 @@ class _TritonEmitter(pallas._KernelEmitter):
     def broadcast_text(self, var, shape) -> str:
         return f"tl.broadcast_to({var}, {shape})"
 
+    MINIMUM = "tl.minimum"
+
+    def pid_line(self) -> str:
+        return f"pid = tl.program_id(0){'' if self.index_dtype == 'tl.int32' else f'.to({self.index_dtype})'}"
+
+    def iota_text(self, axis, block) -> str:
+        text = f"tl.arange(0, {block})[{':, None' if axis == 0 else 'None, :'}]"
+        return text if self.index_dtype == "tl.int32" else f"{text}.to({self.index_dtype})"
+
     def op_template(self, e, names) -> str:
         params = dict(e.params)
         float_op = pallas.is_float(e.dtype) or any(pallas.is_float(a.dtype) for a in e.args)
@@ -165,12 +174,6 @@ class _TritonMatmulEmitter(matmul._MatmulEmitter, _TritonEmitter):
     """Reads the accumulator tile from ``tile_values`` (matmul's emitter), writes Triton."""
 
 
-def _iota(axis: int, block: str, idx: str) -> str:
-    """``tl.arange`` as a (BLOCK, 1) column (axis 0) or (1, BLOCK) row (axis 1)."""
-    text = f"tl.arange(0, {block})[{':, None' if axis == 0 else 'None, :'}]"
-    return text if idx == "tl.int32" else f"{text}.to({idx})"
-
-
 _REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min", "and": "tl.min", "or": "tl.max"}
 _COMBINE = {"sum": "({a} + {v})", "max": "tl.maximum({a}, {v}, propagate_nan=tl.PropagateNan.ALL)",
             "min": "tl.minimum({a}, {v}, propagate_nan=tl.PropagateNan.ALL)",
@@ -187,19 +190,11 @@ def _render_kernel(kernel: Kernel, schedule: Schedule, options: CompileOptions):
         raise TritonUnsupported(f"kernel {kernel.name} reduces over a dynamic axis")
     cfg = pallas.kernel_config(kernel, schedule, options)
     em = _TritonEmitter(kernel, schedule, cfg, options)
-    w, idx = em.w, em.index_dtype
+    w = em.w
     bodies = {m.name: pallas._kernel_coords_body(m) for m in kernel.members}
-    w.line(f"pid = tl.program_id(0){'' if idx == 'tl.int32' else f'.to({idx})'}")
+    w.line(em.pid_line())
     if kernel.kind == "pointwise":
-        w.line(f"col_blocks = {pallas._cdiv_source(kernel.cols, cfg.block_cols, 'COLS', 'BLOCK_C')}")
-        w.line(f"xr = (pid // col_blocks) * BLOCK_R + {_iota(0, 'BLOCK_R', idx)}")
-        w.line(f"xc = (pid % col_blocks) * BLOCK_C + {_iota(1, 'BLOCK_C', idx)}")
-        w.line("rmask = xr < ROWS")
-        w.line("cmask = xc < COLS")
-        for m in kernel.members:
-            var, ext = em.value(bodies[m.name])
-            if m.store:
-                em.store(m, var, ext)
+        pallas.write_pointwise(em, kernel, bodies, cfg)
     else:
         _render_reduction(em, kernel, bodies, cfg)
     extents = [f"ROWS = {sizes.to_source(kernel.rows)}", f"COLS = {sizes.to_source(kernel.cols)}"]
@@ -228,8 +223,8 @@ def _render_reduction(em: _TritonEmitter, kernel: Kernel, bodies, cfg):
     for m in kernel.members:
         if m.role == "reduction" and m.node.op not in _REDUCE:
             raise TritonUnsupported(f"{m.node.op} reduction")
-    w, idx = em.w, em.index_dtype
-    w.line(f"xr = pid * BLOCK_R + {_iota(0, 'BLOCK_R', idx)}")
+    w = em.w
+    w.line(f"xr = pid * BLOCK_R + {em.iota_text(0, 'BLOCK_R')}")
     w.line("rmask = xr < ROWS")
     phase = pallas._phases(kernel)
     for p in range(max(phase.values()) + 1):
@@ -238,7 +233,7 @@ def _render_reduction(em: _TritonEmitter, kernel: Kernel, bodies, cfg):
         if reds or rowwise:
             if cfg.persistent:
                 if p == 0:
-                    w.line(f"xc = {_iota(1, 'BLOCK_C', idx)}")
+                    w.line(f"xc = {em.iota_text(1, 'BLOCK_C')}")
                     w.line("cmask = xc < COLS")
                 results = {}
                 for m in reds:
@@ -260,7 +255,7 @@ def _render_reduction(em: _TritonEmitter, kernel: Kernel, bodies, cfg):
                     accs.append((name, m))
                 w.line(f"for chunk in range(0, {-(-int(kernel.cols) // cfg.block_cols)}):")
                 with w.indent():
-                    w.line(f"xc = chunk * BLOCK_C + {_iota(1, 'BLOCK_C', idx)}")
+                    w.line(f"xc = chunk * BLOCK_C + {em.iota_text(1, 'BLOCK_C')}")
                     w.line("cmask = xc < COLS")
                     em.scopes.append({})
                     for name, m in accs:
@@ -302,32 +297,10 @@ def _render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
     dynamic_m = sizes.is_symbolic(m)
     m_blocks = "M_BLOCKS" if dynamic_m else -(-m // cfg.block_m)
     w, idx = em.w, em.index_dtype
-    w.line(f"pid = tl.program_id(0){'' if idx == 'tl.int32' else f'.to({idx})'}")
+    w.line(em.pid_line())
     if dynamic_m:
         w.line("M_BLOCKS = (M + BLOCK_M - 1) // BLOCK_M")
-    tiles = f"(M_BLOCKS * {n_blocks})" if dynamic_m else m_blocks * n_blocks
-    tile = "pid"
-    if b > 1:
-        w.line(f"xb = pid // {tiles}")
-        w.line(f"tile = pid % {tiles}")
-        tile = "tile"
-    if n_blocks == 1:
-        w.line(f"pid_m = {tile}")
-        w.line("pid_n = 0")
-    elif m_blocks == 1:
-        w.line("pid_m = 0")
-        w.line(f"pid_n = {tile}")
-    else:
-        group = cfg.group_m * n_blocks
-        w.line("# GROUP_M row blocks walk the column blocks together, sharing B tiles in L2")
-        w.line(f"first_m = ({tile} // {group}) * GROUP_M")
-        w.line(f"group_rows = tl.minimum({m_blocks} - first_m, GROUP_M)")
-        w.line(f"pid_m = first_m + ({tile} % {group}) % group_rows")
-        w.line(f"pid_n = ({tile} % {group}) // group_rows")
-    w.line(f"xr = pid_m * BLOCK_M + {_iota(0, 'BLOCK_M', idx)}")
-    w.line(f"xc = pid_n * BLOCK_N + {_iota(1, 'BLOCK_N', idx)}")
-    w.line("rmask = xr < M")
-    w.line("cmask = xc < N")
+    matmul.write_tile(em, b, m_blocks, n_blocks, cfg.group_m, dynamic_m)
     lhs, rhs = (ir.substitute_index(op, mm.coords) for op in mm.body.args)
     a_rows, b_cols = XR, XC
     if dynamic_m or m % cfg.block_m:
@@ -348,8 +321,8 @@ def _render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
     w.line("acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
     w.line(f"for step in range(0, {k_blocks}):")
     with w.indent():
-        w.line(f"ka = step * BLOCK_K + {_iota(1, 'BLOCK_K', idx)}")
-        w.line(f"kb = step * BLOCK_K + {_iota(0, 'BLOCK_K', idx)}")
+        w.line(f"ka = step * BLOCK_K + {em.iota_text(1, 'BLOCK_K')}")
+        w.line(f"kb = step * BLOCK_K + {em.iota_text(0, 'BLOCK_K')}")
         for name, ref, off, free, shape, kmask in (
                 ("a", em.in_refs[lhs.buffer], a_off, {a_rows, matmul._A_K}, "(BLOCK_M, BLOCK_K)", "ka < K"),
                 ("b", em.in_refs[rhs.buffer], b_off, {matmul._B_K, b_cols}, "(BLOCK_K, BLOCK_N)", "kb < K")):

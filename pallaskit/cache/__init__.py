@@ -292,8 +292,14 @@ def pack_checked(fmt: int, body: bytes, **header) -> bytes:
     return json.dumps(head, sort_keys=True).encode() + b"\n" + body
 
 
-def unpack_checked(data: bytes, fmt: int) -> tuple[dict, bytes]:
-    """(header, body) of ``pack_checked`` data; ValueError when torn, foreign or stale."""
+def read_checked(path: str, fmt: int) -> tuple[dict, bytes] | None:
+    """(header, body) of a ``pack_checked`` file; None when it does not exist;
+    OSError when unreadable, ValueError when torn, foreign or stale."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
     head, _, body = data.partition(b"\n")
     header = json.loads(head)
     if header.get("format") != fmt or hashlib.sha256(body).hexdigest() != header.get("sha256"):

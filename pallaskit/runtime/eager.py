@@ -177,20 +177,14 @@ def load_cached(key: str) -> EagerProgram | None:
 
     path = _cache_path(key)
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        log.warning("pallaskit: cannot read the eager program %s (%s); recompiling", path, e)
-        return None
-    try:
-        _, body = cache.unpack_checked(data, CACHE_FORMAT)
-        entry = json.loads(body)  # interpret mode is in the key (CompileOptions)
+        found = cache.read_checked(path, CACHE_FORMAT)
+        if found is None:
+            return None
+        entry = json.loads(found[1])  # interpret mode is in the key (CompileOptions)
         program = EagerProgram(entry["source"], entry["kernels"], entry["interpret"], entry["hints"], entry["guards"])
         program.from_cache = True
         return program
-    except Exception as e:  # noqa: BLE001  (torn, foreign or stale: compile again, rewrite it)
+    except Exception as e:  # noqa: BLE001  (unreadable, torn, foreign or stale: compile again, rewrite it)
         log.warning("pallaskit: ignoring the eager program %s (%s: %s); recompiling", path, type(e).__name__, e)
         return None
 

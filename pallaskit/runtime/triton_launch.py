@@ -337,17 +337,15 @@ _ARTIFACT_FORMAT = 1
 
 
 def _load_artifact(src, path: str):
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        return None
     from triton.compiler.compiler import CompiledKernel
 
     from pallaskit import cache
 
     try:
-        header, body = cache.unpack_checked(data, _ARTIFACT_FORMAT)
+        found = cache.read_checked(path, _ARTIFACT_FORMAT)
+        if found is None:
+            return None
+        header, body = found
         metadata, cubin = body[:header["metadata_bytes"]], body[header["metadata_bytes"]:]
         folder = tempfile.mkdtemp(prefix="pallaskit-kernel-")
         try:
@@ -361,7 +359,7 @@ def _load_artifact(src, path: str):
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         return compiled
-    except Exception as e:  # noqa: BLE001  (torn or foreign data: compile again, rewrite it)
+    except Exception as e:  # noqa: BLE001  (unreadable, torn or foreign: compile again, rewrite it)
         log.warning("pallaskit: ignoring the compiled kernel %s (%s: %s); recompiling", path, type(e).__name__, e)
         return None
 
