@@ -11,8 +11,9 @@ the cold run wrote for "warm":
 - jax.jit: JAX's persistent compilation cache (every executable is cached:
   no minimum compile time or size).
 - pallaskit: its own on-disk graph cache (pallaskit/cache: generated source
-  and serialized executables), JAX's persistent cache off; the child reports
-  pallaskit's counters (a warm start compiles no kernel).
+  and serialized executables) and Triton's cache (raw Triton kernels of eager
+  launches compile through Triton), JAX's persistent cache off; the child
+  reports pallaskit's counters (a warm start compiles no kernel).
 - torch.compile: Inductor's caches (FX graph, AOTAutograd, Triton kernels),
   TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR.
 
@@ -62,9 +63,13 @@ def cache_setup(backend, cache_dir: str, persistent: bool) -> dict:
         return {"TORCHINDUCTOR_CACHE_DIR": os.path.join(cache_dir, "inductor"),
                 "TRITON_CACHE_DIR": os.path.join(cache_dir, "triton")}
     if backend.name.startswith("pallaskit"):
+        # raw Triton kernels (eager launches) compile through Triton, which keeps
+        # its own cache (kernels and its C helpers): a fresh one too
+        triton = {"TRITON_CACHE_DIR": os.path.join(cache_dir, "triton")}
         env = pallaskit_cache_env(cache_dir)
         if env or not persistent:
-            return env
+            return {**env, **triton}
+        return {**jax_cache_env(cache_dir), **triton}
     return jax_cache_env(cache_dir) if persistent else {}
 
 
