@@ -427,6 +427,10 @@ class JitFunction:
                     metrics.counters["compile_seconds"] += time.perf_counter() - t0
                     return Compiled(None, closed, dispatcher, [], out_tree_box[-1], ran=True,
                                     guards=[compile(g, "<guard>", "eval") for g in hit.guards])
+            if lazy and not options.interpret:
+                from pallaskit.runtime import triton_launch
+
+                triton_launch.warm_up()  # overlaps this compile; its kernels compile after it
             eager_program = None
             for hints in order:
                 result, call, constants = build(dataclasses.replace(options, size_hints=tuple(hints)))

@@ -6,8 +6,10 @@ Each is checked against jax.jit on fresh random inputs, odd and size-1 sizes,
 float32 and bfloat16.
 """
 import gc
+import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import jax
@@ -182,7 +184,7 @@ def test_the_gpu_path_never_imports_torch_and_exits_cleanly():
 @pytest.mark.skipif(INTERPRET, reason="GPU only: compiled kernels")
 def test_compiled_kernels_are_kept_and_a_bad_file_is_recompiled(rng, tmp_path, monkeypatch, caplog):
     """[Note: kernel artifacts]: a second TritonKernel (a new process's) loads the
-    compiled kernel from the cache without triton.compile; a corrupt file is
+    compiled kernel from the cache without compiling; a corrupt file is
     logged, recompiled and rewritten."""
     x, y = _normal(rng, (1000,), jnp.float32), _normal(rng, (1000,), jnp.float32)
 
@@ -194,17 +196,57 @@ def test_compiled_kernels_are_kept_and_a_bad_file_is_recompiled(rng, tmp_path, m
 
     assert_close(run(TritonKernel(_silu_mul, cache_dir=str(tmp_path))), _silu_mul_ref(x, y))
     (path,) = tmp_path.glob("*.kernel")
-    real_compile = triton.compile
+    real_compile = triton_launch._compile_uncached
 
     def no_compile(*a, **k):
         raise AssertionError("compiled again")
 
-    monkeypatch.setattr(triton, "compile", no_compile)
+    monkeypatch.setattr(triton_launch, "_compile_uncached", no_compile)
     assert_close(run(TritonKernel(_silu_mul, cache_dir=str(tmp_path))), _silu_mul_ref(x, y))
-    monkeypatch.setattr(triton, "compile", real_compile)
+    monkeypatch.setattr(triton_launch, "_compile_uncached", real_compile)
     data = path.read_bytes()
     path.write_bytes(data[:-100])  # torn
     with caplog.at_level("WARNING", logger="pallaskit"):
         assert_close(run(TritonKernel(_silu_mul, cache_dir=str(tmp_path))), _silu_mul_ref(x, y))
     assert "ignoring the compiled kernel" in caplog.text
     assert path.read_bytes() == data  # rewritten whole
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="Triton compiles for CUDA on Linux")
+def test_the_uncached_compile_is_triton_compile():
+    """``_compile_uncached`` runs Triton's stages without its cache: the same cubin
+    and metadata as ``triton.compile`` for a pointwise kernel and a matmul with
+    tl.dot, compiled for an H100 (sm_90). No GPU needed: a process without
+    Triton's interpreter compiles, it does not launch."""
+    script = textwrap.dedent("""
+        import json
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+        from pallaskit.runtime import triton_launch
+        from tests import test_triton_launch as t
+
+        target = GPUTarget("cuda", 90, 32)
+        cases = [
+            (t._silu_mul, {"x_ptr": "*bf16", "y_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32", "BLOCK": "constexpr"},
+             {"BLOCK": 1024}, {"num_warps": 4, "num_stages": 3}),
+            (t._linear, {"a_ptr": "*fp32", "w_ptr": "*fp32", "b_ptr": "*fp32", "c_ptr": "*bf16", "M": "i32",
+                         "N": "constexpr", "K": "constexpr", "GELU": "constexpr", "BM": "constexpr",
+                         "BN": "constexpr", "BK": "constexpr"},
+             {"N": 96, "K": 80, "GELU": True, "BM": 64, "BN": 32, "BK": 16}, {"num_warps": 4, "num_stages": 2}),
+        ]
+        for fn, signature, constexprs, options in cases:
+            attrs = {(i,): [["tt.divisibility", 16]] for i, v in enumerate(signature.values()) if v.startswith("*")}
+            src = ASTSource(fn, signature, constexprs, attrs)
+            ours = triton_launch._compile_uncached(src, target, options)
+            theirs = triton.compile(src, target=target, options=options)
+            assert ours.cubin == bytes(theirs.kernel), fn
+            a = vars(ours.metadata)
+            b = json.loads(json.dumps(theirs.metadata._asdict(), default=vars))
+            diff = {k for k in set(a) | set(b) if k != "hash" and a.get(k) != b.get(k)}
+            assert not diff, (fn, diff)
+        print("ok")
+    """)
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=tempfile.mkdtemp())  # conftest keeps a set value
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]

@@ -10,11 +10,15 @@ executable (trace, lowering, XLA compile: ~1-1.5 s for the gelu MLP) that
   once per argument signature (dtypes, int widths, constexprs); sizes are
   plain ints and never specialized, pointers are specialized as 16-byte
   aligned (checked at launch; without it the matmul is not pipelined).
-- *load and launch*: Triton's own CUDA loader and launcher, called directly,
-  on a non-blocking stream of our own in the primary context XLA uses.
-  Triton's active driver (process-wide, and its CUDA flavour imports torch)
-  is never asked or replaced, so a user's own Triton kernels are unaffected
-  and torch is never loaded.
+- *load and launch*: the CUDA driver API through ctypes (``cuModuleLoadData``,
+  ``cuLaunchKernel`` with Triton's argument layout, see ``_Launcher``), on a
+  non-blocking stream of our own in the primary context XLA uses. Triton's
+  own loader and launcher are C modules it builds with gcc on first use
+  (0.5 s for its helper and 0.1-0.2 s per kernel signature on the H100
+  machine, a third of a cold first call), so they are not used. Triton's
+  active driver (process-wide, and its CUDA flavour imports torch) is never
+  asked or replaced, so a user's own Triton kernels are unaffected and torch
+  is never loaded.
 - *allocate*: outputs in memory from ``cuMemAllocAsync`` on our stream,
   wrapped in a DLManagedTensor of our own and imported zero-copy; its deleter
   frees the memory on our stream after XLA's stream has passed that point.
@@ -36,15 +40,14 @@ cache); an output allocation ~0.1 ms at any size.
 from __future__ import annotations
 
 import ctypes
-import functools
 import hashlib
+import json
 import logging
 import math
 import os
-import shutil
 import sys
-import tempfile
 import threading
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +64,10 @@ _TRITON_DTYPES = {  # numpy dtype name -> Triton's pointee / scalar type
 _DLPACK_CODES = {"i": 0, "u": 1, "f": 2, "b": 6}  # dlpack.h kDLInt, kDLUInt, kDLFloat, kDLBool
 _KDL_BFLOAT, _KDL_CUDA = 4, 2
 _ALIGN = 16
+# CUDA driver enums (cuda.h)
+_MAX_SHARED_OPTIN = 97  # CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+_FUNC_MAX_THREADS, _FUNC_STATIC_SHARED, _FUNC_MAX_DYNAMIC_SHARED = 0, 1, 8  # CU_FUNC_ATTRIBUTE_*
+_PREFER_SHARED = 1  # CU_FUNC_CACHE_PREFER_SHARED
 log = logging.getLogger("pallaskit")
 
 
@@ -123,6 +130,30 @@ class _Cuda:
 
     def synchronize(self) -> None:
         self.check("cuStreamSynchronize", self.stream)
+
+    def attribute(self, which: int) -> int:
+        """A CU_DEVICE_ATTRIBUTE_* of our device."""
+        value = ctypes.c_int()
+        self.check("cuDeviceGetAttribute", ctypes.byref(value), which, self.ordinal)
+        return value.value
+
+    def load(self, name: str, cubin: bytes, shared: int) -> tuple[int, int]:
+        """(CUfunction, max threads per block) of kernel ``name`` in ``cubin``,
+        allowed ``shared`` bytes of dynamic shared memory: what Triton's
+        ``load_binary`` does (triton/backends/nvidia/driver.c)."""
+        self.make_current()
+        module, function = ctypes.c_void_p(), ctypes.c_void_p()
+        self.check("cuModuleLoadData", ctypes.byref(module), ctypes.c_char_p(cubin))
+        self.check("cuModuleGetFunction", ctypes.byref(function), module, name.encode())
+        max_threads = ctypes.c_int()
+        self.check("cuFuncGetAttribute", ctypes.byref(max_threads), _FUNC_MAX_THREADS, function)
+        optin = self.attribute(_MAX_SHARED_OPTIN)
+        if shared > 49152 and optin > 49152:  # above 48 KiB a kernel must opt in
+            static = ctypes.c_int()
+            self.check("cuFuncSetCacheConfig", function, _PREFER_SHARED)
+            self.check("cuFuncGetAttribute", ctypes.byref(static), _FUNC_STATIC_SHARED, function)
+            self.check("cuFuncSetAttribute", function, _FUNC_MAX_DYNAMIC_SHARED, optin - static.value)
+        return function.value, max_threads.value
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> jax.Array:
         """An uninitialized array in memory of our own, zero-copy (see the Note)."""
@@ -210,12 +241,41 @@ class _HostTensor:
         return self.array.strides
 
 
+# ctypes types of Triton's kernel parameters (triton/backends/nvidia/driver.py,
+# ``ty_to_cpp`` and ``FLOAT_STORAGE_TYPE``): a pointer is a CUdeviceptr, an fp32
+# travels as its 32 bits
+_PARAM_TYPES = {"i1": ctypes.c_int8, "i8": ctypes.c_int8, "i16": ctypes.c_int16, "i32": ctypes.c_int32,
+                "i64": ctypes.c_int64, "u8": ctypes.c_uint8, "u16": ctypes.c_uint16, "u32": ctypes.c_uint32,
+                "u64": ctypes.c_uint64, "fp32": ctypes.c_float, "fp64": ctypes.c_double}
+
+
+class _Launcher:
+    """Triton's launch ABI through ``cuLaunchKernel``: the kernel's parameters
+    are its non-constexpr arguments in order, then two scratch pointers
+    (global and profile scratch; null, as kernels that need scratch are
+    refused), with ``32 * num_warps`` threads and the kernel's dynamic shared
+    memory. What Triton's generated C launcher does for a one-CTA, non-PDL,
+    non-cooperative kernel, without building it."""
+
+    def __init__(self, cuda: _Cuda, function: int, key: tuple, num_warps: int, shared: int):
+        self.cuda, self.function, self.threads, self.shared = cuda, ctypes.c_void_p(function), 32 * num_warps, shared
+        self.types = [ctypes.c_uint64 if entry.startswith("*") else _PARAM_TYPES[entry]
+                      for entry, _ in key if entry != "constexpr"]
+        self.scratch = (ctypes.c_uint64(0), ctypes.c_uint64(0))
+
+    def __call__(self, grid: tuple, stream, args: list) -> None:
+        values = [t(a) for t, a in zip(self.types, args)]
+        values += self.scratch
+        params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+        self.cuda.check("cuLaunchKernel", self.function, *grid, self.threads, 1, 1, self.shared, stream, params,
+                        None)
+
+
 @dataclass
 class _Loaded:
-    """One compiled kernel, loaded: Triton's launcher and the CUfunction."""
+    """One compiled kernel, loaded: its CUfunction and launcher."""
     function: int
-    launcher: Any
-    packed_metadata: Any
+    launcher: _Launcher
 
 
 class TritonKernel:
@@ -277,7 +337,6 @@ class TritonKernel:
     def _compile(self, key: tuple, cuda: _Cuda) -> _Loaded:
         triton = _triton(interpret=False)
         from triton.backends.compiler import GPUTarget
-        from triton.backends.nvidia.driver import CudaLauncher
         from triton.compiler import ASTSource
 
         signature = {name: entry for name, (entry, _) in zip(self.arg_names, key)}
@@ -286,28 +345,30 @@ class TritonKernel:
         major, minor = map(int, cuda.device.compute_capability.split("."))
         src = ASTSource(self.fn, signature, constexprs, attrs)
         target = GPUTarget("cuda", 10 * major + minor, 32)
+        options = {"num_warps": self.num_warps, "num_stages": self.num_stages}
         artifact = self._artifact_path(key, target, triton.__version__) if self.cache_dir else None
-        compiled = _load_artifact(src, artifact) if artifact else None
+        compiled = _load_artifact(artifact) if artifact else None
         if compiled is None:
-            compiled = triton.compile(src, target=target,
-                                      options={"num_warps": self.num_warps, "num_stages": self.num_stages})
+            compiled = _compile_uncached(src, target, options)
             if artifact:
                 _store_artifact(compiled, artifact)
-        utils = _cuda_utils()
-        max_shared = utils.get_device_properties(cuda.ordinal)["max_shared_mem"]
-        if compiled.metadata.shared > max_shared:
-            raise LaunchError(f"{self.name} needs {compiled.metadata.shared} bytes of shared memory; "
+        meta = compiled.metadata
+        if meta.num_warps != self.num_warps:
+            raise LaunchError(f"{self.name}: compiled for {meta.num_warps} warps, not {self.num_warps}")
+        max_shared = cuda.attribute(_MAX_SHARED_OPTIN)
+        if meta.shared > max_shared:
+            raise LaunchError(f"{self.name} needs {meta.shared} bytes of shared memory; "
                               f"the GPU has {max_shared}: smaller blocks or fewer stages")
-        if compiled.metadata.global_scratch_size or compiled.metadata.profile_scratch_size:
+        if meta.global_scratch_size or meta.profile_scratch_size:
             raise LaunchError(f"{self.name} needs Triton's global scratch memory, which this launcher "
                               "does not allocate")
-        cuda.make_current()
-        _, function, _, _, max_threads = utils.load_binary(compiled.name, compiled.kernel,
-                                                          compiled.metadata.shared, cuda.ordinal)
+        if getattr(meta, "num_ctas", 1) != 1 or meta.launch_cooperative_grid or meta.launch_pdl:
+            raise LaunchError(f"{self.name}: clusters, cooperative and PDL launches are not supported")
+        function, max_threads = cuda.load(meta.name, compiled.cubin, meta.shared)
         if self.num_warps * 32 > max_threads:
             raise LaunchError(f"{self.name}: {self.num_warps} warps exceed the {max_threads} threads "
                               "its registers allow")
-        return _Loaded(function, CudaLauncher(compiled.src, compiled.metadata), compiled.packed_metadata)
+        return _Loaded(function, _Launcher(cuda, function, key, meta.num_warps, meta.shared))
 
     def _artifact_path(self, key: tuple, target, version: str) -> str:
         """Where this kernel compiled for ``key`` lives in the cache (no suffix)."""
@@ -327,18 +388,60 @@ class TritonKernel:
 # as one file per kernel and signature, ``<hash>.kernel``: a header line (JSON:
 # format, the sha256 of the rest) and Triton's metadata JSON and cubin. The hash
 # covers the kernel's source and dependencies (``JITFunction.cache_key``), its
-# signature and constexprs, warps, stages, GPU arch and the Triton version. A
-# process that finds it hands the two parts to Triton's ``CompiledKernel``
-# without calling ``triton.compile``, whose cache lookup alone hashes Triton's
-# own package (~0.5 s once per process on the H100 machine: most of a warm
-# first call). Written atomically; a file that fails its checks is logged,
-# recompiled and rewritten.
-_ARTIFACT_FORMAT = 1
+# signature and constexprs, warps, stages, GPU arch and the Triton version.
+# Written atomically; a file that fails its checks is logged, recompiled and
+# rewritten. This is the only cache these kernels have: ``_compile_uncached``
+# runs Triton's stages without Triton's own cache, whose lookup alone hashes
+# Triton's package (``triton_key``: 0.2-1.2 s once per process on the H100
+# machine, most of it reading a 415 MB library).
+_ARTIFACT_FORMAT = 2
 
 
-def _load_artifact(src, path: str):
-    from triton.compiler.compiler import CompiledKernel
+@dataclass
+class _Compiled:
+    """A compiled kernel: Triton's metadata (``name``, ``shared``, ``num_warps``,
+    scratch sizes, launch flags) and its cubin."""
+    metadata: Any
+    cubin: bytes
 
+
+def _compile_uncached(src, target, options: dict) -> _Compiled:
+    """What ``triton.compile`` does (triton/compiler/compiler.py, Triton 3.6)
+    minus its cache: parse the options, make the IR from the kernel's AST, run
+    the backend's stages (ttir, ttgir, llir, ptx, cubin) filling in the
+    metadata. A Triton whose internals differ from these gets ``triton.compile``."""
+    import triton
+    try:
+        from triton._C.libtriton import get_cache_invalidating_env_vars, ir
+        from triton.compiler.compiler import make_backend
+
+        backend = make_backend(target)
+        parsed = backend.parse_options(dict(options, **src.parse_options()))
+        stages: dict = {}
+        backend.add_stages(stages, parsed, src.language)
+        first = list(stages).index(src.ext)  # make_ir gives raw TTIR: the ttir stage runs on it too
+    except (ImportError, AttributeError, TypeError, ValueError) as e:
+        log.debug("pallaskit: compiling through triton.compile (%s: %s)", type(e).__name__, e)
+        compiled = triton.compile(src, target=target, options=options)
+        return _Compiled(_namespace(json.loads(json.dumps(compiled.metadata._asdict(), default=vars))),
+                         bytes(compiled.kernel))
+    metadata = {"hash": src.hash(), "target": target, **parsed.__dict__, **get_cache_invalidating_env_vars(),
+                "triton_version": triton.__version__}
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    module = src.make_ir(target, parsed, backend.get_codegen_implementation(parsed), backend.get_module_map(),
+                         context)
+    for compile_stage in list(stages.values())[first:]:
+        module = compile_stage(module, metadata)
+    return _Compiled(_namespace(json.loads(json.dumps(metadata, default=vars))), bytes(module))
+
+
+def _namespace(metadata: dict):
+    return types.SimpleNamespace(**metadata)
+
+
+def _load_artifact(path: str) -> _Compiled | None:
     from pallaskit import cache
 
     try:
@@ -347,40 +450,45 @@ def _load_artifact(src, path: str):
             return None
         header, body = found
         metadata, cubin = body[:header["metadata_bytes"]], body[header["metadata_bytes"]:]
-        folder = tempfile.mkdtemp(prefix="pallaskit-kernel-")
-        try:
-            name = os.path.basename(path)
-            group = {}
-            for ext, part in ((".json", metadata), (".cubin", cubin)):
-                group[name + ext] = os.path.join(folder, name + ext)
-                with open(group[name + ext], "wb") as f:
-                    f.write(part)
-            compiled = CompiledKernel(src, group, name)  # reads both files now
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-        return compiled
+        return _Compiled(_namespace(json.loads(metadata)), cubin)
     except Exception as e:  # noqa: BLE001  (unreadable, torn or foreign: compile again, rewrite it)
         log.warning("pallaskit: ignoring the compiled kernel %s (%s: %s); recompiling", path, type(e).__name__, e)
         return None
 
 
-def _store_artifact(compiled, path: str) -> None:
+def _store_artifact(compiled: _Compiled, path: str) -> None:
     from pallaskit import cache
 
     try:
-        meta = next(p for name, p in compiled.metadata_group.items() if name.endswith(".json"))
-        with open(meta, "rb") as f:
-            metadata = f.read()
-        cache._write_atomic(path, cache.pack_checked(_ARTIFACT_FORMAT, metadata + bytes(compiled.kernel),
+        metadata = json.dumps(vars(compiled.metadata)).encode()
+        cache._write_atomic(path, cache.pack_checked(_ARTIFACT_FORMAT, metadata + compiled.cubin,
                                                      metadata_bytes=len(metadata)))
     except Exception as e:  # noqa: BLE001  (a read-only or full disk: keep running)
         log.warning("pallaskit: cannot keep the compiled kernel %s (%s: %s)", path, type(e).__name__, e)
 
 
-@functools.cache
-def _cuda_utils():
-    from triton.backends.nvidia.driver import CudaUtils
-    return CudaUtils()  # builds Triton's small C helper once
+_warming: threading.Thread | None = None
+_warming_lock = threading.Lock()
+
+
+def warm_up() -> None:
+    """Import triton on a thread (0.2-0.3 s on the H100 machine), so that it
+    overlaps the pallaskit compile that comes before a program's first kernel
+    compiles. The api calls it when a symbolic program's eager launches will
+    need kernels compiled."""
+    global _warming
+    with _warming_lock:
+        if _warming is None and "triton" not in sys.modules:
+            _warming = threading.Thread(target=_warm_up, name="pallaskit-triton-import", daemon=True)
+            _warming.start()
+
+
+def _warm_up() -> None:
+    try:
+        _triton(interpret=False)
+        import triton.compiler.compiler  # noqa: F401  (the stages' modules)
+    except Exception as e:  # noqa: BLE001  (the compile that needs it will say what is wrong)
+        log.debug("pallaskit: importing triton on a thread failed (%s: %s)", type(e).__name__, e)
 
 
 def _triton_dtype(kernel: str, arg: str, dtype) -> str:
@@ -454,8 +562,7 @@ class Launch:
         pointers = [self._pointer(kernel, name, a) if entry.startswith("*") else a
                     for name, a, (entry, _) in zip(kernel.arg_names, bound[:len(args)], key)]
         self.cuda.make_current()
-        loaded.launcher(*grid, self.cuda.stream.value, loaded.function, loaded.packed_metadata,
-                        None, None, None, *pointers, *bound[len(args):])
+        loaded.launcher(grid, self.cuda.stream, pointers)
 
     def finish(self, *outputs) -> tuple[jax.Array, ...]:
         """Outputs as JAX arrays once every launch so far has finished."""
