@@ -175,16 +175,18 @@ def _hint_tables(rows) -> list[str]:
 
 
 def _sweep_table(rows) -> list[str]:
-    sw = [r for r in rows if r["kind"] == "sweep" and r["case"] == "all sizes"]
+    sw = [r for r in rows if r["kind"] == "sweep" and str(r["case"]).startswith("all sizes")]
     if not sw:
         return []
     lines = ["### Dynamic-shape sweep: every size new, in a fresh process", "",
              "| workload | dtype | backend | sizes | time to first result of all (s) | first size (s) | "
-             "each later size, median (s) | steady-state sum ms" + (" (fraction of floor)" if FRACTIONS["show"]
-                                                                      else "") + " | host-bound sizes |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "each later size, median (s) | all, warm process (s) | steady-state sum ms"
+             + (" (fraction of floor)" if FRACTIONS["show"] else "") + " | host-bound sizes |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for (w, d, b), group in _group(sw, ("workload", "dtype", "backend")).items():
-        first = next((r for r in group if r["metric"] == "first_result_s"), None)
+        first = next((r for r in group if r["metric"] == "first_result_s" and r["case"] == "all sizes"), None)
+        warm = next((r for r in group if r["case"] == "all sizes, warm process"), None)
+        warm = f"{warm['value']:.2f}" if warm and warm["status"] == "ok" else (warm or {}).get("status", "")
         steady = next((r for r in group if r["metric"] == "steady_sum_ms"), None)
         per = [r for r in rows if (r["kind"], r["workload"], r["dtype"], r["backend"]) == ("sweep", w, d, b)
                and str(r["case"]).startswith("rows=")]
@@ -196,10 +198,12 @@ def _sweep_table(rows) -> list[str]:
         later = f"{sorted(firsts[1:])[len(firsts[1:]) // 2]:.3f}" if len(firsts) > 1 else ""
         bound = f"{sum(_host_bound(r) for r in timed)} of {len(timed)}" if timed and FRACTIONS["show"] else ""
         lines.append(f"| {w} | {d} | {b} | {n} | {total} | {f'{firsts[0]:.2f}' if firsts else ''} | {later} | "
-                     f"{_cell(steady)} | {bound} |")
+                     f"{warm} | {_cell(steady)} | {bound} |")
     sizes = _ordered(r["runtime"] for r in rows if r["kind"] == "sweep" and str(r["case"]).startswith("rows="))
     lines += ["", f"Row counts: {', '.join(map(str, sizes))}. The first size's time includes the backend's "
-              "first compilation in the process (torch: importing and starting Dynamo / Inductor). A host-bound "
+              "first compilation in the process (torch: importing and starting Dynamo / Inductor); the warm-process "
+              "column is the same in a fresh process that first ran another function through the backend "
+              "([Note: warm process] in benchmarks/workloads.py). A host-bound "
               "size is timed by its dispatch, not by the device (the steady-state sum is then a dispatch figure).",
               ""]
     return lines

@@ -312,7 +312,7 @@ class Suite:
         from benchmarks import first_call
 
         size = self.cfg.size(workload)
-        states = ("cold",) if workload.kind == SWEEP else ("cold", "warm")
+        states = ("cold", "warm_process") if workload.kind == SWEEP else ("cold", "warm")
         base = dict(workload=workload.name, kind=workload.kind, dtype=dtype, size=format_size(size))
 
         def job(backend):
@@ -322,7 +322,7 @@ class Suite:
                 for state in states:
                     spec = dict(workload=workload.name, backend=backend.name, dtype=dtype, size=size,
                                 seed=self.seed, cache_dir=cache, state=state, caches=workload.kind == FIRST_CALL,
-                                steady=workload.kind == SWEEP, check=state == "cold",
+                                steady=workload.kind == SWEEP and state == "cold", check=state == "cold",
                                 repeats=self.cfg.repeats, min_round_s=self.cfg.min_round_s, warmup=self.cfg.warmup,
                                 allow_cpu_compile=self.cfg.allow_cpu_compile)
                     results.append((state, first_call.spawn(spec, self.ctx, self.cfg.subprocess_timeout_s)))
@@ -356,6 +356,10 @@ class Suite:
                      rel_err=res.get("rel_err"), status=status, note=res.get("mismatch") or note, **base)
             return
         cases = res["cases"]
+        if state == "warm_process":  # the total only ([Note: warm process] in benchmarks/workloads.py)
+            self.add(backend=backend.name, case="all sizes, warm process", metric="first_result_s", unit="s",
+                     value=res["total_first_s"], status=status, note=f"{len(cases)} sizes", **base)
+            return
         for c in cases:
             row = dict(base, size=c["size"], case=c["label"], runtime=c["runtime"])
             self.rows.append(dict(self._blank(), **row, backend=backend.name, metric="first_result_s", unit="s",
@@ -392,7 +396,7 @@ class Suite:
                 elif w.kind == HINT_RUNTIME:
                     n += sum(len(w.cases(size)) * ((len(w.hints(size)) + 2) if b.hinted else 1) for b in bs)
                 elif w.kind == SWEEP:
-                    n += len(bs)
+                    n += 2 * len(bs)  # cold, warm process
                 else:
                     n += 2 * len(bs)
         return n

@@ -46,6 +46,7 @@ def test_smoke_run_writes_every_output(tmp_path):
         assert ("matmul_hint_runtime", b, "hint=static,M=24", "ms") in ok
         assert ("dynamic_mlp_sweep", b, "all sizes", "first_result_s") in ok
         assert ("dynamic_mlp_sweep", b, "all sizes", "steady_sum_ms") in ok
+        assert ("dynamic_mlp_sweep", b, "all sizes, warm process", "first_result_s") in ok
         assert ("first_call_gelu_mlp", b, "cold", "first_result_s") in ok
         assert ("first_call_gelu_mlp", b, "warm", "first_result_s") in ok
     # pallaskit's dynamic hook (multi-kernel hints): hinted and multi rows
@@ -53,6 +54,7 @@ def test_smoke_run_writes_every_output(tmp_path):
     assert ("matmul_hint_runtime", "pallaskit", "hint=multi,M=24", "ms") in ok
     # the sweep through dynamic=, and only the sweep
     assert ("dynamic_mlp_sweep", "pallaskit_dynamic", "all sizes", "steady_sum_ms") in ok
+    assert ("dynamic_mlp_sweep", "pallaskit_dynamic", "all sizes, warm process", "first_result_s") in ok
     assert {r["workload"] for r in rows if r["backend"] == "pallaskit_dynamic"} == {"dynamic_mlp_sweep"}
     assert all(r["rel_err"] is not None for r in rows if r["kind"] == "steady")
     meta = data["meta"]
