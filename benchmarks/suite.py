@@ -320,8 +320,11 @@ class Suite:
             results = []
             try:
                 for state in states:
+                    # first_call's warm state reads what its cold state wrote; a sweep's
+                    # states each start from empty caches
+                    folder = cache if workload.kind == FIRST_CALL else os.path.join(cache, state)
                     spec = dict(workload=workload.name, backend=backend.name, dtype=dtype, size=size,
-                                seed=self.seed, cache_dir=cache, state=state, caches=workload.kind == FIRST_CALL,
+                                seed=self.seed, cache_dir=folder, state=state, caches=workload.kind == FIRST_CALL,
                                 steady=workload.kind == SWEEP and state == "cold", check=state == "cold",
                                 repeats=self.cfg.repeats, min_round_s=self.cfg.min_round_s, warmup=self.cfg.warmup,
                                 allow_cpu_compile=self.cfg.allow_cpu_compile)
@@ -358,7 +361,8 @@ class Suite:
         cases = res["cases"]
         if state == "warm_process":  # the total only ([Note: warm process] in benchmarks/workloads.py)
             self.add(backend=backend.name, case="all sizes, warm process", metric="first_result_s", unit="s",
-                     value=res["total_first_s"], status=status, note=f"{len(cases)} sizes", **base)
+                     value=res["total_first_s"], status=status,
+                     note=f"{len(cases)} sizes" + (f"; {note}" if note else ""), **base)
             return
         for c in cases:
             row = dict(base, size=c["size"], case=c["label"], runtime=c["runtime"])

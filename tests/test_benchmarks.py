@@ -55,6 +55,9 @@ def test_smoke_run_writes_every_output(tmp_path):
     # the sweep through dynamic=, and only the sweep
     assert ("dynamic_mlp_sweep", "pallaskit_dynamic", "all sizes", "steady_sum_ms") in ok
     assert ("dynamic_mlp_sweep", "pallaskit_dynamic", "all sizes, warm process", "first_result_s") in ok
+    # a sweep's warm process starts from empty caches too (not the cold run's)
+    warm = [r for r in rows if r["case"] == "all sizes, warm process" and r["backend"].startswith("pallaskit")]
+    assert warm and all("kernels_compiled" in r["note"] and "cache_hits 0" in r["note"] for r in warm), warm
     assert {r["workload"] for r in rows if r["backend"] == "pallaskit_dynamic"} == {"dynamic_mlp_sweep"}
     assert all(r["rel_err"] is not None for r in rows if r["kind"] == "steady")
     meta = data["meta"]
