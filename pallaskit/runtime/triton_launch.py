@@ -47,6 +47,7 @@ import math
 import os
 import sys
 import threading
+import time
 import types
 from dataclasses import dataclass
 from typing import Any
@@ -427,13 +428,19 @@ def _compile_uncached(src, target, options: dict) -> _Compiled:
                          bytes(compiled.kernel))
     metadata = {"hash": src.hash(), "target": target, **parsed.__dict__, **get_cache_invalidating_env_vars(),
                 "triton_version": triton.__version__}
+    t0 = time.perf_counter()
     context = ir.context()
     ir.load_dialects(context)
     backend.load_dialects(context)
     module = src.make_ir(target, parsed, backend.get_codegen_implementation(parsed), backend.get_module_map(),
                          context)
-    for compile_stage in list(stages.values())[first:]:
+    times = [f"ast {time.perf_counter() - t0:.3f}"]
+    t0 = time.perf_counter()
+    for ext, compile_stage in list(stages.items())[first:]:
         module = compile_stage(module, metadata)
+        times.append(f"{ext} {time.perf_counter() - t0:.3f}")
+        t0 = time.perf_counter()
+    log.debug("pallaskit: compiled %s (s: %s)", metadata.get("name"), ", ".join(times))
     return _Compiled(_namespace(json.loads(json.dumps(metadata, default=vars))), bytes(module))
 
 
