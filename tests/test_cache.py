@@ -225,6 +225,25 @@ def test_eviction_keeps_the_cap_least_recently_used_first(tmp_path, rng):
     assert len(left) == 3 and names[12] not in left and {names[11], names[13]} <= set(left)
 
 
+def test_eviction_caps_eager_programs_and_compiled_kernels_in_one_pool(tmp_path):
+    """cache_max_bytes covers eager/ and triton_kernels/ with the graph entries,
+    least recently used first; reading a file through read_checked (a hit) makes it
+    the most recently used."""
+    pallaskit.config.update(cache_dir=str(tmp_path))
+    paths = {}
+    for i, (folder, name) in enumerate([("graphs", "a" * 64 + cache.SUFFIX), ("eager", "b" * 64 + ".json"),
+                                        ("triton_kernels", "c" * 64 + ".kernel"), ("eager", "d" * 64 + ".json")]):
+        os.makedirs(tmp_path / folder, exist_ok=True)
+        paths[name[0]] = str(tmp_path / folder / name)
+        cache._write_atomic(paths[name[0]], cache.pack_checked(1, bytes(1000)))
+        os.utime(paths[name[0]], (1e9 + i, 1e9 + i))  # a (oldest), b, c, d (newest)
+    size = os.path.getsize(paths["a"])
+    assert cache.read_checked(paths["b"], 1) is not None  # b becomes the most recently used
+    assert cache.evict(max_bytes=2 * size) == 2
+    assert {k for k, p in paths.items() if os.path.exists(p)} == {"b", "d"}
+    assert cache.evict(max_bytes=0) == 2 and not any(os.path.exists(p) for p in paths.values())
+
+
 def test_unserializable_executable_caches_the_source(tmp_path, rng, monkeypatch, caplog):
     pallaskit.config.update(cache_dir=str(tmp_path))
     monkeypatch.setattr(cache, "serialize", lambda compiled: (None, None, None, "ValueError: not today"))

@@ -304,6 +304,10 @@ def read_checked(path: str, fmt: int) -> tuple[dict, bytes] | None:
     header = json.loads(head)
     if header.get("format") != fmt or hashlib.sha256(body).hexdigest() != header.get("sha256"):
         raise ValueError("checksum or format mismatch")
+    try:
+        os.utime(path)  # recently used: eviction takes the least recently used first
+    except OSError:
+        pass  # a read-only cache
     return header, body
 
 
@@ -508,15 +512,29 @@ def _entries() -> list[os.DirEntry]:
         return []
 
 
+def _evictable() -> list[os.DirEntry]:
+    """What ``cache_max_bytes`` caps: graph entries, eager programs (``eager/``)
+    and compiled raw-Triton kernels (``triton_kernels/``), one pool, least
+    recently used first (a hit touches its file's mtime)."""
+    found = _entries()
+    for folder, suffix in (("eager", ".json"), ("triton_kernels", ".kernel")):
+        try:
+            found += [e for e in os.scandir(os.path.join(cache_dir(), folder))
+                      if e.name.endswith(suffix) and not e.name.startswith(".")]
+        except FileNotFoundError:
+            pass
+    return found
+
+
 def evict(max_bytes: int | None = None) -> int:
-    """Delete least recently used entries until the total is within the cap;
-    returns how many were deleted."""
+    """Delete least recently used files (graph entries, eager programs, compiled
+    kernels) until their total is within the cap; returns how many were deleted."""
     cap = config.cache_max_bytes if max_bytes is None else max_bytes
     removed = 0
     with _lock("evict"):
         _remove_old_files()
         files = []
-        for e in _entries():
+        for e in _evictable():
             try:
                 st = e.stat()
             except FileNotFoundError:
@@ -533,7 +551,7 @@ def evict(max_bytes: int | None = None) -> int:
                 pass
             total -= size
     if removed:
-        log.info("pallaskit cache: evicted %d entries to stay under %d bytes", removed, cap)
+        log.info("pallaskit cache: evicted %d files to stay under %d bytes", removed, cap)
     return removed
 
 
@@ -542,7 +560,8 @@ def _remove_old_files(tmp_age_s: float = 3600.0):
     environment stamps written more than ``STAMP_MAX_AGE_S`` ago (a process
     that still needs one writes it again)."""
     now = time.time()
-    for folder, age_s in ((graphs_dir(), None), (env_dir(), STAMP_MAX_AGE_S)):
+    for folder, age_s in ((graphs_dir(), None), (env_dir(), STAMP_MAX_AGE_S), (os.path.join(cache_dir(), "eager"), None),
+                          (os.path.join(cache_dir(), "triton_kernels"), None)):
         try:
             listing = list(os.scandir(folder))
         except FileNotFoundError:

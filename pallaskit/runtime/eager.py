@@ -198,5 +198,6 @@ def store_cached(key: str, program: EagerProgram) -> None:
         body = json.dumps({"source": program.source, "kernels": program.kernel_configs, "hints": program.hints,
                            "guards": program.guards, "interpret": program.interpret}).encode()
         cache._write_atomic(_cache_path(key), cache.pack_checked(CACHE_FORMAT, body))
+        cache.evict()  # cache_max_bytes caps eager programs too
     except Exception as e:  # noqa: BLE001  (a read-only or full disk: keep running)
         log.warning("pallaskit: cannot keep the eager program %s (%s: %s)", _cache_path(key), type(e).__name__, e)

@@ -470,6 +470,7 @@ def _store_artifact(compiled: _Compiled, path: str) -> None:
         metadata = json.dumps(vars(compiled.metadata)).encode()
         cache._write_atomic(path, cache.pack_checked(_ARTIFACT_FORMAT, metadata + compiled.cubin,
                                                      metadata_bytes=len(metadata)))
+        cache.evict()  # cache_max_bytes caps compiled kernels too
     except Exception as e:  # noqa: BLE001  (a read-only or full disk: keep running)
         log.warning("pallaskit: cannot keep the compiled kernel %s (%s: %s)", path, type(e).__name__, e)
 
