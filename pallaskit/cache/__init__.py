@@ -560,8 +560,9 @@ def _remove_old_files(tmp_age_s: float = 3600.0):
     environment stamps written more than ``STAMP_MAX_AGE_S`` ago (a process
     that still needs one writes it again)."""
     now = time.time()
-    for folder, age_s in ((graphs_dir(), None), (env_dir(), STAMP_MAX_AGE_S), (os.path.join(cache_dir(), "eager"), None),
-                          (os.path.join(cache_dir(), "triton_kernels"), None)):
+    folders = ((graphs_dir(), None), (env_dir(), STAMP_MAX_AGE_S), (os.path.join(cache_dir(), "eager"), None),
+               (os.path.join(cache_dir(), "triton_kernels"), None))
+    for folder, age_s in folders:
         try:
             listing = list(os.scandir(folder))
         except FileNotFoundError:
