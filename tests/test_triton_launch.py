@@ -9,7 +9,6 @@ import gc
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
 
 import jax
@@ -213,7 +212,7 @@ def test_compiled_kernels_are_kept_and_a_bad_file_is_recompiled(rng, tmp_path, m
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="Triton compiles for CUDA on Linux")
-def test_the_uncached_compile_is_triton_compile():
+def test_the_uncached_compile_is_triton_compile(tmp_path):
     """``_compile_uncached`` runs Triton's stages without its cache: the same cubin
     and metadata as ``triton.compile`` for a pointwise kernel and a matmul with
     tl.dot, compiled for an H100 (sm_90). No GPU needed: a process without
@@ -247,6 +246,6 @@ def test_the_uncached_compile_is_triton_compile():
             assert not diff, (fn, diff)
         print("ok")
     """)
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=tempfile.mkdtemp())  # conftest keeps a set value
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path))  # the conftest keeps a set value
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
