@@ -83,6 +83,9 @@ def _triton(interpret: bool | None = None):
     ``tl.sigmoid`` among them, become interpretable or compilable then, not
     both), so interpret mode sets it if triton is not imported yet and refuses
     a process that imported triton the other way."""
+    warming = _warming
+    if warming is not None and warming is not threading.current_thread():
+        warming.join()  # triton imported by one thread at a time (``warm_up``)
     if interpret and "triton" not in sys.modules:
         os.environ["TRITON_INTERPRET"] = "1"
     try:
@@ -483,7 +486,10 @@ def warm_up() -> None:
     """Import triton on a thread (0.2-0.3 s on the H100 machine), so that it
     overlaps the pallaskit compile that comes before a program's first kernel
     compiles. The api calls it when a symbolic program's eager launches will
-    need kernels compiled."""
+    need kernels compiled. ``_triton`` on any other thread waits for it, so
+    triton's modules are imported by one thread at a time (two threads
+    importing one package can meet a circular wait, which Python breaks by
+    handing one of them a partly initialized module)."""
     global _warming
     with _warming_lock:
         if _warming is None and "triton" not in sys.modules:
