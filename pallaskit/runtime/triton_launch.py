@@ -6,10 +6,12 @@ once; launching it at a new size should cost a launch, not the per-shape XLA
 executable (trace, lowering, XLA compile: ~1-1.5 s for the gelu MLP) that
 ``jax.jit`` needs. ``Launch`` runs a sequence of such kernels directly:
 
-- *compile*: ``triton.compile`` of the kernel's AST for the GPU that JAX sees,
-  once per argument signature (dtypes, int widths, constexprs); sizes are
-  plain ints and never specialized, pointers are specialized as 16-byte
-  aligned (checked at launch; without it the matmul is not pipelined).
+- *compile*: Triton's compile stages for the kernel's AST and the GPU that
+  JAX sees (``_compile_uncached``: ``triton.compile`` without Triton's cache,
+  [Note: kernel artifacts]), once per argument signature (dtypes, int widths,
+  constexprs); sizes are plain ints and never specialized, pointers are
+  specialized as 16-byte aligned (checked at launch; without it the matmul is
+  not pipelined).
 - *load and launch*: the CUDA driver API through ctypes (``cuModuleLoadData``,
   ``cuLaunchKernel`` with Triton's argument layout, see ``_Launcher``), on a
   non-blocking stream of our own in the primary context XLA uses. Triton's
