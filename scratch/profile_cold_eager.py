@@ -61,7 +61,7 @@ if "--timeline" in sys.argv:
     wrap(eager.EagerProgram, "_compile_all", "compile all kernels")
     wrap(tlaunch.TritonKernel, "_compile", "kernel compile+load")
     wrap(tlaunch._Cuda, "load", "cuModuleLoad")
-    wrap(tlaunch, "_warm_up", "warm-up (import triton, triton_key)")
+    wrap(tlaunch, "_warm_up", "triton import thread")
     wrap(tlaunch.Launch, "finish", "launch finish (sync)")
 w = WORKLOADS["dynamic_mlp_sweep"]
 key = jax.random.key(0)

@@ -190,7 +190,7 @@ class Dispatcher:
             log.warning("pallaskit: %s: eager launch failed (%s: %s); running it through XLA from now on",
                         self.title, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
             self.eager = None
-            return self(*leaves, *self.eager_constants)
+            return self(*leaves)
 
     def _tier_up(self, key: tuple, leaves) -> None:
         """Background: compile the key's static program (``compile_static``), or
