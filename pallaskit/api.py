@@ -473,7 +473,7 @@ class JitFunction:
                 if not config.dynamic_buckets or program.unbucketable or program.symbols != symbols:
                     if config.dynamic_buckets and program.unbucketable:
                         log.debug("pallaskit: %s: no size buckets: %s", title, program.unbucketable)
-                    return jax.jit(call)
+                    return cache.jit(call)
                 return buckets.Bucketed(title, call, symbols, where, len(avals), program.input_shapes,
                                         program.output_shapes, guards)
 
@@ -496,7 +496,7 @@ class JitFunction:
             return Compiled(served.result, closed, served.executable, served.constants, out_tree_box[-1], ran=True)
         result, call, constants = build()
         metrics.apply_deltas(metrics.graph_deltas(result))
-        return Compiled(result, closed, jax.jit(call), constants, out_tree_box[-1])
+        return Compiled(result, closed, cache.jit(call), constants, out_tree_box[-1])
 
 
 def _eager_wanted(options) -> bool:

@@ -229,6 +229,11 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("multi_kernel_disk_cache", True, "Multi-kernel: keep each size's chosen variant on disk "
            "(<cache_dir>/multi_kernel/<hash of the variants' sources>.json) so a new process reuses it; also off "
            "when the option cache is off.", _parse_bool, _check_bool, "true, false"),
+    Option("command_buffers", True, "On a GPU, compile every program's XLA executable with command buffers "
+           "(CUDA graphs) whatever its size (XLA's xla_gpu_graph_min_graph_size=1; XLA's default leaves "
+           "programs under 5 kernels as separate launches): one graph launch per call, less host time "
+           "([Note: command buffers] in pallaskit/cache). XLA_FLAGS that turn command buffers off still do.",
+           _parse_bool, _check_bool, "true, false"),
     # -- graph cache and metric tables (pallaskit/cache, pallaskit/metrics.py) --
     Option("cache", True, "Keep compiled graphs (generated source and the compiled executable) in an on-disk "
            "cache, so that a new process running the same function compiles nothing.", _parse_bool, _check_bool,

@@ -4,6 +4,7 @@ eviction keeps the cap."""
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -205,6 +206,42 @@ def test_version_option_and_constant_changes_miss(tmp_path, rng, monkeypatch):
     x = jnp.asarray(rng.standard_normal((3,)), jnp.float32)
     for c in (np.array([1.0, 2.0, 3.0], np.float32), np.array([4.0, 5.0, 6.0], np.float32)):
         np.testing.assert_allclose(_run(lambda a, c=c: a * c, x), np.asarray(x) * c, rtol=1e-6)
+
+
+def test_command_buffers_are_a_gpu_compiler_option_in_the_key(tmp_path, rng, monkeypatch):
+    """[Note: command buffers]: GPU executables get xla_gpu_graph_min_graph_size=1
+    unless the option is off; the CPU gets nothing; the options are in the key."""
+    assert cache.compiler_options("gpu") == {"xla_gpu_graph_min_graph_size": 1}
+    assert cache.compiler_options("cpu") == {}
+    with pallaskit.config.override(command_buffers=False):
+        assert cache.compiler_options("gpu") == {}
+    pallaskit.config.update(cache_dir=str(tmp_path))
+    args = _args(rng)
+    monkeypatch.setattr(cache, "_aot_compile", lambda call, structs, constants: jax.jit(call).lower(
+        *structs, *constants).compile())  # the CPU's compiler would reject a GPU option
+    for options in ({}, {"xla_gpu_graph_min_graph_size": 1}):
+        monkeypatch.setattr(cache, "compiler_options", lambda platform=None, options=options: options)
+        _run(_fn, *args)
+    assert pallaskit.metrics.counters["cache_misses"] == 2 and len(_entries(tmp_path)) == 2
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="GPU only: XLA's command buffers")
+def test_a_gpu_program_runs_as_one_cuda_graph(rng):
+    def f(x, w):
+        return jnp.tanh(x @ w) * 2.0
+
+    x = jnp.asarray(rng.standard_normal((300, 64)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((64, 96)), jnp.bfloat16)
+    texts = {}
+    for on in (True, False):
+        with pallaskit.config.override(command_buffers=on, cache=False, matmul_template="off"):
+            g = pallaskit.jit(f)
+            compiled = g.lower_to_result(x, w)
+            text = compiled.executable.lower(x, w, *compiled.constants).compile().as_text()
+            texts[on] = re.sub(r"metadata=\{[^}]*\}", "", text)  # names of Python frames, this test's among them
+            np.testing.assert_allclose(np.asarray(g(x, w), np.float32), np.asarray(jax.jit(f)(x, w), np.float32),
+                                       rtol=2e-2, atol=2e-2)
+    assert "command_buffer" in texts[True] and "command_buffer" not in texts[False]
 
 
 def test_eviction_keeps_the_cap_least_recently_used_first(tmp_path, rng):

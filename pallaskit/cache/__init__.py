@@ -368,7 +368,7 @@ def key_parts(closed_jaxpr, avals, static_args, options) -> dict:
         "versions": versions(),
         "code": code_hash(),
         "device": device_info(),
-        "xla": {"XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),
+        "xla": {"XLA_FLAGS": os.environ.get("XLA_FLAGS", ""), "compiler_options": compiler_options(),
                 "matmul_precision": str(jax.config.jax_default_matmul_precision),
                 "x64": bool(jax.config.jax_enable_x64)},
     }
@@ -653,8 +653,32 @@ def _deserialize(entry: Entry):
                                                      backend=device.client, execution_devices=[device])
 
 
+# [Note: command buffers]
+# A program pallaskit compiles has 1-3 kernels, often with XLA's library calls
+# (cuBLAS) between them. XLA runs a program of 5 or more kernels as a command
+# buffer (a CUDA graph: one launch per call), smaller ones as separate
+# launches. At the sizes where a call is host-bound (the dynamic MLP sweep
+# below ~2500 rows on the H100) one graph launch costs less host time than 2-3
+# launches: option ``command_buffers`` (default on) compiles every GPU
+# executable with ``xla_gpu_graph_min_graph_size=1`` (figures in
+# benchmarks/RESULTS.md, "Command buffers"). The options are in the cache key.
+GRAPH_OPTIONS = {"xla_gpu_graph_min_graph_size": 1}
+
+
+def compiler_options(platform: str | None = None) -> dict:
+    """XLA compiler options of pallaskit's executables for ``platform`` (default:
+    the default device's) under the current options ([Note: command buffers])."""
+    platform = platform or jax.devices()[0].platform
+    return dict(GRAPH_OPTIONS) if config.command_buffers and platform == "gpu" else {}
+
+
+def jit(call):
+    """``jax.jit(call)`` with pallaskit's compiler options."""
+    return jax.jit(call, compiler_options=compiler_options() or None)
+
+
 def _aot_compile(call, structs, constants):
-    return jax.jit(call).lower(*structs, *constants).compile()
+    return jax.jit(call).lower(*structs, *constants).compile(compiler_options=compiler_options() or None)
 
 
 def _on_device(constants) -> list:
