@@ -23,4 +23,12 @@ steady)
     --output $OUT/steady_on --time_budget_s=200 > $OUT/steady_on.log 2>&1; echo "on rc $?"
   PALLASKIT_COMMAND_BUFFERS=false timeout 200 $SUITE --workloads=gelu_mlp,rmsnorm_bwd,layernorm_fwd_bwd,train_step,softmax \
     --backends=pallaskit --output $OUT/steady_off --time_budget_s=150 > $OUT/steady_off.log 2>&1; echo "off rc $?" ;;
+check)
+  JAX_PLATFORMS=cuda PALLASKIT_INTERPRET=0 timeout 240 python3 -m pytest -q tests/test_cache.py tests/test_dynamic.py \
+    tests/test_multikernel.py tests/test_api.py -rf > $OUT/tests.log 2>&1; tail -3 $OUT/tests.log
+  timeout 150 $SUITE --workloads=matmul_hint_runtime --backends=pallaskit --repeats=15 --output $OUT/hint \
+    --time_budget_s=120 > $OUT/hint.log 2>&1; echo "hint rc $?"
+  python3 scratch/profile_cold_eager.py --parallel --noprofile > /dev/null 2>&1  # warm bytecode (untimed)
+  timeout 280 $SUITE --workloads=dynamic_mlp_sweep --backends=pallaskit_dynamic,xla,torch_compile_dynamic \
+    --output $OUT/sweep3 --time_budget_s=200 > $OUT/sweep3.log 2>&1; echo "sweep3 rc $?" ;;
 esac

@@ -673,8 +673,25 @@ def compiler_options(platform: str | None = None) -> dict:
 
 
 def jit(call):
-    """``jax.jit(call)`` with pallaskit's compiler options."""
-    return jax.jit(call, compiler_options=compiler_options() or None)
+    """``jax.jit(call)`` with pallaskit's compiler options where it runs at top
+    level; traced inside another ``jax.jit`` (a staged call, a transformation),
+    the outer compilation's options apply: JAX takes ``compiler_options`` on a
+    top-level jit only."""
+    options = compiler_options()
+    return _TopLevelJit(call, options) if options else jax.jit(call)
+
+
+class _TopLevelJit:
+    def __init__(self, call, options: dict):
+        self.top, self.nested = jax.jit(call, compiler_options=options), jax.jit(call)
+
+    def __call__(self, *args):
+        if any(isinstance(a, jax.core.Tracer) for a in args):
+            return self.nested(*args)
+        return self.top(*args)
+
+    def lower(self, *args):
+        return self.top.lower(*args)
 
 
 def _aot_compile(call, structs, constants):
