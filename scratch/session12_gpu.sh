@@ -31,4 +31,10 @@ check)
   python3 scratch/profile_cold_eager.py --parallel --noprofile > /dev/null 2>&1  # warm bytecode (untimed)
   timeout 280 $SUITE --workloads=dynamic_mlp_sweep --backends=pallaskit_dynamic,xla,torch_compile_dynamic \
     --output $OUT/sweep3 --time_budget_s=200 > $OUT/sweep3.log 2>&1; echo "sweep3 rc $?" ;;
+cache)
+  D=$(mktemp -d); E=$(mktemp -d)
+  for M in 431 1035 1857; do
+    python3 scratch/probe_cmdbuf_cache.py $D compile $M; python3 scratch/probe_cmdbuf_cache.py $D hit $M
+    PALLASKIT_COMMAND_BUFFERS=false python3 scratch/probe_cmdbuf_cache.py $E off $M
+  done 2>&1 | grep -v Warn | tee $OUT/cache.txt ;;
 esac
