@@ -37,4 +37,14 @@ cache)
     python3 scratch/probe_cmdbuf_cache.py $D compile $M; python3 scratch/probe_cmdbuf_cache.py $D hit $M
     PALLASKIT_COMMAND_BUFFERS=false python3 scratch/probe_cmdbuf_cache.py $E off $M
   done 2>&1 | grep -v Warn | tee $OUT/cache.txt ;;
+more)
+  export JAX_PLATFORMS=cuda PALLASKIT_INTERPRET=0
+  timeout 380 python3 -m pytest -q tests/test_matmul.py tests/test_autodiff.py tests/test_mix_order.py \
+    tests/test_fusion.py -rf > $OUT/gpu_on.log 2>&1; echo "on rc $?"
+  grep -E "^[.sxFE]+ *\[" $OUT/gpu_on.log | tr -d ' ' | cut -d[ -f1 | tr -d '\n' | fold -w1 | sort | uniq -c
+  grep -E "^FAILED|^ERROR" $OUT/gpu_on.log | cut -c1-200 | head -30
+  if grep -q "^FAILED" $OUT/gpu_on.log; then
+    PALLASKIT_COMMAND_BUFFERS=false timeout 120 python3 -m pytest -q --lf -rf > $OUT/gpu_off.log 2>&1
+    echo "off:"; grep -E "^FAILED" $OUT/gpu_off.log | cut -c1-200 | head -30
+  fi ;;
 esac
