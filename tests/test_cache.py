@@ -229,18 +229,17 @@ def _command_buffer_cases(rng):
     def f(x, w):
         return jnp.tanh(x @ w) * 2.0
 
-    x = jnp.asarray(rng.standard_normal((37, 24)), jnp.float32)
+    x = jnp.asarray(rng.standard_normal((64, 24)), jnp.float32)
     w = jnp.asarray(rng.standard_normal((24, 40)), jnp.float32)
     g = pallaskit.jit(f)
     dyn = pallaskit.jit(f, dynamic={0: (0,)})
     loss = lambda fn: lambda x, w: fn(x, w).sum()  # noqa: E731
-    hp = jax.default_matmul_precision("highest")
-    with hp:
+    with jax.default_matmul_precision("highest"):
         pairs = [(g(x, w), jax.jit(f)(x, w)),
                  (jax.jit(lambda a, b: g(a, b) + 1.0)(x, w), jax.jit(f)(x, w) + 1.0),
                  (jax.grad(loss(g), argnums=1)(x, w), jax.grad(loss(f), argnums=1)(x, w)),
                  (jax.jit(jax.grad(loss(g)))(x, w), jax.grad(loss(f))(x, w))]
-        for rows in (5, 37, 64):
+        for rows in (5, 37, 64):  # three sizes of the dynamic axis
             pairs.append((dyn(x[:rows], w), jax.jit(f)(x[:rows], w)))
             pairs.append((jax.jit(lambda a, b: dyn(a, b) - 1.0)(x[:rows], w), jax.jit(f)(x[:rows], w) - 1.0))
         pallaskit.wait_compiles()

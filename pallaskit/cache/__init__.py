@@ -682,6 +682,9 @@ def jit(call):
 
 
 class _TopLevelJit:
+    """``call`` jitted twice: with ``options`` for concrete arguments, without
+    for tracers (see ``jit``)."""
+
     def __init__(self, call, options: dict):
         self.top, self.nested = jax.jit(call, compiler_options=options), jax.jit(call)
 
@@ -689,9 +692,6 @@ class _TopLevelJit:
         if any(isinstance(a, jax.core.Tracer) for a in args):
             return self.nested(*args)
         return self.top(*args)
-
-    def lower(self, *args):
-        return self.top.lower(*args)
 
 
 def _aot_compile(call, structs, constants):
