@@ -198,6 +198,48 @@ def mix_config(rows: int, cols: int, *, whole_rows: bool, programs: int, columns
     return TileConfig(br, bc, 4, False)
 
 
+# Raw-Triton mix kernels (CompileOptions.triton_mix_kernels; codegen/triton.py
+# ``render_mix``): Triton pipelines a loop's loads through shared memory
+# (``tl.range(num_stages=...)``), which Pallas does not expose, so a program
+# can own a block of rows per step and keep three steps of loads in flight.
+# H100, RMSNorm backward 576000x384 bf16 inside the XLA program
+# (scratch/probe_triton_xla.py, with XLA's sum of the partials; the Pallas
+# kernel 0.489-0.492 in the same runs): 8 rows x 8 warps x 3 stages at 2
+# programs per SM 0.466-0.472 ms; 4 stages 0.527, 2 stages at 3-4 per SM
+# 0.59-0.70; 3 per SM 0.518; 4 rows x 4 warps at 4 per SM 0.471-0.485, at 2
+# per SM 0.566; 16 rows 0.487; 16 warps 0.504; one row, one warp 0.50.
+# Each program sums its (BLOCK_R, BLOCK_C) accumulator over rows at the end
+# and stores one partial row, as the Pallas kernel does. One column sum only:
+# LayerNorm forward+backward (two sums, dw and db) took 0.904 ms with this
+# tile against 0.720 for the Pallas kernel (same suite run), so two or more
+# keep Pallas, as do rows too long for a tile of at least 2 rows.
+TRITON_MIX_ROWS = 8
+TRITON_MIX_WARPS = 8
+TRITON_MIX_STAGES = 3
+TRITON_MIX_PROGRAMS_PER_SM = 2
+TRITON_MIX_ELEMENTS = 4096  # rows x padded columns of one tile: 16 per thread at 8 warps
+
+
+def triton_mix_config(cols: int, columns: int = 1) -> TileConfig | None:
+    """The tile of a raw-Triton mix kernel over rows of ``cols`` elements that
+    accumulates ``columns`` column sums, or None where the Pallas kernel
+    serves better (two or more sums; rows too long for 2 rows a tile)."""
+    bc = next_power_of_2(cols)
+    br = TRITON_MIX_ROWS
+    while br > 1 and br * bc > TRITON_MIX_ELEMENTS:
+        br //= 2
+    if br < 2 or columns != 1:
+        return None
+    return TileConfig(br, bc, TRITON_MIX_WARPS, True, num_stages=TRITON_MIX_STAGES)
+
+
+def triton_mix_programs(rows: int, num_sms: int) -> int:
+    """Programs (= partial rows) of a raw-Triton mix kernel: a persistent grid
+    of TRITON_MIX_PROGRAMS_PER_SM per SM, each with at least
+    MIN_ROWS_PER_PROGRAM rows."""
+    return max(1, min(num_sms * TRITON_MIX_PROGRAMS_PER_SM, ceil_div(rows, MIN_ROWS_PER_PROGRAM)))
+
+
 # --------------------------------------------------------------------------- #
 # Matmul template
 # --------------------------------------------------------------------------- #

@@ -20,6 +20,10 @@ class CompileOptions:
     # dot_general: "auto" (template + epilogues where heuristics.matmul_template_wins, else XLA),
     # "fused" (template + epilogues wherever supported), "unfused" (template alone), "off" (XLA)
     matmul_template: str = "auto"
+    # Whole-row mix kernels as raw Triton inside the XLA program (codegen/triton.py
+    # ``render_mix``, pallaskit/runtime/triton_call.py) instead of Pallas; resolved
+    # by the runtime (GPU with triton installed, or asked for).
+    triton_mix_kernels: bool = False
     # Symbolic (dynamic) dims: (symbol name, size) pairs the heuristics read a
     # symbolic size at (the first concrete call's sizes). Index expressions,
     # masks and grids keep the symbol. Empty for static graphs.

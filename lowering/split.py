@@ -97,7 +97,11 @@ def _column(node: ir.Reduction, row_domains, columns: int, options: CompileOptio
     split = options.split_reductions and heuristics.column_reduction_underfilled(rows, cols, options.num_sms)
     if not (mix or split):
         return None
-    programs = heuristics.partial_programs(rows, cols, options.num_sms, columns)
+    if (mix and options.triton_mix_kernels and heuristics.triton_mix_config(cols, columns)
+            and not sizes.is_symbolic(node.domain)):  # codegen/triton.py render_mix writes that kernel
+        programs = heuristics.triton_mix_programs(rows, options.num_sms)
+    else:
+        programs = heuristics.partial_programs(rows, cols, options.num_sms, columns)
     acc = acc_dtype(node.op, node.body.dtype)
     part = ir.PartialReduction(f"{node.name}_part", (programs,) + node.shape, acc, node.origin,
                                body=node.body, kept=node.shape, reduced=node.reduced, op=node.op,

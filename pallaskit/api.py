@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import inspect
 import keyword
 import logging
@@ -32,7 +33,16 @@ def compile_options() -> CompileOptions:
     if values.get("interpret") == "auto":
         values["interpret"] = jax.default_backend() == "cpu"
     values["num_sms"] = values.get("num_sms") or _num_sms()
+    mode = snap["triton_mix_kernels"]
+    values["triton_mix_kernels"] = mode == "on" or (mode == "auto" and not values["interpret"]
+                                                     and _triton_installed())
     return CompileOptions(**values)
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_installed() -> bool:
+    """Is the optional ``triton`` package importable (without importing it)?"""
+    return importlib.util.find_spec("triton") is not None
 
 
 @functools.lru_cache(maxsize=None)

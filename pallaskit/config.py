@@ -171,6 +171,11 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("mix_order_reduction", True, "Fuse a per-row reduction and per-column reductions of the same input "
            "into one kernel plus a small partial-sum kernel (norm backward).", _parse_bool, _check_bool,
            "true, false"),
+    Option("triton_mix_kernels", "auto", "Render whole-row mix-order kernels (norm backward) as raw Triton "
+           "inside the XLA program instead of Pallas: Triton pipelines the row loads through shared memory, which "
+           "Pallas cannot ask for (RMSNorm backward 576000x384 bf16 on the H100: 0.47 ms against 0.49). 'auto': on "
+           "a GPU when the triton package is installed; 'on': also in interpret mode (Triton's interpreter through "
+           "a host callback); 'off': Pallas.", str, _check_dynamic_launch, "'auto', 'on', 'off'"),
     Option("split_reductions", True, "Run a long reduction with few outputs in two stages so it fills the GPU.",
            _parse_bool, _check_bool, "true, false"),
     Option("layout_propagation", True, "Give intermediates the stride order of their dominant input so that "

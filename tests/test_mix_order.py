@@ -212,12 +212,68 @@ def test_mix_programs_and_prefetch_follow_the_column_sums():
     runs 16 programs per SM, two (LayerNorm's dw, db: more registers) 12, both
     loading rows ahead; three keep 16 and load nothing ahead (not measured)."""
     x, w = jnp.zeros((576000, 384), jnp.bfloat16), jnp.zeros((384,), jnp.bfloat16)
-    rms = _kernels(rmsnorm_bwd_vjp, x, w, x, num_sms=132)[0]
-    ln = _kernels(layernorm_fwd_bwd, x, w, w, x, num_sms=132)[0]
-    three = _kernels(three_sums, x, x, num_sms=132)[0]
+    opts = dict(num_sms=132, triton_mix_kernels="off")
+    rms = _kernels(rmsnorm_bwd_vjp, x, w, x, **opts)[0]
+    ln = _kernels(layernorm_fwd_bwd, x, w, w, x, **opts)[0]
+    three = _kernels(three_sums, x, x, **opts)[0]
     assert rms.kind == ln.kind == three.kind == "mix"
     assert (_programs(rms), _programs(ln), _programs(three)) == (132 * 16, 132 * 12, 132 * 16)
     assert "load_rows" in rms.source and "load_rows" in ln.source and "load_rows" not in three.source
+
+
+# --------------------------------------------------------------------------- #
+# Raw-Triton mix kernels (option triton_mix_kernels; interpret mode: Triton's
+# interpreter through a host callback; on a GPU: compiled, inside XLA)
+# --------------------------------------------------------------------------- #
+TRITON_CASES = [(rmsnorm_bwd_vjp, 384, jnp.bfloat16), (rmsnorm_bwd_hand, 1000, jnp.float32),
+                (rmsnorm_grad, 384, jnp.float32), (rmsnorm_bwd_vjp, 2048, jnp.bfloat16)]
+
+
+@pytest.mark.parametrize("fn,n,dtype", TRITON_CASES, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_triton_mix_kernel_matches_jax_jit(fn, n, dtype, rng):
+    """RMSNorm backward with its mix kernel in raw Triton: 1100 rows (not a
+    multiple of the row blocks or of the 2 programs), 384 / 1000 / 2048
+    columns (masked lanes; 8 / 4 / 2 rows a block), by hand, vjp and grad."""
+    pytest.importorskip("triton")
+    x, w, _, dy = _inputs(rng, n, dtype)
+    with pallaskit.config.override(triton_mix_kernels="on", cache=False):
+        kernels = _kernels(fn, x, w, dy)
+        got = pallaskit.jit(fn)(x, w, dy)
+    assert [k.kind for k in kernels] == ["mix", "reduction"]
+    assert "@triton.jit" in kernels[0].source and "TRITON_CALL(" in kernels[0].source
+    assert f"block {min(8, 4096 // (1 << (n - 1).bit_length()))} x " in kernels[0].source  # 8, 4, 8, 2 rows
+    _check(got, jax.jit(fn)(x, w, dy), dtype)
+
+
+def test_triton_mix_kernels_plan_and_limits():
+    """The GPU's plan at the benchmark shape: 2 programs per SM, 8 rows a step,
+    8 warps, 3 pipelined stages, one partial row per program. Two column sums
+    (LayerNorm) and rows too long for 2 rows a tile keep the Pallas kernel."""
+    x, w = jnp.zeros((576000, 384), jnp.bfloat16), jnp.zeros((384,), jnp.bfloat16)
+    opts = dict(num_sms=132, triton_mix_kernels="on")
+    rms = _kernels(rmsnorm_bwd_vjp, x, w, x, **opts)
+    assert [k.kind for k in rms] == ["mix", "reduction"]
+    assert "tl.range(0, 273, num_stages=3)" in rms[0].source and "PROGRAMS = 264" in rms[0].source
+    assert "num_warps=8" in rms[0].source and "384 x 264" in rms[1].source  # the finisher sums 264 partial rows
+    ln = _kernels(layernorm_fwd_bwd, x, w, w, x, **opts)[0]
+    assert ln.kind == "mix" and "@triton.jit" not in ln.source and _programs(ln) == 132 * 12
+    wide = jnp.zeros((20000, 4096), jnp.bfloat16)
+    long_rows = _kernels(rmsnorm_bwd_vjp, wide, wide[0], wide, **opts)[0]
+    assert long_rows.kind == "mix" and "@triton.jit" not in long_rows.source
+
+
+def test_triton_mix_kernels_option():
+    """'auto' means on only outside interpret mode with triton installed; a bad value is refused."""
+    from pallaskit.api import compile_options
+
+    with pallaskit.config.override(interpret=True, triton_mix_kernels="auto"):
+        assert compile_options().triton_mix_kernels is False
+    with pallaskit.config.override(interpret=True, triton_mix_kernels="on"):
+        assert compile_options().triton_mix_kernels is True
+    with pallaskit.config.override(interpret=False, triton_mix_kernels="off"):
+        assert compile_options().triton_mix_kernels is False
+    with pytest.raises(ValueError, match="'auto', 'on' or 'off'"):
+        pallaskit.config.update(triton_mix_kernels="sometimes")
 
 
 def test_mix_kernel_with_three_column_sums_is_right(rng):

@@ -132,6 +132,7 @@ class RenderedKernel:
     config: heuristics.TileConfig
     dims: list = dataclasses.field(default_factory=list)  # dim symbols the launcher takes
     guards: list = dataclasses.field(default_factory=list)  # what this kernel assumes of them
+    triton: bool = False  # raw Triton run inside the XLA program (``_render_triton_mix``), not a pallas_call
 
 
 @dataclasses.dataclass
@@ -922,10 +923,16 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Rend
     from lowering.codegen.matmul import render_matmul  # it builds on this module's emitter
 
     guards = []
+    triton_helpers = set()
     for k in schedule.kernels:
-        rk, hs = (render_matmul if k.kind == "matmul" else render_kernel)(k, schedule, options)
+        rk = _render_triton_mix(k, schedule, options) if k.kind == "mix" and options.triton_mix_kernels else None
+        if rk is not None:
+            rk, hs = rk
+            triton_helpers |= hs
+        else:
+            rk, hs = (render_matmul if k.kind == "matmul" else render_kernel)(k, schedule, options)
+            helpers |= hs
         kernels.append(rk)
-        helpers |= hs
         guards += [g for g in getattr(rk, "guards", ()) if g not in guards]
     dims = program_dims(schedule)
     w = SourceWriter()
@@ -933,6 +940,15 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Rend
     w.lines.extend(_PRELUDE.format(interpret=options.interpret).splitlines())
     for h in sorted(helpers):
         w.lines.extend(HELPERS[h].splitlines())
+    if any(rk.triton for rk in kernels):
+        w.line("# Raw Triton kernels run inside the XLA program (pallaskit/runtime/triton_call.py); the")
+        w.line("# loader provides TRITON (the triton module, in interpret mode or not) and TRITON_CALL.")
+        w.line("triton = TRITON(INTERPRET)")
+        w.line("tl = triton.language")
+        from lowering.codegen import triton as triton_codegen
+
+        for h in sorted(triton_helpers):
+            w.lines.extend(triton_codegen.HELPERS[h].splitlines())
     w.line()
     for rk in kernels:
         w.line()
@@ -985,6 +1001,40 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Rend
                                  for o in graph.outputs]
         program.unbucketable = _unbucketable(schedule)
     return program
+
+
+def _render_triton_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions):
+    """(RenderedKernel, Triton helpers) of a mix kernel written as raw Triton and
+    launched inside the XLA program through ``TRITON_CALL``
+    (CompileOptions.triton_mix_kernels), or None where the Triton renderer does
+    not write it (the Pallas kernel then)."""
+    from lowering.codegen import triton as triton_codegen
+
+    try:
+        r = triton_codegen.render_mix(kernel, schedule, options)
+    except triton_codegen.TritonUnsupported:
+        return None
+    if r.dims:
+        return None
+    clash = set(r.helpers) & set(HELPERS)
+    if clash:
+        raise AssertionError(f"Triton and Pallas helpers share names: {sorted(clash)}")
+    w = SourceWriter()
+    w.lines.extend(r.source.rstrip("\n").splitlines())
+    w.line()
+    outs = [m for m in kernel.members if m.store]
+    out_shapes = [f"jax.ShapeDtypeStruct(({sizes.to_source(m.node.numel)},), {dtype_source(m.node.dtype)})"
+                  for m in outs]
+    args = [f"in{i}" for i in range(len(r.reads))]
+    constexprs = ", ".join(f"{c}={v}" for c, v in r.constexprs.items())
+    w.line(f"def {kernel.name}({', '.join(args)}):")
+    with w.indent():
+        w.line(f"return TRITON_CALL({kernel.name}_kernel, {r.grid}, ({', '.join(out_shapes)},), "
+               f"{', '.join(a + '.reshape(-1)' for a in args)},")
+        w.line(f"                   num_warps={r.num_warps}, num_stages={r.num_stages}, interpret=INTERPRET, "
+               f"{constexprs})")
+    cfg = heuristics.triton_mix_config(int(kernel.cols), _columns(kernel))
+    return RenderedKernel(kernel.name, w.source(), list(kernel.origin), cfg, triton=True), r.helpers
 
 
 def _unbucketable(schedule: Schedule) -> str:

@@ -16,8 +16,10 @@ no reshape runs), launches each kernel with its grid and returns the outputs.
 Rendered today: pointwise kernels (flat, rows x columns, transposed tiles), row
 reductions whose reduced extent is static (persistent or looped), and the
 matmul template with its epilogue. Anything else raises ``TritonUnsupported``
-and the program keeps its XLA path: mix kernels (their loop trip count is a
-runtime value, which Triton's interpreter cannot run), reductions over a
+and the program keeps its XLA path: mix kernels of symbolic programs (their
+loop trip count is a runtime value, which Triton's interpreter cannot run;
+static whole-row mix kernels are rendered by ``render_mix`` to run inside the
+XLA program, pallaskit/runtime/triton_call.py), reductions over a
 dynamic axis, argmax/argmin and products, XLA externs, and ops without a ``tl``
 form below. Triton's interpreter multiplies bfloat16 ``tl.dot`` operands
 wrongly, so in interpret mode the template widens them to float32 first.
@@ -28,7 +30,7 @@ import dataclasses
 
 import numpy as np
 
-from lowering import ir, sizes
+from lowering import heuristics, ir, sizes
 from lowering.codegen import matmul, pallas
 from lowering.codegen.writer import SourceWriter
 from lowering.options import CompileOptions
@@ -217,14 +219,15 @@ def _grid_cdiv(n, block: int) -> str:
     return f"(({sizes.to_source(n)} + {block - 1}) // {block})"
 
 
-def _render_reduction(em: _TritonEmitter, kernel: Kernel, bodies, cfg):
+def _render_reduction(em: _TritonEmitter, kernel: Kernel, bodies, cfg, *, row_block="pid", columns_ready=False):
     """Row reductions (reduced extent static), row values and row-wise stores of
-    the program's block of rows, phase by phase as in the Pallas renderer."""
+    one block of rows (``row_block``), phase by phase as in the Pallas renderer.
+    ``columns_ready``: ``xc``/``cmask`` are already defined."""
     for m in kernel.members:
         if m.role == "reduction" and m.node.op not in _REDUCE:
             raise TritonUnsupported(f"{m.node.op} reduction")
     w = em.w
-    w.line(f"xr = pid * BLOCK_R + {em.iota_text(0, 'BLOCK_R')}")
+    w.line(f"xr = {row_block} * BLOCK_R + {em.iota_text(0, 'BLOCK_R')}")
     w.line("rmask = xr < ROWS")
     phase = pallas._phases(kernel)
     for p in range(max(phase.values()) + 1):
@@ -232,7 +235,7 @@ def _render_reduction(em: _TritonEmitter, kernel: Kernel, bodies, cfg):
         rowwise = [m for m in kernel.members if m.role == "rowwise" and m.store and phase[m.name] == p]
         if reds or rowwise:
             if cfg.persistent:
-                if p == 0:
+                if p == 0 and not columns_ready:
                     w.line(f"xc = {em.iota_text(1, 'BLOCK_C')}")
                     w.line("cmask = xc < COLS")
                 results = {}
@@ -271,6 +274,76 @@ def _render_reduction(em: _TritonEmitter, kernel: Kernel, bodies, cfg):
                                                     frozenset("r"), "red")[0]
         pallas.write_ready_row_values(em, kernel, bodies)
     pallas.store_reductions(em, kernel)
+
+
+def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _Rendered:
+    """A whole-row mix kernel ([Note: mix-order reduction] in the scheduler) as
+    one ``@triton.jit`` kernel, to run inside the XLA program
+    (pallaskit/runtime/triton_call.py). A persistent grid of ``PROGRAMS``
+    programs; each walks the row blocks ``pid, pid + PROGRAMS, ...`` of
+    ``BLOCK_R`` rows in a ``tl.range`` loop that Triton pipelines
+    (``num_stages``: the next blocks' loads are in flight while this one is
+    reduced), does the row work of each block (row reductions, row values,
+    row-wise stores) and adds each column member into a (BLOCK_R, BLOCK_C)
+    float accumulator. At the end a program sums its accumulator over rows
+    into its row of the partial buffer (``kernel.programs`` rows, sized by
+    split.py with heuristics.triton_mix_programs), which the finishing kernel
+    sums. Raises ``TritonUnsupported`` for what the Pallas mix kernel keeps:
+    column tiles (no row reductions), dynamic sizes, two or more column sums,
+    tiles of fewer than 2 rows (heuristics.triton_mix_config)."""
+    if kernel.kind != "mix" or not pallas._whole_rows(kernel):
+        raise TritonUnsupported(f"kernel {kernel.name} is not a whole-row mix kernel")
+    if sizes.is_symbolic((kernel.rows, kernel.cols)):
+        raise TritonUnsupported(f"mix kernel {kernel.name} has dynamic sizes")
+    if not heuristics.fits_in_tile(kernel.cols, options.max_persistent_cols):
+        raise TritonUnsupported(f"mix kernel {kernel.name}: rows too long for one tile")
+    columns = [m for m in kernel.members if m.role == "column"]
+    cfg = heuristics.triton_mix_config(int(kernel.cols), len(columns))
+    if cfg is None:
+        raise TritonUnsupported(f"mix kernel {kernel.name}: {len(columns)} column sums over rows of {kernel.cols}")
+    for m in columns:
+        if m.node.op not in _COMBINE:
+            raise TritonUnsupported(f"{m.node.op} column reduction")
+    em = _TritonEmitter(kernel, schedule, cfg, options)
+    w = em.w
+    bodies = {m.name: pallas._kernel_coords_body(m) for m in kernel.members}
+    programs = kernel.programs
+    steps = -(-(-(-int(kernel.rows) // cfg.block_rows)) // programs)
+    w.line(em.pid_line())
+    w.line(f"PROGRAMS = {programs}")
+    w.line(f"xc = {em.iota_text(1, 'BLOCK_C')}")
+    w.line("cmask = xc < COLS")
+    accs = []
+    for i, m in enumerate(columns):
+        ident = pallas._reduction_identity(m.node.op, m.node.dtype)
+        w.line(f"acc{i} = tl.full((BLOCK_R, BLOCK_C), {ident}, {em.dtype_text(m.node.dtype)})")
+        accs.append((f"acc{i}", m))
+    w.line(f"for step in tl.range(0, {steps}, num_stages={cfg.num_stages}):")
+    with w.indent():
+        em.scopes.append({})
+        em.row_values = {}
+        _render_reduction(em, kernel, bodies, cfg, row_block="(pid + step * PROGRAMS)", columns_ready=True)
+        full = frozenset("rc")
+        for name, m in accs:
+            var, ext = em.value(bodies[m.name])
+            v = em.broadcast(var, ext, full)
+            if m.node.dtype != m.body.dtype:
+                v = em.bind(("cast", v, m.node.dtype), em.cast_text(v, m.node.dtype), full)[0]
+            edge = em.edge_mask(full)[0]
+            ident = pallas._reduction_identity(m.node.op, m.node.dtype)
+            masked = em.bind(("masked", v, "rc"), f"tl.where({edge}, {v}, {ident})", full)[0]
+            w.line(f"{name} = {_COMBINE[m.node.op].format(a=name, v=masked)}")
+        em.scopes.pop()
+    for name, m in accs:
+        total = f"{_REDUCE[m.node.op]}({name}, axis=0, keep_dims=True)"
+        w.line(f"tl.store({em.out_refs[m.name]} + pid * COLS + xc, {total}, mask=cmask)")
+    extents = [f"ROWS = {int(kernel.rows)}", f"COLS = {int(kernel.cols)}"]
+    header = (f"# kernel {kernel.name}: mix (raw Triton), {kernel.rows} x {kernel.cols}, block {cfg.block_rows} x "
+              f"{cfg.block_cols}, {programs} programs x {steps} steps, {cfg.num_warps} warps, "
+              f"{cfg.num_stages} stages\n"
+              "# from:\n" + "\n".join(f"#   {eq}" for eq in kernel.origin))
+    return _wrap(kernel, schedule, em, header, extents, {"BLOCK_R": cfg.block_rows, "BLOCK_C": cfg.block_cols},
+                 str(programs), cfg.num_warps, cfg.num_stages)
 
 
 def _masked_operand(em, m, var, ext) -> str:

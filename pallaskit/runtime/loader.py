@@ -18,13 +18,29 @@ def _extern_callable(primitive, params):
     return run
 
 
+def _triton_module(interpret: bool):
+    """``TRITON`` of a program with raw Triton kernels (runtime/triton_call.py),
+    imported only by programs that have them, also when loaded from source alone."""
+    from pallaskit.runtime import triton_call
+
+    return triton_call.triton_module(interpret)
+
+
+def _triton_call(*args, **kwargs):
+    """``TRITON_CALL``: ``triton_call.triton_call``."""
+    from pallaskit.runtime import triton_call
+
+    return triton_call.triton_call(*args, **kwargs)
+
+
 def load(program: RenderedProgram):
     """Execute the module source; returns its ``call`` function. The source is
     registered with linecache so tracebacks show generated lines."""
     digest = hashlib.sha256(program.source.encode()).hexdigest()[:16]
     filename = f"<pallaskit-{digest}>"
     linecache.cache[filename] = (len(program.source), None, program.source.splitlines(True), filename)
-    namespace = {"EXTERNS": [_extern_callable(p, params) for p, params in program.externs]}
+    namespace = {"EXTERNS": [_extern_callable(p, params) for p, params in program.externs],
+                 "TRITON": _triton_module, "TRITON_CALL": _triton_call}
     exec(compile(program.source, filename, "exec"), namespace)
     return namespace["call"]
 

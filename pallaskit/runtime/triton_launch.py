@@ -411,11 +411,13 @@ class _Compiled:
     cubin: bytes
 
 
-def _compile_uncached(src, target, options: dict) -> _Compiled:
+def _compile_uncached(src, target, options: dict, until: str = "cubin") -> _Compiled:
     """What ``triton.compile`` does (triton/compiler/compiler.py, Triton 3.6)
     minus its cache: parse the options, make the IR from the kernel's AST, run
     the backend's stages (ttir, ttgir, llir, ptx, cubin) filling in the
-    metadata. A Triton whose internals differ from these gets ``triton.compile``."""
+    metadata, up to the stage ``until`` (its output is ``cubin``: ``"ptx"``
+    gives the PTX text's bytes). A Triton whose internals differ from these
+    gets ``triton.compile``."""
     import triton
     try:
         from triton._C.libtriton import get_cache_invalidating_env_vars, ir
@@ -429,8 +431,9 @@ def _compile_uncached(src, target, options: dict) -> _Compiled:
     except (ImportError, AttributeError, TypeError, ValueError) as e:
         log.debug("pallaskit: compiling through triton.compile (%s: %s)", type(e).__name__, e)
         compiled = triton.compile(src, target=target, options=options)
+        binary = compiled.asm[until]
         return _Compiled(_namespace(json.loads(json.dumps(compiled.metadata._asdict(), default=vars))),
-                         bytes(compiled.kernel))
+                         binary.encode() if isinstance(binary, str) else bytes(binary))
     metadata = {"hash": src.hash(), "target": target, **parsed.__dict__, **get_cache_invalidating_env_vars(),
                 "triton_version": triton.__version__}
     t0 = time.perf_counter()
@@ -445,8 +448,11 @@ def _compile_uncached(src, target, options: dict) -> _Compiled:
         module = compile_stage(module, metadata)
         times.append(f"{ext} {time.perf_counter() - t0:.3f}")
         t0 = time.perf_counter()
+        if ext == until:
+            break
     log.debug("pallaskit: compiled %s (s: %s)", metadata.get("name"), ", ".join(times))
-    return _Compiled(_namespace(json.loads(json.dumps(metadata, default=vars))), bytes(module))
+    return _Compiled(_namespace(json.loads(json.dumps(metadata, default=vars))),
+                     module.encode() if isinstance(module, str) else bytes(module))
 
 
 def _namespace(metadata: dict):

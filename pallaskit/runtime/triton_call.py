@@ -1,0 +1,172 @@
+"""Raw Triton kernels inside the XLA program (issue 3: the norm-backward mix kernel).
+
+[Note: Triton inside XLA]
+Pallas cannot ask Triton to pipeline a loop's loads through shared memory
+(``tl.range(..., num_stages=...)``); the raw Triton mix kernel does, and on
+the H100 takes the RMSNorm backward 576000x384 bf16 from 0.49 to 0.47 ms
+(heuristics.TRITON_MIX_*). Such a kernel joins the program as a JAX
+primitive, ``triton_call_p``, which the generated module binds through
+``TRITON_CALL`` (the loader provides it), so it stays one XLA executable:
+one command buffer per call, the on-disk cache of executables, ``jax.jit``
+and ``jax.grad`` around it as for any pallaskit program.
+
+- *GPU*: the lowering compiles the kernel with Python Triton (its stages up
+  to PTX, without Triton's cache: ``triton_launch._compile_uncached``), once
+  per kernel, signature and GPU in this process, and emits the custom call
+  jaxlib provides for Triton kernels (``triton_kernel_call_ffi``, the one
+  Pallas's Triton backend emits: a zlib-compressed ``TritonKernelCall``
+  proto holding the PTX, which jaxlib assembles with ptxas on first launch).
+  Every operand and result is a flat array, 16-byte aligned as XLA allocates
+  them. jaxlib passes null for Triton's global and profile scratch pointers,
+  so a kernel that needs scratch memory is refused at compile time.
+- *Interpret mode*: the lowering is a host callback that runs the kernel in
+  Triton's interpreter on numpy copies (``triton_launch._HostTensor``), so
+  the CPU tests run the same kernel source.
+
+The executable embeds the PTX: a warm process that loads it from the cache
+compiles nothing, Triton included.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+import zlib
+
+import jax
+import numpy as np
+from jax.extend.core import Primitive
+
+from pallaskit.runtime import triton_launch
+
+triton_call_p = Primitive("pallaskit_triton_call")
+triton_call_p.multiple_results = True
+
+
+def triton_module(interpret: bool):
+    """The triton module, imported in interpret mode or not (``TRITON`` in generated code)."""
+    return triton_launch._triton(interpret)
+
+
+class _Kernel:
+    """A ``@triton.jit`` function with its launch options: a primitive parameter
+    (hashed by identity, as the function is), and the PTX compiled for it."""
+
+    def __init__(self, fn, num_warps: int, num_stages: int):
+        self.fn, self.num_warps, self.num_stages = fn, num_warps, num_stages
+        self.name = fn.__name__
+        self._ptx: dict[tuple, triton_launch._Compiled] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self):
+        return f"{self.name}(num_warps={self.num_warps}, num_stages={self.num_stages})"
+
+    def compiled(self, signature: dict, constexprs: dict, capability: int) -> triton_launch._Compiled:
+        key = (tuple(signature.items()), tuple(constexprs.items()), capability)
+        with self._lock:
+            if key not in self._ptx:
+                self._ptx[key] = self._compile(signature, constexprs, capability)
+            return self._ptx[key]
+
+    def _compile(self, signature, constexprs, capability):
+        triton_launch._triton(interpret=False)
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+
+        attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(signature.values()) if t.startswith("*")}
+        src = ASTSource(self.fn, {**signature, **{c: "constexpr" for c in constexprs}}, constexprs, attrs)
+        compiled = triton_launch._compile_uncached(
+            src, GPUTarget("cuda", capability, 32), {"num_warps": self.num_warps, "num_stages": self.num_stages},
+            until="ptx")
+        meta = compiled.metadata
+        if getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0):
+            raise triton_launch.LaunchError(f"{self.name} needs Triton's global scratch memory, which jaxlib's "
+                                            "Triton custom call does not allocate")
+        if getattr(meta, "num_ctas", 1) != 1 or getattr(meta, "launch_cooperative_grid", False):
+            raise triton_launch.LaunchError(f"{self.name}: clusters and cooperative launches are not supported")
+        return compiled
+
+
+_kernels: dict = {}
+_kernels_lock = threading.Lock()
+
+
+def _kernel(fn, num_warps: int, num_stages: int) -> _Kernel:
+    with _kernels_lock:
+        key = (fn, num_warps, num_stages)
+        if key not in _kernels:
+            _kernels[key] = _Kernel(fn, num_warps, num_stages)
+        return _kernels[key]
+
+
+def triton_call(fn, grid: int, out_shapes, *args, num_warps: int, num_stages: int, interpret: bool,
+                **constexprs) -> tuple:
+    """Run ``fn`` (``@triton.jit``, parameters: ``args``' pointers, then one
+    per output, then ``constexprs``) on a 1-D grid of ``grid`` programs; the
+    outputs (``jax.ShapeDtypeStruct``s) are fresh arrays."""
+    out_avals = tuple(jax.core.ShapedArray(tuple(s.shape), np.dtype(s.dtype)) for s in out_shapes)
+    return tuple(triton_call_p.bind(
+        *args, kernel=_kernel(fn, num_warps, num_stages), grid=int(grid), out_avals=out_avals,
+        constexprs=tuple(constexprs.items()), interpret=bool(interpret)))
+
+
+@triton_call_p.def_abstract_eval
+def _abstract_eval(*avals, out_avals, **_):
+    return list(out_avals)
+
+
+def _interpreted(*args, kernel, grid, out_avals, constexprs):
+    """The kernel in Triton's interpreter, on host copies, through a callback."""
+    def host(*arrays):
+        outs = [np.empty(a.shape, a.dtype) for a in out_avals]
+        tensors = [triton_launch._HostTensor(np.array(x)) for x in arrays] + [triton_launch._HostTensor(o)
+                                                                              for o in outs]
+        kernel.fn[(grid, 1, 1)](*tensors, **dict(constexprs))
+        return tuple(outs)
+
+    shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals)
+    return jax.pure_callback(host, shapes, *args)
+
+
+def _lowering(ctx, *args, kernel, grid, out_avals, constexprs, interpret):
+    from jax._src.interpreters import mlir
+
+    if interpret:
+        return mlir.lower_fun(functools.partial(_interpreted, kernel=kernel, grid=grid, out_avals=out_avals,
+                                                constexprs=constexprs), multiple_results=True)(ctx, *args)
+    if tuple(ctx.module_context.platforms) != ("cuda",):
+        raise triton_launch.LaunchError(f"{kernel.name}: raw Triton kernels run on a CUDA GPU or in interpret "
+                                        f"mode, not on {ctx.module_context.platforms}")
+    from jax._src.lib import gpu_triton
+    from jax._src.lib.mlir import ir
+
+    avals = list(ctx.avals_in) + list(ctx.avals_out)
+    names = list(kernel.fn.arg_names)
+    if len(names) != len(avals) + len(constexprs):
+        raise triton_launch.LaunchError(f"{kernel.name} takes {names}: got {len(avals)} arrays and "
+                                        f"{[c for c, _ in constexprs]}")
+    signature = {n: "*" + triton_launch._triton_dtype(kernel.name, n, a.dtype) for n, a in zip(names, avals)}
+    capability = gpu_triton.get_compute_capability(0)
+    compiled = kernel.compiled(signature, dict(constexprs), capability)
+    meta = compiled.metadata
+    launch = gpu_triton.TritonKernelCall(
+        gpu_triton.TritonKernel(meta.name, kernel.num_warps, 1, meta.shared, compiled.cubin.decode(), "", capability),
+        grid, 1, 1, [gpu_triton.create_array_parameter(0, 16) for _ in avals])
+    opaque = zlib.compress(launch.to_proto(meta.name, b""))
+
+    def layouts(avs):
+        return [list(reversed(range(a.ndim))) for a in avs]
+
+    result_types = [ir.RankedTensorType.get(a.shape, mlir.dtype_to_ir_type(a.dtype)) for a in ctx.avals_out]
+    return mlir.custom_call(
+        "triton_kernel_call_ffi", result_types=result_types, operands=list(args),
+        backend_config=dict(name=ir.StringAttr.get(meta.name), opaque=ir.StringAttr.get(opaque)),
+        operand_layouts=layouts(ctx.avals_in), result_layouts=layouts(ctx.avals_out)).results
+
+
+def _register():
+    from jax._src.interpreters import mlir
+
+    mlir.register_lowering(triton_call_p, _lowering)
+
+
+_register()
