@@ -18,6 +18,6 @@ norms)
   grep -E "^\| (rmsnorm_bwd|layernorm_fwd_bwd)" -r $OUT/norms | head ;;
 tests)
   export JAX_PLATFORMS=cuda PALLASKIT_INTERPRET=0
-  timeout 500 python3 -m pytest -q tests/test_autodiff.py tests/test_cache.py tests/test_fusion.py tests/test_api.py \
+  timeout 540 python3 -m pytest -q tests/test_mix_order.py tests/test_autodiff.py tests/test_cache.py tests/test_fusion.py tests/test_api.py \
     -rf > $OUT/gpu_tests.log 2>&1; echo "tests rc $?"; summarize $OUT/gpu_tests.log ;;
 esac

@@ -253,13 +253,37 @@ def test_triton_mix_kernels_plan_and_limits():
     opts = dict(num_sms=132, triton_mix_kernels="on")
     rms = _kernels(rmsnorm_bwd_vjp, x, w, x, **opts)
     assert [k.kind for k in rms] == ["mix", "reduction"]
-    assert "tl.range(0, 273, num_stages=3)" in rms[0].source and "PROGRAMS = 264" in rms[0].source
+    # 72000 row blocks of 8 over 264 programs: 272 full steps pipelined, then one with rows masked
+    assert "tl.range(0, 272, num_stages=3)" in rms[0].source and "tl.range(272, 273, num_stages=1)" in rms[0].source
+    assert "PROGRAMS = 264" in rms[0].source
     assert "num_warps=8" in rms[0].source and "384 x 264" in rms[1].source  # the finisher sums 264 partial rows
+    # sums of x*x and x*dy*w need no select (0 past the last column); dw's x*rstd*dy does (rstd: a row
+    # value), in the last loop only
+    assert rms[0].source.count("tl.where(") == 1
     ln = _kernels(layernorm_fwd_bwd, x, w, w, x, **opts)[0]
     assert ln.kind == "mix" and "@triton.jit" not in ln.source and _programs(ln) == 132 * 12
     wide = jnp.zeros((20000, 4096), jnp.bfloat16)
     long_rows = _kernels(rmsnorm_bwd_vjp, wide, wide[0], wide, **opts)[0]
     assert long_rows.kind == "mix" and "@triton.jit" not in long_rows.source
+
+
+def masked_lanes_matter(x, w, dy):
+    """Row sums whose operand is not 0 past the last column (x / w there is
+    0 / 0, exp(x) is 1), and a column sum: the selects must stay."""
+    xf, wf, dyf = x.astype(jnp.float32), w.astype(jnp.float32), dy.astype(jnp.float32)
+    r = jnp.sum(xf / wf, axis=1, keepdims=True) + jnp.sum(jnp.exp(xf), axis=1, keepdims=True)
+    return (xf * r).astype(x.dtype), jnp.sum(dyf * xf * r, axis=0)
+
+
+def test_triton_mix_kernel_keeps_the_selects_that_matter(rng):
+    pytest.importorskip("triton")
+    x, w, _, dy = _inputs(rng, 1000, jnp.float32)
+    with pallaskit.config.override(triton_mix_kernels="on", cache=False):
+        (mix, *_) = _kernels(masked_lanes_matter, x, w, dy)
+        got = pallaskit.jit(masked_lanes_matter)(x, w, dy)
+    # two row sums in each of the two loops, and the column sum's select in the last loop
+    assert mix.kind == "mix" and "@triton.jit" in mix.source and mix.source.count("tl.where(") == 5
+    _check(got, jax.jit(masked_lanes_matter)(x, w, dy), jnp.float32)
 
 
 def test_triton_mix_kernels_option():

@@ -64,6 +64,9 @@ UPCAST_16BIT = frozenset({
     "floor", "ceil", "eq", "ne", "lt", "le", "gt", "ge", "max", "min", "clamp", "sign", "abs", "neg",
 })
 
+# Binary ops whose operands commute (IEEE add and mul do): written once either way round.
+_COMMUTATIVE = frozenset({"add", "mul", "max", "min", "and", "or", "xor", "eq", "ne"})
+
 # Ops whose result jumps with the last bit of an operand: they see the 16-bit
 # value jax.jit would, not the unrounded float32 it came from.
 _ROUNDING_SENSITIVE = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "floor", "ceil", "sign", "max", "min", "clamp"})
@@ -382,7 +385,8 @@ class _KernelEmitter:
                 self.helpers.add(h)
                 self.helpers.update(_HELPER_DEPS.get(h, ()))
         text = template.format(*names, args=", ".join(names), **params)
-        return self.bind(("op", e.op, tuple(names), e.params), text, extent)
+        key = tuple(sorted(names)) if e.op in _COMMUTATIVE else tuple(names)  # x * c and c * x: one value
+        return self.bind(("op", e.op, key, e.params), text, extent)
 
     def _load(self, ld: ir.Load):
         if ld.buffer in self.row_values:
