@@ -35,14 +35,21 @@ def compile_options() -> CompileOptions:
     values["num_sms"] = values.get("num_sms") or _num_sms()
     mode = snap["triton_mix_kernels"]
     values["triton_mix_kernels"] = mode == "on" or (mode == "auto" and not values["interpret"]
-                                                     and _triton_installed())
+                                                     and _cuda_with_triton())
     return CompileOptions(**values)
 
 
 @functools.lru_cache(maxsize=None)
-def _triton_installed() -> bool:
-    """Is the optional ``triton`` package importable (without importing it)?"""
-    return importlib.util.find_spec("triton") is not None
+def _cuda_with_triton() -> bool:
+    """Is the default device a CUDA GPU and the optional ``triton`` package
+    importable (checked without importing it)? Raw Triton kernels inside XLA
+    go through jaxlib's CUDA Triton custom call (runtime/triton_call.py)."""
+    device = jax.devices()[0]
+    try:
+        cuda = device.platform == "gpu" and "cuda" in device.client.platform_version.lower()
+    except AttributeError:
+        cuda = False
+    return cuda and importlib.util.find_spec("triton") is not None
 
 
 @functools.lru_cache(maxsize=None)

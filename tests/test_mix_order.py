@@ -300,6 +300,15 @@ def test_triton_mix_kernels_option():
         pallaskit.config.update(triton_mix_kernels="sometimes")
 
 
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="a CUDA GPU")
+def test_triton_mix_kernels_are_on_by_default_on_a_cuda_gpu():
+    pytest.importorskip("triton")
+    from pallaskit.api import compile_options
+
+    with pallaskit.config.override(interpret=False):
+        assert compile_options().triton_mix_kernels is True
+
+
 def test_mix_kernel_with_three_column_sums_is_right(rng):
     x, dy = (jnp.asarray(rng.standard_normal((M, 300)), jnp.bfloat16) for _ in range(2))
     with pallaskit.config.override(cache=False):

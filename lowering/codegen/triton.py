@@ -306,6 +306,8 @@ def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _
     for m in columns:
         if m.node.op not in _COMBINE:
             raise TritonUnsupported(f"{m.node.op} column reduction")
+    if kernel.programs != heuristics.triton_mix_programs(int(kernel.rows), options.num_sms):
+        raise TritonUnsupported(f"mix kernel {kernel.name}: its partial buffer was sized for the Pallas kernel")
     em = _TritonEmitter(kernel, schedule, cfg, options)
     w = em.w
     bodies = {m.name: pallas._kernel_coords_body(m) for m in kernel.members}
