@@ -929,13 +929,9 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Rend
     guards = []
     triton_helpers = set()
     for k in schedule.kernels:
-        rk = _render_triton_mix(k, schedule, options) if k.kind == "mix" and options.triton_mix_kernels else None
-        if rk is not None:
-            rk, hs = rk
-            triton_helpers |= hs
-        else:
-            rk, hs = (render_matmul if k.kind == "matmul" else render_kernel)(k, schedule, options)
-            helpers |= hs
+        triton_mix = k.kind == "mix" and options.triton_mix_kernels and _render_triton_mix(k, schedule, options)
+        rk, hs = triton_mix or (render_matmul if k.kind == "matmul" else render_kernel)(k, schedule, options)
+        (triton_helpers if rk.triton else helpers).update(hs)
         kernels.append(rk)
         guards += [g for g in getattr(rk, "guards", ()) if g not in guards]
     dims = program_dims(schedule)
@@ -1018,8 +1014,6 @@ def _render_triton_mix(kernel: Kernel, schedule: Schedule, options: CompileOptio
         r = triton_codegen.render_mix(kernel, schedule, options)
     except triton_codegen.TritonUnsupported:
         return None
-    if r.dims:
-        return None
     clash = set(r.helpers) & set(HELPERS)
     if clash:
         raise AssertionError(f"Triton and Pallas helpers share names: {sorted(clash)}")
@@ -1037,8 +1031,7 @@ def _render_triton_mix(kernel: Kernel, schedule: Schedule, options: CompileOptio
                f"{', '.join(a + '.reshape(-1)' for a in args)},")
         w.line(f"                   num_warps={r.num_warps}, num_stages={r.num_stages}, interpret=INTERPRET, "
                f"{constexprs})")
-    cfg = heuristics.triton_mix_config(int(kernel.cols), _columns(kernel))
-    return RenderedKernel(kernel.name, w.source(), list(kernel.origin), cfg, triton=True), r.helpers
+    return RenderedKernel(kernel.name, w.source(), list(kernel.origin), r.config, triton=True), r.helpers
 
 
 def _unbucketable(schedule: Schedule) -> str:

@@ -358,8 +358,9 @@ def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _
               f"{cfg.block_cols}, {programs} programs x {steps} steps, {cfg.num_warps} warps, "
               f"{cfg.num_stages} stages\n"
               "# from:\n" + "\n".join(f"#   {eq}" for eq in kernel.origin))
-    return _wrap(kernel, schedule, em, header, extents, {"BLOCK_R": cfg.block_rows, "BLOCK_C": cfg.block_cols},
-                 str(programs), cfg.num_warps, cfg.num_stages)
+    rendered = _wrap(kernel, schedule, em, header, extents, {"BLOCK_R": cfg.block_rows, "BLOCK_C": cfg.block_cols},
+                     str(programs), cfg.num_warps, cfg.num_stages)
+    return dataclasses.replace(rendered, config=cfg)
 
 
 def _masked_operand(em, m, var, ext, body) -> str:
@@ -481,6 +482,7 @@ class _Rendered:
     num_warps: int
     num_stages: int
     helpers: set
+    config: heuristics.TileConfig | None = None  # render_mix: its tile
 
 
 def _wrap(kernel, schedule, em, header, extents, constexprs, grid, num_warps, num_stages) -> _Rendered:

@@ -70,19 +70,12 @@ class _Kernel:
     def _compile(self, signature, constexprs, capability):
         triton_launch._triton(interpret=False)
         from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
 
-        attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(signature.values()) if t.startswith("*")}
-        src = ASTSource(self.fn, {**signature, **{c: "constexpr" for c in constexprs}}, constexprs, attrs)
+        src = triton_launch.ast_source(self.fn, {**signature, **{c: "constexpr" for c in constexprs}}, constexprs)
         compiled = triton_launch._compile_uncached(
             src, GPUTarget("cuda", capability, 32), {"num_warps": self.num_warps, "num_stages": self.num_stages},
             until="ptx")
-        meta = compiled.metadata
-        if getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0):
-            raise triton_launch.LaunchError(f"{self.name} needs Triton's global scratch memory, which jaxlib's "
-                                            "Triton custom call does not allocate")
-        if getattr(meta, "num_ctas", 1) != 1 or getattr(meta, "launch_cooperative_grid", False):
-            raise triton_launch.LaunchError(f"{self.name}: clusters and cooperative launches are not supported")
+        triton_launch.check_plain_launch(self.name, compiled.metadata)
         return compiled
 
 

@@ -343,13 +343,11 @@ class TritonKernel:
     def _compile(self, key: tuple, cuda: _Cuda) -> _Loaded:
         triton = _triton(interpret=False)
         from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
 
         signature = {name: entry for name, (entry, _) in zip(self.arg_names, key)}
         constexprs = {name: value for name, (entry, value) in zip(self.arg_names, key) if entry == "constexpr"}
-        attrs = {(i,): [["tt.divisibility", _ALIGN]] for i, (entry, _) in enumerate(key) if entry.startswith("*")}
         major, minor = map(int, cuda.device.compute_capability.split("."))
-        src = ASTSource(self.fn, signature, constexprs, attrs)
+        src = ast_source(self.fn, signature, constexprs)
         target = GPUTarget("cuda", 10 * major + minor, 32)
         options = {"num_warps": self.num_warps, "num_stages": self.num_stages}
         artifact = self._artifact_path(key, target, triton.__version__) if self.cache_dir else None
@@ -365,11 +363,7 @@ class TritonKernel:
         if meta.shared > max_shared:
             raise LaunchError(f"{self.name} needs {meta.shared} bytes of shared memory; "
                               f"the GPU has {max_shared}: smaller blocks or fewer stages")
-        if meta.global_scratch_size or meta.profile_scratch_size:
-            raise LaunchError(f"{self.name} needs Triton's global scratch memory, which this launcher "
-                              "does not allocate")
-        if getattr(meta, "num_ctas", 1) != 1 or meta.launch_cooperative_grid or meta.launch_pdl:
-            raise LaunchError(f"{self.name}: clusters, cooperative and PDL launches are not supported")
+        check_plain_launch(self.name, meta)
         function, max_threads = cuda.load(meta.name, compiled.cubin, meta.shared)
         if self.num_warps * 32 > max_threads:
             raise LaunchError(f"{self.name}: {self.num_warps} warps exceed the {max_threads} threads "
@@ -453,6 +447,27 @@ def _compile_uncached(src, target, options: dict, until: str = "cubin") -> _Comp
     log.debug("pallaskit: compiled %s (s: %s)", metadata.get("name"), ", ".join(times))
     return _Compiled(_namespace(json.loads(json.dumps(metadata, default=vars))),
                      module.encode() if isinstance(module, str) else bytes(module))
+
+
+def ast_source(fn, signature: dict, constexprs: dict):
+    """Triton's ``ASTSource`` of ``fn``: ``signature`` maps every argument to its
+    type (``"*bf16"``, ``"i32"``, ``"constexpr"``); pointers are 16-byte aligned."""
+    from triton.compiler import ASTSource
+
+    attrs = {(i,): [["tt.divisibility", _ALIGN]] for i, entry in enumerate(signature.values())
+             if entry.startswith("*")}
+    return ASTSource(fn, signature, constexprs, attrs)
+
+
+def check_plain_launch(name: str, meta) -> None:
+    """Refuse a compiled kernel that needs more than a plain launch: Triton's
+    global or profile scratch memory (both launchers pass null pointers),
+    clusters, cooperative or PDL launches."""
+    if getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0):
+        raise LaunchError(f"{name} needs Triton's global scratch memory, which is not allocated")
+    if (getattr(meta, "num_ctas", 1) != 1 or getattr(meta, "launch_cooperative_grid", False)
+            or getattr(meta, "launch_pdl", False)):
+        raise LaunchError(f"{name}: clusters, cooperative and PDL launches are not supported")
 
 
 def _namespace(metadata: dict):
