@@ -204,10 +204,11 @@ def mix_config(rows: int, cols: int, *, whole_rows: bool, programs: int, columns
 # can own a block of rows per step and keep three steps of loads in flight.
 # H100, RMSNorm backward 576000x384 bf16 inside the XLA program
 # (scratch/probe_triton_xla.py, with XLA's sum of the partials; the Pallas
-# kernel 0.489-0.492 in the same runs): 8 rows x 8 warps x 3 stages at 2
+# kernel 0.489-0.490 in the same runs): 8 rows x 8 warps x 3 stages at 2
 # programs per SM 0.466-0.473 ms; 4 stages 0.527, 2 stages at 3-4 per SM
-# 0.59-0.70; 3 per SM 0.518; 4 rows x 4 warps at 4 per SM 0.471-0.485, at 2
-# per SM 0.566; 16 rows 0.487; 16 warps 0.504; one row, one warp 0.50.
+# 0.59-0.70; 3 per SM 0.518; 8 rows x 4 warps at 4 per SM 0.471; 4 rows x 4
+# warps at 4 per SM 0.485, at 2 per SM 0.566; 16 rows 0.487; 16 warps 0.504;
+# one row, one warp 0.50.
 # Each program sums its (BLOCK_R, BLOCK_C) accumulator over rows at the end
 # and stores one partial row, as the Pallas kernel does. One column sum only:
 # LayerNorm forward+backward (two sums, dw and db) took 0.904 ms with this
