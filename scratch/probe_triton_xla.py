@@ -33,16 +33,20 @@ M, N, EPS = 576000, 384, 1e-6
 SMS = 132
 GRAPHS = {"xla_gpu_graph_min_graph_size": 1}
 RESULTS = []
+REGS = {}
 
 
 @triton.jit
 def rms_bwd_masked(X, W, DY, PART, DX, M, N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
                    PROGRAMS: tl.constexpr, STEPS: tl.constexpr, STAGES: tl.constexpr, EVICT: tl.constexpr,
-                   STREAM: tl.constexpr, HOIST: tl.constexpr):
+                   STREAM: tl.constexpr, HOIST: tl.constexpr, ROWSUM: tl.constexpr, PREFETCH: tl.constexpr, PURE: tl.constexpr = False):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    if ROWSUM:  # the column sum's accumulator summed over the step's rows every step: fewer registers
+        acc = tl.zeros((BLOCK_N,), tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     if HOIST:
         w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
     for step in tl.range(0, STEPS, num_stages=STAGES):
@@ -51,6 +55,14 @@ def rms_bwd_masked(X, W, DY, PART, DX, M, N: tl.constexpr, BLOCK_N: tl.constexpr
         offs = rows[:, None] * N + cols[None, :]
         if not HOIST:
             w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+        if PREFETCH > 0:  # ask L2 for the row block PREFETCH steps ahead: one prefetch a 128-byte line
+            ahead = tl.minimum((pid + (step + PREFETCH) * PROGRAMS) * BLOCK_M + tl.arange(0, BLOCK_M), M - 1)
+            lines = ahead[:, None] * N + (tl.arange(0, 8) * 64)[None, :]
+            lines = tl.where((tl.arange(0, 8) * 64 < N)[None, :], lines, ahead[:, None] * N)
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [X + lines],
+                                      dtype=tl.int32, is_pure=PURE, pack=1)
+            tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [DY + lines],
+                                      dtype=tl.int32, is_pure=PURE, pack=1)
         if EVICT:
             x = tl.load(X + offs, mask=m, other=0.0, eviction_policy="evict_first").to(tl.float32)
             dy = tl.load(DY + offs, mask=m, other=0.0, eviction_policy="evict_first").to(tl.float32)
@@ -66,8 +78,14 @@ def rms_bwd_masked(X, W, DY, PART, DX, M, N: tl.constexpr, BLOCK_N: tl.constexpr
             tl.store(DX + offs, dx.to(tl.bfloat16), mask=m, cache_modifier=".cs")
         else:
             tl.store(DX + offs, dx.to(tl.bfloat16), mask=m)
-        acc += dy * xhat
-    tl.store(PART + pid * N + cols, tl.sum(acc, 0), mask=cmask)
+        if ROWSUM:
+            acc += tl.sum(dy * xhat, 0)
+        else:
+            acc += dy * xhat
+    if ROWSUM:
+        tl.store(PART + pid * N + cols, acc, mask=cmask)
+    else:
+        tl.store(PART + pid * N + cols, tl.sum(acc, 0), mask=cmask)
 
 
 @triton.jit
@@ -109,6 +127,42 @@ def rms_bwd_chunks(X, W, DY, PART, DX, M, N: tl.constexpr, BLOCK_N: tl.constexpr
     tl.store(PART + pid * N + 256 + c0, tl.sum(acc2, 0))
 
 
+@triton.jit
+def rms_bwd_fold(X, W, DY, SCRATCH, DW, DX, M, N: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+                 PROGRAMS: tl.constexpr, STEPS: tl.constexpr, STAGES: tl.constexpr, STRIDED: tl.constexpr):
+    """The finishing sum folded in: each program adds its partial row into a zeroed f32 row with
+    atomics, then bumps a counter (SCRATCH[N]); the program that finds PROGRAMS - 1 there casts the
+    total into DW. STRIDED: row block pid + step * PROGRAMS (persistent); else pid * STEPS + step."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+    for step in tl.range(0, STEPS, num_stages=STAGES):
+        if STRIDED:
+            block = pid + step * PROGRAMS
+        else:
+            block = pid * STEPS + step
+        rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+        m = (rows < M)[:, None] & cmask[None, :]
+        offs = rows[:, None] * N + cols[None, :]
+        x = tl.load(X + offs, mask=m, other=0.0).to(tl.float32)
+        dy = tl.load(DY + offs, mask=m, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt_rn(tl.sum(x * x, 1) / N + 1e-6)
+        xhat = x * rstd[:, None]
+        g = dy * w[None, :]
+        c = tl.sum(g * xhat, 1) / N
+        dx = rstd[:, None] * (g - xhat * c[:, None])
+        tl.store(DX + offs, dx.to(tl.bfloat16), mask=m)
+        acc += dy * xhat
+    tl.atomic_add(SCRATCH + cols, tl.sum(acc, 0), mask=cmask, sem="relaxed")
+    tl.debug_barrier()
+    done = tl.atomic_add(SCRATCH + N, 1.0, sem="acq_rel")
+    if done == PROGRAMS - 1:
+        total = tl.load(SCRATCH + cols, mask=cmask, other=0.0, cache_modifier=".cg")
+        tl.store(DW + cols, total.to(tl.bfloat16), mask=cmask)
+
+
 # ---- embedding a compiled Triton kernel in the XLA program ----------------
 raw_triton_p = Primitive("probe_raw_triton")
 raw_triton_p.multiple_results = True
@@ -134,13 +188,21 @@ def compile_ptx(fn, signature, constexprs, warps, stages):
     src = ASTSource(fn, signature, constexprs, attrs)
     t0 = time.perf_counter()
     c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
-    return c.asm["ptx"], c.metadata, time.perf_counter() - t0
+    secs = time.perf_counter() - t0
+    try:  # registers and spills, as the driver reports them (loads the module)
+        c._init_handles()
+        REGS[c.metadata.name] = dict(regs=c.n_regs, spills=c.n_spills)
+    except Exception as ex:  # noqa: BLE001
+        REGS[c.metadata.name] = dict(regs_error=str(ex)[:200])
+    return c.asm["ptx"], c.metadata, secs
 
 
 def make(kind, pps, bm, warps, stages):
     """kind: m (masked) or c (chunks), then flags: e evict_first loads, s streaming stores,
     w weight hoisted out of the loop, k the kernel alone (no finishing sum)."""
     flags, kind = kind[1:], kind[0]
+    if kind in "af":
+        return make_fold(kind, pps, bm, warps, stages)
     programs = pps * SMS
     steps = -(-(-(-M // bm)) // programs)
     fn = rms_bwd_masked if kind == "m" else rms_bwd_chunks
@@ -149,8 +211,10 @@ def make(kind, pps, bm, warps, stages):
            "STEPS": "constexpr", "STAGES": "constexpr"}
     ce = {"N": N, "BLOCK_N": 512, "BLOCK_M": bm, "PROGRAMS": programs, "STEPS": steps, "STAGES": stages}
     if kind == "m":
-        sig.update(EVICT="constexpr", STREAM="constexpr", HOIST="constexpr")
-        ce.update(EVICT="e" in flags, STREAM="s" in flags, HOIST="w" in flags)
+        sig.update(EVICT="constexpr", STREAM="constexpr", HOIST="constexpr", ROWSUM="constexpr", PREFETCH="constexpr")
+        digits = "".join(ch for ch in flags if ch.isdigit())
+        ce.update(EVICT="e" in flags, STREAM="s" in flags, HOIST="w" in flags, ROWSUM="r" in flags,
+                  PREFETCH=int(digits or 0))
     ptx, meta, secs = compile_ptx(fn, sig, ce, warps, stages)
     kernel = gpu_triton.TritonKernel(meta.name, warps, 1, meta.shared, ptx, "", 90)
     params = [gpu_triton.create_array_parameter(0, 16) for _ in range(5)] + [gpu_triton.create_scalar_parameter(M, "i32")]
@@ -163,7 +227,38 @@ def make(kind, pps, bm, warps, stages):
         if "k" in flags:
             return dx, part
         return dx, jnp.sum(part, 0).astype(w.dtype)
-    return f, dict(shared=meta.shared, compile_s=round(secs, 2), regs=getattr(meta, "n_regs", None))
+    return f, dict(shared=meta.shared, compile_s=round(secs, 2), **REGS.get(meta.name, {}))
+
+
+def make_fold(kind, pps, bm, warps, stages):
+    """a: persistent (pps programs per SM, strided blocks); f: pps = steps per program, one program
+    per pps contiguous row blocks (the hardware schedules them). Both fold the finishing sum."""
+    blocks = -(-M // bm)
+    if kind == "a":
+        programs = pps * SMS
+        steps = -(-blocks // programs)
+    else:
+        steps = pps
+        programs = -(-blocks // steps)
+    sig = {"X": "*bf16", "W": "*bf16", "DY": "*bf16", "SCRATCH": "*fp32", "DW": "*bf16", "DX": "*bf16", "M": "i32",
+           "N": "constexpr", "BLOCK_N": "constexpr", "BLOCK_M": "constexpr", "PROGRAMS": "constexpr",
+           "STEPS": "constexpr", "STAGES": "constexpr", "STRIDED": "constexpr"}
+    ce = {"N": N, "BLOCK_N": 512, "BLOCK_M": bm, "PROGRAMS": programs, "STEPS": steps, "STAGES": stages,
+          "STRIDED": kind == "a"}
+    ptx, meta, secs = compile_ptx(rms_bwd_fold, sig, ce, warps, stages)
+    kernel = gpu_triton.TritonKernel(meta.name, warps, 1, meta.shared, ptx, "", 90)
+    params = [gpu_triton.create_array_parameter(0, 16) for _ in range(3)]
+    params += [gpu_triton.create_array_parameter((N + 1) * 4, 16)]
+    params += [gpu_triton.create_array_parameter(0, 16) for _ in range(2)] + [gpu_triton.create_scalar_parameter(M, "i32")]
+    call = gpu_triton.TritonKernelCall(kernel, programs, 1, 1, params)
+    opaque = zlib.compress(call.to_proto(meta.name, b""))
+    outs = (jax.core.ShapedArray((N + 1,), jnp.float32), jax.core.ShapedArray((N,), jnp.bfloat16),
+            jax.core.ShapedArray((M, N), jnp.bfloat16))
+
+    def f(x, w, dy):
+        _, dw, dx = raw_triton_p.bind(x, w, dy, out_avals=outs, opaque=opaque, name=meta.name)
+        return dx, dw
+    return f, dict(shared=meta.shared, compile_s=round(secs, 2), programs=programs, steps=steps, **REGS.get(meta.name, {}))
 
 
 def rmsnorm(x, w):

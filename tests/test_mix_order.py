@@ -286,6 +286,31 @@ def test_triton_mix_kernel_keeps_the_selects_that_matter(rng):
     _check(got, jax.jit(masked_lanes_matter)(x, w, dy), jnp.float32)
 
 
+def test_triton_call_kernels_live_as_long_as_a_program_uses_them(rng):
+    """Equal launches share one kernel record (equal primitive parameters, one
+    PTX compile); once the program that launched them is gone, so is the record."""
+    pytest.importorskip("triton")
+    import gc
+    import weakref
+
+    from pallaskit.runtime import triton_call
+
+    x, w, _, dy = _inputs(rng, 384, jnp.float32)
+    before = len(triton_call._kernels)
+    with pallaskit.config.override(triton_mix_kernels="on", cache=False):
+        f = pallaskit.jit(rmsnorm_bwd_hand)
+        jax.block_until_ready(f(x, w, dy))
+        jax.block_until_ready(f(x, w, dy))
+    assert len(triton_call._kernels) == before + 1
+    (fn, warps, stages), kernel = next((k, v) for k, v in triton_call._kernels.items() if v.name.startswith("mix_"))
+    assert triton_call._kernel(fn, warps, stages) is kernel
+    alive = weakref.ref(kernel)
+    del f, kernel, fn
+    jax.clear_caches()
+    gc.collect()
+    assert alive() is None
+
+
 def test_triton_mix_kernels_option():
     """'auto' means on only outside interpret mode with triton installed; a bad value is refused."""
     from pallaskit.api import compile_options

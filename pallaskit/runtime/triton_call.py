@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 import zlib
 
 import jax
@@ -79,16 +80,20 @@ class _Kernel:
         return compiled
 
 
-_kernels: dict = {}
+# One _Kernel per (function, launch options), so that equal calls trace to equal
+# primitive parameters. Held weakly: an entry lives as long as a trace or a
+# compiled program refers to it, and a program that is dropped frees its kernels.
+_kernels: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _kernels_lock = threading.Lock()
 
 
 def _kernel(fn, num_warps: int, num_stages: int) -> _Kernel:
     with _kernels_lock:
         key = (fn, num_warps, num_stages)
-        if key not in _kernels:
-            _kernels[key] = _Kernel(fn, num_warps, num_stages)
-        return _kernels[key]
+        kernel = _kernels.get(key)
+        if kernel is None:
+            kernel = _kernels[key] = _Kernel(fn, num_warps, num_stages)
+        return kernel
 
 
 def triton_call(fn, grid: int, out_shapes, *args, num_warps: int, num_stages: int, interpret: bool,
