@@ -187,7 +187,10 @@ def compile_ptx(fn, signature, constexprs, warps, stages):
     attrs = {(i,): [["tt.divisibility", 16]] for i, (k, v) in enumerate(signature.items()) if v.startswith("*")}
     src = ASTSource(fn, signature, constexprs, attrs)
     t0 = time.perf_counter()
-    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps, num_stages=stages))
+    options = dict(num_warps=warps, num_stages=stages)
+    if os.environ.get("MAXNREG"):  # cap the registers a thread (the .maxnreg directive), for more programs an SM
+        options["maxnreg"] = int(os.environ["MAXNREG"])
+    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     secs = time.perf_counter() - t0
     try:  # registers and spills, as the driver reports them (loads the module)
         c._init_handles()
