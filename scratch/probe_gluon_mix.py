@@ -8,7 +8,9 @@ or by cp.async into a shared ring), close the last ~1.5% to the 0.465 ms goal?
 
 PYTHONPATH=. python scratch/probe_gluon_mix.py [kind:pps,bm,warps,stages ...]
 kind ``r``: loads of the next row block issued into registers before the current one is used
-(stages unused); ``s``: cp.async into a ring of ``stages`` shared buffers, one barrier a step.
+(stages unused); ``s``: cp.async into a ring of ``stages`` shared buffers, one barrier a step;
+``n``: the same ring with no barrier (each thread reads back only what its own copies wrote);
+``t``: the session-13 Triton tile (probe_triton_xla ``m``) in the same process.
 Writes $OUT/probe_gluon_mix.json.
 """
 import json
@@ -79,7 +81,8 @@ def rms_bwd_regs(X, W, DY, PART, DX, M, N: gl.constexpr, BLOCK_N: gl.constexpr, 
 
 @gluon.jit
 def rms_bwd_ring(X, W, DY, PART, DX, M, N: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr,
-                 PROGRAMS: gl.constexpr, STEPS: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr):
+                 PROGRAMS: gl.constexpr, STEPS: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr,
+                 BARRIER: gl.constexpr):
     L: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [WARPS, 1], [1, 0])
     S: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
     pid = gl.program_id(0)
@@ -96,7 +99,8 @@ def rms_bwd_ring(X, W, DY, PART, DX, M, N: gl.constexpr, BLOCK_N: gl.constexpr, 
         async_copy.commit_group()
     for step in range(STEPS):
         async_copy.wait_group(STAGES - 2)  # this step's copies are in
-        gl.thread_barrier()  # ... for every thread, and the slot read last step is free
+        if BARRIER:  # ... for every thread, and the slot read last step is free. Without: every thread
+            gl.thread_barrier()  # reads back only what its own copies wrote (one layout for both)
         nxt = step + STAGES - 1
         offs, mask = _row_block(pid, nxt, r0, cols, PROGRAMS, BLOCK_M, N, M)
         async_copy.async_copy_global_to_shared(xs.index(nxt % STAGES), X + offs, mask=mask)
@@ -111,6 +115,22 @@ def rms_bwd_ring(X, W, DY, PART, DX, M, N: gl.constexpr, BLOCK_N: gl.constexpr, 
     gl.store(PART + pid * N + cols, gl.sum(acc, 0), mask=cols < N)
 
 
+def _without_loop_barriers(ptx):
+    """The ring's loop without ``bar.sync``: each thread waits on its own copies
+    (cp.async.wait_group) and reads back only what they wrote, so no thread needs another's."""
+    lines, out, inside, removed = ptx.split("\n"), [], False, 0
+    for line in lines:
+        if "Inner Loop Header" in line:
+            inside = True
+        elif inside and line.strip().startswith("@") and "bra" in line:
+            inside = False
+        if inside and line.strip().startswith("bar.sync"):
+            removed += 1
+            continue
+        out.append(line)
+    return "\n".join(out), removed
+
+
 def make(kind, pps, bm, warps, stages):
     programs = pps * SMS
     steps = -(-(-(-M // bm)) // programs)
@@ -119,10 +139,10 @@ def make(kind, pps, bm, warps, stages):
            "STEPS": "constexpr", "WARPS": "constexpr"}
     ce = {"N": N, "BLOCK_N": 512, "BLOCK_M": bm, "PROGRAMS": programs, "STEPS": steps, "WARPS": warps}
     fn = rms_bwd_regs
-    if kind == "s":
+    if kind in "sn":
         fn = rms_bwd_ring
-        sig["STAGES"] = "constexpr"
-        ce["STAGES"] = stages
+        sig["STAGES"] = sig["BARRIER"] = "constexpr"
+        ce["STAGES"], ce["BARRIER"] = stages, kind == "s"
     attrs = {(i,): [["tt.divisibility", 16]] for i, v in enumerate(sig.values()) if v.startswith("*")}
     t0 = time.perf_counter()
     c = triton.compile(GluonASTSource(fn, sig, ce, attrs), target=GPUTarget("cuda", 90, 32),
@@ -135,6 +155,8 @@ def make(kind, pps, bm, warps, stages):
     except Exception as ex:  # noqa: BLE001 (no GPU here: compile only)
         extra.update(regs_error=str(ex)[:120])
     meta, ptx = c.metadata, c.asm["ptx"]
+    if kind == "n":  # Triton's membar pass puts barriers in the loop anyway: take them out of the PTX
+        ptx, extra["barriers_removed"] = _without_loop_barriers(ptx)
     kernel = gpu_triton.TritonKernel(meta.name, warps, 1, meta.shared, ptx, "", 90)
     params = [gpu_triton.create_array_parameter(0, 16) for _ in range(5)] + [gpu_triton.create_scalar_parameter(M, "i32")]
     call = gpu_triton.TritonKernelCall(kernel, programs, 1, 1, params)
