@@ -16,14 +16,10 @@ Writes $OUT/probe_gluon_mix.json.
 import json
 import os
 import sys
-import time
-import zlib
 
 import jax
 import jax.numpy as jnp
 import triton
-from jax._src.lib import gpu_triton
-from triton.backends.compiler import GPUTarget
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
@@ -143,28 +139,15 @@ def make(kind, pps, bm, warps, stages):
         fn = rms_bwd_ring
         sig["STAGES"] = sig["BARRIER"] = "constexpr"
         ce["STAGES"], ce["BARRIER"] = stages, kind == "s"
-    attrs = {(i,): [["tt.divisibility", 16]] for i, v in enumerate(sig.values()) if v.startswith("*")}
-    t0 = time.perf_counter()
-    c = triton.compile(GluonASTSource(fn, sig, ce, attrs), target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=warps, num_stages=1))
-    secs = time.perf_counter() - t0
-    extra = dict(shared=c.metadata.shared, compile_s=round(secs, 2))
-    try:
-        c._init_handles()
-        extra.update(regs=c.n_regs, spills=c.n_spills)
-    except Exception as ex:  # noqa: BLE001 (no GPU here: compile only)
-        extra.update(regs_error=str(ex)[:120])
-    meta, ptx = c.metadata, c.asm["ptx"]
+    ptx, meta, secs = base.compile_ptx(fn, sig, ce, warps, 1, source=GluonASTSource)
+    extra = dict(shared=meta.shared, compile_s=round(secs, 2), **base.REGS.get(meta.name, {}))
     if kind == "n":  # Triton's membar pass puts barriers in the loop anyway: take them out of the PTX
         ptx, extra["barriers_removed"] = _without_loop_barriers(ptx)
-    kernel = gpu_triton.TritonKernel(meta.name, warps, 1, meta.shared, ptx, "", 90)
-    params = [gpu_triton.create_array_parameter(0, 16) for _ in range(5)] + [gpu_triton.create_scalar_parameter(M, "i32")]
-    call = gpu_triton.TritonKernelCall(kernel, programs, 1, 1, params)
-    opaque = zlib.compress(call.to_proto(meta.name, b""))
     outs = (jax.core.ShapedArray((programs, N), jnp.float32), jax.core.ShapedArray((M, N), jnp.bfloat16))
+    call = base.embed(meta, ptx, warps, programs, [0] * 5, outs)
 
     def f(x, w, dy):
-        part, dx = base.raw_triton_p.bind(x, w, dy, out_avals=outs, opaque=opaque, name=meta.name)
+        part, dx = call(x, w, dy)
         return dx, jnp.sum(part, 0).astype(w.dtype)
     return f, extra
 

@@ -183,9 +183,10 @@ def _lowering(ctx, *args, out_avals, opaque, name):
 mlir.register_lowering(raw_triton_p, _lowering, platform="cuda")
 
 
-def compile_ptx(fn, signature, constexprs, warps, stages):
+def compile_ptx(fn, signature, constexprs, warps, stages, source=ASTSource):
+    """PTX and metadata of ``fn`` for the H100 (``source``: GluonASTSource for a Gluon kernel)."""
     attrs = {(i,): [["tt.divisibility", 16]] for i, (k, v) in enumerate(signature.items()) if v.startswith("*")}
-    src = ASTSource(fn, signature, constexprs, attrs)
+    src = source(fn, signature, constexprs, attrs)
     t0 = time.perf_counter()
     options = dict(num_warps=warps, num_stages=stages)
     if os.environ.get("MAXNREG"):  # cap the registers a thread (the .maxnreg directive), for more programs an SM
@@ -198,6 +199,16 @@ def compile_ptx(fn, signature, constexprs, warps, stages):
     except Exception as ex:  # noqa: BLE001
         REGS[c.metadata.name] = dict(regs_error=str(ex)[:200])
     return c.asm["ptx"], c.metadata, secs
+
+
+def embed(meta, ptx, warps, programs, zeroed, outs):
+    """The kernel as a function of its input arrays, bound as one ``triton_kernel_call_ffi``
+    custom call: ``zeroed`` holds each array parameter's bytes that jaxlib zeroes before
+    the launch (inputs, then ``outs``), the last parameter is M."""
+    kernel = gpu_triton.TritonKernel(meta.name, warps, 1, meta.shared, ptx, "", 90)
+    params = [gpu_triton.create_array_parameter(z, 16) for z in zeroed] + [gpu_triton.create_scalar_parameter(M, "i32")]
+    opaque = zlib.compress(gpu_triton.TritonKernelCall(kernel, programs, 1, 1, params).to_proto(meta.name, b""))
+    return lambda *args: raw_triton_p.bind(*args, out_avals=outs, opaque=opaque, name=meta.name)
 
 
 def make(kind, pps, bm, warps, stages):
@@ -219,14 +230,11 @@ def make(kind, pps, bm, warps, stages):
         ce.update(EVICT="e" in flags, STREAM="s" in flags, HOIST="w" in flags, ROWSUM="r" in flags,
                   PREFETCH=int(digits or 0))
     ptx, meta, secs = compile_ptx(fn, sig, ce, warps, stages)
-    kernel = gpu_triton.TritonKernel(meta.name, warps, 1, meta.shared, ptx, "", 90)
-    params = [gpu_triton.create_array_parameter(0, 16) for _ in range(5)] + [gpu_triton.create_scalar_parameter(M, "i32")]
-    call = gpu_triton.TritonKernelCall(kernel, programs, 1, 1, params)
-    opaque = zlib.compress(call.to_proto(meta.name, b""))
     outs = (jax.core.ShapedArray((programs, N), jnp.float32), jax.core.ShapedArray((M, N), jnp.bfloat16))
+    call = embed(meta, ptx, warps, programs, [0] * 5, outs)
 
     def f(x, w, dy):
-        part, dx = raw_triton_p.bind(x, w, dy, out_avals=outs, opaque=opaque, name=meta.name)
+        part, dx = call(x, w, dy)
         if "k" in flags:
             return dx, part
         return dx, jnp.sum(part, 0).astype(w.dtype)
@@ -249,17 +257,12 @@ def make_fold(kind, pps, bm, warps, stages):
     ce = {"N": N, "BLOCK_N": 512, "BLOCK_M": bm, "PROGRAMS": programs, "STEPS": steps, "STAGES": stages,
           "STRIDED": kind == "a"}
     ptx, meta, secs = compile_ptx(rms_bwd_fold, sig, ce, warps, stages)
-    kernel = gpu_triton.TritonKernel(meta.name, warps, 1, meta.shared, ptx, "", 90)
-    params = [gpu_triton.create_array_parameter(0, 16) for _ in range(3)]
-    params += [gpu_triton.create_array_parameter((N + 1) * 4, 16)]
-    params += [gpu_triton.create_array_parameter(0, 16) for _ in range(2)] + [gpu_triton.create_scalar_parameter(M, "i32")]
-    call = gpu_triton.TritonKernelCall(kernel, programs, 1, 1, params)
-    opaque = zlib.compress(call.to_proto(meta.name, b""))
     outs = (jax.core.ShapedArray((N + 1,), jnp.float32), jax.core.ShapedArray((N,), jnp.bfloat16),
             jax.core.ShapedArray((M, N), jnp.bfloat16))
+    call = embed(meta, ptx, warps, programs, [0, 0, 0, (N + 1) * 4, 0, 0], outs)  # SCRATCH zeroed
 
     def f(x, w, dy):
-        _, dw, dx = raw_triton_p.bind(x, w, dy, out_avals=outs, opaque=opaque, name=meta.name)
+        _, dw, dx = call(x, w, dy)
         return dx, dw
     return f, dict(shared=meta.shared, compile_s=round(secs, 2), programs=programs, steps=steps, **REGS.get(meta.name, {}))
 
