@@ -74,11 +74,27 @@ class Load(Expr):
         return f"{self.buffer}[{idx}]{m}"
 
 
-@_cached_hash
-@dataclasses.dataclass(frozen=True, eq=True)
+def _value_key(v):
+    """What tells two constant values apart: 0.0 == -0.0 in Python, yet x * -0.0
+    is not x * 0.0, so floats compare by their bits (NaN then equals NaN)."""
+    if isinstance(v, (float, np.floating)):
+        return ("f", np.float64(v).tobytes())
+    if isinstance(v, (complex, np.complexfloating)):
+        return ("c", np.complex128(v).tobytes())
+    return v
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class Const(Expr):
     value: object  # python bool / int / float
     dtype: np.dtype
+
+    def __eq__(self, other):
+        return (type(other) is Const and self.dtype == other.dtype
+                and _value_key(self.value) == _value_key(other.value))
+
+    def __hash__(self):
+        return hash(("Const", _value_key(self.value), self.dtype))
 
     def __str__(self):
         return f"{self.value!r}:{self.dtype.name}"

@@ -715,7 +715,7 @@ def _render_mix(em: _KernelEmitter, kernel: Kernel, bodies, cfg):
                 v = em.bind(("cast", v, acc_dt), f"{v}.astype({dtype_source(acc_dt)})", full)[0]
             edge = em.edge_mask(full)[0]
             ident = _reduction_identity(m.node.op, acc_dt)
-            masked = em.bind(("masked", v, "rc"), f"jnp.where({edge}, {v}, {ident})", full)[0]
+            masked = em.bind(("masked", v, edge, ident), f"jnp.where({edge}, {v}, {ident})", full)[0]
             # Combined element-wise: the cross-row reduction happens once, after the loop.
             outs.append(_COMBINE[m.node.op].format(a=name, v=masked))
         em.scopes.pop()
@@ -772,7 +772,8 @@ def _reduce_tile(em, m: Member, var, ext) -> str:
     if acc_dt != m.body.dtype:
         v = em.bind(("cast", v, acc_dt), f"{v}.astype({dtype_source(acc_dt)})", full)[0]
     ident = _reduction_identity(node.op, m.body.dtype)
-    masked = em.bind(("masked", v), f"jnp.where(cmask, {v}, {ident})", full)[0]
+    # The key holds the identity: a max and a min of one value pad it differently.
+    masked = em.bind(("masked", v, "cmask", ident), f"jnp.where(cmask, {v}, {ident})", full)[0]
     fn = _REDUCE_FN[node.op]
     text = f"{fn}({masked}, axis=1, keepdims=True).astype({dtype_source(node.dtype)})"
     return em.bind(("reduce", node.name), text, frozenset("r"), "red")[0]
@@ -811,7 +812,7 @@ def _render_loop(em, kernel, bodies, reds, rowwise, p, cfg):
             if acc_dt != m.body.dtype:
                 v = em.bind(("cast", v, acc_dt), f"{v}.astype({dtype_source(acc_dt)})", frozenset("rc"))[0]
             ident = _reduction_identity(m.node.op, m.body.dtype)
-            masked = em.bind(("masked", v), f"jnp.where(cmask, {v}, {ident})", frozenset("rc"))[0]
+            masked = em.bind(("masked", v, "cmask", ident), f"jnp.where(cmask, {v}, {ident})", frozenset("rc"))[0]
             outs.append(_COMBINE[m.node.op].format(a=name, v=masked))
         for m in rowwise:
             em.store(m, *em.value(bodies[m.name]))

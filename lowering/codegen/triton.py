@@ -347,7 +347,7 @@ def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _
                 if start == full_steps and not (m.node.op == "sum" and _zero_where_masked(em, bodies[m.name], full)):
                     edge = em.edge_mask(full)[0]
                     ident = pallas._reduction_identity(m.node.op, m.node.dtype)
-                    v = em.bind(("masked", v, "rc"), f"tl.where({edge}, {v}, {ident})", full)[0]
+                    v = em.bind(("masked", v, edge, ident), f"tl.where({edge}, {v}, {ident})", full)[0]
                 w.line(f"{name} = {_COMBINE[m.node.op].format(a=name, v=v)}")
             em.scopes.pop()
     for name, m in accs:
@@ -375,7 +375,8 @@ def _masked_operand(em, m, var, ext, body) -> str:
     if m.node.op == "sum" and _zero_where_masked(em, body, frozenset("c")):
         return v
     ident = pallas._reduction_identity(m.node.op, m.body.dtype)
-    return em.bind(("masked", v), f"tl.where(cmask, {v}, {ident})", full)[0]
+    # The key holds the identity: a max and a min of one value pad it differently.
+    return em.bind(("masked", v, "cmask", ident), f"tl.where(cmask, {v}, {ident})", full)[0]
 
 
 def _zero_where_masked(em, e, dims: frozenset) -> bool:
