@@ -390,7 +390,7 @@ class Extern(Node):
     def format(self):
         ins = ", ".join(i if isinstance(i, str) else str(i) for i in self.inputs)
         outs = ", ".join(f"{n}: {a.dtype.name}{list(a.shape)}" for n, a in zip(self.outputs, self.out_avals))
-        return f"{outs} = extern {self.primitive.name}({ins})"
+        return f"{outs + ' = ' if outs else ''}extern {self.primitive.name}({ins})"
 
 
 @dataclasses.dataclass

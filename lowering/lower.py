@@ -108,8 +108,11 @@ class LoweringContext:
             raise symbolic.SymbolicUnsupported(f"{eqn.primitive.name} runs through XLA with a symbolic shape parameter")
         names = [self.new_name() for _ in eqn.outvars]
         out_avals = tuple(symbolic.aval_view(v.aval) for v in eqn.outvars)
-        first = out_avals[0]
-        node = ir.Extern(names[0], tuple(getattr(first, "shape", ())), _safe_dtype(first), (self.current_eqn,),
+        if out_avals:
+            name, shape, dtype = names[0], tuple(getattr(out_avals[0], "shape", ())), _safe_dtype(out_avals[0])
+        else:  # an effect with no results (debug_print, a callback returning nothing)
+            name, shape, dtype = self.new_name("effect"), (), np.dtype("V")
+        node = ir.Extern(name, shape, dtype, (self.current_eqn,),
                          primitive=eqn.primitive, params=dict(eqn.params), inputs=tuple(args),
                          outputs=tuple(names), out_avals=out_avals,
                          effectful=bool(eqn.effects))

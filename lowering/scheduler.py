@@ -109,6 +109,7 @@ def _producers(graph: ir.Graph) -> dict[str, ir.Node]:
     out = {}
     for n in graph.nodes.values():
         if isinstance(n, ir.Extern):
+            out[n.name] = n  # an effect without results is known by its own name
             for o in n.outputs:
                 out[o] = n
         else:
@@ -617,6 +618,10 @@ def _topological(groups, externs, graph):
             prod[name] = s
     deps = {id(s): {id(prod[r]) for r in (s.reads() if isinstance(s, _Group) else s.reads()) if r in prod and prod[r] is not s}
             for s in steps}
+    # Effects run in program order (two prints print in order): each waits for the one before.
+    effects = sorted((s for s in externs if s.effectful), key=lambda s: list(graph.nodes).index(s.name))
+    for before, after in zip(effects, effects[1:]):
+        deps[id(after)].add(id(before))
     order_key = {id(s): (s.order if isinstance(s, _Group) else list(graph.nodes).index(s.name)) for s in steps}
     done, out = set(), []
     pending = sorted(steps, key=lambda s: order_key[id(s)])

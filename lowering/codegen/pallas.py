@@ -985,8 +985,8 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Rend
                         args.append(f"jnp.asarray({const_source(x.value, x.dtype)}, {dtype_source(x.dtype)})")
                     else:
                         args.append(x)
-                w.line(f"{', '.join(step.outputs)}, = EXTERNS[{len(externs)}]({', '.join(args)})  "
-                       f"# {step.primitive.name}")
+                lhs = f"{', '.join(step.outputs)}, = " if step.outputs else ""  # an effect may return nothing
+                w.line(f"{lhs}EXTERNS[{len(externs)}]({', '.join(args)})  # {step.primitive.name}")
                 externs.append((step.primitive, step.params))
         outs = []
         for o in graph.outputs:
