@@ -179,6 +179,9 @@ def const_source(value, dt) -> str:
     dt = np.dtype(dt)
     if dt == np.bool_:
         return repr(bool(value))
+    if jnp.issubdtype(dt, jnp.complexfloating):  # literals of XLA externs (kernels take no complex values)
+        v = complex(value)
+        return f"complex({const_source(v.real, np.float64)}, {const_source(v.imag, np.float64)})"
     if is_float(dt):
         v = float(value)
         if np.isnan(v):
