@@ -791,17 +791,18 @@ _COMBINE = {"sum": "lax.add({a}, {v})", "prod": "lax.mul({a}, {v})", "max": "lax
 
 def _render_loop(em, kernel, bodies, reds, rowwise, p, cfg):
     w = em.w
-    for m in reds:
-        if m.node.op in ("argmax", "argmin"):
-            raise NotImplementedError("looped argmax")  # the rule keeps these persistent
-    accs = []
+    accs, carried = [], []
     for i, m in enumerate(reds):
         acc_dt = _acc_dtype(m.node.op, m.body.dtype)
         ident = _reduction_identity(m.node.op, m.body.dtype)
         name = f"acc{p}_{i}"
         w.line(f"{name} = jnp.full((BLOCK_R, BLOCK_C), {ident}, {dtype_source(acc_dt)})")
+        carried.append(name)
+        if m.node.op in ("argmax", "argmin"):  # each lane also carries the index of its best value
+            w.line(f"{name}_i = jnp.zeros((BLOCK_R, BLOCK_C), {dtype_source(m.node.dtype)})")
+            carried.append(f"{name}_i")
         accs.append((name, acc_dt, m))
-    carry = ", ".join(a for a, _, _ in accs) + ("," if len(accs) == 1 else "")
+    carry = ", ".join(carried) + ("," if len(carried) == 1 else "")
     w.line(f"def phase{p}(chunk, carry):")
     with w.indent():
         w.line(f"{carry or '_'} = carry")
@@ -816,7 +817,10 @@ def _render_loop(em, kernel, bodies, reds, rowwise, p, cfg):
                 v = em.bind(("cast", v, acc_dt), f"{v}.astype({dtype_source(acc_dt)})", frozenset("rc"))[0]
             ident = _reduction_identity(m.node.op, m.body.dtype)
             masked = em.bind(("masked", v, "cmask", ident), f"jnp.where(cmask, {v}, {ident})", frozenset("rc"))[0]
-            outs.append(_COMBINE[m.node.op].format(a=name, v=masked))
+            if m.node.op in ("argmax", "argmin"):
+                outs += _arg_combine(em, name, masked, m.node.op, acc_dt, m.node.dtype)
+            else:
+                outs.append(_COMBINE[m.node.op].format(a=name, v=masked))
         for m in rowwise:
             em.store(m, *em.value(bodies[m.name]))
         em.scopes.pop()
@@ -826,11 +830,49 @@ def _render_loop(em, kernel, bodies, reds, rowwise, p, cfg):
     w.line(f"{carry or '_'} = lax.fori_loop(0, {n_chunks}, phase{p}, {init})")
     for name, acc_dt, m in accs:
         fn = _REDUCE_FN[m.node.op]
-        if cfg.block_cols == 1:
+        if m.node.op in ("argmax", "argmin"):
+            text = _arg_finish(em, name, m.node.op, acc_dt, m.node.dtype)
+        elif cfg.block_cols == 1:
             text = f"{name}.astype({dtype_source(m.node.dtype)})"
         else:
             text = f"{fn}({name}, axis=1, keepdims=True).astype({dtype_source(m.node.dtype)})"
         em.row_values[m.name] = em.bind(("reduce", m.name), text, frozenset("r"), "red")[0]
+
+
+def _arg_combine(em, name, v, op, acc_dt, idx_dt) -> list[str]:
+    """Inside a looped argmax/argmin: each lane keeps its best value so far and
+    that value's index, as jax picks: the first NaN, else the first of equal
+    values (-0.0 and 0.0 are equal). A lane sees its columns in increasing
+    order, so a later value replaces the kept one only if strictly better; in
+    the first chunk every lane takes its value."""
+    w = em.w
+    better = ">" if op == "argmax" else "<"
+    pick = f"({v} {better} {name}) | (chunk == 0)"
+    if is_float(acc_dt):
+        pick += f" | (({v} != {v}) & ({name} == {name}))"
+    n = em.counter
+    em.counter += 1
+    w.line(f"pick{n} = {pick}")
+    return [f"jnp.where(pick{n}, {v}, {name})",
+            f"jnp.where(pick{n}, jnp.broadcast_to(xc, (BLOCK_R, BLOCK_C)).astype({dtype_source(idx_dt)}), {name}_i)"]
+
+
+def _arg_finish(em, name, op, acc_dt, idx_dt) -> str:
+    """Across the lanes of a looped argmax/argmin: the smallest index among the
+    lanes holding the best value (a NaN if any lane holds one). Written without
+    reductions that must propagate NaN."""
+    w = em.w
+    big = np.iinfo(np.dtype(idx_dt)).max
+    fn = "jnp.max" if op == "argmax" else "jnp.min"
+    if is_float(acc_dt):
+        ident = _reduction_identity(op, acc_dt)
+        w.line(f"{name}_nan = {name} != {name}")
+        w.line(f"{name}_best = {fn}(jnp.where({name}_nan, {ident}, {name}), axis=1, keepdims=True)")
+        w.line(f"{name}_anynan = jnp.max({name}_nan.astype(jnp.int32), axis=1, keepdims=True) > 0")
+        w.line(f"{name}_hit = jnp.where({name}_anynan, {name}_nan, {name} == {name}_best)")
+    else:
+        w.line(f"{name}_hit = {name} == {fn}({name}, axis=1, keepdims=True)")
+    return f"jnp.min(jnp.where({name}_hit, {name}_i, {big}), axis=1, keepdims=True).astype({dtype_source(idx_dt)})"
 
 
 def _wrap_kernel(kernel: Kernel, schedule: Schedule, cfg, em: _KernelEmitter, body: str) -> RenderedKernel:
