@@ -1,0 +1,339 @@
+"""Regressions: wrong results and crashes found in review, one group per class.
+
+1. Several reductions over the same tile (a max and a min of one row, argmax and
+   argmin, any and all) shared one masked operand, padded with the first one's
+   identity. Also constants that compare equal in Python (0.0 and -0.0).
+3. Effects (jax.debug.print, callbacks) crashed the lowering.
+4. Complex literals crashed the renderer.
+5. argmax / argmin over rows longer than one tile raised.
+
+Every case compares with jax.jit on seeded data with special values; the
+Triton renderer's cases run in Triton's interpreter."""
+import contextlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import io_callback
+
+import pallaskit
+from conftest import assert_close
+from pallaskit import metrics
+
+BF16 = jnp.bfloat16
+
+
+def _special(rng, shape, dtype, nan=False):
+    """Normal data with ±inf, ±0 (and NaN if asked) sprinkled in, as ``dtype``."""
+    x = rng.standard_normal(shape) * 3
+    flat = x.reshape(-1)
+    k = max(1, flat.size // 50)
+    for v in ([np.inf, -np.inf, 0.0, -0.0] + ([np.nan] if nan else [])):
+        flat[rng.integers(0, flat.size, k)] = v
+    if np.dtype(dtype) == np.bool_:
+        return jnp.asarray(x > 2.5)
+    if jnp.issubdtype(dtype, jnp.integer):
+        return jnp.asarray(np.clip(np.nan_to_num(np.round(x), posinf=50, neginf=-50), -50, 50), dtype)
+    return jnp.asarray(x, dtype)
+
+
+def _same(got, want, dtype=None):
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype, g.shape, w.shape)
+        g, w = np.asarray(g), np.asarray(w)
+        if g.dtype.kind in "biu":
+            np.testing.assert_array_equal(g, w)
+            continue
+        g64, w64 = g.astype(np.float64), w.astype(np.float64)
+        np.testing.assert_array_equal(np.isnan(g64), np.isnan(w64))
+        np.testing.assert_array_equal(np.isposinf(g64), np.isposinf(w64))
+        np.testing.assert_array_equal(np.isneginf(g64), np.isneginf(w64))
+        finite = np.isfinite(w64)
+        assert_close(np.where(finite, g64, 0), np.where(finite, w64, 0), dtype or w.dtype)
+
+
+# --------------------------------------------------------------------------- #
+# 1. Several reductions over one tile
+# --------------------------------------------------------------------------- #
+def _minmax(x):
+    return x.min(-1), x.max(-1)
+
+
+def _arg_both(x):
+    return jnp.argmax(x, -1), jnp.argmin(x, -1)
+
+
+def _any_all(x):
+    m = x > 0
+    return m.any(-1), m.all(-1), (~m).all(-1)
+
+
+def _minmax_scale(x):
+    lo, hi = x.min(-1, keepdims=True), x.max(-1, keepdims=True)
+    return (x - lo) / (hi - lo + 1.0)
+
+
+def _every_kind(x):
+    xf = x.astype(jnp.float32)
+    return (xf.sum(-1), jnp.prod(jnp.tanh(xf) * 0.5 + 1.0, -1), x.max(-1), x.min(-1),
+            jnp.argmax(x, -1), jnp.argmin(x, -1), jax.nn.logsumexp(xf, -1))
+
+
+def _cumulative(x):
+    return jnp.cumsum(x, -1), x.max(-1), x.min(-1)
+
+
+def _standardize_and_softmax(x):
+    mu = x.mean(-1, keepdims=True)
+    return (x - mu) / jnp.sqrt(((x - mu) ** 2).mean(-1, keepdims=True)), jax.nn.softmax(x, -1), x.max(-1), x.min(-1)
+
+
+ONE_TILE = {"minmax": _minmax, "argmax_argmin": _arg_both, "any_all": _any_all, "minmax_scale": _minmax_scale,
+            "every_kind": _every_kind, "cumulative": _cumulative}
+
+
+@pytest.mark.parametrize("max_persistent_cols", [8192, 64], ids=["persistent", "looped"])
+@pytest.mark.parametrize("name", list(ONE_TILE))
+def test_reductions_over_one_tile(name, max_persistent_cols, rng):
+    """Rows of 100 (one masked tile, or two chunks of 64 when looped); finite
+    data where min-max scaling divides by the range, ±inf and ±0 elsewhere."""
+    fn = ONE_TILE[name]
+    with pallaskit.config.override(max_persistent_cols=max_persistent_cols):
+        for dtype in ([jnp.float32, BF16] if name in ("minmax_scale", "cumulative", "every_kind")
+                      else [jnp.float32, BF16, jnp.int32]):
+            x = (jnp.asarray(rng.standard_normal((5, 100)), dtype) if name == "minmax_scale"
+                 else _special(rng, (5, 100), dtype))
+            _same(pallaskit.jit(fn)(x), jax.jit(fn)(x), dtype)
+
+
+def test_reductions_over_one_tile_bool():
+    m = jnp.asarray(np.array([[True] * 50, [True] * 49 + [False], [False] * 50, [False] * 49 + [True]]))
+    for cols in (8192, 16):
+        with pallaskit.config.override(max_persistent_cols=cols):
+            fn = lambda m: (m.any(-1), m.all(-1), jnp.argmax(m, -1), jnp.argmin(m, -1))  # noqa: E731
+            _same(pallaskit.jit(fn)(m), jax.jit(fn)(m))
+
+
+def test_reductions_over_a_split_row(rng):
+    """One long row: split into chunks plus a finisher (standardized beside its softmax)."""
+    x = jnp.asarray(rng.standard_normal((1, 300_000)), jnp.float32)
+    _same(pallaskit.jit(_standardize_and_softmax)(x), jax.jit(_standardize_and_softmax)(x))
+    s = _special(rng, (2, 200_000), jnp.float32)
+    _same(pallaskit.jit(_minmax)(s), jax.jit(_minmax)(s))
+
+
+def _row_and_column(x, w):
+    return x.max(-1), x.min(-1), jnp.sum(x * w, 0), (x * w).max(0), (x * w).min(0)
+
+
+@pytest.mark.parametrize("triton_mix", ["off", "on"])
+def test_row_and_column_reductions_in_a_mix_kernel(triton_mix, rng):
+    pytest.importorskip("triton")
+    x = _special(rng, (1100, 96), jnp.float32)
+    w = jnp.asarray(rng.standard_normal(96), jnp.float32)
+    with pallaskit.config.override(triton_mix_kernels=triton_mix, cache=False):
+        kinds = [k.kind for k in pallaskit.explain(_row_and_column, x, w).kernels]
+        got = pallaskit.jit(_row_and_column)(x, w)
+    assert "mix" in kinds, kinds
+    _same(got, jax.jit(_row_and_column)(x, w))
+
+
+@pytest.mark.parametrize("cols", [100, 700], ids=["persistent", "looped"])
+def test_triton_renderer_reductions_over_one_tile(cols, rng):
+    """Eager launches (raw Triton in its interpreter) of a min and a max, and
+    of any and all, over the same rows."""
+    pytest.importorskip("triton")
+
+    def fn(x):
+        m = x > 0
+        return x.min(-1), x.max(-1), m.any(-1), m.all(-1)
+
+    pallaskit.config.update(dynamic_launch="on", max_persistent_cols=256)
+    f = pallaskit.jit(fn, dynamic={"x": {0: "n"}})
+    for n in (3, 9):
+        x = _special(rng, (n, cols), jnp.float32)
+        x = x.at[0].set(jnp.abs(x[0]) + 1.0)  # a row where all() holds
+        before = metrics.counters["eager_launches"]
+        got = f(x)
+        assert metrics.counters["eager_launches"] == before + 1
+        _same(got, jax.jit(fn)(x))
+
+
+def test_signed_zero_constants_stay_apart():
+    x = jnp.arange(1.0, 6.0)
+    fn = lambda x: (x * 0.0, x * -0.0, jnp.where(x > 2, 0.0, -0.0))  # noqa: E731
+    got, want = pallaskit.jit(fn)(x), jax.jit(fn)(x)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.signbit(np.asarray(g)), np.signbit(np.asarray(w)))
+
+
+# --------------------------------------------------------------------------- #
+# 3. Effects
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("ordered", [False, True])
+def test_debug_print_runs_once_per_call(ordered, capfd):
+    x = jnp.arange(1.0, 5.0)
+
+    def fn(x):
+        jax.debug.print("first {}", x.sum(), ordered=ordered)
+        y = jnp.exp(x) * 2.0
+        jax.debug.print("second {}", y.max(), ordered=ordered)
+        return y
+
+    want = jax.block_until_ready(jax.jit(fn)(x))
+    jax.effects_barrier()
+    capfd.readouterr()
+    f = pallaskit.jit(fn)
+    got = [jax.block_until_ready(f(x)) for _ in range(2)]
+    jax.effects_barrier()
+    out = capfd.readouterr().out
+    for g in got:
+        _same(g, want)
+    lines = [ln for ln in out.splitlines() if ln.startswith(("first", "second"))]
+    words = [ln.split()[0] for ln in lines]
+    # Unordered effects may run in any order (XLA schedules them as jax.jit's own do).
+    assert words == ["first", "second"] * 2 if ordered else sorted(words) == ["first"] * 2 + ["second"] * 2, out
+    first = [ln for ln in lines if ln.startswith("first")][0]
+    second = [ln for ln in lines if ln.startswith("second")][0]
+    assert first == "first 10.0" and abs(float(second.split()[1]) - float(jnp.exp(4.0) * 2)) < 1e-3, out
+    assert metrics.counters["generated_kernel_count"] >= 1  # the rest still fuses into kernels
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+def test_callbacks_run_once_per_call(ordered):
+    seen = []
+    x = jnp.arange(1.0, 7.0).reshape(2, 3)
+
+    def fn(x):
+        jax.debug.callback(lambda v: seen.append(("a", float(v))), x.max(), ordered=ordered)
+        y = jnp.tanh(x).sum(-1)
+        jax.debug.callback(lambda v: seen.append(("b", float(v[0]))), y, ordered=ordered)
+        return y * 2
+
+    want = jax.jit(fn)(x)
+    jax.effects_barrier()
+    seen.clear()
+    f = pallaskit.jit(fn)
+    for _ in range(2):
+        _same(jax.block_until_ready(f(x)), want)
+    jax.effects_barrier()
+    names = [s[0] for s in seen]
+    assert names == ["a", "b", "a", "b"] if ordered else sorted(names) == ["a", "a", "b", "b"], seen
+    assert dict(seen) == {"a": 6.0, "b": pytest.approx(float(jnp.tanh(x[0]).sum()), abs=1e-5)}
+    assert metrics.counters["generated_kernel_count"] >= 1
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+def test_io_callback(ordered):
+    x = jnp.arange(1.0, 5.0)
+
+    def fn(x):
+        y = io_callback(lambda v: np.asarray(v * 10, np.float32), jax.ShapeDtypeStruct(x.shape, x.dtype), x,
+                        ordered=ordered)
+        return (jnp.exp(y * 0.01) + 1).sum()
+
+    _same(pallaskit.jit(fn)(x), jax.jit(fn)(x))
+
+
+def test_effect_without_other_work():
+    seen = []
+
+    def fn(x):
+        jax.debug.callback(lambda v: seen.append(float(v)), x[1])
+        return x
+
+    x = jnp.arange(3.0)
+    _same(pallaskit.jit(fn)(x), x)
+    jax.effects_barrier()
+    assert seen == [1.0]
+
+
+# --------------------------------------------------------------------------- #
+# 4. Complex numbers
+# --------------------------------------------------------------------------- #
+def _complex_cases(dtype, real):
+    nan_inf = complex(float("nan"), float("inf"))
+    return {
+        "times_two": (lambda z: z * 2, "z"),
+        "plus_1j": (lambda x: x * 2 + 1j, "x"),
+        "nan_literal": (lambda z: z * nan_inf + jnp.exp(z), "z"),
+        "abs_sum": (lambda z: jnp.abs(z * (1 - 2j)).sum() + 1.0, "z"),
+        "parts": (lambda z: jnp.real(z * 3j) * 2.0 + jnp.imag(z) + jnp.tanh(jnp.abs(z)), "z"),
+        "mixed": (lambda x: (jnp.exp(x) * (1 + 1j)).real.sum() + jnp.tanh(x).max(), "x"),
+        "constant_output": (lambda x: (x * 2.0, jnp.asarray(1 + 2j, dtype)), "x"),
+    }
+
+
+@contextlib.contextmanager
+def _x64():
+    before = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", before)
+
+
+@pytest.mark.parametrize("x64", [False, True], ids=["complex64", "complex128"])
+def test_complex_arithmetic(x64, rng):
+    with _x64() if x64 else contextlib.nullcontext():
+        dtype = jnp.complex128 if x64 else jnp.complex64
+        real = jnp.float64 if x64 else jnp.float32
+        z = jnp.asarray(rng.standard_normal(7) + 1j * rng.standard_normal(7), dtype)
+        x = jnp.asarray(rng.standard_normal(7), real)
+        for name, (fn, arg) in _complex_cases(dtype, real).items():
+            a = z if arg == "z" else x
+            got, want = pallaskit.jit(fn)(a), jax.jit(fn)(a)
+            for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+                assert g.dtype == w.dtype and g.shape == w.shape, name
+                np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6, equal_nan=True,
+                                           err_msg=name)
+
+
+# --------------------------------------------------------------------------- #
+# 5. argmax / argmin over long rows
+# --------------------------------------------------------------------------- #
+ARG_DTYPES = [jnp.float32, BF16, jnp.float16, jnp.int32, jnp.int8, jnp.uint8, jnp.bool_]
+
+
+def _arg_input(rng, shape, dtype, kind):
+    if kind == "nan":
+        return _special(rng, shape, dtype, nan=True)
+    x = rng.standard_normal(shape)
+    if kind == "ties":
+        x = np.round(x)
+    elif kind == "inf":
+        x = np.full(shape, -np.inf if rng.random() < 0.5 else np.inf)
+        x.reshape(-1)[::7] = np.inf
+    elif kind == "zeros":
+        x = np.where(rng.random(shape) < 0.5, -0.0, 0.0)
+    if np.dtype(dtype) == np.bool_:
+        return jnp.asarray(x > 1.5)
+    if jnp.issubdtype(dtype, jnp.integer):
+        x = np.clip(np.nan_to_num(np.round(x * 3), posinf=9, neginf=-9), 0 if dtype == jnp.uint8 else -9, 9)
+    return jnp.asarray(x, dtype)
+
+
+@pytest.mark.parametrize("kind", ["nan", "ties", "inf", "zeros"])
+@pytest.mark.parametrize("dtype", ARG_DTYPES, ids=lambda d: np.dtype(d).name)
+def test_looped_argmax_argmin(dtype, kind, rng):
+    if kind in ("nan", "inf", "zeros") and not jnp.issubdtype(dtype, jnp.floating):
+        pytest.skip("no special values")
+
+    def fn(x):
+        return jnp.argmax(x, -1), jnp.argmin(x, -1), jnp.argmax(x, 0), jnp.argmin(x, 0, keepdims=True)
+
+    with pallaskit.config.override(max_persistent_cols=64):  # rows of 300 loop over 64-wide chunks
+        x = _arg_input(rng, (5, 300), dtype, kind)
+        _same(pallaskit.jit(fn)(x), jax.jit(fn)(x))
+
+
+@pytest.mark.parametrize("shape,axis", [((1, 8193), -1), ((8193, 2), 0), ((2, 9000, 3), 1), ((4, 1), -1),
+                                        ((1, 1), 0), ((20000,), None)])
+def test_argmax_argmin_at_default_tiles(shape, axis, rng):
+    def fn(x):
+        return jnp.argmax(x, axis), jnp.argmin(x, axis)
+
+    x = _arg_input(rng, shape, jnp.float32, "nan")
+    _same(pallaskit.jit(fn)(x), jax.jit(fn)(x))
