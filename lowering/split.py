@@ -171,6 +171,8 @@ def identity(op: str, dtype) -> ir.Const:
     if op == "sum":
         return ir.Const(0, dt)
     big = op == "min"
+    if dt == np.bool_:  # reduce_max / reduce_min of booleans (jnp.max of a mask)
+        return ir.Const(big, dt)
     if _is_float(dt):
         return ir.Const(float("inf") if big else float("-inf"), dt)
     info = np.iinfo(dt)

@@ -76,6 +76,13 @@ def _tanh(x):
 ''',
 }
 
+for _op in ("max", "min"):
+    HELPERS[f"_{_op}_nan"] = f'''
+@triton.jit
+def _{_op}_nan(a, b):
+    return tl.{_op}imum(a, b, propagate_nan=tl.PropagateNan.ALL)
+'''
+
 _PRELUDE = '''\
 import numpy as np
 import triton
@@ -154,7 +161,7 @@ class _TritonEmitter(pallas._KernelEmitter):
         if e.op == "select_n" and len(e.args) == 3 and e.args[0].dtype == np.bool_:
             return "tl.where({0}, {2}, {1})"
         if e.op == "clamp":
-            return (f"tl.minimum(tl.maximum({{1}}, {{0}}, propagate_nan=tl.PropagateNan.ALL), {{2}}, "
+            return ("tl.minimum(tl.maximum({1}, {0}, propagate_nan=tl.PropagateNan.ALL), {2}, "
                     "propagate_nan=tl.PropagateNan.ALL)" if float_op else "tl.minimum(tl.maximum({1}, {0}), {2})")
         if e.op == "not":
             return "({0} == 0)" if e.dtype == np.bool_ else "(~{0})"
@@ -178,6 +185,16 @@ class _TritonMatmulEmitter(matmul._MatmulEmitter, _TritonEmitter):
 
 
 _REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min", "and": "tl.min", "or": "tl.max"}
+
+
+def _reduce_text(em, op, var, acc_dt, axis) -> str:
+    """``var`` reduced along ``axis`` (kept). A float max / min reduces with a
+    NaN-propagating combine: tl.max / tl.min combine with tl.maximum's default,
+    which drops NaN on the GPU (the interpreter's numpy keeps it)."""
+    if op in ("max", "min") and pallas.is_float(acc_dt):
+        em.helpers.add(f"_{op}_nan")
+        return f"tl.reduce({var}, {axis}, _{op}_nan, keep_dims=True)"
+    return f"{_REDUCE[op]}({var}, axis={axis}, keep_dims=True)"
 _COMBINE = {"sum": "({a} + {v})", "max": "tl.maximum({a}, {v}, propagate_nan=tl.PropagateNan.ALL)",
             "min": "tl.minimum({a}, {v}, propagate_nan=tl.PropagateNan.ALL)",
             "and": "tl.minimum({a}, {v})", "or": "tl.maximum({a}, {v})"}
@@ -243,7 +260,7 @@ def _render_reduction(em: _TritonEmitter, kernel: Kernel, bodies, cfg, *, row_bl
                 for m in reds:
                     var, ext = em.value(bodies[m.name])
                     masked = _masked_operand(em, m, var, ext, bodies[m.name])
-                    text = f"{_REDUCE[m.node.op]}({masked}, axis=1, keep_dims=True)"
+                    text = _reduce_text(em, m.node.op, masked, pallas._acc_dtype(m.node.op, m.body.dtype), 1)
                     results[m.name] = em.bind(("reduce", m.name), em.cast_text(text, m.node.dtype), frozenset("r"),
                                               "red")[0]
                 for m in rowwise:
@@ -270,7 +287,7 @@ def _render_reduction(em: _TritonEmitter, kernel: Kernel, bodies, cfg, *, row_bl
                         em.store(m, *em.value(bodies[m.name]))
                     em.scopes.pop()
                 for name, m in accs:
-                    text = f"{_REDUCE[m.node.op]}({name}, axis=1, keep_dims=True)"
+                    text = _reduce_text(em, m.node.op, name, pallas._acc_dtype(m.node.op, m.body.dtype), 1)
                     em.row_values[m.name] = em.bind(("reduce", m.name), em.cast_text(text, m.node.dtype),
                                                     frozenset("r"), "red")[0]
         pallas.write_ready_row_values(em, kernel, bodies)
@@ -351,7 +368,7 @@ def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _
                 w.line(f"{name} = {_COMBINE[m.node.op].format(a=name, v=v)}")
             em.scopes.pop()
     for name, m in accs:
-        total = f"{_REDUCE[m.node.op]}({name}, axis=0, keep_dims=True)"
+        total = _reduce_text(em, m.node.op, name, m.node.dtype, 0)
         w.line(f"tl.store({em.out_refs[m.name]} + pid * COLS + xc, {total}, mask=cmask)")
     extents = [f"ROWS = {int(kernel.rows)}", f"COLS = {int(kernel.cols)}"]
     header = (f"# kernel {kernel.name}: mix (raw Triton), {kernel.rows} x {kernel.cols}, block {cfg.block_rows} x "
