@@ -271,6 +271,29 @@ def test_effect_without_other_work():
     assert seen == [1.0]
 
 
+def test_dynamic_program_with_effects_is_not_run_for_timing(rng):
+    """A shape-generic program's multi-kernel dispatcher times its variants on a
+    GPU by running them: a program with effects would print many times a call.
+    It takes the nearest hint instead (the GPU branch, forced on the CPU)."""
+    from pallaskit.runtime import multikernel
+
+    seen = []
+
+    def fn(x, w):
+        jax.debug.callback(lambda v: seen.append(float(v)), x[0, 0])
+        return jnp.tanh(x * 2.0 + w)
+
+    pallaskit.config.update(multi_kernel_hints="64,4096", dynamic_launch="off", dynamic_buckets=False)
+    f = pallaskit.jit(fn, dynamic={"x": {0: "n"}})
+    x, w = jnp.asarray(rng.standard_normal((70, 4)), jnp.float32), jnp.asarray(rng.standard_normal(4), jnp.float32)
+    d = f.lower_to_result(x[:5], w).executable
+    assert isinstance(d, multikernel.Dispatcher) and len(d.variants) == 2
+    d.interpret = False
+    _same(f(x, w), jax.jit(fn)(x, w))
+    jax.effects_barrier()
+    assert seen == [float(x[0, 0])] * 2 and d.methods == {(70,): "nearest_hint"}  # ours and jax.jit's
+
+
 # --------------------------------------------------------------------------- #
 # 4. Complex numbers
 # --------------------------------------------------------------------------- #

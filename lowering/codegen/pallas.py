@@ -1031,7 +1031,9 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Rend
                     else:
                         args.append(x)
                 lhs = f"{', '.join(step.outputs)}, = " if step.outputs else ""  # an effect may return nothing
-                w.line(f"{lhs}EXTERNS[{len(externs)}]({', '.join(args)})  # {step.primitive.name}")
+                # "# effect:" marks a program that must run once per call (multikernel.Dispatcher reads it).
+                note = f"effect: {step.primitive.name}" if step.effectful else step.primitive.name
+                w.line(f"{lhs}EXTERNS[{len(externs)}]({', '.join(args)})  # {note}")
                 externs.append((step.primitive, step.params))
         outs = []
         for o in graph.outputs:

@@ -106,6 +106,9 @@ class Dispatcher:
         self.n_leaves = n_leaves
         self.variants = variants
         self.interpret = interpret
+        # A program with effects (a debug print, a callback) runs once per call: its
+        # variants are not run for timing. The renderer marks such externs "# effect:".
+        self.effectful = any("# effect: " in v.source for v in variants)
         self.chosen: dict = {}  # shape key -> variant index
         self.eager = None  # EagerProgram serving keys with no compiled variant yet ([Note: eager launches])
         self.eager_constants: list = []
@@ -236,7 +239,7 @@ class Dispatcher:
                 index = self._read().get(self._key_text(key))
                 method = "disk"
             if index is None:
-                if self.interpret or traced or self.bucketed:
+                if self.interpret or traced or self.bucketed or self.effectful:
                     index, method = nearest(self.variants, dict(zip(self.symbols, key))), "nearest_hint"
                 else:
                     timings = self._time(leaves)
