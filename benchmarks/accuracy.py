@@ -95,6 +95,8 @@ def functions() -> list[Fn]:
         Fn("cbrt", lax.cbrt, ref=np.cbrt),
         Fn("erf", lax.erf, ref=sp.erf), Fn("erfc", lax.erfc, ref=sp.erfc), Fn("erf_inv", lax.erf_inv, ref=sp.erfinv),
         ipow(2), ipow(3), ipow(-1), ipow(-2), ipow(7),
+        # division is exact in IEEE arithmetic, but Triton's f32 `/` on a GPU is div.full (2 ulp)
+        Fn("div", lax.div, arity=2, ref=np.divide), Fn("reciprocal", lambda x: 1.0 / x, ref=lambda x: 1.0 / x),
         Fn("pow", lax.pow, arity=2, ref=np.power), Fn("atan2", lax.atan2, arity=2, ref=np.arctan2),
         # composites (several primitives; jax's formulas, pallaskit's ops)
         Fn("log_ndtr", jsp.log_ndtr, ref=sp.log_ndtr, composite=True),

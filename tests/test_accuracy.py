@@ -34,9 +34,12 @@ F32, BF16 = "float32", "bfloat16"
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 # name -> (fn, {(dtype, path): max ULP against jax.jit}). A missing (dtype, path)
-# is not run on that path. Bounds: the sweep's figure on this grid and device
-# with a margin; every one is far below what `1 - erf(x)` for erfc gives
-# (~1e9 ULP at x = 3.9 in float32, ~1e4 in bfloat16).
+# is not run on that path. Bounds: the sweep's figure on the CPU (interpret mode)
+# with a margin; every one is far below what `1 - erf(x)` for erfc gave
+# (~1e9 ULP at x = 3.9 in float32, ~1e4 in bfloat16). On a GPU kernels compile
+# for real, where Triton's math (libdevice, approximate exp and division) is
+# not XLA's: there every bound is at least GPU_FLOOR until the GPU sweep's
+# figures replace it.
 _EXACT = {(F32, "pallas"): 2, (BF16, "pallas"): 2}  # XLA's own op, in another fusion
 FUNCTIONS = {
     "exp": (lax.exp, {**_EXACT, (F32, "triton"): 4, (BF16, "triton"): 2}),
@@ -56,15 +59,22 @@ FUNCTIONS = {
     "atan": (lax.atan, _EXACT),
     "asinh": (lax.asinh, _EXACT),
     "cbrt": (lax.cbrt, _EXACT),
-    "erf": (lax.erf, {(F32, "pallas"): 8, (BF16, "pallas"): 2, (F32, "triton"): 8, (BF16, "triton"): 2}),
-    "erfc": (lax.erfc, {(F32, "pallas"): 2, (BF16, "pallas"): 2, (F32, "triton"): 8, (BF16, "triton"): 2}),
+    # erf and erfc are XLA's formulas in both renderers; Triton's interpreter does not fuse
+    # multiply-adds into FMAs as XLA does, which moves a few ULP
+    "erf": (lax.erf, {**_EXACT, (F32, "triton"): 8, (BF16, "triton"): 2}),
+    "erfc": (lax.erfc, {**_EXACT, (F32, "triton"): 8, (BF16, "triton"): 2}),
     "erf_inv": (lax.erf_inv, _EXACT),
     # not on the Triton path: where x*x is subnormal XLA flushes it (1/x^2 = inf), Triton's interpreter does not
     "integer_pow_m2": (lambda x: lax.integer_pow(x, -2), _EXACT),
-    "log_ndtr": (jsp.log_ndtr, {(F32, "pallas"): 8, (F32, "triton"): 96}),
-    "norm.logsf": (jst.norm.logsf, {(F32, "pallas"): 8, (F32, "triton"): 96}),
-    "norm.logcdf": (jst.norm.logcdf, {(F32, "pallas"): 8, (F32, "triton"): 96}),
+    # log(1 - erfc(x)/2) for x in (0, 5]: a 1-ULP change of erfc moves it ~65 ULP (jax's formula)
+    "log_ndtr": (jsp.log_ndtr, {(F32, "pallas"): 2, (F32, "triton"): 96}),
+    "norm.logsf": (jst.norm.logsf, {(F32, "pallas"): 2, (F32, "triton"): 96}),
+    "norm.logcdf": (jst.norm.logcdf, {(F32, "pallas"): 2, (F32, "triton"): 96}),
 }
+
+
+GPU_FLOOR = 64
+GPU = jax.default_backend() != "cpu"
 
 
 def _grid(dtype):
@@ -101,6 +111,7 @@ def test_ulp_bounds(dtype, path):
         ulps, mismatch = accuracy.compare(np.asarray(g), np.asarray(w))
         ulps, mismatch = np.where(subnormal, 0, ulps), mismatch & ~subnormal
         bound = FUNCTIONS[name][1][(dtype, path)]
+        bound = max(bound, GPU_FLOOR) if GPU else bound
         i = int(np.argmax(ulps))
         if ulps[i] > bound:
             failures.append(f"{name}: {ulps[i]} ULP > {bound} at x={x_np[i]} (got {g[i]}, jax.jit {w[i]})")
@@ -133,4 +144,4 @@ def test_tails(name, path):
     (got,) = _run([fn], x, path)
     want = jax.jit(fn)(x)
     assert np.all(np.isfinite(np.asarray(got))), f"{name}({xs}) = {got}"
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-6, atol=0)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4 if GPU else 2e-6, atol=0)

@@ -75,18 +75,18 @@ _ROUNDING_SENSITIVE = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "floor", "c
 HELPERS = {
     "_erf": '''
 def _erf(x):
-    """erf by the rational approximation XLA uses for float32 (|err| < 2 ulp);
-    x * (p / q), not (x * p) / q, which flushes to 0 for |x| < ~1e-36."""
-    xf = jnp.clip(x.astype(jnp.float32), -4.0, 4.0)
+    """erf as XLA computes float32 erf (Eigen's rational approximation, |err| < 2
+    ulp): x P(x^2) / Q(x^2) with Q(0) = 1, so no product flushes for tiny x; ±1 from
+    |x| = 3.8325, where erf rounds to 1."""
+    xf = x.astype(jnp.float32)
     x2 = xf * xf
-    p = x2 * -2.72614225801306e-10 + 2.77068142495902e-08
-    for c in (-2.10102402082508e-06, -5.69250639462346e-05, -7.34990630326855e-04,
-              -2.95459980854025e-03, -1.60960333262415e-02):
+    p = x2 * 2.2905065861350646e-04 + 3.4082910107109506e-03
+    for c in (5.0955695062380861e-02, 1.8520832239976145e-01, 1.128379143519084):
         p = p * x2 + c
-    q = x2 * -1.45660718464996e-05 + -2.13374055278905e-04
-    for c in (-1.68282697438203e-03, -7.37332916720468e-03, -1.42647390514189e-02):
+    q = x2 * -1.1791602954361697e-07 + 2.3547966471313185e-05
+    for c in (1.0179625278914885e-03, 1.4070470171167667e-02, 1.1098505178285362e-01, 4.9746925110067538e-01, 1.0):
         q = q * x2 + c
-    return (xf * (p / q)).astype(x.dtype)
+    return jnp.where(lax.abs(xf) >= 3.832506856900711, lax.sign(xf), xf * p / q).astype(x.dtype)
 ''',
     "_erfc": '''
 def _erfc(x):

@@ -54,7 +54,7 @@ OPS = {
     "square": "({0} * {0})", "abs": "tl.abs({0})",
     "exp": "tl.exp({0})", "exp2": "tl.exp2({0})", "log": "tl.log({0})", "tanh": "_tanh({0})",
     "logistic": "tl.sigmoid({0})", "sqrt": "tl.sqrt_rn({0})", "rsqrt": "(1.0 / tl.sqrt_rn({0}))",
-    "erf": "tl.erf({0})", "erfc": "_erfc({0})", "sin": "tl.sin({0})", "cos": "tl.cos({0})",
+    "erf": "_erf({0})", "erfc": "_erfc({0})", "sin": "tl.sin({0})", "cos": "tl.cos({0})",
     "floor": "tl.floor({0})", "ceil": "tl.ceil({0})",
     "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
     "gt": "({0} > {1})", "ge": "({0} >= {1})",
@@ -81,6 +81,24 @@ def _tanh(x):
     t = tl.exp(-2.0 * a)
     r = (1.0 - t) / (1.0 + t)
     return tl.where(a < 0.4, series, tl.where(x < 0, -r, r))
+''',
+    "_erf": '''
+@triton.jit
+def _erf(x):
+    """erf as XLA computes it for float32, as the Pallas renderer's _erf
+    (tl.erf is libdevice's on a GPU, and Python's math.erf in the interpreter)."""
+    x2 = x * x
+    p = x2 * 2.2905065861350646e-04 + 3.4082910107109506e-03
+    p = p * x2 + 5.0955695062380861e-02
+    p = p * x2 + 1.8520832239976145e-01
+    p = p * x2 + 1.128379143519084
+    q = x2 * -1.1791602954361697e-07 + 2.3547966471313185e-05
+    q = q * x2 + 1.0179625278914885e-03
+    q = q * x2 + 1.4070470171167667e-02
+    q = q * x2 + 1.1098505178285362e-01
+    q = q * x2 + 4.9746925110067538e-01
+    q = q * x2 + 1.0
+    return tl.where(tl.abs(x) >= 3.832506856900711, tl.where(x < 0, -1.0, 1.0), x * p / q)
 ''',
     "_erfc": '''
 @triton.jit
