@@ -93,7 +93,11 @@ def accuracy_markdown(runs) -> str:
              "Triton's interpreter does not); an intermediate that XLA flushes and Triton's interpreter keeps",
              "still shows (`integer_pow_m2`: 1 / x² is inf in XLA where x² is subnormal). bfloat16 composites",
              "run in float32 inside a kernel (`allow_excess_precision`) where jax.jit rounds every step to",
-             "bfloat16, so they may differ by many bfloat16 ULPs, toward the truth (`logit`, `gelu_tanh`).", ""]
+             "bfloat16, so they may differ by many bfloat16 ULPs, toward the truth (`logit`, `gelu_tanh`).",
+             "Where `jit vs f64` is itself huge the formula is jax's or XLA's (`log_ndtr` on (0, 5] takes the",
+             "log of a value near 1; `gelu_tanh`'s 1 + tanh cancels); `gelu_erf`'s Triton figure is an output",
+             "at the smallest normal whose product XLA flushes to 0. `ndtri`: `error` is pallaskit raising",
+             "under `dynamic=` (its scan runs through XLA inside a symbolic program), not an accuracy figure.", ""]
     for run in runs:
         what = f"{run['platform']}, {run['device']}, jax {run['jax']}" + (
             f", triton {run['triton']}" if run.get("triton") else "")
