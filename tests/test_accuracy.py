@@ -145,3 +145,18 @@ def test_tails(name, path):
     want = jax.jit(fn)(x)
     assert np.all(np.isfinite(np.asarray(got))), f"{name}({xs}) = {got}"
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4 if GPU else 2e-6, atol=0)
+
+
+def test_sweep_smoke(tmp_path, capsys):
+    """benchmarks/accuracy.py end to end on a small grid: the JSON, the table, re-rendering it."""
+    pytest.importorskip("triton")
+    accuracy.main(["--functions", "erfc,atan2", "--dtypes", "float32", "--points", "512", "--output", str(tmp_path)])
+    run = __import__("json").loads((tmp_path / "accuracy.json").read_text())
+    row = run["results"]["float32"]["erfc"]
+    assert row["pallas"]["max_ulp"] <= (GPU_FLOOR if GPU else 2) and row["pallas"]["nonfinite_mismatch"] == 0
+    assert row["triton"]["max_ulp"] <= (GPU_FLOOR if GPU else 8)
+    assert run["results"]["float32"]["atan2"]["triton"] == {"xla": True}  # not in the Triton renderer's table
+    out = capsys.readouterr().out
+    assert "| `erfc` | " in out
+    accuracy.main(["--tables", str(tmp_path / "accuracy.json")])
+    assert capsys.readouterr().out == out
