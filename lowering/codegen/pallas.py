@@ -75,21 +75,47 @@ _ROUNDING_SENSITIVE = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "floor", "c
 HELPERS = {
     "_erf": '''
 def _erf(x):
-    """erf by the rational approximation XLA uses for float32 (|err| < 2 ulp)."""
-    xf = jnp.clip(x.astype(jnp.float32), -4.0, 4.0)
+    """erf as XLA computes float32 erf (Eigen's rational approximation, |err| < 2
+    ulp): x P(x^2) / Q(x^2) with Q(0) = 1, so no product flushes for tiny x; ±1 from
+    |x| = 3.8325, where erf rounds to 1."""
+    xf = x.astype(jnp.float32)
     x2 = xf * xf
-    p = x2 * -2.72614225801306e-10 + 2.77068142495902e-08
-    for c in (-2.10102402082508e-06, -5.69250639462346e-05, -7.34990630326855e-04,
-              -2.95459980854025e-03, -1.60960333262415e-02):
+    p = x2 * 2.2905065861350646e-04 + 3.4082910107109506e-03
+    for c in (5.0955695062380861e-02, 1.8520832239976145e-01, 1.128379143519084):
         p = p * x2 + c
-    q = x2 * -1.45660718464996e-05 + -2.13374055278905e-04
-    for c in (-1.68282697438203e-03, -7.37332916720468e-03, -1.42647390514189e-02):
+    q = x2 * -1.1791602954361697e-07 + 2.3547966471313185e-05
+    for c in (1.0179625278914885e-03, 1.4070470171167667e-02, 1.1098505178285362e-01, 4.9746925110067538e-01, 1.0):
         q = q * x2 + c
-    return (xf * p / q).astype(x.dtype)
+    return jnp.where(lax.abs(xf) >= 3.832506856900711, lax.sign(xf), xf * p / q).astype(x.dtype)
 ''',
     "_erfc": '''
 def _erfc(x):
-    return (1.0 - _erf(x.astype(jnp.float32))).astype(x.dtype)
+    """erfc as XLA expands it for float32 (CHLO's erfc, Cephes' polynomials):
+    1 - x T(x^2) for |x| < 1; else exp(-x^2) / |x| times a polynomial in 1/x^2
+    (P below 2, R above), 0 once exp(-x^2) underflows, 2 minus that for x < 0.
+    Not 1 - erf(x), which is 0 from x ~ 3.9 where erfc is still ~1e-8."""
+    xf = x.astype(jnp.float32)
+    ax = lax.abs(xf)
+    x2 = xf * xf
+    t = x2 * 7.853861353153693e-05 + -8.010193625184903e-04
+    for c in (5.188327685732524e-03, -2.685381193529856e-02, 1.128358514861418e-01,
+              -3.761262582423300e-01, 1.128379165726710e+00):
+        t = t * x2 + c
+    small = 1.0 - xf * t
+    r = 1.0 / x2
+    p = r * 2.326819970068386e-02 + -1.387039388740657e-01
+    for c in (3.687424674597105e-01, -5.824733027278666e-01, 6.210004621745983e-01, -4.944515323274145e-01,
+              3.404879937665872e-01, -2.741127028184656e-01, 5.638259427386472e-01):
+        p = p * r + c
+    q = r * -1.047766399936249e+01 + 1.297719955372516e+01
+    for c in (-7.495518717768503e+00, 2.921019019210786e+00, -1.015265279202700e+00, 4.218463358204948e-01,
+              -2.820767439740514e-01, 5.641895067754075e-01):
+        q = q * r + c
+    z = -x2
+    big = lax.exp(z) * (1.0 / ax) * jnp.where(ax < 2.0, p, q)
+    big = jnp.where(z < -88.72283905206835, 0.0, big)
+    big = jnp.where(xf < 0.0, 2.0 - big, big)
+    return jnp.where(ax < 1.0, small, big).astype(x.dtype)
 ''',
     "_erf_inv": '''
 def _erf_inv(x):
@@ -110,7 +136,7 @@ def _round(x, method):
     return (lax.sign(xf) * r).astype(x.dtype)
 ''',
 }
-_HELPER_DEPS = {"_erfc": ("_erf",)}
+_HELPER_DEPS = {}
 
 _PRELUDE = '''\
 import jax

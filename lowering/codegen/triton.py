@@ -54,7 +54,7 @@ OPS = {
     "square": "({0} * {0})", "abs": "tl.abs({0})",
     "exp": "tl.exp({0})", "exp2": "tl.exp2({0})", "log": "tl.log({0})", "tanh": "_tanh({0})",
     "logistic": "tl.sigmoid({0})", "sqrt": "tl.sqrt_rn({0})", "rsqrt": "(1.0 / tl.sqrt_rn({0}))",
-    "erf": "tl.erf({0})", "erfc": "(1.0 - tl.erf({0}))", "sin": "tl.sin({0})", "cos": "tl.cos({0})",
+    "erf": "_erf({0})", "erfc": "_erfc({0})", "sin": "tl.sin({0})", "cos": "tl.cos({0})",
     "floor": "tl.floor({0})", "ceil": "tl.ceil({0})",
     "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
     "gt": "({0} > {1})", "ge": "({0} >= {1})",
@@ -65,14 +65,76 @@ HELPERS = {
     "_tanh": '''
 @triton.jit
 def _tanh(x):
-    """tanh in float32: its odd series near 0 (no cancellation), else
-    (1 - e^-2|x|) / (1 + e^-2|x|) with the sign of x."""
+    """tanh in float32: its odd Taylor series up to x^15 below |x| = 0.4 (no
+    cancellation; the first term left out is < 1e-10 relative there), else
+    (1 - e^-2|x|) / (1 + e^-2|x|) with the sign of x (e^-2|x| < 0.45, so
+    1 - e^-2|x| loses under a bit)."""
     a = tl.abs(x)
     x2 = x * x
-    series = x * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 + x2 * (-17.0 / 315.0))))
+    p = x2 * (-929569.0 / 638512875.0) + 21844.0 / 6081075.0
+    p = p * x2 + -1382.0 / 155925.0
+    p = p * x2 + 62.0 / 2835.0
+    p = p * x2 + -17.0 / 315.0
+    p = p * x2 + 2.0 / 15.0
+    p = p * x2 + -1.0 / 3.0
+    series = x + x * (x2 * p)
     t = tl.exp(-2.0 * a)
     r = (1.0 - t) / (1.0 + t)
-    return tl.where(a < 0.0625, series, tl.where(x < 0, -r, r))
+    return tl.where(a < 0.4, series, tl.where(x < 0, -r, r))
+''',
+    "_erf": '''
+@triton.jit
+def _erf(x):
+    """erf as XLA computes it for float32, as the Pallas renderer's _erf
+    (tl.erf is libdevice's on a GPU, and Python's math.erf in the interpreter)."""
+    x2 = x * x
+    p = x2 * 2.2905065861350646e-04 + 3.4082910107109506e-03
+    p = p * x2 + 5.0955695062380861e-02
+    p = p * x2 + 1.8520832239976145e-01
+    p = p * x2 + 1.128379143519084
+    q = x2 * -1.1791602954361697e-07 + 2.3547966471313185e-05
+    q = q * x2 + 1.0179625278914885e-03
+    q = q * x2 + 1.4070470171167667e-02
+    q = q * x2 + 1.1098505178285362e-01
+    q = q * x2 + 4.9746925110067538e-01
+    q = q * x2 + 1.0
+    return tl.where(tl.abs(x) >= 3.832506856900711, tl.where(x < 0, -1.0, 1.0), x * p / q)
+''',
+    "_erfc": '''
+@triton.jit
+def _erfc(x):
+    """erfc as XLA expands it for float32, as the Pallas renderer's _erfc
+    (codegen/pallas.py says how); not 1 - erf(x), which is 0 from x ~ 3.9."""
+    ax = tl.abs(x)
+    x2 = x * x
+    t = x2 * 7.853861353153693e-05 + -8.010193625184903e-04
+    t = t * x2 + 5.188327685732524e-03
+    t = t * x2 + -2.685381193529856e-02
+    t = t * x2 + 1.128358514861418e-01
+    t = t * x2 + -3.761262582423300e-01
+    t = t * x2 + 1.128379165726710e+00
+    small = 1.0 - x * t
+    r = 1.0 / x2
+    p = r * 2.326819970068386e-02 + -1.387039388740657e-01
+    p = p * r + 3.687424674597105e-01
+    p = p * r + -5.824733027278666e-01
+    p = p * r + 6.210004621745983e-01
+    p = p * r + -4.944515323274145e-01
+    p = p * r + 3.404879937665872e-01
+    p = p * r + -2.741127028184656e-01
+    p = p * r + 5.638259427386472e-01
+    q = r * -1.047766399936249e+01 + 1.297719955372516e+01
+    q = q * r + -7.495518717768503e+00
+    q = q * r + 2.921019019210786e+00
+    q = q * r + -1.015265279202700e+00
+    q = q * r + 4.218463358204948e-01
+    q = q * r + -2.820767439740514e-01
+    q = q * r + 5.641895067754075e-01
+    z = -x2
+    big = tl.exp(z) * (1.0 / ax) * tl.where(ax < 2.0, p, q)
+    big = tl.where(z < -88.72283905206835, 0.0, big)
+    big = tl.where(x < 0.0, 2.0 - big, big)
+    return tl.where(ax < 1.0, small, big)
 ''',
 }
 
