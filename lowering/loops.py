@@ -22,9 +22,13 @@ their outer names and are read by closure. Nested loops nest the same way.
 The whole loop stays in XLA (a plain ``Extern``) where compiling it cannot
 help or cannot be right: effects inside (their order is XLA's to keep),
 operands a kernel cannot hold, and bodies that came out without a single
-kernel. A loop over symbolic sizes makes the signature compile per size
-(``SymbolicUnsupported``): its bodies' jaxprs hold the symbols, which an XLA
-call inside a per-size trace cannot take either.
+kernel. Symbolic sizes ([Note: symbolic dims]): a body's kernels take a dims
+array of their own, built in the body function from the enclosing function's
+size ints (a program with a loop is never run on size buckets: the loop is an
+XLA call on dynamic-sized values). Where such a loop cannot compile (a dynamic
+scan length, effects, no kernel) it raises ``SymbolicUnsupported`` rather than
+become an extern: its jaxprs hold the symbols, which an XLA call traced at
+concrete sizes cannot take; the signature then compiles per size.
 """
 from __future__ import annotations
 
@@ -84,16 +88,21 @@ def lower_loop(ctx, eqn, invals, fallbacks):
     or as a plain extern where compiling its bodies brings no kernel; None when
     the loop itself must run through XLA (the caller logs it)."""
     kind = eqn.primitive.name
-    if symbolic.eqn_symbolic(eqn):
-        # The body jaxprs hold the symbols too, which XLA cannot run as they
-        # are (not even as an extern): the signature compiles per size.
-        raise symbolic.SymbolicUnsupported(f"{kind} with a dynamic size runs through XLA only per size")
-    if eqn.effects:
+    dynamic = symbolic.eqn_symbolic(eqn)
+
+    def in_xla(why):
+        if dynamic:  # its jaxprs hold the symbols, which an XLA call cannot take: compile per size
+            raise symbolic.SymbolicUnsupported(f"{kind} with a dynamic size runs through XLA ({why})")
         return None
+
+    if eqn.effects:
+        return in_xla("effects inside")
     from lowering.lower import _is_plain
 
-    if not all(_is_plain(v.aval) for v in list(eqn.invars) + list(eqn.outvars)):
-        return None
+    if not all(_is_plain(symbolic.aval_view(v.aval)) for v in list(eqn.invars) + list(eqn.outvars)):
+        return in_xla("an operand a kernel cannot hold")
+    if kind == "scan" and symbolic.is_jax_dim(eqn.params["length"]):
+        return in_xla("a dynamic length")
     label = ctx.new_name(kind)
     body_fallbacks: list[str] = []
     n_inputs = len(ctx.inputs)
@@ -123,11 +132,14 @@ def lower_loop(ctx, eqn, invals, fallbacks):
     except NotImplementedError as e:  # a body the lowering cannot take as a program of its own
         log.debug("pallaskit: %s runs through XLA (%s)", kind, e)
         _drop_hoisted(ctx, n_inputs)
-        return None
+        if isinstance(e, symbolic.SymbolicUnsupported):
+            raise
+        return in_xla(str(e))
     if not any(b.schedule.kernels for b in bodies):
         # Nothing to launch inside: the loop as XLA wrote it; what ran through
         # XLA is what the body held, logged by its own names.
         _drop_hoisted(ctx, n_inputs)
+        in_xla("no kernel in its bodies")
         fallbacks.extend(f for f in body_fallbacks if f not in fallbacks)
         return ctx.extern(eqn, invals)
     fallbacks.extend(f for f in body_fallbacks if f not in fallbacks)
@@ -135,7 +147,7 @@ def lower_loop(ctx, eqn, invals, fallbacks):
     for b in bodies:
         closure += [c for c in b.closure if c not in closure and c not in invals]
     names = [ctx.new_name() for _ in eqn.outvars]
-    out_avals = tuple(v.aval for v in eqn.outvars)
+    out_avals = tuple(symbolic.aval_view(v.aval) for v in eqn.outvars)
     node = Loop(names[0], tuple(out_avals[0].shape), np.dtype(out_avals[0].dtype), (ctx.current_eqn,),
                 primitive=eqn.primitive, params=dict(eqn.params), inputs=tuple(invals) + tuple(closure),
                 outputs=tuple(names), out_avals=out_avals, label=label, bodies=tuple(bodies),
@@ -235,11 +247,16 @@ def write_loop(w, loop: Loop, write_steps, value):
     kind = loop.primitive.name
     w.line(f"# {loop.label}: {loop.origin[0] if loop.origin else kind}  ({loop.params_text})")
 
+    from lowering.codegen.pallas import program_dims
+
     def body(b: Body, signature: list[str], unpack: list[tuple[list, str]], ret: str):
         w.line(f"def {b.name}({', '.join(signature)}):")
         with w.indent():
             for names, source in unpack:
                 _unpack(w, names, source)
+            dims = program_dims(b.schedule)
+            if dims:  # the body's kernels read its own dims array; the sizes are the enclosing ints
+                w.line(f"dims = jnp.asarray([{', '.join(dims)}], jnp.int32)")
             write_steps(w, b.schedule)
             w.line(f"return {ret}")
 

@@ -262,14 +262,26 @@ def test_effects_inside_a_body_keep_the_loop_in_xla(rng, capfd):
     assert "scan" in e.fallbacks and not e.kernels
 
 
-def test_dynamic_sizes_fall_back_cleanly(rng):
-    """A loop over a dynamic size compiles per size (its body jaxpr holds the symbol)."""
+def test_dynamic_sizes(rng):
+    """A loop over a dynamic batch compiles shape-generic, its body's kernels
+    reading the sizes at run time; a scan over a dynamic length compiles per
+    size (its length is a loop bound XLA needs as a number)."""
     def f(c, xs):
         return jax.lax.scan(lambda c, x: (jnp.tanh(c + x), c * x), c, xs)
 
-    g = pallaskit.jit(f, dynamic={"c": {0: "n"}, "xs": {1: "n"}})
-    for n in (3, 6):
-        c, xs = _normal(rng, (n, 4), jnp.float32), _normal(rng, (T, n, 4), jnp.float32)
-        for a, b in zip(jax.tree_util.tree_leaves(g(c, xs)), jax.tree_util.tree_leaves(jax.jit(f)(c, xs))):
-            assert_close(a, b)
-    assert pallaskit.metrics.counters["dynamic_fallbacks"] == 1
+    def g(c, n):
+        return jax.lax.while_loop(lambda c: c[1] < n, lambda c: (jnp.sin(c[0]) * 1.5, c[1] + 1), (c, 0))
+
+    for fn, spec, make, fallbacks in [
+            (f, {"c": {0: "n"}, "xs": {1: "n"}}, lambda n: (_normal(rng, (n, 4), jnp.float32),
+                                                           _normal(rng, (T, n, 4), jnp.float32)), 0),
+            (g, {"c": {1: "n"}}, lambda n: (_normal(rng, (2, n), jnp.float32), jnp.int32(3)), 0),
+            (f, {"xs": {0: "t"}}, lambda t: (_normal(rng, (3, 4), jnp.float32),
+                                            _normal(rng, (t, 3, 4), jnp.float32)), 1)]:
+        pallaskit.metrics.reset()
+        pf = pallaskit.jit(fn, dynamic=spec)
+        for n in (3, 6):
+            args = make(n)
+            for a, b in zip(jax.tree_util.tree_leaves(pf(*args)), jax.tree_util.tree_leaves(jax.jit(fn)(*args))):
+                assert_close(a, b)
+        assert pallaskit.metrics.counters["dynamic_fallbacks"] == fallbacks
