@@ -129,11 +129,13 @@ def lower_loop(ctx, eqn, invals, fallbacks):
             params_text = f"branches={len(bodies)}"
         else:
             return None
-    except NotImplementedError as e:  # a body the lowering cannot take as a program of its own
-        log.debug("pallaskit: %s runs through XLA (%s)", kind, e)
+    except symbolic.SymbolicUnsupported:
         _drop_hoisted(ctx, n_inputs)
-        if isinstance(e, symbolic.SymbolicUnsupported):
-            raise
+        raise
+    except Exception as e:  # noqa: BLE001  (a body pallaskit cannot compile: the loop ran through XLA before)
+        _drop_hoisted(ctx, n_inputs)
+        level = logging.DEBUG if isinstance(e, NotImplementedError) else logging.WARNING
+        log.log(level, "pallaskit: %s runs through XLA (its body: %s: %s)", kind, type(e).__name__, e)
         return in_xla(str(e))
     if not any(b.schedule.kernels for b in bodies):
         # Nothing to launch inside: the loop as XLA wrote it; what ran through

@@ -285,3 +285,19 @@ def test_dynamic_sizes(rng):
             for a, b in zip(jax.tree_util.tree_leaves(pf(*args)), jax.tree_util.tree_leaves(jax.jit(fn)(*args))):
                 assert_close(a, b)
         assert pallaskit.metrics.counters["dynamic_fallbacks"] == fallbacks
+
+
+def test_a_body_that_fails_to_compile_leaves_the_loop_to_xla(rng, monkeypatch, caplog):
+    from lowering import loops
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a compiler bug")
+
+    monkeypatch.setattr(loops, "_body", broken)
+
+    def f(c, xs):
+        return jax.lax.scan(lambda c, x: (jnp.tanh(c + x), c * x), c, xs)
+
+    e = _check(f, _normal(rng, (3, 4), jnp.float32), _normal(rng, (T, 3, 4), jnp.float32))
+    assert "scan" in e.fallbacks and not e.kernels
+    assert any("a compiler bug" in r.message for r in caplog.records)
