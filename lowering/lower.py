@@ -11,7 +11,7 @@ import numpy as np
 import sympy
 from jax.extend import core as jex_core
 
-from lowering import ir, sizes, symbolic, trace
+from lowering import ir, loops, sizes, symbolic, trace
 from lowering.options import CompileOptions
 from lowering.rules import RULES, PreferXLA
 
@@ -236,6 +236,10 @@ def _const_input(ctx, c):
 
 def _lower_eqn(ctx, eqn, invals, fallbacks):
     ctx.current_eqn = trace.equation_text(eqn, ctx.var_names)
+    if eqn.primitive.name in loops.KINDS:  # bodies compiled as programs of their own ([Note: loop bodies])
+        outs = loops.lower_loop(ctx, eqn, invals, fallbacks)
+        if outs is not None:
+            return outs
     rule = RULES.get(eqn.primitive.name)
     # Symbolic dims: rules see sympy sizes ([Note: symbolic dims]); externs get the equation itself.
     view = symbolic.EqnView(eqn) if symbolic.eqn_symbolic(eqn) else eqn

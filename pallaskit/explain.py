@@ -13,6 +13,7 @@ class KernelInfo:
     equations: list[str]
     kind: str
     iteration: tuple[int, int]  # (rows, columns) of the kernel's iteration space
+    scope: str = ""  # the loop body function that launches it (e.g. scan3_body); '' for the program itself
 
 
 @dataclasses.dataclass
@@ -28,7 +29,9 @@ class Explanation:
         lines = [f"{len(self.kernels)} kernel(s), {len(self.fallbacks)} XLA fallback primitive(s)"
                  + (f": {', '.join(self.fallbacks)}" if self.fallbacks else "")]
         for k in self.kernels:
-            lines.append(f"- {k.name} ({k.kind}, {k.iteration[0]} x {k.iteration[1]}) from {len(k.equations)} equation(s):")
+            where = f" in {k.scope}" if k.scope else ""
+            lines.append(f"- {k.name} ({k.kind}, {k.iteration[0]} x {k.iteration[1]}){where} "
+                         f"from {len(k.equations)} equation(s):")
             lines += [f"    {e}" for e in k.equations]
         lines += ["", "schedule:", self.ir_after]
         return "\n".join(lines)
@@ -45,8 +48,11 @@ def explain(fn, *args, **kwargs) -> Explanation:
 
 def _describe(entry) -> Explanation:
     r = entry.result
-    sched = {k.name: k for k in r.schedule.kernels}
-    kernels = [KernelInfo(k.name, k.source, k.equations, sched[k.name].kind, (sched[k.name].rows, sched[k.name].cols))
+    from lowering.loops import scheduled_kernels
+
+    sched = {k.name: k for k, _, _ in scheduled_kernels(r.schedule)}  # loop bodies' kernels too
+    kernels = [KernelInfo(k.name, k.source, k.equations, sched[k.name].kind, (sched[k.name].rows, sched[k.name].cols),
+                          getattr(k, "scope", ""))
                for k in r.program.kernels]
     return Explanation(kernels, list(r.fallbacks), str(entry.jaxpr), r.ir_before, r.ir_after, r.program.source)
 

@@ -162,6 +162,7 @@ class RenderedKernel:
     dims: list = dataclasses.field(default_factory=list)  # dim symbols the launcher takes
     guards: list = dataclasses.field(default_factory=list)  # what this kernel assumes of them
     triton: bool = False  # raw Triton run inside the XLA program (``_render_triton_mix``), not a pallas_call
+    scope: str = ""  # the loop body function launching it ('' : the wrapper ``call``)
 
 
 @dataclasses.dataclass
@@ -998,11 +999,14 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Rend
     kernels, helpers = [], set()
     from lowering.codegen.matmul import render_matmul  # it builds on this module's emitter
 
+    from lowering import loops
+
     guards = []
     triton_helpers = set()
-    for k in schedule.kernels:
-        triton_mix = k.kind == "mix" and options.triton_mix_kernels and _render_triton_mix(k, schedule, options)
-        rk, hs = triton_mix or (render_matmul if k.kind == "matmul" else render_kernel)(k, schedule, options)
+    for k, ks, scope in loops.scheduled_kernels(schedule):  # loop bodies' kernels too ([Note: loop bodies])
+        triton_mix = k.kind == "mix" and options.triton_mix_kernels and _render_triton_mix(k, ks, options)
+        rk, hs = triton_mix or (render_matmul if k.kind == "matmul" else render_kernel)(k, ks, options)
+        rk.scope = scope
         (triton_helpers if rk.triton else helpers).update(hs)
         kernels.append(rk)
         guards += [g for g in getattr(rk, "guards", ()) if g not in guards]
@@ -1040,33 +1044,8 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Rend
             w.line("if dims is None:")
             w.line(f"    dims = jnp.asarray([{', '.join(dims)}], jnp.int32)")
         launched = {rk.name: rk for rk in kernels}
-        for step in schedule.steps:
-            if isinstance(step, Kernel):
-                outs = [f"{m.name}" for m in step.members if m.store]
-                kw = [f"{d}={d}" for d in getattr(launched[step.name], "dims", ())]
-                reads = (["dims"] if kw else []) + list(step.reads)
-                w.line(f"{', '.join(outs)}, = {step.name}({', '.join(reads + kw)})")
-                for m in step.members:
-                    if m.store:
-                        w.line(f"{m.name} = {m.name}.reshape({_shape_source(m.node.shape)})")
-            else:
-                args = []
-                for x in step.inputs:
-                    if isinstance(x, ir.Const):
-                        args.append(f"jnp.asarray({const_source(x.value, x.dtype)}, {dtype_source(x.dtype)})")
-                    else:
-                        args.append(x)
-                lhs = f"{', '.join(step.outputs)}, = " if step.outputs else ""  # an effect may return nothing
-                # "# effect:" marks a program that must run once per call (multikernel.Dispatcher reads it).
-                note = f"effect: {step.primitive.name}" if step.effectful else step.primitive.name
-                w.line(f"{lhs}EXTERNS[{len(externs)}]({', '.join(args)})  # {note}")
-                externs.append((step.primitive, step.params))
-        outs = []
-        for o in graph.outputs:
-            if isinstance(o, ir.Const):
-                outs.append(f"jnp.asarray({const_source(o.value, o.dtype)}, {dtype_source(o.dtype)})")
-            else:
-                outs.append(o)
+        _write_steps(w, schedule, launched, externs)
+        outs = [_value_source(o) for o in graph.outputs]
         w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     program = RenderedProgram(w.source(), kernels, externs, list(graph.inputs), list(graph.outputs), dims, guards)
     if dims:
@@ -1075,6 +1054,39 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Rend
                                  for o in graph.outputs]
         program.unbucketable = _unbucketable(schedule)
     return program
+
+
+def _value_source(x) -> str:
+    """A value in the wrapper: a buffer's name, or a literal as a 0-d array."""
+    if isinstance(x, ir.Const):
+        return f"jnp.asarray({const_source(x.value, x.dtype)}, {dtype_source(x.dtype)})"
+    return x
+
+
+def _write_steps(w: SourceWriter, schedule: Schedule, launched: dict, externs: list) -> None:
+    """The wrapper's statements: each step's kernel launch or extern call, in
+    order; a loop's nested body functions and its ``lax`` call ([Note: loop
+    bodies] in lowering/loops.py), whose bodies are written by this function."""
+    from lowering import loops
+
+    for step in schedule.steps:
+        if isinstance(step, Kernel):
+            outs = [f"{m.name}" for m in step.members if m.store]
+            kw = [f"{d}={d}" for d in getattr(launched[step.name], "dims", ())]
+            reads = (["dims"] if kw else []) + list(step.reads)
+            w.line(f"{', '.join(outs)}, = {step.name}({', '.join(reads + kw)})")
+            for m in step.members:
+                if m.store:
+                    w.line(f"{m.name} = {m.name}.reshape({_shape_source(m.node.shape)})")
+        elif isinstance(step, loops.Loop):
+            loops.write_loop(w, step, lambda w, s: _write_steps(w, s, launched, externs), _value_source)
+        else:
+            args = [_value_source(x) for x in step.inputs]
+            lhs = f"{', '.join(step.outputs)}, = " if step.outputs else ""  # an effect may return nothing
+            # "# effect:" marks a program that must run once per call (multikernel.Dispatcher reads it).
+            note = f"effect: {step.primitive.name}" if step.effectful else step.primitive.name
+            w.line(f"{lhs}EXTERNS[{len(externs)}]({', '.join(args)})  # {note}")
+            externs.append((step.primitive, step.params))
 
 
 def _render_triton_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions):

@@ -1,0 +1,303 @@
+"""Loop and branch bodies compiled by pallaskit ([Note: loop bodies] in
+lowering/loops.py): ``lax.scan``, ``while_loop`` / ``fori_loop`` and
+``cond`` / ``switch`` bodies become programs of their own whose kernels run
+inside XLA's loop, each checked against jax.jit."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallaskit
+from conftest import assert_close
+
+B, H, T, I = 4, 24, 5, 7
+
+
+def _check(fn, *args, tol_dtype=None):
+    """``tol_dtype``: a program with 16-bit float inputs rounds at other points
+    than XLA (allow_excess_precision), so its float32 results get that dtype's tolerance."""
+    out = pallaskit.jit(fn)(*args)
+    ref = jax.jit(fn)(*args)
+    assert jax.tree_util.tree_structure(out) == jax.tree_util.tree_structure(ref)
+    for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(ref)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        float_ = jnp.issubdtype(b.dtype, jnp.floating)
+        assert_close(a, b, tol_dtype if tol_dtype is not None and float_ else b.dtype)
+    return pallaskit.explain(fn, *args)
+
+
+def _body_kernels(e, prefix):
+    return [k for k in e.kernels if k.scope.startswith(prefix)]
+
+
+def _normal(rng, shape, dtype, scale=1.0):
+    return jnp.asarray(rng.standard_normal(shape) * scale, dtype)
+
+
+def lstm(params, h0, c0, xs):
+    wx, wh, b = params
+
+    def cell(carry, x):
+        h, c = carry
+        z = (x @ wx + h @ wh).astype(jnp.float32) + b
+        i, f, g, o = jnp.split(z, 4, axis=-1)
+        c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+        h = (jax.nn.sigmoid(o) * jnp.tanh(c)).astype(h.dtype)
+        return (h, c), h
+
+    return jax.lax.scan(cell, (h0, c0), xs)
+
+
+def gru(params, h0, xs):
+    """flax.linen.GRUCell's math: r, z gates, n with r applied to h's projection."""
+    wx, wh, bx, bh = params
+
+    def cell(h, x):
+        gx = (x @ wx).astype(jnp.float32) + bx
+        gh = (h @ wh).astype(jnp.float32) + bh
+        xr, xz, xn = jnp.split(gx, 3, axis=-1)
+        hr, hz, hn = jnp.split(gh, 3, axis=-1)
+        r = jax.nn.sigmoid(xr + hr)
+        z = jax.nn.sigmoid(xz + hz)
+        n = jnp.tanh(xn + r * hn)
+        h = ((1.0 - z) * n + z * h.astype(jnp.float32)).astype(h.dtype)
+        return h, h
+
+    return jax.lax.scan(cell, h0, xs)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_lstm_cell_under_scan_gates_fuse(rng, dtype):
+    params = (_normal(rng, (I, 4 * H), dtype, 0.3), _normal(rng, (H, 4 * H), dtype, 0.3),
+              _normal(rng, (4 * H,), jnp.float32, 0.1))
+    h0, c0 = _normal(rng, (B, H), dtype), _normal(rng, (B, H), jnp.float32)
+    xs = _normal(rng, (T, B, I), dtype)
+    e = _check(lstm, params, h0, c0, xs, tol_dtype=dtype)
+    assert "scan" not in e.fallbacks
+    body = _body_kernels(e, "scan")
+    gates = [k for k in body if k.kind != "matmul"]  # 16-bit dots may take the matmul template
+    assert 1 <= len(gates) <= 2 and len(body) == len(e.kernels)
+    assert any("logistic" in eq for k in body for eq in k.equations)
+    assert any("tanh" in eq for k in body for eq in k.equations)
+    assert "lax.scan(" in e.source and "def scan" in e.source
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32])  # bfloat16: the LSTM test (the template's dots are slow to interpret)
+def test_gru_cell_under_scan_gates_fuse(rng, dtype):
+    params = (_normal(rng, (I, 3 * H), dtype, 0.3), _normal(rng, (H, 3 * H), dtype, 0.3),
+              _normal(rng, (3 * H,), jnp.float32, 0.1), _normal(rng, (3 * H,), jnp.float32, 0.1))
+    h0, xs = _normal(rng, (B, H), dtype), _normal(rng, (T, B, I), dtype)
+    e = _check(gru, params, h0, xs, tol_dtype=dtype)
+    body = _body_kernels(e, "scan")
+    assert 1 <= len([k for k in body if k.kind != "matmul"]) <= 2 and len(body) == len(e.kernels)
+
+
+def test_explain_lists_the_body_kernels_nested(rng):
+    xs = _normal(rng, (T, 3, 5), jnp.float32)
+    e = pallaskit.explain(lambda c, xs: jax.lax.scan(lambda c, x: (c * 0.5 + jnp.sin(x), jnp.exp(c)), c, xs),
+                          jnp.zeros((3, 5)), xs)
+    assert e.fallbacks == []
+    text = str(e)
+    assert " in scan" in text and "_body(" in text  # the kernel's scope, the body in the schedule
+    assert all(k.name.startswith(k.scope) for k in e.kernels)
+
+
+def test_scan_carries_and_xs_of_several_dtypes_and_special_values(rng):
+    def f(c, xs):
+        def step(carry, x):
+            a, (n, flag, h) = carry
+            xf, xi = x
+            a = a * 0.5 + xf  # NaN / inf flow through the carry
+            n = n + xi
+            flag = jnp.logical_xor(flag, xi > 0)
+            h = (h.astype(jnp.float32) * 0.9 + jnp.abs(xf)).astype(jnp.bfloat16)
+            return (a, (n, flag, h)), {"y": jnp.where(flag, a, -a), "n2": n * 2}
+        return jax.lax.scan(step, c, xs)
+
+    a = _normal(rng, (3, 6), jnp.float32)
+    a = a.at[0, 0].set(jnp.nan).at[1, 1].set(jnp.inf).at[2, 2].set(-0.0).at[0, 5].set(-jnp.inf)
+    carry = (a, (jnp.asarray(rng.integers(-9, 9, (3, 6)), jnp.int32), jnp.asarray(rng.random((3, 6)) < 0.5),
+                 _normal(rng, (3, 6), jnp.bfloat16)))
+    xs = (_normal(rng, (T, 3, 6), jnp.float32), jnp.asarray(rng.integers(-5, 5, (T, 3, 6)), jnp.int32))
+    e = _check(f, carry, xs)
+    assert _body_kernels(e, "scan")
+
+
+@pytest.mark.parametrize("reverse,unroll", [(False, 2), (True, 1), (True, 3)])  # 3: 5 steps leave a remainder
+def test_scan_reverse_and_unroll(rng, reverse, unroll):
+    def f(c, xs):
+        return jax.lax.scan(lambda c, x: (jnp.tanh(c + x), c * x), c, xs, reverse=reverse, unroll=unroll)
+
+    e = _check(f, _normal(rng, (5, 3), jnp.float32), _normal(rng, (T, 5, 3), jnp.float32))
+    assert _body_kernels(e, "scan")
+
+
+def test_scan_length_without_xs(rng):
+    def f(c):
+        return jax.lax.scan(lambda c, _: (c * 1.5 - 0.25, jnp.sum(c, axis=-1)), c, None, length=4)
+
+    e = _check(f, _normal(rng, (2, 9), jnp.float32))
+    assert _body_kernels(e, "scan")
+
+
+def test_scan_with_a_literal_carry_and_a_constant_output(rng):
+    def f(xs):
+        return jax.lax.scan(lambda c, x: (c + jnp.sum(x), (jnp.float32(2.0), x * c)), 0.0, xs)
+
+    _check(f, _normal(rng, (T, 1, 4), jnp.float32))
+
+
+def test_grad_through_scan(rng):
+    """jax.grad of a pallaskit function: the forward scan (residuals as ys) and
+    its transpose (a reverse scan) compile their bodies; so does the whole step
+    compiled as one graph."""
+    def loss(w, c, xs):
+        def step(c, x):
+            c = jnp.tanh(c * w + x)
+            return c, jnp.sin(c)
+        c, ys = jax.lax.scan(step, c, xs)
+        return jnp.sum(ys * ys) + jnp.sum(c)
+
+    args = (_normal(rng, (3, 8), jnp.float32), _normal(rng, (3, 8), jnp.float32), _normal(rng, (T, 3, 8), jnp.float32))
+    got = jax.grad(pallaskit.jit(loss), argnums=(0, 1, 2))(*args)
+    want = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*args)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-5)
+    e = pallaskit.explain(jax.value_and_grad(loss), *args)
+    assert e.fallbacks == []
+    assert len({k.scope for k in e.kernels if k.scope.startswith("scan")}) == 2  # forward and transposed bodies
+    assert "reverse=True" in e.source
+
+
+def test_nested_scan_and_cond_inside_scan(rng):
+    def f(c, xs):
+        def outer(c, x):
+            c, ys = jax.lax.scan(lambda d, xr: (d * 0.9 + xr, jnp.cos(d)), c, x)
+            c = jax.lax.cond(jnp.sum(c) > 0, lambda c: c - 1.0, lambda c: jnp.exp(-c * c), c)
+            return c, ys
+        return jax.lax.scan(outer, c, xs)
+
+    e = _check(f, _normal(rng, (6,), jnp.float32), _normal(rng, (3, 4, 6), jnp.float32))
+    scopes = {k.scope for k in e.kernels}
+    assert any("_body" in s for s in scopes) and any("_branch" in s for s in scopes)
+    assert len({s.split("_")[0] for s in scopes}) >= 3  # outer scan, inner scan, cond
+
+
+@pytest.mark.parametrize("static", [True, False])
+def test_fori_loop_static_and_dynamic_trip_count(rng, static):
+    def f(x, n):
+        stop = 4 if static else n
+        return jax.lax.fori_loop(0, stop, lambda i, c: jnp.sin(c) * 1.1 + i.astype(jnp.float32), x)
+
+    e = _check(f, _normal(rng, (3, 7), jnp.float32), jnp.int32(4))
+    assert _body_kernels(e, "scan" if static else "while")
+    assert e.fallbacks == []
+
+
+def test_while_loop_with_a_data_dependent_condition(rng):
+    def f(x, limit):
+        def cond(c):
+            x, k = c
+            return jnp.logical_and(jnp.max(jnp.abs(x)) < limit, k < 50)
+
+        def body(c):
+            x, k = c
+            return x * 1.7 + 0.1, k + 1
+
+        return jax.lax.while_loop(cond, body, (x, jnp.int32(0)))
+
+    e = _check(f, _normal(rng, (5, 3), jnp.float32), jnp.float32(40.0))
+    assert _body_kernels(e, "while")
+    assert "lax.while_loop(" in e.source
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int32, jnp.bool_])
+def test_cond_with_operands_of_several_dtypes(rng, dtype):
+    def f(p, x, y):
+        def yes(x, y):
+            return (x & y, x | y) if dtype == jnp.bool_ else (x * y + x, jnp.maximum(x, y))
+
+        def no(x, y):
+            return (x ^ y, ~x) if dtype == jnp.bool_ else (x - y, jnp.abs(y))
+        return jax.lax.cond(p, yes, no, x, y)
+
+    if dtype == jnp.bool_:
+        x, y = jnp.asarray(rng.random((4, 5)) < 0.5), jnp.asarray(rng.random((4, 5)) < 0.5)
+    elif dtype == jnp.int32:
+        x, y = (jnp.asarray(rng.integers(-50, 50, (4, 5)), dtype) for _ in range(2))
+    else:
+        x, y = _normal(rng, (4, 5), dtype), _normal(rng, (4, 5), dtype)
+    for p in (True, False):
+        e = _check(f, jnp.asarray(p), x, y)
+    assert _body_kernels(e, "cond")
+
+
+def test_switch_with_three_branches(rng):
+    def f(i, x):
+        return jax.lax.switch(i, [lambda x: jnp.sin(x), lambda x: x * x - 1.0, lambda x: jnp.exp(-x)], x)
+
+    x = _normal(rng, (3, 1, 5), jnp.float32)
+    for i in (-1, 0, 1, 2, 7):  # out of range clamps, as lax.switch does
+        e = _check(f, jnp.int32(i), x)
+    assert len({k.scope for k in e.kernels if k.scope}) == 3
+
+
+def test_body_keeps_what_it_cannot_compile_as_externs(rng):
+    def f(c, xs):
+        return jax.lax.scan(lambda c, x: (jnp.sort(c + x, axis=-1) * 2.0, jnp.cumsum(x, axis=0)), c, xs)
+
+    e = _check(f, _normal(rng, (3, 8), jnp.float32), _normal(rng, (T, 3, 8), jnp.float32))
+    assert _body_kernels(e, "scan") and "sort" in e.fallbacks and "scan" not in e.fallbacks
+
+
+def test_effects_inside_a_body_keep_the_loop_in_xla(rng, capfd):
+    def f(c, xs):
+        def step(c, x):
+            jax.debug.print("step {}", jnp.sum(x))
+            return c + x, c * 2.0
+        return jax.lax.scan(step, c, xs)
+
+    xs = jnp.asarray(np.arange(3 * 2, dtype=np.float32).reshape(3, 2))
+    e = _check(f, jnp.zeros(2), xs)
+    assert "scan" in e.fallbacks and not e.kernels
+
+
+def test_dynamic_sizes(rng):
+    """A loop over a dynamic batch compiles shape-generic, its body's kernels
+    reading the sizes at run time; a scan over a dynamic length compiles per
+    size (its length is a loop bound XLA needs as a number)."""
+    def f(c, xs):
+        return jax.lax.scan(lambda c, x: (jnp.tanh(c + x), c * x), c, xs)
+
+    def g(c, n):
+        return jax.lax.while_loop(lambda c: c[1] < n, lambda c: (jnp.sin(c[0]) * 1.5, c[1] + 1), (c, 0))
+
+    for fn, spec, make, fallbacks in [
+            (f, {"c": {0: "n"}, "xs": {1: "n"}}, lambda n: (_normal(rng, (n, 4), jnp.float32),
+                                                           _normal(rng, (T, n, 4), jnp.float32)), 0),
+            (g, {"c": {1: "n"}}, lambda n: (_normal(rng, (2, n), jnp.float32), jnp.int32(3)), 0),
+            (f, {"xs": {0: "t"}}, lambda t: (_normal(rng, (3, 4), jnp.float32),
+                                            _normal(rng, (t, 3, 4), jnp.float32)), 1)]:
+        pallaskit.metrics.reset()
+        pf = pallaskit.jit(fn, dynamic=spec)
+        for n in (3, 6):
+            args = make(n)
+            for a, b in zip(jax.tree_util.tree_leaves(pf(*args)), jax.tree_util.tree_leaves(jax.jit(fn)(*args))):
+                assert_close(a, b)
+        assert pallaskit.metrics.counters["dynamic_fallbacks"] == fallbacks
+
+
+def test_a_body_that_fails_to_compile_leaves_the_loop_to_xla(rng, monkeypatch, caplog):
+    from lowering import loops
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a compiler bug")
+
+    monkeypatch.setattr(loops, "_body", broken)
+
+    def f(c, xs):
+        return jax.lax.scan(lambda c, x: (jnp.tanh(c + x), c * x), c, xs)
+
+    e = _check(f, _normal(rng, (3, 4), jnp.float32), _normal(rng, (T, 3, 4), jnp.float32))
+    assert "scan" in e.fallbacks and not e.kernels
+    assert any("a compiler bug" in r.message for r in caplog.records)
