@@ -43,6 +43,7 @@ def _parse(argv):
     p.add_argument("--platform", choices=("cpu", "gpu"), default="cpu")
     p.add_argument("--round-examples", type=int, default=150, help="programs per hypothesis round")
     p.add_argument("--max-ops", type=int, default=8)
+    p.add_argument("--shrink-seconds", type=float, default=150.0, help="time spent shrinking one round's failures")
     p.add_argument("--exclude-known", action="store_true",
                    help="leave out the generator features of known bug classes (programs.KNOWN_FEATURES)")
     p.add_argument("--no-long-rows", action="store_true", help="no rows longer than one tile")
@@ -150,7 +151,8 @@ def _hypothesis_round(programs, judge, record, found, exclude, args, seed, deadl
     from hypothesis import seed as hseed
 
     classes: dict = {}
-    shrinking = []  # non-empty once this round raised: later runs are hypothesis's shrinking
+    shrinking = []  # [time of this round's first failure]: later runs are hypothesis's shrinking
+    failing = set()  # snippets of the programs that failed (replayed at the end)
 
     def failure_class(signature):
         # One exception type per signature: hypothesis shrinks each distinct one on its own.
@@ -164,11 +166,13 @@ def _hypothesis_round(programs, judge, record, found, exclude, args, seed, deadl
               phases=(Phase.generate, Phase.shrink))
     @given(programs.programs(exclude, args.max_ops, not args.no_long_rows))
     def round_test(program):
-        if time.time() >= deadline + 300:  # past the end, only shrinking finishes (bounded)
-            return
+        if shrinking and time.time() - shrinking[0] > args.shrink_seconds and program.snippet() not in failing:
+            return  # shrinking past its budget: only known failures (hypothesis's final replay) still fail
         v = judge(program, shrinking=bool(shrinking))
         if v.status in ("crash", "mismatch") and v.signature not in found:
-            shrinking.append(v.signature)
+            failing.add(program.snippet())
+            if not shrinking:
+                shrinking.append(time.time())
             exc = failure_class(v.signature)(f"{v.signature}: {v.detail}")
             exc.program, exc.verdict = program, v
             raise exc
