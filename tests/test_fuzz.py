@@ -9,14 +9,14 @@ Two tests: one with a fixed seed, one with a seed derived from the current git
 commit (each commit fuzzes a different corner, and a CI run is reproducible
 from its commit; the fixed seed when git is not available). Rerun a seed:
 
-    PALLASKIT_FUZZ_SEED=<seed> python -m pytest tests/test_fuzz.py -k rotating
+    FUZZ_SEED=<seed> python -m pytest tests/test_fuzz.py -k rotating
 
 (the seed is printed in the failure's message). Longer runs:
 ``python -m benchmarks.fuzz --minutes 60 --output DIR``.
 
 Known bug classes being fixed on other branches are left out of the generated
 programs (``EXCLUDED``, generator features named in
-``programs.KNOWN_FEATURES``); ``PALLASKIT_FUZZ_KNOWN=1`` puts them back. Empty
+``programs.KNOWN_FEATURES``); ``FUZZ_KNOWN=1`` puts them back. Empty
 ``EXCLUDED`` once those fixes are merged.
 """
 from __future__ import annotations
@@ -31,16 +31,16 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from benchmarks.fuzz import oracle, programs
 
 FIXED_SEED = 20261125
-EXAMPLES = int(os.environ.get("PALLASKIT_FUZZ_EXAMPLES", "70"))  # per test: ~1 min on one CPU core
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "70"))  # per test: ~1 min on one CPU core
 # Generator features of bug classes fixed on other branches (the `correct` and
 # `accuracy` helpers); remove each once its fix is merged.
-EXCLUDED = frozenset() if os.environ.get("PALLASKIT_FUZZ_KNOWN") == "1" else frozenset(
+EXCLUDED = frozenset() if os.environ.get("FUZZ_KNOWN") == "1" else frozenset(
     {"multi_reduce", "special_tails", "looped_argmax"})
 
 
 def _commit_seed() -> int:
-    if "PALLASKIT_FUZZ_SEED" in os.environ:
-        return int(os.environ["PALLASKIT_FUZZ_SEED"])
+    if "FUZZ_SEED" in os.environ:
+        return int(os.environ["FUZZ_SEED"])
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
                               cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
@@ -62,7 +62,7 @@ def _check(program, which_seed, test):
         _shrinking.setdefault(test, [time.time(), set()])[1].add(program.snippet())
         raise AssertionError(
             f"{verdict.status}: {verdict.detail}\n(seed {which_seed}; generator features: "
-            f"{sorted(program.features) or 'none'}; rerun with PALLASKIT_FUZZ_SEED={which_seed} "
+            f"{sorted(program.features) or 'none'}; rerun with FUZZ_SEED={which_seed} "
             f"python -m pytest tests/test_fuzz.py -k rotating)\n\nThe program, as a runnable script:\n\n"
             + program.snippet(f"{verdict.signature}\n{verdict.detail}"))
 

@@ -14,10 +14,12 @@ each under both jits (``oracle.py``), and writes to DIR:
   signature its count and file, the seed, platform, versions.
 
 Rounds of ``--round-examples`` programs run under hypothesis with seeds S,
-S+1, ...; a new signature makes hypothesis stop generating and shrink it
-(bounded by its own shrink limits), a signature already written is counted
-and passed over. Without hypothesis installed (``--no-hypothesis`` or the
-import fails) programs are drawn from ``random.Random`` and not shrunk.
+S+1, ...: by default hypothesis rounds (a new signature makes hypothesis
+stop generating and shrink it, for at most ``--shrink-seconds``) alternate
+with rounds of plain random programs (more varied; a failure is shrunk
+greedily: outputs, options and special values dropped while it still fails).
+A signature already written is counted and passed over. Without hypothesis
+installed (the GPU image) every round is random.
 
 Rerun one failure: ``python DIR/<file>.py`` (from the repository root, with
 ``PYTHONPATH=.``, on the same platform).
@@ -47,7 +49,10 @@ def _parse(argv):
     p.add_argument("--exclude-known", action="store_true",
                    help="leave out the generator features of known bug classes (programs.KNOWN_FEATURES)")
     p.add_argument("--no-long-rows", action="store_true", help="no rows longer than one tile")
-    p.add_argument("--no-hypothesis", action="store_true", help="plain random programs, no shrinking")
+    p.add_argument("--mode", choices=("mixed", "hypothesis", "random"), default="mixed",
+                   help="rounds under hypothesis (shrinks well, explores narrowly), plain random programs (greedy "
+                        "shrinking), or alternating")
+    p.add_argument("--no-hypothesis", action="store_true", help="same as --mode random")
     return p.parse_args(argv)
 
 
@@ -114,21 +119,22 @@ def main(argv=None):
         with open(os.path.join(args.output, "summary.json"), "w") as f:
             json.dump(summary, f, indent=1, default=str)
 
-    use_hypothesis = not args.no_hypothesis
+    use_hypothesis = not args.no_hypothesis and args.mode != "random"
     if use_hypothesis:
         try:
             import hypothesis  # noqa: F401
         except ImportError:
-            print("[fuzz] hypothesis is not installed: random programs, no shrinking", flush=True)
+            print("[fuzz] hypothesis is not installed: random programs, greedy shrinking", flush=True)
             use_hypothesis = False
 
     round_ = 0
     while time.time() < deadline:
         seed = args.seed + round_
         round_ += 1
-        if use_hypothesis:
+        if use_hypothesis and (args.mode == "hypothesis" or (args.mode == "mixed" and round_ % 2 == 0)):
             _hypothesis_round(programs, judge, record, found, exclude, args, seed, deadline)
-        else:
+        if not use_hypothesis or args.mode == "random" or (args.mode == "mixed" and round_ % 2 == 1):
+            # Plain random programs: more varied than hypothesis's mutations; shrunk greedily.
             rng = random.Random(seed)
             for _ in range(args.round_examples):
                 if time.time() >= deadline:
@@ -136,7 +142,10 @@ def main(argv=None):
                 program = programs.random_program(rng, exclude, args.max_ops, not args.no_long_rows)
                 v = judge(program)
                 if v.status in ("crash", "mismatch") and v.signature not in found:
-                    record(program, v)
+                    small = programs.shrink(program, lambda c: judge(c, shrinking=True).signature == v.signature,
+                                            args.shrink_seconds)
+                    again = oracle.run(small)
+                    record(small, again if again.signature == v.signature else v)
         write_summary()
         print(f"[fuzz] round {round_} (seed {seed}): {dict(stats)}; {len(found)} distinct failures; "
               f"{(deadline - time.time()) / 60:.1f} min left", flush=True)

@@ -113,8 +113,11 @@ def reference(program):
     """The program in float64 on the CPU (None if it does not run there)."""
     import jax
 
+    enable_x64 = getattr(jax, "enable_x64", None)
+    if enable_x64 is None:  # older spellings
+        from jax.experimental import enable_x64
     try:
-        with jax.enable_x64(True):
+        with enable_x64(True):
             cpu = jax.devices("cpu")[0]
             args = [jax.device_put(a, cpu) for a in program.make_args(float64=True)]
             out = jax.jit(program.function(float64=True))(*args)

@@ -355,12 +355,12 @@ class Builder:
         self.values.append(v)
         return v
 
-    def pick(self, pred=lambda v: True, recent=True):
+    def pick(self, pred=lambda v: True):
         cands = [v for v in self.values if pred(v)]
         if not cands:
             return None
-        # Favour recent values (deep chains): index 0, the newest, is what shrinking reaches.
-        cands = cands[::-1] if recent else cands
+        # Index 0 (the oldest: an input) is what shrinking reaches, so ops that a failure
+        # does not need become dead code and leave the printed program.
         return cands[self.draw(integers(0, len(cands) - 1))]
 
 
@@ -577,7 +577,10 @@ def op_reduce(b: Builder, v=None, axis=None, taken=()):
         if not b.allowed("looped_argmax"):
             return None
         b.features.add("looped_argmax")
-    return b.emit(_reduce_code(name, fn, v.name, axis, keep), [v], shape, dtype, exact, name)
+    code = _reduce_code(name, fn, v.name, axis, keep)
+    if dtype == "int32" and v.dtype in ("bool", "int8", "uint8") and name not in ("argmax", "argmin"):
+        code = code[:-1] + ", dtype=I32)"  # jnp sums uint8 as uint32: keep to the tracked dtype
+    return b.emit(code, [v], shape, dtype, exact, name)
 
 
 def op_multi_reduce(b: Builder):
@@ -763,3 +766,40 @@ def build(draw, exclude=frozenset(), max_ops=8, long_rows=True):
         if v in b.force_out or draw(integers(0, 2)) == 2:
             outs.append(v)
     return Program(b.inputs, b.lines, [v.name for v in outs], [v.exact for v in outs], options, b.features)
+
+
+def shrink(program, fails, budget_s=120.0):
+    """Greedy shrinking of a program drawn without hypothesis: drop outputs, options and special
+    values while ``fails(candidate)`` holds (dead code then leaves the source)."""
+    import copy
+    import time
+
+    deadline = time.time() + budget_s
+    best = program
+
+    def attempt(candidate):
+        nonlocal best
+        if time.time() < deadline and fails(candidate):
+            best = candidate
+            return True
+        return False
+
+    changed = True
+    while changed and time.time() < deadline:
+        changed = False
+        for k in range(len(best.outputs)):
+            if len(best.outputs) > 1 and k < len(best.outputs):
+                c = copy.deepcopy(best)
+                del c.outputs[k], c.exact[k]
+                changed |= attempt(c)
+        for key in list(best.options):
+            c = copy.deepcopy(best)
+            del c.options[key]
+            changed |= attempt(c)
+        for i, inp in enumerate(best.inputs):
+            for field, plain in (("special", 0.0), ("scale", 1.0), ("seed", 0)):
+                if getattr(inp, field) != plain:
+                    c = copy.deepcopy(best)
+                    setattr(c.inputs[i], field, plain)
+                    changed |= attempt(c)
+    return best
