@@ -569,14 +569,12 @@ def op_reduce(b: Builder, v=None, axis=None, taken=()):
     if prev and name not in prev:
         b.features.add("multi_reduce")
     prev.add(name)
-    if name in ("argmax", "argmin") and v.shape and v.shape[-1] > 16 and b.options.get("max_persistent_cols", 8192) < 8192:
-        if not b.allowed("looped_argmax"):
-            return None
-        b.features.add("looped_argmax")
-    if name in ("argmax", "argmin") and v.shape and max(v.shape) > 8192:
-        if not b.allowed("looped_argmax"):
-            return None
-        b.features.add("looped_argmax")
+    if name in ("argmax", "argmin"):
+        extent = numel(v.shape) if axis is None else v.shape[axis]
+        if 1 << (extent - 1).bit_length() > b.options.get("max_persistent_cols", 8192):  # a looped reduction
+            if not b.allowed("looped_argmax"):
+                return None
+            b.features.add("looped_argmax")
     code = _reduce_code(name, fn, v.name, axis, keep)
     if dtype == "int32" and v.dtype in ("bool", "int8", "uint8") and name not in ("argmax", "argmin"):
         code = code[:-1] + ", dtype=I32)"  # jnp sums uint8 as uint32: keep to the tracked dtype
