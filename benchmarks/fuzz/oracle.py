@@ -1,0 +1,160 @@
+"""Run one ``Program`` under ``pallaskit.jit`` and ``jax.jit`` and judge the results.
+
+Verdicts: ``pass``, ``fallback`` (agreed, but some primitive ran through XLA),
+``invalid`` (jax.jit itself rejects the program: not pallaskit's problem),
+``crash`` (pallaskit raised where jax.jit ran) and ``mismatch``.
+
+What counts as agreement:
+- shapes and dtypes equal;
+- integer and bool outputs, and float outputs the generator marks exact, bit
+  for bit (NaN where NaN; +0 and -0 are equal);
+- other float outputs: NaN and +-inf at the same positions, finite values
+  within a per-dtype tolerance (relative to each element and to the output's
+  largest magnitude, which absorbs reduction-order differences). Where that
+  fails the program is rerun in float64 (every float dtype of the source mapped
+  to float64; the reference) and pallaskit passes if its error against the
+  reference is within a few times jax.jit's own (rounding of 16-bit
+  intermediates, cancellation) plus the tolerance. A NaN/inf difference passes
+  only where pallaskit matches the reference's class.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import traceback
+
+import numpy as np
+
+# (rtol, atol relative to the output's largest finite magnitude) per float dtype
+TOL = {"float32": (2e-4, 2e-5), "float16": (4e-3, 2e-3), "bfloat16": (3e-2, 1.6e-2)}
+REF_FACTOR = 8.0  # pallaskit may be this many times further from float64 than jax.jit
+
+
+@dataclasses.dataclass
+class Verdict:
+    status: str  # pass | fallback | invalid | crash | mismatch
+    detail: str = ""
+    signature: str = ""  # dedup key of a failure
+    fallbacks: tuple = ()
+
+
+def _crash_signature(exc: BaseException) -> str:
+    """Exception type and the innermost pallaskit/lowering frame."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if "/lowering/" in f.filename or "/pallaskit/" in f.filename]
+    where = f"{frames[-1].filename.split('/')[-2]}/{frames[-1].filename.split('/')[-1]}:{frames[-1].name}" \
+        if frames else "?"
+    msg = re.sub(r"\d+", "N", (str(exc).splitlines() or [""])[0])[:80]
+    return f"crash:{type(exc).__name__}:{where}:{msg}"
+
+
+def _float_ok(g, w, dtype, r=None):
+    """Element mask of agreement for one float output (w: jax.jit, r: float64 reference or None)."""
+    g64, w64 = g.astype(np.float64), w.astype(np.float64)
+    rtol, atol_rel = TOL[dtype]
+    fin = np.isfinite(w64)
+    scale = np.max(np.abs(w64[fin]), initial=0.0)
+    atol = atol_rel * scale + (1e-30 if dtype == "float32" else 1e-6)
+    same_class = (np.isnan(g64) == np.isnan(w64)) & ((g64 == w64) | ~np.isinf(g64) & ~np.isinf(w64))
+    both_fin = np.isfinite(g64) & fin
+    close = np.ones_like(g64, dtype=bool)
+    close[both_fin] = np.abs(g64[both_fin] - w64[both_fin]) <= atol + rtol * np.abs(w64[both_fin])
+    ok = same_class & close
+    if r is None or ok.all():
+        return ok
+    # The reference rounded to the output dtype: a value past the dtype's range is inf there.
+    with np.errstate(over="ignore", invalid="ignore"):
+        r64 = r.astype(w.dtype).astype(np.float64)
+    # class differences: pallaskit passes where it matches the reference's class, or where
+    # the reference itself is not finite (overflow: which inf, or NaN, depends on the order)
+    r_class = (np.isnan(g64) == np.isnan(r64)) & ((g64 == r64) | ~np.isinf(g64) & ~np.isinf(r64))
+    ok |= ~same_class & r_class & ~np.isfinite(g64)
+    ok |= ~same_class & ~np.isfinite(g64) & ~np.isfinite(r64)
+    ok |= ~same_class & np.isfinite(g64) & np.isfinite(r64) & ~np.isfinite(w64)
+    # value differences: pallaskit's error within REF_FACTOR times jax.jit's (whole-output norms)
+    m = both_fin & np.isfinite(r64) & ~ok
+    if m.any():
+        fin_all = both_fin & np.isfinite(r64)
+        err_g = np.max(np.abs(g64[fin_all] - r64[fin_all]))
+        err_w = np.max(np.abs(w64[fin_all] - r64[fin_all]))
+        rscale = np.max(np.abs(r64[fin_all]), initial=0.0)
+        if err_g <= REF_FACTOR * err_w + atol_rel * rscale + 1e-30:
+            ok |= m
+    return ok
+
+
+def compare(got, want, exact, ref=None):
+    """None when they agree, else a one-line description of the first disagreement."""
+    if len(got) != len(want):
+        return f"{len(got)} outputs, jax.jit gives {len(want)}"
+    for k, (g, w) in enumerate(zip(got, want)):
+        g, w = np.asarray(g), np.asarray(w)
+        if g.shape != w.shape or g.dtype != w.dtype:
+            return f"output {k}: {g.dtype}{list(g.shape)} vs jax.jit {w.dtype}{list(w.shape)}"
+        kind = w.dtype.kind if w.dtype.name != "bfloat16" else "f"
+        if kind in "biu" or exact[k]:
+            if kind == "f":
+                ga, wa = g.astype(np.float64), w.astype(np.float64)
+                ok = (ga == wa) | (np.isnan(ga) & np.isnan(wa))
+            else:
+                ok = g == w
+        else:
+            ok = _float_ok(g, w, w.dtype.name, None if ref is None else np.asarray(ref[k]))
+        if not np.all(ok):
+            bad = np.argwhere(~np.asarray(ok))
+            idx = tuple(int(i) for i in bad[0])
+            return (f"output {k} ({w.dtype}{list(w.shape)}{', exact' if exact[k] else ''}): {len(bad)} of "
+                    f"{w.size} differ; at {idx}: pallaskit {g[idx]!r}, jax.jit {w[idx]!r}"
+                    + (f", float64 {np.asarray(ref[k])[idx]!r}" if ref is not None and kind == "f" else ""))
+    return None
+
+
+def reference(program):
+    """The program in float64 on the CPU (None if it does not run there)."""
+    import jax
+
+    enable_x64 = getattr(jax, "enable_x64", None)
+    if enable_x64 is None:  # older spellings
+        from jax.experimental import enable_x64
+    try:
+        with enable_x64(True):
+            cpu = jax.devices("cpu")[0]
+            args = [jax.device_put(a, cpu) for a in program.make_args(float64=True)]
+            out = jax.jit(program.function(float64=True))(*args)
+            return [np.asarray(o) for o in out]
+    except Exception:  # noqa: BLE001  (a program that only types in 32 bits)
+        return None
+
+
+def run(program) -> Verdict:
+    import jax
+
+    import pallaskit
+
+    args = program.make_args()
+    fn = program.function()
+    try:
+        want = [np.asarray(o) for o in jax.jit(fn)(*args)]
+    except Exception as e:  # noqa: BLE001
+        return Verdict("invalid", f"jax.jit: {type(e).__name__}: {str(e)[:200]}")
+    before = pallaskit.metrics.counters["fallback_count"]
+    logged = set(pallaskit.metrics.logged_fallbacks)
+    try:
+        with pallaskit.config.override(cache=False, log_fallbacks=True, **program.options):
+            got = [np.asarray(o) for o in pallaskit.jit(program.function())(*args)]
+    except Exception as e:  # noqa: BLE001  (a crash where jax.jit runs is a bug)
+        return Verdict("crash", f"{type(e).__name__}: {str(e)[:300]}", _crash_signature(e))
+    fell_back = pallaskit.metrics.counters["fallback_count"] > before
+    fallbacks = tuple(sorted(set(pallaskit.metrics.logged_fallbacks) - logged))
+    msg = compare(got, want, program.exact)
+    if msg is not None and any(np.asarray(w).dtype.kind not in "biu" for w in want):
+        ref = reference(program)
+        if ref is not None:
+            msg = compare(got, want, program.exact, ref)
+    if msg is not None:
+        k = int(msg.split()[1])
+        out_name = program.outputs[k]
+        op = next((line.op for line in program.lines if line.name == out_name), "input")
+        dt = np.asarray(want[k]).dtype.name
+        return Verdict("mismatch", msg, f"mismatch:{op}:{dt}:{'exact' if program.exact[k] else 'float'}")
+    return Verdict("fallback" if fell_back else "pass", fallbacks=fallbacks)
