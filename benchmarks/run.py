@@ -20,10 +20,11 @@ import sys
 from absl import app, flags
 
 from benchmarks.backends import BACKENDS, default_backends
-from benchmarks.workloads import WORKLOADS
+from benchmarks.workloads import FAMILIES, WORKLOADS
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("workloads", ["all"], f"Workloads to run, or 'all'. Valid: {', '.join(WORKLOADS)}")
+flags.DEFINE_list("workloads", ["all"], f"Workloads to run, a family ({', '.join(FAMILIES)}: all its members) or "
+                  f"'all'. Valid: {', '.join(WORKLOADS)}")
 flags.DEFINE_list("backends", ["default"], "Backends, 'default' (all but the slow-to-compile ones) or 'all'. "
                   f"Valid: {', '.join(BACKENDS)}")
 flags.DEFINE_list("dtypes", ["bfloat16"], "Dtypes: bfloat16, float16, float32")
@@ -51,7 +52,9 @@ def config_from_flags(argv):
     """SuiteConfig from the parsed flags; ValueError on an unknown name."""
     from benchmarks import suite
 
-    workloads = suite.resolve(FLAGS.workloads, list(WORKLOADS), "workload")
+    requested = [n for w in FLAGS.workloads
+                 for n in ([v.name for v in WORKLOADS.values() if v.family == w.strip()] or [w])]
+    workloads = suite.resolve(requested, list(WORKLOADS), "workload")
     requested = [n for b in FLAGS.backends for n in (default_backends() if b.strip() == "default" else [b])]
     backends = suite.resolve(requested, list(BACKENDS), "backend")
     dtypes = suite.resolve(FLAGS.dtypes, list(suite.DTYPES), "dtype")
