@@ -1,6 +1,6 @@
 """The ``models`` family: whole training steps and language-model idioms, each
 written once in plain JAX and once in torch (benchmarks/workloads.py explains
-the Workload fields; this module adds its workloads to ``WORKLOADS``).
+the Workload fields and makes ``MODEL_SPECS`` into steady workloads).
 
 Training steps are what a JAX user jits: ``jax.value_and_grad`` of the loss
 and an AdamW update with global-norm clipping, written by hand as optax writes
@@ -39,12 +39,18 @@ import math
 import jax
 import jax.numpy as jnp
 
-from benchmarks.workloads import STEADY, Workload, _normal
 
 FAMILY = "models"
 HEAD_DIM = 64
 # AdamW as in optax.adamw, gradients clipped first as optax.clip_by_global_norm
 LR, B1, B2, EPS, WEIGHT_DECAY, MAX_NORM = 3e-4, 0.9, 0.999, 1e-8, 0.1, 1.0
+
+
+def _normal(key, shape, dtype, shift=0.0, scale=1.0):
+    # benchmarks/workloads.py imports this module to register its workloads: import it late
+    from benchmarks.workloads import _normal as normal
+
+    return normal(key, shape, dtype, shift, scale)
 
 
 # -- parameter lists -----------------------------------------------------------------
@@ -560,8 +566,9 @@ def _resnet_inputs(size, dtype, key):
 
 
 def _adamw_inputs(size, dtype, key):
-    """GPT-2's parameter shapes (size: layers, width, vocab); gradients and a warm optimizer
-    state at count 10, all float32 whatever the row's dtype (the workload has float32 only)."""
+    """GPT-2's parameter shapes (size: layers, width, vocab; the smoke size has no layer, only the
+    final LayerNorm and head); gradients and a warm optimizer state at count 10, all float32 (the
+    workload has float32 only)."""
     layers, d, vocab = size
     spec = gpt2_lm_params(layers, d, vocab)
     k = _split(key, 4)
@@ -617,7 +624,8 @@ def _flops_gpt2_lm(size):
 
 # -- the workloads -----------------------------------------------------------------------
 def _models(**kw):
-    return Workload(kind=STEADY, tags=frozenset({"matmul", FAMILY}), family=FAMILY, **kw)
+    """A workload's fields; benchmarks/workloads.py makes the Workload (steady kind)."""
+    return dict(tags=frozenset({"matmul", FAMILY}), family=FAMILY, **kw)
 
 
 _GPT2_BLOCK_LOSS = _block_loss(gpt2_block, lambda params: gpt2_block_params(params[0].shape[0]))
@@ -634,7 +642,7 @@ _T_RESNET_LOSS = _t_block_loss(_t_resnet_block, lambda params: resnet_block_para
 _XENT = {"full": (8192, 50257), "smoke": (24, 200)}
 _GPT2_SIZES = {"full": (8, 1024, 768), "smoke": (2, 8, 128)}
 
-MODEL_WORKLOADS = [
+MODEL_SPECS = [
     _models(name="gpt2_block_train", jax_fn=train_step(_GPT2_BLOCK_LOSS, 2),
             torch_fn=_t_train_step(_T_GPT2_BLOCK_LOSS, 2), make_inputs=_gpt2_block_inputs, sizes=_GPT2_SIZES,
             description="GPT-2-small block (pre-LN, einsum attention, GELU MLP; B x T x width) training step: "
@@ -652,12 +660,12 @@ MODEL_WORKLOADS = [
                         "12 layers) on embedded tokens, cross-entropy head, training step with clipped AdamW",
             flops=_flops_gpt2_lm, tol=5e-2),
     _models(name="adamw_update", jax_fn=adamw_step(False), torch_fn=_t_adamw_step(False),
-            make_inputs=_adamw_inputs, sizes={"full": (12, 768, 50257), "smoke": (1, 16, 24)},
+            make_inputs=_adamw_inputs, sizes={"full": (12, 768, 50257), "smoke": (0, 16, 24)},
             description="AdamW alone over GPT-2 small's parameter shapes (layers x width x vocab: 183 float32 "
                         "arrays, 124M at full size); floor: read params, grads, mu, nu, write params, mu, nu",
             dtypes=("float32",)),
     _models(name="adamw_clip_update", jax_fn=adamw_step(True), torch_fn=_t_adamw_step(True),
-            make_inputs=_adamw_inputs, sizes={"full": (12, 768, 50257), "smoke": (1, 16, 24)},
+            make_inputs=_adamw_inputs, sizes={"full": (12, 768, 50257), "smoke": (0, 16, 24)},
             description="AdamW with global-norm clipping alone, as adamw_update; the floor counts gradients read "
                         "once (clipping first needs their norm: two reads unless fused across arrays)",
             dtypes=("float32",)),
@@ -695,4 +703,4 @@ def parameter_count(workload_name: str, size) -> tuple[int, int]:
     return len(spec), sum(math.prod(s) for _, s, _ in spec)
 
 
-__all__ = ["MODEL_WORKLOADS", "FAMILY", "parameter_count"]
+__all__ = ["MODEL_SPECS", "FAMILY", "parameter_count"]

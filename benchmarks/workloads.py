@@ -396,10 +396,19 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
 
 # The models family (training steps, language-model idioms) lives in its own module, which
 # builds on the definitions above.
-from benchmarks.models import MODEL_WORKLOADS  # noqa: E402
+from benchmarks.models import MODEL_SPECS  # noqa: E402
 
-WORKLOADS.update((w.name, w) for w in MODEL_WORKLOADS)
+WORKLOADS.update((spec["name"], Workload(kind=STEADY, **spec)) for spec in MODEL_SPECS)
 FAMILIES = tuple(dict.fromkeys(w.family for w in WORKLOADS.values()))
+
+
+def family_members(names) -> list[str]:
+    """The names as given, each family name replaced by its members."""
+    out = []
+    for name in names:
+        name = name.strip()
+        out += [w.name for w in WORKLOADS.values() if w.family == name] or [name]
+    return out
 
 
 # [Note: warm process]
