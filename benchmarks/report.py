@@ -434,12 +434,13 @@ def write_all(results: dict, output: str, results_md: str | None = None, plots_d
 def merge(parts: list[dict]) -> dict:
     """Several runs (e.g. a GPU session split in two calls) as one: the first run's
     metadata, every row (a later run's rows replace an earlier run's for the same
-    workload), every note, the commands joined."""
+    workload, dtype and backend, so runs split by backend merge too), every note, the
+    commands joined."""
     meta = dict(parts[0]["meta"])
     rows, notes = [], []
     for part in parts:
-        redone = {r["workload"] for r in part["rows"]}
-        rows = [r for r in rows if r["workload"] not in redone] + part["rows"]
+        redone = {(r["workload"], r["dtype"], r["backend"]) for r in part["rows"]}
+        rows = [r for r in rows if (r["workload"], r["dtype"], r["backend"]) not in redone] + part["rows"]
         notes += [n for n in part["notes"] if n not in notes]
     if len(parts) > 1:
         meta["command"] = "`; `".join(p["meta"]["command"] for p in parts)

@@ -2,7 +2,8 @@
 torch.compile, in one process, on the same inputs (see benchmarks/suite.py).
 
     python -m benchmarks.run --smoke               # tiny sizes, CPU, interpret mode, well under a minute
-    python -m benchmarks.run                       # everything at full size (on the GPU)
+    python -m benchmarks.run                       # the kernels family at full size (on the GPU)
+    python -m benchmarks.run --flagfile=benchmarks/experiments/models.flags   # training steps, LM idioms
     python -m benchmarks.run --flagfile=benchmarks/experiments/norms.flags
     python -m benchmarks.run --workloads=softmax,rmsnorm_bwd --backends=pallaskit,xla --dtypes=bfloat16,float32
     python -m benchmarks.run --sizes=full,softmax=4096x4096 --repeats=30
@@ -20,10 +21,11 @@ import sys
 from absl import app, flags
 
 from benchmarks.backends import BACKENDS, default_backends
-from benchmarks.workloads import WORKLOADS
+from benchmarks.workloads import FAMILIES, WORKLOADS, family_members
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("workloads", ["all"], f"Workloads to run, or 'all'. Valid: {', '.join(WORKLOADS)}")
+flags.DEFINE_list("workloads", ["kernels"], f"Workloads to run, a family ({', '.join(FAMILIES)}: all its members; "
+                  f"the default is the kernels) or 'all'. Valid: {', '.join(WORKLOADS)}")
 flags.DEFINE_list("backends", ["default"], "Backends, 'default' (all but the slow-to-compile ones) or 'all'. "
                   f"Valid: {', '.join(BACKENDS)}")
 flags.DEFINE_list("dtypes", ["bfloat16"], "Dtypes: bfloat16, float16, float32")
@@ -51,7 +53,7 @@ def config_from_flags(argv):
     """SuiteConfig from the parsed flags; ValueError on an unknown name."""
     from benchmarks import suite
 
-    workloads = suite.resolve(FLAGS.workloads, list(WORKLOADS), "workload")
+    workloads = suite.resolve(family_members(FLAGS.workloads), list(WORKLOADS), "workload")
     requested = [n for b in FLAGS.backends for n in (default_backends() if b.strip() == "default" else [b])]
     backends = suite.resolve(requested, list(BACKENDS), "backend")
     dtypes = suite.resolve(FLAGS.dtypes, list(suite.DTYPES), "dtype")

@@ -47,6 +47,7 @@ class Workload:
     tol: float = 0.0  # tolerance floor on top of the dtype's (matmuls in float32 run as TF32)
     dynamic_arg: int = 0  # for hinted / dynamic compiles: the argument whose axis 0 varies
     torch_vjp_fn: Callable | None = None  # builder of the torch twin through torch.func.vjp (backend torch_*_vjp)
+    family: str = "kernels"  # a name --workloads takes for all its members ("kernels", "models")
 
     def cases(self, size) -> list[tuple[str, tuple]]:
         """(label, concrete size) of every call this workload measures."""
@@ -391,6 +392,23 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
              {"full": (2048, 1024, 4096, 1024), "smoke": (24, 32, 64, 32)},
              "gelu MLP: first call in a fresh process, cold and warm caches", flops=_mlp_flops, tol=5e-3),
 ]}
+
+
+# The models family (training steps, language-model idioms) lives in its own module, which
+# builds on the definitions above.
+from benchmarks.models import MODEL_SPECS  # noqa: E402
+
+WORKLOADS.update((spec["name"], Workload(kind=STEADY, **spec)) for spec in MODEL_SPECS)
+FAMILIES = tuple(dict.fromkeys(w.family for w in WORKLOADS.values()))
+
+
+def family_members(names) -> list[str]:
+    """The names as given, each family name replaced by its members."""
+    out = []
+    for name in names:
+        name = name.strip()
+        out += [w.name for w in WORKLOADS.values() if w.family == name] or [name]
+    return out
 
 
 # [Note: warm process]
