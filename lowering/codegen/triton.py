@@ -247,6 +247,9 @@ class _TritonMatmulEmitter(matmul._MatmulEmitter, _TritonEmitter):
 
 
 _REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min", "and": "tl.min", "or": "tl.max"}
+_COMBINE = {"sum": "({a} + {v})", "max": "tl.maximum({a}, {v}, propagate_nan=tl.PropagateNan.ALL)",
+            "min": "tl.minimum({a}, {v}, propagate_nan=tl.PropagateNan.ALL)",
+            "and": "tl.minimum({a}, {v})", "or": "tl.maximum({a}, {v})"}
 
 
 def _reduce_text(em, op, var, acc_dt, axis) -> str:
@@ -257,9 +260,6 @@ def _reduce_text(em, op, var, acc_dt, axis) -> str:
         em.helpers.add(f"_{op}_nan")
         return f"tl.reduce({var}, {axis}, _{op}_nan, keep_dims=True)"
     return f"{_REDUCE[op]}({var}, axis={axis}, keep_dims=True)"
-_COMBINE = {"sum": "({a} + {v})", "max": "tl.maximum({a}, {v}, propagate_nan=tl.PropagateNan.ALL)",
-            "min": "tl.minimum({a}, {v}, propagate_nan=tl.PropagateNan.ALL)",
-            "and": "tl.minimum({a}, {v})", "or": "tl.maximum({a}, {v})"}
 
 
 # --------------------------------------------------------------------------- #
