@@ -189,10 +189,14 @@ class Program:
         ret = ", ".join(self.outputs) + ("," if len(self.outputs) == 1 else "")
         return "\n".join([f"def f({args}):", *body, f"    return ({ret})"]) + "\n"
 
-    def make_args(self, float64=False):
+    def make_args(self, float64=False, tame=False):
+        """The inputs; ``float64``: floats widened (the reference); ``tame``: finite values past
+        TAME clamped to it (infinities and NaN kept): sums and products of a few stay finite."""
         ns = namespace()
         exec(MAKE_INPUT_SOURCE, ns)
         args = [ns["make_input"](i.seed, i.shape, i.dtype, i.special, i.scale) for i in self.live_inputs()]
+        if tame:
+            args = [_tame(a) for a in args]
         if float64:
             args = [a.astype(np.float64) if np.dtype(a.dtype).kind == "f" or a.dtype.name == "bfloat16" else a
                     for a in args]
@@ -242,6 +246,17 @@ for k, (g, w) in enumerate(zip(got, want)):
                                    err_msg=f"output {k}")
 print("agree")
 """
+
+
+TAME = {"float32": 1e15, "bfloat16": 1e15, "float16": 64.0}
+
+
+def _tame(a):
+    t = TAME.get(a.dtype.name)
+    if t is None:
+        return a
+    x = a.astype(np.float64)
+    return np.where(np.isfinite(x) & (np.abs(x) > t), np.sign(x) * t, x).astype(a.dtype)
 
 
 def namespace(float64=False):
