@@ -87,6 +87,8 @@ def main(argv=None):
             return v
         stats["programs"] += 1
         stats[v.status] += 1
+        if v.detail.startswith("overflow-order"):
+            stats["overflow_order_passes"] += 1
         for p in v.fallbacks:
             fallback_prims[p] += 1
         if v.status in ("crash", "mismatch"):

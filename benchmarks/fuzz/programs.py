@@ -45,6 +45,9 @@ KNOWN_FEATURES = {
 # Extents: size 1, small primes, non-powers-of-two, one past a power of two.
 SMALL_DIMS = (1, 2, 3, 5, 7, 8, 13, 16, 31, 37, 64, 100, 127, 129)
 LONG_ROWS = (8193, 8200, 9001)  # one past heuristics' default max_persistent_cols (8192)
+# Past heuristics.MIN_SPLIT_ROWS (split column reductions, mix-order kernels); 132..16384 rows of
+# >= 256 (a full reduction splits at its rows). Those decisions need num_sms=132 on the CPU.
+TALL = ((1025, 3), (1500, 37), (1025, 64), (140, 257), (300, 300))
 
 MAKE_INPUT_SOURCE = '''\
 def make_input(seed, shape, dtype, special=0.0, scale=1.0):
@@ -189,10 +192,14 @@ class Program:
         ret = ", ".join(self.outputs) + ("," if len(self.outputs) == 1 else "")
         return "\n".join([f"def f({args}):", *body, f"    return ({ret})"]) + "\n"
 
-    def make_args(self, float64=False):
+    def make_args(self, float64=False, tame=False):
+        """The inputs; ``float64``: floats widened (the reference); ``tame``: finite values past
+        TAME clamped to it (infinities and NaN kept): sums and products of a few stay finite."""
         ns = namespace()
         exec(MAKE_INPUT_SOURCE, ns)
         args = [ns["make_input"](i.seed, i.shape, i.dtype, i.special, i.scale) for i in self.live_inputs()]
+        if tame:
+            args = [_tame(a) for a in args]
         if float64:
             args = [a.astype(np.float64) if np.dtype(a.dtype).kind == "f" or a.dtype.name == "bfloat16" else a
                     for a in args]
@@ -242,6 +249,17 @@ for k, (g, w) in enumerate(zip(got, want)):
                                    err_msg=f"output {k}")
 print("agree")
 """
+
+
+TAME = {"float32": 1e15, "bfloat16": 1e15, "float16": 64.0}
+
+
+def _tame(a):
+    t = TAME.get(a.dtype.name)
+    if t is None:
+        return a
+    x = a.astype(np.float64)
+    return np.where(np.isfinite(x) & (np.abs(x) > t), np.sign(x) * t, x).astype(a.dtype)
 
 
 def namespace(float64=False):
@@ -330,7 +348,7 @@ class Builder:
         self.lines: list[Line] = []
         self.features: set = set()
         self.reduced: dict = {}  # (operand name, axes) -> reduction ops already applied
-        self.max_elems = 1 << 15
+        self.max_elems = 1 << 17
         self.force_out: list[Value] = []
 
     def allowed(self, feature):
@@ -369,9 +387,12 @@ def _shape(draw, long_rows):
     dims = [draw(sampled_from(SMALL_DIMS)) for _ in range(rank)]
     while numel(dims) > 4096:
         dims[dims.index(max(dims))] = draw(sampled_from(SMALL_DIMS[:8]))
-    if long_rows and draw(integers(0, 11)) == 11:  # a row longer than one tile
+    big = draw(integers(0, 11)) if long_rows else 0
+    if big == 11:  # a row longer than one tile
         dims = dims[:-1][:1] + [draw(sampled_from(LONG_ROWS))]
         dims = [min(d, 3) for d in dims[:-1]] + dims[-1:]
+    elif big == 10:  # tall: column reductions split, rows split at their rows, mix-order kernels (num_sms=132)
+        dims = list(draw(sampled_from(TALL)))
     return tuple(dims)
 
 
