@@ -639,6 +639,11 @@ _T_LLAMA_LOSS = _t_block_loss(_t_llama_block, lambda params: llama_block_params(
                                                                                 params[6].shape[1]))
 _T_RESNET_LOSS = _t_block_loss(_t_resnet_block, lambda params: resnet_block_params(params[0].shape[-1]))
 
+# Agreement of a training step: each output array (loss, parameters, mu = 0.1 x gradient, nu)
+# against the float32 reference, norm-wise. In bfloat16 a gradient is off by ~1e-2 (jax.jit
+# itself); a ResNet block's bn1 bias gets 3e-2 to 0.12: BN2 after conv2 makes the loss nearly
+# blind to it, so its gradient is the small rest of a cancellation.
+TRAIN_TOL, RESNET_TOL = 8e-2, 0.2
 _XENT = {"full": (8192, 50257), "smoke": (24, 200)}
 _GPT2_SIZES = {"full": (8, 1024, 768), "smoke": (2, 8, 128)}
 
@@ -647,18 +652,18 @@ MODEL_SPECS = [
             torch_fn=_t_train_step(_T_GPT2_BLOCK_LOSS, 2), make_inputs=_gpt2_block_inputs, sizes=_GPT2_SIZES,
             description="GPT-2-small block (pre-LN, einsum attention, GELU MLP; B x T x width) training step: "
                         "value_and_grad of an MSE loss, clipped AdamW, one jit",
-            flops=lambda s: 3 * _gpt2_block_fwd_flops(*s), tol=5e-2),
+            flops=lambda s: 3 * _gpt2_block_fwd_flops(*s), tol=TRAIN_TOL),
     _models(name="llama_block_train", jax_fn=train_step(_LLAMA_LOSS, 2), torch_fn=_t_train_step(_T_LLAMA_LOSS, 2),
             make_inputs=_llama_inputs, sizes={"full": (4, 2048, 1024, 2816), "smoke": (2, 8, 128, 96)},
             description="Llama block (RMSNorm, rotary, SwiGLU; B x T x width x SwiGLU width) training step: "
                         "value_and_grad of an MSE loss, clipped AdamW, one jit",
-            flops=lambda s: 3 * _llama_fwd_flops(*s), tol=5e-2),
+            flops=lambda s: 3 * _llama_fwd_flops(*s), tol=TRAIN_TOL),
     _models(name="gpt2_12layer_train", jax_fn=train_step(_gpt2_lm_loss, 2),
             torch_fn=_t_train_step(_t_gpt2_lm_loss, 2), make_inputs=_gpt2_lm_inputs,
             sizes={"full": (12, 8, 1024, 768, 50257), "smoke": (2, 2, 8, 128, 96)},
             description="GPT-2 small (layers x B x T x width x vocab; 15 arrays a layer + final LN + head: 183 at "
                         "12 layers) on embedded tokens, cross-entropy head, training step with clipped AdamW",
-            flops=_flops_gpt2_lm, tol=5e-2),
+            flops=_flops_gpt2_lm, tol=TRAIN_TOL),
     _models(name="adamw_update", jax_fn=adamw_step(False), torch_fn=_t_adamw_step(False),
             make_inputs=_adamw_inputs, sizes={"full": (12, 768, 50257), "smoke": (0, 16, 24)},
             description="AdamW alone over GPT-2 small's parameter shapes (layers x width x vocab: 183 float32 "
@@ -673,7 +678,7 @@ MODEL_SPECS = [
             make_inputs=_resnet_inputs, sizes={"full": (128, 56, 56, 64), "smoke": (2, 6, 5, 8)},
             description="ResNet basic block, NHWC (conv3x3, BatchNorm on batch statistics, ReLU, twice, residual) "
                         "training step: value_and_grad of an MSE loss, clipped AdamW, one jit",
-            flops=lambda s: 3 * _resnet_fwd_flops(*s), tol=5e-2),
+            flops=lambda s: 3 * _resnet_fwd_flops(*s), tol=RESNET_TOL),
     _models(name="xent_take_along_axis", jax_fn=_xent_fwd_bwd(cross_entropy_take), torch_fn=_t_xent("take"),
             make_inputs=_xent_inputs, sizes=_XENT,
             description="cross-entropy over a vocabulary (rows x vocab logits, integer labels) and its gradient "
