@@ -10,8 +10,16 @@ if TYPE_CHECKING:
 
 
 def _extern_callable(primitive, params):
+    # A primitive holding jaxprs (shard_map, call primitives) binds with the
+    # params ``get_bind_params`` makes of its equation's, as eval_jaxpr does
+    # (older jax returns (subfuns, params) instead).
+    bind_params = primitive.get_bind_params(dict(params))
+    subfuns = ()
+    if isinstance(bind_params, tuple):
+        subfuns, bind_params = bind_params
+
     def run(*args):
-        out = primitive.bind(*args, **params)
+        out = primitive.bind(*subfuns, *args, **bind_params)
         return tuple(out) if primitive.multiple_results else (out,)
 
     run.__name__ = f"extern_{primitive.name}"
