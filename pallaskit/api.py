@@ -402,7 +402,7 @@ class JitFunction:
         t0 = time.perf_counter()
         symbolic = structs is not None
         if structs is None:
-            structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+            structs = [sharding.struct_of(a) for a in avals]  # keeps shard_map's varying axes
         closed = jax.make_jaxpr(flat_fn)(*structs)
         metrics.counters["trace_seconds"] += time.perf_counter() - t0
         title = getattr(self.fn, "__qualname__", "fn")

@@ -22,12 +22,12 @@ ordinary HLO, which SPMD partitions like any other; on the GPU a Triton custom
 call is opaque to the partitioner, which gathers its operands and runs it on
 every device: correct, but not yet per shard.
 
-Under ``jax.shard_map`` (manual axes, ``check_vma=True``), a program traced
-with the arguments' varying manual axes (``manual_axis_type``) runs with
-``check_vma`` off around its kernels (``pallas_call`` has no way to learn its
-outputs' varying axes), and each output is cast (``pvary``) to the varying
-axes jax gives it when it traces the function: collectives (``psum``,
-``all_gather``) are extern calls that run through XLA with those types.
+Under ``jax.shard_map`` (manual axes, ``check_vma=True``) the function is
+traced with its arguments' varying manual axes (``manual_axis_type``), so
+collectives (``psum``, ``all_gather``: externs, run through XLA) keep their
+types; ``pallas_call`` cannot learn its outputs' varying axes, so each kernel
+launch runs with the check off and its outputs are cast to vary over the union
+of its operands' axes (``runtime/loader.py``, ``_manual_axes``).
 """
 from __future__ import annotations
 
@@ -186,36 +186,45 @@ def _varying(mat) -> frozenset:
         | frozenset(getattr(mat, "reduced", ()))
 
 
-def manual(avals) -> bool:
-    """Whether any aval varies over manual (shard_map) mesh axes."""
-    return any(manual_axis_type(a) is not None for a in avals)
-
-
 def struct_of(aval) -> jax.ShapeDtypeStruct:
     """A ShapeDtypeStruct keeping the aval's varying manual axes."""
     mat = getattr(aval, "manual_axis_type", None)
     if mat is not None and not getattr(mat, "empty", True):
-        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type, manual_axis_type=mat)
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type, sharding=aval.sharding,
+                                    manual_axis_type=mat)
     vma = getattr(aval, "vma", None)
     if vma:
         return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type, vma=vma)
     return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
 
 
-def run_manual(run, out_avals):
-    """``run`` (the program) with vma checks off, its outputs cast to the
-    varying axes of ``out_avals`` (those jax gave the traced function)."""
+def varying_of(args) -> frozenset:
+    """The union of the varying manual axes of ``args`` (tracers inside shard_map)."""
+    out = frozenset()
+    for x in args:
+        if isinstance(x, _Tracer):
+            mat = manual_axis_type(jax.typeof(x))
+            if mat is not None:
+                out |= _varying(mat)
+    return out
+
+
+def _cast_varying(x, axes: tuple):
+    if hasattr(jax.lax, "pcast"):
+        return jax.lax.pcast(x, axes, to="varying")
+    return jax.lax.pvary(x, axes)
+
+
+def with_varying(launch, args, varying: frozenset):
+    """``launch(*args)`` with vma checks off, its outputs cast to vary over ``varying``."""
     from jax._src import config as jax_config
 
-    def wrapped(*xs):
-        with jax_config._check_vma(False):
-            outs = run(*xs)
-        fixed = []
-        for o, a in zip(outs, out_avals):
-            want = manual_axis_type(a)
-            have = manual_axis_type(jax.typeof(o))
-            missing = tuple(sorted(_varying(want) - _varying(have or frozenset()))) if want is not None else ()
-            fixed.append(jax.lax.pvary(o, missing) if missing else o)
-        return fixed
-
-    return wrapped
+    with jax_config._check_vma(False):
+        outs = launch(*args)
+    single = not isinstance(outs, (tuple, list))
+    fixed = []
+    for o in ([outs] if single else outs):
+        have = manual_axis_type(jax.typeof(o))
+        missing = tuple(sorted(varying - (_varying(have) if have is not None else frozenset())))
+        fixed.append(_cast_varying(o, missing) if missing else o)
+    return fixed[0] if single else type(outs)(fixed)

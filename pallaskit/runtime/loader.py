@@ -50,7 +50,28 @@ def load(program: RenderedProgram):
     namespace = {"EXTERNS": [_extern_callable(p, params) for p, params in program.externs],
                  "TRITON": _triton_module, "TRITON_CALL": _triton_call}
     exec(compile(program.source, filename, "exec"), namespace)
+    for kernel in getattr(program, "kernels", ()):
+        if callable(namespace.get(kernel.name)):
+            namespace[kernel.name] = _manual_axes(namespace[kernel.name])
     return namespace["call"]
+
+
+def _manual_axes(launch):
+    """A kernel's launcher that also runs inside ``jax.shard_map`` with
+    ``check_vma=True``: ``pallas_call`` cannot learn its outputs' varying
+    manual axes, so it runs with the check off and its outputs vary over the
+    union of its operands' axes (a kernel computes per device; collectives are
+    externs, run through XLA with their own types)."""
+    from pallaskit import sharding
+
+    def run(*args):
+        varying = sharding.varying_of(args)
+        if not varying:
+            return launch(*args)
+        return sharding.with_varying(launch, args, varying)
+
+    run.__name__ = getattr(launch, "__name__", "kernel")
+    return run
 
 
 def load_lazily(program: RenderedProgram):
