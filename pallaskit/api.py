@@ -119,6 +119,9 @@ class JitFunction:
             if entry is not None:  # the steady state: a signature seen before, concrete arrays
                 return jax.tree_util.tree_unflatten(entry.out_tree, entry.executable(*fast[1], *entry.constants))
         key, leaves, avals, treedef, static_pos, static_kw = self._split(args, kwargs)
+        why = sharding.xla_only(leaves, autodiff.transformed(leaves), compile_options)
+        if why:  # [Note: sharding] in pallaskit/sharding.py
+            return autodiff.fallback(self, args, kwargs, why)
         if autodiff.transformed(leaves):  # grad / jvp / vmap tracers: pallaskit/autodiff.py
             return autodiff.call(self, args, kwargs)
         if autodiff.staged(leaves):  # jax.jit tracers: the AOT executable takes none
@@ -403,7 +406,8 @@ class JitFunction:
         symbolic = structs is not None
         if structs is None:
             structs = [sharding.struct_of(a) for a in avals]  # keeps shard_map's varying axes
-        closed = jax.make_jaxpr(flat_fn)(*structs)
+        with sharding.trace_context(placement):
+            closed = jax.make_jaxpr(flat_fn)(*structs)
         metrics.counters["trace_seconds"] += time.perf_counter() - t0
         title = getattr(self.fn, "__qualname__", "fn")
 

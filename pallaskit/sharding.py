@@ -27,10 +27,16 @@ traced with its arguments' varying manual axes (``manual_axis_type``), so
 collectives (``psum``, ``all_gather``: externs, run through XLA) keep their
 types; ``pallas_call`` cannot learn its outputs' varying axes, so each kernel
 launch runs with the check off and its outputs are cast to vary over the union
-of its operands' axes (``runtime/loader.py``, ``_manual_axes``).
+of its operands' axes (``runtime/loader.py``, ``_manual_axes``). Two cases run
+the original function through XLA instead, with one log line: interpret mode
+(Pallas's HLO interpreter re-traces the kernel body with the check on, where
+the body's index arithmetic is invariant and its loads vary), and
+differentiation inside shard_map (the joint graph is traced without the
+arguments' axes).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Sequence
 
@@ -38,6 +44,7 @@ import jax
 import numpy as np
 
 _Tracer = jax.core.Tracer
+
 
 
 @functools.lru_cache(maxsize=None)
@@ -72,12 +79,17 @@ def _assignment(s) -> list:
     return list(da) if da is not None else sorted(s.device_set, key=lambda d: d.id)
 
 
+def _explicit(mesh) -> bool:
+    """Whether a mesh (concrete or abstract) has ``Explicit`` axes."""
+    explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
+    return explicit is not None and any(t == explicit for t in getattr(mesh, "axis_types", None) or ())
+
+
 def _auto_mesh(mesh):
-    """``mesh`` with every axis ``Auto`` (None when it has no other axis type)."""
-    types = getattr(mesh, "axis_types", None)
-    auto = getattr(getattr(jax.sharding, "AxisType", None), "Auto", None)
-    if not types or auto is None or all(t == auto for t in types):
+    """A concrete ``mesh`` with every axis ``Auto`` (None when it has no explicit axis)."""
+    if not _explicit(mesh):
         return None
+    auto = jax.sharding.AxisType.Auto
     return jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=(auto,) * len(mesh.axis_names))
 
 
@@ -111,6 +123,41 @@ def mentions_mesh(closed) -> bool:
         return False
 
     return walk(closed.jaxpr)
+
+
+# Tests set it to run kernels under shard_map in interpret mode anyway (kernels
+# whose bodies have no gather, such as a pure pointwise one, lower there).
+KERNELS_IN_INTERPRET_SHARD_MAP = False
+
+
+def xla_only(leaves, transformed: bool, options) -> str:
+    """Why a call must run the original function through XLA ('' when it
+    need not): inside shard_map in interpret mode or under a transformation,
+    or a transformation over explicit mesh axes ([Note: sharding])."""
+    if not any(isinstance(x, _Tracer) for x in leaves):
+        return ""
+    if varying_of(leaves) and (transformed or (options().interpret and not KERNELS_IN_INTERPRET_SHARD_MAP)):
+        return "inside shard_map (varying manual axes) in interpret mode or under a transformation"
+    if transformed:
+        context = getattr(jax.sharding, "get_abstract_mesh", None)
+        meshes = [getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None) for x in leaves
+                  if isinstance(x, _Tracer)] + ([context()] if context is not None else [])
+        if any(m is not None and _explicit(m) for m in meshes):
+            return "differentiation over Explicit mesh axes"
+    return ""
+
+
+def trace_context(placement_):
+    """The mesh context a sharded signature is traced and its program lowered
+    in: the ``Auto`` twin of an explicit mesh (under the caller's explicit
+    ``jax.set_mesh``, the jaxpr's equations would carry explicit shardings that
+    clash with the program's), else none."""
+    for mesh in [s.mesh for s in placement_ or () if isinstance(s, jax.sharding.NamedSharding)]:
+        auto = _auto_mesh(mesh) if isinstance(mesh, jax.sharding.Mesh) else None
+        if auto is not None:
+            set_mesh = getattr(jax, "set_mesh", None) or jax.sharding.use_mesh
+            return set_mesh(auto)
+    return contextlib.nullcontext()
 
 
 class Placed:
@@ -160,6 +207,9 @@ class Placed:
         return [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type,
                                      sharding=None if s is None else traceable(s))
                 for a, s in zip(self._avals, self.placement)]
+
+    def context(self):
+        return trace_context(self.placement)
 
     def key_text(self) -> list:
         """The shardings and their devices as text, for the graph cache's key."""

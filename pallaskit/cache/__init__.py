@@ -53,7 +53,6 @@ import dataclasses
 import functools
 import hashlib
 import importlib.metadata
-import io
 import json
 import logging
 import os
@@ -698,14 +697,15 @@ class _TopLevelJit:
 
 
 def _aot_compile(call, structs, constants, placed=None):
-    """``placed``: a sharded signature's (out_shardings, constants' sharding)
-    ([Note: sharding] in pallaskit/sharding.py)."""
+    """``placed``: a sharded signature's ``sharding.Placed`` ([Note: sharding]
+    in pallaskit/sharding.py)."""
     if placed is not None:
-        out_shardings, const_sharding = placed
-        const_structs = [jax.ShapeDtypeStruct(np.shape(c), np.asarray(c).dtype, sharding=const_sharding)
+        const_structs = [jax.ShapeDtypeStruct(np.shape(c), np.asarray(c).dtype, sharding=placed.replicated())
                          for c in constants]
-        return jax.jit(call, out_shardings=tuple(out_shardings)).lower(*structs, *const_structs).compile(
-            compiler_options=compiler_options() or None)
+        out_shardings = placed.out_shardings()  # jax.jit's, traced in the caller's context
+        with placed.context():
+            lowered = jax.jit(call, out_shardings=out_shardings).lower(*structs, *const_structs)
+        return lowered.compile(compiler_options=compiler_options() or None)
     return jax.jit(call).lower(*structs, *constants).compile(compiler_options=compiler_options() or None)
 
 
@@ -735,8 +735,7 @@ def _serve_entry(entry: Entry, structs, placed=None) -> Served | None:
         return None  # extern callables are rebuilt by the compiler: recompile
     from pallaskit.runtime import loader
 
-    compiled = _aot_compile(loader.load(_Program(entry.source)), structs, entry.constants,
-                            None if placed is None else (placed.out_shardings(), where))
+    compiled = _aot_compile(loader.load(_Program(entry.source)), structs, entry.constants, placed)
     metrics.counters["kernels_compiled"] += entry.num_kernels
     return Served(compiled, _on_device(entry.constants, where), cache="hit")
 
@@ -798,7 +797,7 @@ def _try_hit(key, parts, structs, title, started, placed=None) -> Served | None:
 def _compile(build, structs, title, started, cache: str, key=None, parts=None, placed=None) -> Served:
     result, call, constants = build()
     where = placed.replicated() if placed is not None else None
-    compiled = _aot_compile(call, structs, constants, None if placed is None else (placed.out_shardings(), where))
+    compiled = _aot_compile(call, structs, constants, placed)
     metrics.counters["kernels_compiled"] += len(result.program.kernels)
     served = Served(compiled, _on_device(constants, where), result, cache)
     deltas, kernels = metrics.graph_deltas(result), metrics.kernel_stats(result)
