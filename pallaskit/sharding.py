@@ -131,19 +131,20 @@ KERNELS_IN_INTERPRET_SHARD_MAP = False
 
 
 def xla_only(leaves, transformed: bool, options) -> str:
-    """Why a call must run the original function through XLA ('' when it
-    need not): inside shard_map in interpret mode or under a transformation,
-    or a transformation over explicit mesh axes ([Note: sharding])."""
+    """Why a traced call must run the original function through XLA ('' when
+    it need not): inside shard_map in interpret mode or under a
+    transformation, or traced over explicit mesh axes ([Note: sharding])."""
     if not any(isinstance(x, _Tracer) for x in leaves):
         return ""
     if varying_of(leaves) and (transformed or (options().interpret and not KERNELS_IN_INTERPRET_SHARD_MAP)):
         return "inside shard_map (varying manual axes) in interpret mode or under a transformation"
-    if transformed:
-        context = getattr(jax.sharding, "get_abstract_mesh", None)
-        meshes = [getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None) for x in leaves
-                  if isinstance(x, _Tracer)] + ([context()] if context is not None else [])
-        if any(m is not None and _explicit(m) for m in meshes):
-            return "differentiation over Explicit mesh axes"
+    context = getattr(jax.sharding, "get_abstract_mesh", None)
+    meshes = [getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None) for x in leaves
+              if isinstance(x, _Tracer)] + ([context()] if context is not None else [])
+    if any(m is not None and _explicit(m) for m in meshes):
+        # traced calls on Explicit meshes: the jaxpr's equations carry explicit
+        # shardings, which Pallas kernels cannot take
+        return "traced over Explicit mesh axes (jax.jit or a transformation)"
     return ""
 
 
