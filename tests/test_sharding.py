@@ -115,14 +115,30 @@ def test_odd_and_size_one_dims(rng):
 
 @needs8
 def test_array_on_device_3(rng):
+    const = rng.standard_normal((3,)).astype(np.float32)  # a hoisted constant: placed on device 3 too
+    g = lambda x: (jnp.exp(x) * const) @ x.T  # noqa: E731
     x = jax.device_put(rng.standard_normal((5, 3)).astype(np.float32), jax.devices()[3])
-    f = pallaskit.jit(lambda x: jnp.exp(x) @ x.T)
+    f = pallaskit.jit(g)
     out = f(x)
-    _check(out, jax.jit(lambda x: jnp.exp(x) @ x.T)(x))
+    _check(out, jax.jit(g)(x))
     assert out.devices() == {jax.devices()[3]}
     # the same shape on the default device is another signature
     y = jnp.asarray(np.asarray(x))
-    _check(f(y), jax.jit(lambda x: jnp.exp(x) @ x.T)(y))
+    _check(f(y), jax.jit(g)(y))
+    assert f(y).devices() == {jax.devices()[0]}
+
+
+@needs8
+def test_sharded_with_scalars_numpy_and_uncommitted_arrays(rng):
+    """Beside a sharded array: a Python scalar, a numpy array and an array
+    on the default device that jax.jit moves (uncommitted)."""
+    mesh = _mesh((2, 4), ("a", "b"))
+    f = lambda x, s, n, u: (x * s + n) - jnp.sum(u, axis=0)  # noqa: E731
+    x = jax.device_put(rng.standard_normal((4, 8)).astype(np.float32), NamedSharding(mesh, P("a", "b")))
+    n = rng.standard_normal((4, 8)).astype(np.float32)
+    u = jnp.asarray(rng.standard_normal((3, 8)).astype(np.float32))
+    _check(pallaskit.jit(f)(x, 2.5, n, u), jax.jit(f)(x, 2.5, n, u))
+    _check(pallaskit.jit(f)(x, 2.5, n, u), jax.jit(f)(x, 2.5, n, u))
 
 
 @needs8
