@@ -19,6 +19,7 @@ import lowering
 from lowering.options import CompileOptions
 from pallaskit import cache, metrics
 from pallaskit import autodiff
+from pallaskit import sharding
 from pallaskit.config import config
 from pallaskit.runtime import buckets, eager, loader, multikernel
 
@@ -118,6 +119,9 @@ class JitFunction:
             if entry is not None:  # the steady state: a signature seen before, concrete arrays
                 return jax.tree_util.tree_unflatten(entry.out_tree, entry.executable(*fast[1], *entry.constants))
         key, leaves, avals, treedef, static_pos, static_kw = self._split(args, kwargs)
+        why = sharding.xla_only(leaves, autodiff.transformed(leaves), compile_options)
+        if why:  # [Note: sharding] in pallaskit/sharding.py
+            return autodiff.fallback(self, args, kwargs, why)
         if autodiff.transformed(leaves):  # grad / jvp / vmap tracers: pallaskit/autodiff.py
             return autodiff.call(self, args, kwargs)
         if autodiff.staged(leaves):  # jax.jit tracers: the AOT executable takes none
@@ -125,11 +129,15 @@ class JitFunction:
         if any(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
             raise TypeError("pallaskit.jit: a call needs arrays; jax.ShapeDtypeStruct arguments are for "
                             "pallaskit.explain and lower_to_result")
+        placement = sharding.placement(leaves)  # [Note: sharding] in pallaskit/sharding.py
+        if placement is not None:
+            key = (*key, placement)
         entry = self._cache.get(key)
         if entry is None:
-            entry = self._dynamic_entry(leaves, avals, treedef, static_pos, static_kw, len(args))
+            if placement is None:
+                entry = self._dynamic_entry(leaves, avals, treedef, static_pos, static_kw, len(args))
             if entry is None:
-                entry = self._compile(avals, treedef, static_pos, static_kw, len(args))
+                entry = self._compile(avals, treedef, static_pos, static_kw, len(args), placement=placement)
             self._cache[key] = entry
         outs = entry.executable(*leaves, *entry.constants)
         if not entry.ran:
@@ -150,7 +158,7 @@ class JitFunction:
         array = _array_type(leaves)
         if array is None or not all(type(x) is array for x in leaves):
             return None
-        return (treedef, tuple(x.aval for x in leaves)), leaves
+        return (treedef, tuple(x.aval for x in leaves), sharding.fast_placement(leaves)), leaves
 
     def lower_to_result(self, *args, **kwargs) -> Compiled:
         key, leaves, avals, treedef, static_pos, static_kw = self._split(args, kwargs)
@@ -245,7 +253,7 @@ class JitFunction:
         if not static_pos and not static_kw and array is not None and all(type(x) is array for x in leaves):
             dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
             fast_tree = jax.tree_util.tree_structure((tuple(dyn_args), dyn_kwargs))
-            self._fast[(fast_tree, tuple(x.aval for x in leaves))] = entry
+            self._fast[(fast_tree, tuple(x.aval for x in leaves), sharding.fast_placement(leaves))] = entry
         return entry.executable, entry.constants
 
     def _title(self):
@@ -367,7 +375,7 @@ class JitFunction:
             return None
 
     def _compile(self, avals, treedef, static_pos, static_kw, n_args, aot=True, structs=None,
-                 size_hints=(), variants=None, positions=(), first_sizes=None) -> Compiled:
+                 size_hints=(), variants=None, positions=(), first_sizes=None, placement=None) -> Compiled:
         """Trace and compile one signature. ``aot``: compile the executable now,
         through the on-disk graph cache (``pallaskit/cache``), where a hit skips
         the compiler and XLA (``Compiled.result`` is then None); otherwise only
@@ -376,7 +384,8 @@ class JitFunction:
         then compiled shape-generic, with ``size_hints`` for its heuristics,
         or once per entry of ``variants`` (size-hint tuples; ``positions``:
         (symbol, (leaf, axis)) of each symbol) behind a multi-kernel
-        dispatcher when their sources differ."""
+        dispatcher when their sources differ. ``placement``: the arguments'
+        shardings ([Note: sharding] in pallaskit/sharding.py)."""
         options = compile_options()
         if size_hints:
             options = dataclasses.replace(options, size_hints=tuple(size_hints))
@@ -396,8 +405,9 @@ class JitFunction:
         t0 = time.perf_counter()
         symbolic = structs is not None
         if structs is None:
-            structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
-        closed = jax.make_jaxpr(flat_fn)(*structs)
+            structs = [sharding.struct_of(a) for a in avals]  # keeps shard_map's varying axes
+        with sharding.trace_context(placement):
+            closed = jax.make_jaxpr(flat_fn)(*structs)
         metrics.counters["trace_seconds"] += time.perf_counter() - t0
         title = getattr(self.fn, "__qualname__", "fn")
 
@@ -508,7 +518,10 @@ class JitFunction:
             # ran=True: the dispatcher counts kernels_compiled (distinct kernels of all variants) on its first call.
             return Compiled(result, closed, dispatcher, constants, out_tree_box[-1], ran=True, guards=guards)
         if aot:
-            served = cache.serve(closed, avals, static_pos + static_kw, options, title, build, t0)
+            if placement is None and sharding.mentions_mesh(closed):  # e.g. with_sharding_constraint
+                placement = (None,) * len(avals)
+            placed = None if placement is None else sharding.Placed(placement, flat_fn, avals)
+            served = cache.serve(closed, avals, static_pos + static_kw, options, title, build, t0, placed=placed)
             log.debug("pallaskit served %s in %.3fs (cache: %s)", title, time.perf_counter() - t0, served.cache)
             return Compiled(served.result, closed, served.executable, served.constants, out_tree_box[-1], ran=True)
         result, call, constants = build()

@@ -152,7 +152,7 @@ def _log_once(jf, message):
         log.warning("pallaskit: %s: %s", title, message)
 
 
-def _fallback(jf, args, kwargs, reason):
+def fallback(jf, args, kwargs, reason):
     _log_once(jf, f"{reason}; transforming the original function through XLA")
     return jf.fn(*args, **kwargs)
 
@@ -251,11 +251,11 @@ def call(jf, args, kwargs):
     _, leaves, *_ = jf._split(args, kwargs)
     mode, reason = _plan(leaves)
     if mode == "fallback":
-        return _fallback(jf, args, kwargs, reason)
+        return fallback(jf, args, kwargs, reason)
     try:
         sig, leaves = _signature(jf, args, kwargs)
     except Exception as e:  # noqa: BLE001  -- jax's own transformation raises what jax.jit would
-        return _fallback(jf, args, kwargs, f"could not trace the function ({type(e).__name__}: {e})")
+        return fallback(jf, args, kwargs, f"could not trace the function ({type(e).__name__}: {e})")
     run = {"vjp": _call_vjp, "jvp": _call_jvp, "vmap": _call_vmap}[mode]
     outs = run(sig, leaves)
     return jax.tree_util.tree_unflatten(sig.out_tree, list(outs))

@@ -5,6 +5,9 @@ import tempfile
 import zlib
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if os.environ["JAX_PLATFORMS"] == "cpu" and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    # 8 CPU devices for tests/test_sharding.py (set before jax starts); single-device programs are unaffected
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 if os.environ["JAX_PLATFORMS"] == "cpu":  # raw Triton kernels run in Triton's interpreter, chosen
     os.environ.setdefault("TRITON_INTERPRET", "1")  # when triton is first imported
 # The on-disk graph cache of a test session lives in a temporary directory

@@ -53,7 +53,6 @@ import dataclasses
 import functools
 import hashlib
 import importlib.metadata
-import io
 import json
 import logging
 import os
@@ -356,9 +355,9 @@ def _consts_hash(consts) -> str:
     return h.hexdigest()
 
 
-def key_parts(closed_jaxpr, avals, static_args, options) -> dict:
+def key_parts(closed_jaxpr, avals, static_args, options, placement=None) -> dict:
     """Everything the compiled program depends on, as JSON-able text."""
-    return {
+    parts = {
         "format": FORMAT,
         "jaxpr": hashlib.sha256(str(closed_jaxpr).encode()).hexdigest(),
         "consts": _consts_hash(closed_jaxpr.consts),
@@ -372,6 +371,9 @@ def key_parts(closed_jaxpr, avals, static_args, options) -> dict:
                 "matmul_precision": str(jax.config.jax_default_matmul_precision),
                 "x64": bool(jax.config.jax_enable_x64)},
     }
+    if placement is not None:  # [Note: sharding] in pallaskit/sharding.py
+        parts["placement"] = placement.key_text()
+    return parts
 
 
 def key_of(parts: dict) -> str:
@@ -647,10 +649,10 @@ def serialize(compiled) -> tuple[bytes | None, Any, Any, str]:
         return None, None, None, f"{type(e).__name__}: {e}"
 
 
-def _deserialize(entry: Entry):
-    device = jax.devices()[0]
+def _deserialize(entry: Entry, devices=None):
+    devices = devices or [jax.devices()[0]]
     return serialize_executable.deserialize_and_load(entry.executable, entry.in_tree, entry.out_tree,
-                                                     backend=device.client, execution_devices=[device])
+                                                     backend=devices[0].client, execution_devices=devices)
 
 
 # [Note: command buffers]
@@ -694,13 +696,23 @@ class _TopLevelJit:
         return self.top(*args)
 
 
-def _aot_compile(call, structs, constants):
+def _aot_compile(call, structs, constants, placed=None):
+    """``placed``: a sharded signature's ``sharding.Placed`` ([Note: sharding]
+    in pallaskit/sharding.py)."""
+    if placed is not None:
+        const_structs = [jax.ShapeDtypeStruct(np.shape(c), np.asarray(c).dtype, sharding=placed.replicated())
+                         for c in constants]
+        out_shardings = placed.out_shardings()  # jax.jit's, traced in the caller's context
+        with placed.context():
+            lowered = jax.jit(call, out_shardings=out_shardings).lower(*structs, *const_structs)
+        return lowered.compile(compiler_options=compiler_options() or None)
     return jax.jit(call).lower(*structs, *constants).compile(compiler_options=compiler_options() or None)
 
 
-def _on_device(constants) -> list:
-    """Hoisted constants, put on the device once rather than at every call."""
-    return [jax.device_put(np.asarray(c)) for c in constants]
+def _on_device(constants, where=None) -> list:
+    """Hoisted constants, put on the device once rather than at every call
+    (``where``: a sharded program's replicated sharding)."""
+    return [jax.device_put(np.asarray(c), where) for c in constants]
 
 
 class _Program:  # what runtime.loader.load reads from a RenderedProgram
@@ -708,11 +720,14 @@ class _Program:  # what runtime.loader.load reads from a RenderedProgram
         self.source, self.externs = source, []
 
 
-def _serve_entry(entry: Entry, structs) -> Served | None:
-    """Build the executable of a valid entry; None if it cannot be used."""
+def _serve_entry(entry: Entry, structs, placed=None) -> Served | None:
+    """Build the executable of a valid entry; None if it cannot be used.
+    ``placed``: a sharded signature's ``sharding.Placed``."""
+    where = placed.replicated() if placed is not None else None
     if entry.executable is not None:
         try:
-            return Served(_deserialize(entry), _on_device(entry.constants), cache="hit")
+            devices = placed.devices() if placed is not None else None
+            return Served(_deserialize(entry, devices), _on_device(entry.constants, where), cache="hit")
         except Exception as e:  # noqa: BLE001 - an executable that does not load is a bad entry
             _report(entry_path(entry.key), f"executable does not load: {type(e).__name__}: {e}")
             return None
@@ -720,26 +735,31 @@ def _serve_entry(entry: Entry, structs) -> Served | None:
         return None  # extern callables are rebuilt by the compiler: recompile
     from pallaskit.runtime import loader
 
-    compiled = _aot_compile(loader.load(_Program(entry.source)), structs, entry.constants)
+    compiled = _aot_compile(loader.load(_Program(entry.source)), structs, entry.constants, placed)
     metrics.counters["kernels_compiled"] += entry.num_kernels
-    return Served(compiled, _on_device(entry.constants), cache="hit")
+    return Served(compiled, _on_device(entry.constants, where), cache="hit")
 
 
 def serve(closed_jaxpr, avals, static_args, options, title: str,
-          build: Callable[[], tuple[Any, Callable, list]], started: float | None = None) -> Served:
+          build: Callable[[], tuple[Any, Callable, list]], started: float | None = None,
+          placed=None) -> Served:
     """Serve one traced signature: from the cache when the option is on and a
     valid entry exists, else by ``build()`` -> (CompileResult, call, constants),
     an ahead-of-time XLA compilation, and a new entry. ``started``: when the
-    caller began (tracing included), for ``compile_seconds``."""
+    caller began (tracing included), for ``compile_seconds``. ``placed``: a
+    sharded signature's ``sharding.Placed`` ([Note: sharding] in pallaskit/sharding.py)."""
     started = time.perf_counter() if started is None else started
-    structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+    if placed is not None:
+        structs = placed.structs()
+    else:
+        structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
     if not enabled():
-        return _compile(build, structs, title, started, "off")
+        return _compile(build, structs, title, started, "off", placed=placed)
     t0 = time.perf_counter()
-    parts = key_parts(closed_jaxpr, avals, static_args, options)
+    parts = key_parts(closed_jaxpr, avals, static_args, options, placed)
     key = key_of(parts)
     metrics.counters["cache_key_seconds"] += time.perf_counter() - t0
-    served = _try_hit(key, parts, structs, title, started)
+    served = _try_hit(key, parts, structs, title, started, placed)
     if served is not None:
         return served
     try:
@@ -747,26 +767,26 @@ def serve(closed_jaxpr, avals, static_args, options, title: str,
         lock.acquire()
     except (filelock.Timeout, OSError) as e:
         log.warning("pallaskit cache: no lock for %s (%s); compiling without the cache", title, e)
-        return _compile(build, structs, title, started, "off")
+        return _compile(build, structs, title, started, "off", placed=placed)
     try:
         # Another process may have written the entry while this one waited.
-        served = _try_hit(key, parts, structs, title, started)
+        served = _try_hit(key, parts, structs, title, started, placed)
         if served is None:
             metrics.counters["cache_misses"] += 1
-            served = _compile(build, structs, title, started, "miss", key=key, parts=parts)
+            served = _compile(build, structs, title, started, "miss", key=key, parts=parts, placed=placed)
         return served
     finally:
         lock.release()
 
 
-def _try_hit(key, parts, structs, title, started) -> Served | None:
+def _try_hit(key, parts, structs, title, started, placed=None) -> Served | None:
     t0 = time.perf_counter()
     entry = load(key, parts)
     t1 = time.perf_counter()
     metrics.counters["cache_read_seconds"] += t1 - t0
     if entry is None:
         return None
-    served = _serve_entry(entry, structs)
+    served = _serve_entry(entry, structs, placed)
     metrics.counters["cache_load_seconds"] += time.perf_counter() - t1
     if served is not None:
         metrics.counters["cache_hits"] += 1
@@ -774,11 +794,12 @@ def _try_hit(key, parts, structs, title, started) -> Served | None:
     return served
 
 
-def _compile(build, structs, title, started, cache: str, key=None, parts=None) -> Served:
+def _compile(build, structs, title, started, cache: str, key=None, parts=None, placed=None) -> Served:
     result, call, constants = build()
-    compiled = _aot_compile(call, structs, constants)
+    where = placed.replicated() if placed is not None else None
+    compiled = _aot_compile(call, structs, constants, placed)
     metrics.counters["kernels_compiled"] += len(result.program.kernels)
-    served = Served(compiled, _on_device(constants), result, cache)
+    served = Served(compiled, _on_device(constants, where), result, cache)
     deltas, kernels = metrics.graph_deltas(result), metrics.kernel_stats(result)
     if key is not None and stat_signature()[0] != environment()["sources"]:
         # The key holds the hash of the sources as they were when this process

@@ -10,8 +10,16 @@ if TYPE_CHECKING:
 
 
 def _extern_callable(primitive, params):
+    # A primitive holding jaxprs (shard_map, call primitives) binds with the
+    # params ``get_bind_params`` makes of its equation's, as eval_jaxpr does
+    # (older jax returns (subfuns, params) instead).
+    bind_params = primitive.get_bind_params(dict(params))
+    subfuns = ()
+    if isinstance(bind_params, tuple):
+        subfuns, bind_params = bind_params
+
     def run(*args):
-        out = primitive.bind(*args, **params)
+        out = primitive.bind(*subfuns, *args, **bind_params)
         return tuple(out) if primitive.multiple_results else (out,)
 
     run.__name__ = f"extern_{primitive.name}"
@@ -42,7 +50,28 @@ def load(program: RenderedProgram):
     namespace = {"EXTERNS": [_extern_callable(p, params) for p, params in program.externs],
                  "TRITON": _triton_module, "TRITON_CALL": _triton_call}
     exec(compile(program.source, filename, "exec"), namespace)
+    for kernel in getattr(program, "kernels", ()):
+        if callable(namespace.get(kernel.name)):
+            namespace[kernel.name] = _manual_axes(namespace[kernel.name])
     return namespace["call"]
+
+
+def _manual_axes(launch):
+    """A kernel's launcher that also runs inside ``jax.shard_map`` with
+    ``check_vma=True``: ``pallas_call`` cannot learn its outputs' varying
+    manual axes, so it runs with the check off and its outputs vary over the
+    union of its operands' axes (a kernel computes per device; collectives are
+    externs, run through XLA with their own types)."""
+    from pallaskit import sharding
+
+    def run(*args):
+        varying = sharding.varying_of(args)
+        if not varying:
+            return launch(*args)
+        return sharding.with_varying(launch, args, varying)
+
+    run.__name__ = getattr(launch, "__name__", "kernel")
+    return run
 
 
 def load_lazily(program: RenderedProgram):

@@ -1,0 +1,281 @@
+"""Sharded arguments: pallaskit programs compiled for the arguments' shardings.
+
+[Note: sharding]
+JAX's own distribution is the distributed engine. A call whose arrays are not
+all on the default device (a ``NamedSharding`` over any mesh, a GSPMD sharding,
+a ``SingleDeviceSharding`` on another device, a replicated array) compiles its
+program ahead of time for those shardings: ``jax.jit(call, out_shardings=...)
+.lower(ShapeDtypeStruct(..., sharding=s), ...)``, so XLA's SPMD partitioner
+partitions the whole program, pallaskit's kernels included. The output
+shardings are jax.jit's: those of the original function compiled for the same
+input shardings (one extra XLA compile on a graph-cache miss; a hit's
+executable has them built in), so ``with_sharding_constraint`` before an
+output and everything jax.jit's propagation decides carry over. The shardings
+and their devices are part of the signature (in-memory and graph-cache keys);
+sharded signatures take the static path (no dynamic dims, no size buckets).
+Meshes with ``Explicit`` axes: ``pallas_call`` takes no sharding in types, so
+the program is traced over the same mesh with ``Auto`` axes (the same HLO
+shardings) and its outputs keep the explicit shardings.
+
+Kernels under the partitioner: in interpret mode (the CPU) a Pallas kernel is
+ordinary HLO, which SPMD partitions like any other; on the GPU a Triton custom
+call is opaque to the partitioner, which gathers its operands and runs it on
+every device: correct, but not yet per shard.
+
+Under ``jax.shard_map`` (manual axes, ``check_vma=True``) the function is
+traced with its arguments' varying manual axes (``manual_axis_type``), so
+collectives (``psum``, ``all_gather``: externs, run through XLA) keep their
+types; ``pallas_call`` cannot learn its outputs' varying axes, so each kernel
+launch runs with the check off and its outputs are cast to vary over the union
+of its operands' axes (``runtime/loader.py``, ``_manual_axes``). Two cases run
+the original function through XLA instead, with one log line: interpret mode
+(Pallas's HLO interpreter re-traces the kernel body with the check on, where
+the body's index arithmetic is invariant and its loads vary), and
+differentiation inside shard_map (the joint graph is traced without the
+arguments' axes).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+_Tracer = jax.core.Tracer
+
+
+
+@functools.lru_cache(maxsize=None)
+def _default_device():
+    return jax.devices()[0]
+
+
+def placement(leaves) -> tuple | None:
+    """Per-leaf shardings of a call with a committed array off the default
+    device (None for leaves that are not such arrays); None when every array
+    is on the default device (the unsharded path)."""
+    out, other = [], False
+    default = _default_device()
+    for x in leaves:
+        s = None
+        if isinstance(x, jax.Array) and not isinstance(x, _Tracer) and getattr(x, "committed", True):
+            s = x.sharding
+            if not (isinstance(s, jax.sharding.SingleDeviceSharding) and next(iter(s.device_set)) == default):
+                other = True
+        out.append(s)
+    return tuple(out) if other else None
+
+
+def fast_placement(leaves) -> tuple:
+    """The shardings of concrete arrays, for the dispatch fast path's key."""
+    return tuple(x.sharding for x in leaves)
+
+
+def _assignment(s) -> list:
+    """A sharding's devices, in the order of its device assignment."""
+    da = getattr(s, "_device_assignment", None)
+    return list(da) if da is not None else sorted(s.device_set, key=lambda d: d.id)
+
+
+def _explicit(mesh) -> bool:
+    """Whether a mesh (concrete or abstract) has ``Explicit`` axes."""
+    explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
+    return explicit is not None and any(t == explicit for t in getattr(mesh, "axis_types", None) or ())
+
+
+def _auto_mesh(mesh):
+    """A concrete ``mesh`` with every axis ``Auto`` (None when it has no explicit axis)."""
+    if not _explicit(mesh):
+        return None
+    auto = jax.sharding.AxisType.Auto
+    return jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=(auto,) * len(mesh.axis_names))
+
+
+def traceable(s):
+    """A sharding ``pallas_call`` can be traced under: an explicit mesh's
+    ``NamedSharding`` moved onto the same mesh with ``Auto`` axes."""
+    if isinstance(s, jax.sharding.NamedSharding):
+        auto = _auto_mesh(s.mesh)
+        if auto is not None:
+            return jax.sharding.NamedSharding(auto, s.spec, memory_kind=s.memory_kind)
+    return s
+
+
+_MESH_PRIMITIVES = frozenset({"sharding_constraint", "shard_map", "reshard", "mesh_cast"})
+
+
+def mentions_mesh(closed) -> bool:
+    """Whether a jaxpr places values on devices itself (a sharding
+    constraint, a shard_map...): jax.jit then runs it over those devices."""
+    from jax.extend import core as jex_core
+
+    def walk(jaxpr) -> bool:
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name in _MESH_PRIMITIVES:
+                return True
+            for v in eqn.params.values():
+                for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+                    inner = getattr(sub, "jaxpr", sub)
+                    if isinstance(inner, jex_core.Jaxpr) and walk(inner):
+                        return True
+        return False
+
+    return walk(closed.jaxpr)
+
+
+# Tests set it to run kernels under shard_map in interpret mode anyway (kernels
+# whose bodies have no gather, such as a pure pointwise one, lower there).
+KERNELS_IN_INTERPRET_SHARD_MAP = False
+
+
+def xla_only(leaves, transformed: bool, options) -> str:
+    """Why a traced call must run the original function through XLA ('' when
+    it need not): inside shard_map in interpret mode or under a
+    transformation, or traced over explicit mesh axes ([Note: sharding])."""
+    if not any(isinstance(x, _Tracer) for x in leaves):
+        return ""
+    if varying_of(leaves) and (transformed or (options().interpret and not KERNELS_IN_INTERPRET_SHARD_MAP)):
+        return "inside shard_map (varying manual axes) in interpret mode or under a transformation"
+    context = getattr(jax.sharding, "get_abstract_mesh", None)
+    meshes = [getattr(getattr(jax.typeof(x), "sharding", None), "mesh", None) for x in leaves
+              if isinstance(x, _Tracer)] + ([context()] if context is not None else [])
+    if any(m is not None and _explicit(m) for m in meshes):
+        # traced calls on Explicit meshes: the jaxpr's equations carry explicit
+        # shardings, which Pallas kernels cannot take
+        return "traced over Explicit mesh axes (jax.jit or a transformation)"
+    return ""
+
+
+def trace_context(placement_):
+    """The mesh context a sharded signature is traced and its program lowered
+    in: the ``Auto`` twin of an explicit mesh (under the caller's explicit
+    ``jax.set_mesh``, the jaxpr's equations would carry explicit shardings that
+    clash with the program's), else none."""
+    for mesh in [s.mesh for s in placement_ or () if isinstance(s, jax.sharding.NamedSharding)]:
+        auto = _auto_mesh(mesh) if isinstance(mesh, jax.sharding.Mesh) else None
+        if auto is not None:
+            set_mesh = getattr(jax, "set_mesh", None) or jax.sharding.use_mesh
+            return set_mesh(auto)
+    return contextlib.nullcontext()
+
+
+class Placed:
+    """A sharded signature ([Note: sharding]): the arguments' shardings
+    (``placement``, None per leaf that has none) and, computed on first use,
+    jax.jit's output shardings for them."""
+
+    def __init__(self, placement_: Sequence, flat_fn, avals):
+        self.placement = tuple(placement_)
+        self._flat_fn, self._avals = flat_fn, avals
+        self._reference = None
+
+    def _compiled(self):
+        if self._reference is None:
+            structs_ = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=s)
+                        for a, s in zip(self._avals, self.placement)]
+            self._reference = jax.jit(self._flat_fn).lower(*structs_).compile()
+        return self._reference
+
+    def out_shardings(self) -> tuple:
+        """jax.jit's output shardings of the function for these inputs."""
+        return tuple(self._compiled().output_shardings)
+
+    def devices(self) -> list:
+        """The program's devices, in the order of its device assignment."""
+        first = next((s for s in self.placement if s is not None), None)
+        if first is None:  # the jaxpr alone names the devices: ask jax.jit
+            compiled = self._compiled()
+            first = next(iter(jax.tree_util.tree_leaves(compiled.input_shardings)
+                              + list(compiled.output_shardings)))
+        return _assignment(first)
+
+    def replicated(self):
+        """A replicated sharding over the program's devices (hoisted constants)."""
+        first = next((s for s in self.placement if s is not None), None)
+        if isinstance(first, jax.sharding.NamedSharding):
+            return traceable(jax.sharding.NamedSharding(first.mesh, jax.sharding.PartitionSpec()))
+        devs = self.devices()
+        if len(devs) == 1:
+            return jax.sharding.SingleDeviceSharding(devs[0])
+        return jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(devs), ("pallaskit",)),
+                                          jax.sharding.PartitionSpec())
+
+    def structs(self) -> list:
+        """ShapeDtypeStructs of the dynamic leaves with the shardings the
+        program is traced under (``traceable``)."""
+        return [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type,
+                                     sharding=None if s is None else traceable(s))
+                for a, s in zip(self._avals, self.placement)]
+
+    def context(self):
+        return trace_context(self.placement)
+
+    def key_text(self) -> list:
+        """The shardings and their devices as text, for the graph cache's key."""
+        return [None if s is None else [repr(s), [d.id for d in _assignment(s)]] for s in self.placement]
+
+
+# --------------------------------------------------------------------------- #
+# shard_map: varying manual axes
+# --------------------------------------------------------------------------- #
+def manual_axis_type(aval) -> Any:
+    """The varying manual axes of an aval (``manual_axis_type``; ``vma`` in
+    older jax), or None where there are none."""
+    mat = getattr(aval, "manual_axis_type", None)
+    if mat is not None:
+        return None if getattr(mat, "empty", False) or not _varying(mat) else mat
+    vma = getattr(aval, "vma", None)
+    return vma or None
+
+
+def _varying(mat) -> frozenset:
+    if isinstance(mat, (frozenset, set)):
+        return frozenset(mat)
+    return frozenset(getattr(mat, "varying", ())) | frozenset(getattr(mat, "unreduced", ())) \
+        | frozenset(getattr(mat, "reduced", ()))
+
+
+def struct_of(aval) -> jax.ShapeDtypeStruct:
+    """A ShapeDtypeStruct keeping the aval's varying manual axes."""
+    mat = getattr(aval, "manual_axis_type", None)
+    if mat is not None and not getattr(mat, "empty", True):
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type, sharding=aval.sharding,
+                                    manual_axis_type=mat)
+    vma = getattr(aval, "vma", None)
+    if vma:
+        return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type, vma=vma)
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+
+
+def varying_of(args) -> frozenset:
+    """The union of the varying manual axes of ``args`` (tracers inside shard_map)."""
+    out = frozenset()
+    for x in args:
+        if isinstance(x, _Tracer):
+            mat = manual_axis_type(jax.typeof(x))
+            if mat is not None:
+                out |= _varying(mat)
+    return out
+
+
+def _cast_varying(x, axes: tuple):
+    if hasattr(jax.lax, "pcast"):
+        return jax.lax.pcast(x, axes, to="varying")
+    return jax.lax.pvary(x, axes)
+
+
+def with_varying(launch, args, varying: frozenset):
+    """``launch(*args)`` with vma checks off, its outputs cast to vary over ``varying``."""
+    from jax._src import config as jax_config
+
+    with jax_config._check_vma(False):
+        outs = launch(*args)
+    single = not isinstance(outs, (tuple, list))
+    fixed = []
+    for o in ([outs] if single else outs):
+        have = manual_axis_type(jax.typeof(o))
+        missing = tuple(sorted(varying - (_varying(have) if have is not None else frozenset())))
+        fixed.append(_cast_varying(o, missing) if missing else o)
+    return fixed[0] if single else type(outs)(fixed)

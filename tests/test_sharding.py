@@ -1,0 +1,332 @@
+"""Sharded arguments ([Note: sharding] in pallaskit/sharding.py): values and
+output shardings against jax.jit on 8 simulated CPU devices (tests/conftest.py
+sets ``--xla_force_host_platform_device_count=8``)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import pallaskit
+from conftest import assert_close
+
+needs8 = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices")
+
+
+def _mesh(shape, names, explicit=False):
+    devices = np.array(jax.devices()[: int(np.prod(shape))]).reshape(shape)
+    if explicit:
+        types = (jax.sharding.AxisType.Explicit,) * len(names)
+        return Mesh(devices, names, axis_types=types)
+    return Mesh(devices, names)
+
+
+def _check(out, ref, dtype=None):
+    """Same values and equivalent shardings, leaf by leaf."""
+    outs, refs = jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(ref)
+    assert len(outs) == len(refs)
+    for o, r in zip(outs, refs):
+        assert_close(o, r, dtype or r.dtype)
+        assert o.sharding.is_equivalent_to(r.sharding, r.ndim), (o.sharding, r.sharding)
+        assert o.sharding.device_set == r.sharding.device_set
+
+
+def _special(rng, shape, dtype):
+    """Random values with NaN, ±inf and ±0 in them (floats)."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.random(shape) > 0.5
+    if np.issubdtype(dtype, np.integer):
+        return rng.integers(-50, 50, shape).astype(dtype)
+    x = rng.standard_normal(shape).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[: 5] = [np.nan, np.inf, -np.inf, 0.0, -0.0]
+    return x.astype(dtype)
+
+
+def _layouts():
+    """(id, sharding maker of a 2-d array's shape)."""
+    def named(shape, names, spec, explicit=False):
+        return lambda: NamedSharding(_mesh(shape, names, explicit), P(*spec))
+
+    out = [
+        ("1d_rows", named((8,), ("x",), ("x",))),
+        ("2d_both", named((2, 4), ("a", "b"), ("a", "b"))),
+        ("2d_cols", named((4, 2), ("a", "b"), (None, ("a", "b")))),
+        ("2d_rows_partial", named((2, 4), ("a", "b"), ("a",))),
+        ("replicated", named((2, 4), ("a", "b"), ())),
+        ("explicit_2d", named((2, 4), ("a", "b"), ("a", "b"), explicit=True)),
+        ("device3", lambda: jax.sharding.SingleDeviceSharding(jax.devices()[3])),
+    ]
+    try:  # GSPMD-style (what PositionalSharding was): an HLO sharding over a device list
+        from jax._src.sharding_impls import GSPMDSharding
+
+        def gspmd():
+            ref = NamedSharding(_mesh((2, 4), ("a", "b")), P("b", "a"))
+            return GSPMDSharding(tuple(jax.devices()), ref._to_xla_hlo_sharding(2))
+        out.append(("gspmd", gspmd))
+    except ImportError:
+        pass
+    return out
+
+
+LAYOUTS = _layouts()
+
+
+@needs8
+@pytest.mark.parametrize("layout", [s for _, s in LAYOUTS], ids=[n for n, _ in LAYOUTS])
+def test_pointwise_and_reductions_any_sharding(layout, rng):
+    """A pointwise op, a row reduction (over the sharded column axis too) and
+    a full reduction: jax.jit's values and output shardings."""
+    def f(x, y):
+        z = jnp.tanh(x) * 2 + y
+        # max over y: XLA's cross-device max drops NaN (jax.jit itself gives no NaN there)
+        return z, jnp.sum(z * z, axis=1), jnp.max(y, axis=0), jnp.mean(jnp.abs(x))
+
+    s = layout()
+    x = jax.device_put(_special(rng, (16, 24), np.float32), s)
+    y = jax.device_put(rng.standard_normal((16, 24)).astype(np.float32), s)
+    _check(pallaskit.jit(f)(x, y), jax.jit(f)(x, y))
+    _check(pallaskit.jit(f)(x, y), jax.jit(f)(x, y))  # the dispatch fast path
+
+
+@needs8
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, np.int32, np.bool_])
+def test_dtypes_sharded(dtype, rng):
+    def f(x):
+        if x.dtype == np.bool_:
+            return jnp.logical_not(x), jnp.any(x, axis=0)
+        return x * 3 - 1, jnp.sum(x, axis=1), jnp.max(jnp.nan_to_num(x))  # cross-device max drops NaN
+
+    s = NamedSharding(_mesh((2, 4), ("a", "b")), P("b", "a"))
+    x = jax.device_put(jnp.asarray(_special(rng, (12, 6), dtype), dtype), s)
+    _check(pallaskit.jit(f)(x), jax.jit(f)(x), dtype)
+
+
+@needs8
+def test_odd_and_size_one_dims(rng):
+    """Odd sizes (6 x 5 over a 2 x 4 mesh, rows sharded) and a size-1 dim."""
+    mesh = _mesh((2, 4), ("a", "b"))
+    f = lambda x, b: jax.nn.relu(x + b) / (1 + jnp.sum(x, axis=0, keepdims=True))  # noqa: E731
+    x = jax.device_put(rng.standard_normal((6, 5)).astype(np.float32), NamedSharding(mesh, P("a")))
+    b = jax.device_put(rng.standard_normal((1, 5)).astype(np.float32), NamedSharding(mesh, P()))
+    _check(pallaskit.jit(f)(x, b), jax.jit(f)(x, b))
+
+
+@needs8
+def test_array_on_device_3(rng):
+    const = rng.standard_normal((3,)).astype(np.float32)  # a hoisted constant: placed on device 3 too
+    g = lambda x: (jnp.exp(x) * const) @ x.T  # noqa: E731
+    x = jax.device_put(rng.standard_normal((5, 3)).astype(np.float32), jax.devices()[3])
+    f = pallaskit.jit(g)
+    out = f(x)
+    _check(out, jax.jit(g)(x))
+    assert out.devices() == {jax.devices()[3]}
+    # the same shape on the default device is another signature
+    y = jnp.asarray(np.asarray(x))
+    _check(f(y), jax.jit(g)(y))
+    assert f(y).devices() == {jax.devices()[0]}
+
+
+@needs8
+def test_sharded_with_scalars_numpy_and_uncommitted_arrays(rng):
+    """Beside a sharded array: a Python scalar, a numpy array and an array
+    on the default device that jax.jit moves (uncommitted)."""
+    mesh = _mesh((2, 4), ("a", "b"))
+    f = lambda x, s, n, u: (x * s + n) - jnp.sum(u, axis=0)  # noqa: E731
+    x = jax.device_put(rng.standard_normal((4, 8)).astype(np.float32), NamedSharding(mesh, P("a", "b")))
+    n = rng.standard_normal((4, 8)).astype(np.float32)
+    u = jnp.asarray(rng.standard_normal((3, 8)).astype(np.float32))
+    _check(pallaskit.jit(f)(x, 2.5, n, u), jax.jit(f)(x, 2.5, n, u))
+    _check(pallaskit.jit(f)(x, 2.5, n, u), jax.jit(f)(x, 2.5, n, u))
+
+
+@needs8
+def test_graph_cache_serves_sharded_executables(rng):
+    """A second JitFunction of the same sharded signature loads the cached
+    executable (its shardings and devices included); another sharding of the
+    same shapes is another entry."""
+    mesh = _mesh((2, 4), ("a", "b"))
+    f = lambda x: jnp.tanh(x) * jnp.arange(8.0)  # noqa: E731  (a hoisted constant, replicated)
+    x = jax.device_put(rng.standard_normal((4, 8)).astype(np.float32), NamedSharding(mesh, P("a", "b")))
+    _check(pallaskit.jit(f)(x), jax.jit(f)(x))
+    pallaskit.metrics.reset()
+    _check(pallaskit.jit(f)(x), jax.jit(f)(x))
+    assert pallaskit.metrics.counters["cache_hits"] == 1 and pallaskit.metrics.counters["cache_misses"] == 0
+    y = jax.device_put(np.asarray(x), NamedSharding(mesh, P("b", "a")))
+    _check(pallaskit.jit(f)(y), jax.jit(f)(y))
+    assert pallaskit.metrics.counters["cache_misses"] == 1
+
+
+# --------------------------------------------------------------------------- #
+# MLP layouts: data-parallel, fully sharded, tensor-parallel
+# --------------------------------------------------------------------------- #
+def _mlp_loss(params, x, y):
+    w1, b1, w2, b2 = params
+    h = jax.nn.gelu(x @ w1 + b1)
+    out = h @ w2 + b2
+    return jnp.mean((out - y) ** 2)
+
+
+def _sgd_step(params, x, y):
+    loss, grads = jax.value_and_grad(_mlp_loss)(params, x, y)
+    return loss, jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
+
+
+def _mlp_args(rng, layout, mesh_shape=(2, 4), explicit=False):
+    """(params, x, y) placed for ``layout`` on a (data, model) mesh."""
+    mesh = _mesh(mesh_shape, ("data", "model"), explicit)
+    batch, d_in, hidden, d_out = 16, 12, 32, 8
+    specs = {
+        # batch sharded, params replicated
+        "dp": dict(x=P("data"), w1=P(), b1=P(), w2=P(), b2=P()),
+        # batch sharded, params sharded too (FSDP: gathered for use)
+        "fsdp": dict(x=P("data"), w1=P("model"), b1=P("model"), w2=P("model"), b2=P()),
+        # Megatron MLP: W1 column-sharded, W2 row-sharded, the psum implicit
+        "tp": dict(x=P(), w1=P(None, "model"), b1=P("model"), w2=P("model", None), b2=P()),
+    }[layout]
+    put = lambda a, spec: jax.device_put(a.astype(np.float32), NamedSharding(mesh, spec))  # noqa: E731
+    params = (put(rng.standard_normal((d_in, hidden)) / 4, specs["w1"]),
+              put(rng.standard_normal((hidden,)) / 4, specs["b1"]),
+              put(rng.standard_normal((hidden, d_out)) / 4, specs["w2"]),
+              put(rng.standard_normal((d_out,)) / 4, specs["b2"]))
+    x = put(rng.standard_normal((batch, d_in)), specs["x"])
+    y = put(rng.standard_normal((batch, d_out)), specs["x"])
+    return mesh, params, x, y
+
+
+@needs8
+@pytest.mark.parametrize("layout", ["dp", "fsdp", "tp"])
+def test_mlp_training_step_whole_graph(layout, rng):
+    """value_and_grad + SGD compiled as one pallaskit graph."""
+    _, params, x, y = _mlp_args(rng, layout, (4, 2) if layout == "fsdp" else (2, 4))
+    _check(pallaskit.jit(_sgd_step)(params, x, y), jax.jit(_sgd_step)(params, x, y))
+
+
+@needs8
+@pytest.mark.parametrize("layout", ["dp", "fsdp", "tp"])
+def test_mlp_grad_of_pallaskit_loss(layout, rng):
+    """jax.value_and_grad of a pallaskit loss (the custom_vjp halves compiled
+    for sharded operands), forward and grad, then an SGD update."""
+    _, params, x, y = _mlp_args(rng, layout)
+    loss_fn = pallaskit.jit(_mlp_loss)
+    out = jax.value_and_grad(loss_fn)(params, x, y)
+    ref = jax.jit(jax.value_and_grad(_mlp_loss))(params, x, y)
+    _check(out, ref)
+    new = jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, out[1])
+    _check(loss_fn(new, x, y), jax.jit(_mlp_loss)(new, x, y))
+
+
+@needs8
+def test_explicit_mesh(rng):
+    """A mesh with Explicit axes (jax.make_mesh's default): a concrete call is
+    traced over its Auto twin and keeps the explicit output shardings; traced
+    calls on it (jax.jit, jax.grad, which needs jax.set_mesh there as for
+    jax.jit) run the function through XLA, with one log line."""
+    mesh, params, x, y = _mlp_args(rng, "dp", explicit=True)
+    _check(pallaskit.jit(_sgd_step)(params, x, y), jax.jit(_sgd_step)(params, x, y))
+    loss_fn = pallaskit.jit(_mlp_loss)
+    _check(jax.jit(lambda *a: loss_fn(*a) * 2)(params, x, y), jax.jit(lambda *a: _mlp_loss(*a) * 2)(params, x, y))
+    with jax.set_mesh(mesh):
+        out = jax.value_and_grad(loss_fn)(params, x, y)
+        ref = jax.jit(jax.value_and_grad(_mlp_loss))(params, x, y)
+    _check(out, ref)
+    assert pallaskit.metrics.counters["autodiff_fallbacks"] == 2
+
+
+# --------------------------------------------------------------------------- #
+# sharding constraints, shard_map, collectives
+# --------------------------------------------------------------------------- #
+@needs8
+@pytest.mark.parametrize("sharded_input", [False, True])
+def test_with_sharding_constraint_kept(sharded_input, rng):
+    mesh = _mesh((2, 4), ("a", "b"))
+
+    def f(x):
+        y = jax.lax.with_sharding_constraint(jnp.tanh(x), NamedSharding(mesh, P("b", "a")))
+        return y * 2 + 1, jnp.sum(y, axis=0)
+
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    x = jax.device_put(x, NamedSharding(mesh, P("a"))) if sharded_input else jnp.asarray(x)
+    out, ref = pallaskit.jit(f)(x), jax.jit(f)(x)
+    _check(out, ref)
+    assert ref[0].sharding.spec == P("b", "a")  # the constraint reaches the output
+
+
+@needs8
+def test_shard_map_inside_jit_check_vma(rng):
+    """A pallaskit function called in a shard_map body (check_vma=True) under
+    jax.jit: its kernels run per shard; psum and all_gather run through XLA."""
+    mesh = _mesh((2, 4), ("a", "b"))
+
+    def body(x, w):
+        h = jnp.tanh(x) * w  # w: replicated (invariant), x: varying
+        total = jax.lax.psum(jnp.sum(h, axis=0), "a")  # sums over the row shards
+        rows = jax.lax.all_gather(jnp.max(h, axis=1), "b", tiled=True)
+        return h + total, rows
+
+    pk_body = pallaskit.jit(body)
+    specs = dict(mesh=mesh, in_specs=(P("a", "b"), P(None, "b")), out_specs=(P("a", "b"), P(("a", "b"))))
+    x = jax.device_put(_special(rng, (8, 16), np.float32), NamedSharding(mesh, P("a", "b")))
+    w = jax.device_put(rng.standard_normal((1, 16)).astype(np.float32), NamedSharding(mesh, P(None, "b")))
+    ref = jax.jit(jax.shard_map(body, **specs))(x, w)
+    out = jax.jit(jax.shard_map(pk_body, **specs))(x, w)
+    _check(out, ref)
+    if pallaskit.api.compile_options().interpret:  # Pallas's interpreter re-traces kernels with vma checks
+        assert pallaskit.metrics.counters["autodiff_fallbacks"] == 1
+    else:
+        assert pallaskit.metrics.counters["graphs_compiled"] == 1
+
+
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_shard_map_kernels_vary_over_their_operands(check_vma, rng, monkeypatch):
+    """Kernels launched in a shard_map body: a pointwise kernel of a varying
+    and an invariant operand, then psum (a kernel output typed invariant
+    would make that psum a product by the axis size) and all_gather. Runs on
+    one device too (a mesh of all devices there are), for the GPU."""
+    monkeypatch.setattr(pallaskit.sharding, "KERNELS_IN_INTERPRET_SHARD_MAP", True)  # pointwise: lowers there
+    n = min(jax.device_count(), 4)
+    mesh = _mesh((n,), ("d",))
+
+    def body(x, w):
+        y = jnp.exp(x) * w + 1
+        return jax.lax.psum(y, "d"), jax.lax.all_gather(y, "d", tiled=True), y
+
+    specs = dict(mesh=mesh, in_specs=(P("d"), P()), out_specs=(P(), P("d"), P("d")), check_vma=check_vma)
+    x = jax.device_put(_special(rng, (4 * n, 3), np.float32), NamedSharding(mesh, P("d")))
+    w = jax.device_put(rng.standard_normal((1, 3)).astype(np.float32), NamedSharding(mesh, P()))
+    ref = jax.jit(jax.shard_map(body, **specs))(x, w)
+    _check(jax.jit(jax.shard_map(pallaskit.jit(body), **specs))(x, w), ref)
+    assert pallaskit.metrics.counters["autodiff_fallbacks"] == 0
+    assert pallaskit.metrics.counters["graphs_compiled"] == 1
+
+
+@needs8
+def test_shard_map_grad_inside(rng):
+    """jax.grad through a pallaskit function inside shard_map (the backward's
+    psum comes from the transposed broadcast of an invariant weight)."""
+    mesh = _mesh((4,), ("d",))
+
+    def loss(w, x):
+        return jnp.sum(jnp.tanh(x @ w) ** 2)
+
+    def per_shard(lossf):
+        def g(w, x):
+            return jax.lax.psum(jax.grad(lossf)(w, x), "d")
+        return jax.jit(jax.shard_map(g, mesh=mesh, in_specs=(P(), P("d")), out_specs=P()))
+
+    w = jax.device_put(rng.standard_normal((6, 5)).astype(np.float32) / 3, NamedSharding(mesh, P()))
+    x = jax.device_put(rng.standard_normal((8, 6)).astype(np.float32), NamedSharding(mesh, P("d")))
+    _check(per_shard(pallaskit.jit(loss))(w, x), per_shard(loss)(w, x))
+
+
+@needs8
+def test_shard_map_around(rng):
+    """pallaskit.jit of a shard_map'd function with collectives."""
+    mesh = _mesh((2, 4), ("a", "b"))
+    f = jax.shard_map(lambda x: jax.lax.psum(jnp.tanh(x), "a") * 2, mesh=mesh,
+                      in_specs=P("a", "b"), out_specs=P(None, "b"))
+    x = jax.device_put(rng.standard_normal((8, 8)).astype(np.float32), NamedSharding(mesh, P("a", "b")))
+    _check(pallaskit.jit(f)(x), jax.jit(f)(x))
+    y = jnp.asarray(np.asarray(x))  # unsharded input: the shard_map names the devices
+    _check(pallaskit.jit(f)(y), jax.jit(f)(y))
