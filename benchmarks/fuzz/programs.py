@@ -315,7 +315,7 @@ BINARY_INT = [("add", "{a} + {b}"), ("sub", "{a} - {b}"), ("mul", "{a} * {b}"), 
               ("shrl", "lax.shift_right_logical({a}, {b})")]
 BINARY_BOOL = [("and", "{a} & {b}"), ("or", "{a} | {b}"), ("xor", "{a} ^ {b}"), ("ne", "{a} != {b}")]
 COMPARE = [("lt", "<"), ("gt", ">"), ("eq", "=="), ("ne", "!="), ("le", "<="), ("ge", ">=")]
-# (name, template, needs) needs: "num" any non-bool, "float", "bool-ok" any dtype
+# (name, jnp/lax function); op_reduce decides which dtypes each takes
 REDUCTIONS = [("sum", "jnp.sum"), ("max", "jnp.max"), ("min", "jnp.min"), ("prod", "jnp.prod"),
               ("argmax", "jnp.argmax"), ("argmin", "jnp.argmin"), ("any", "jnp.any"), ("all", "jnp.all"),
               ("mean", "jnp.mean"), ("var", "jnp.var"), ("logsumexp", "jax.nn.logsumexp"),
@@ -341,8 +341,8 @@ def numel(shape):
 class Builder:
     """The program under construction: a pool of typed values, lines and inputs."""
 
-    def __init__(self, draw, exclude):
-        self.draw, self.exclude = draw, exclude
+    def __init__(self, draw, exclude, options):
+        self.draw, self.exclude, self.options = draw, exclude, options
         self.values: list[Value] = []
         self.inputs: list[Input] = []
         self.lines: list[Line] = []
@@ -764,8 +764,7 @@ def build(draw, exclude=frozenset(), max_ops=8, long_rows=True):
         options["allow_excess_precision"] = False
     if draw(integers(0, 4)) == 4:
         options["matmul_template"] = "fused"
-    b = Builder(draw, exclude)
-    b.options = options
+    b = Builder(draw, exclude, options)
     base = _shape(draw, long_rows)
     b.new_input(base, _dtype(draw))
     if draw(booleans()):
