@@ -14,8 +14,11 @@ output and everything jax.jit's propagation decides carry over. The shardings
 and their devices are part of the signature (in-memory and graph-cache keys);
 sharded signatures take the static path (no dynamic dims, no size buckets).
 Meshes with ``Explicit`` axes: ``pallas_call`` takes no sharding in types, so
-the program is traced over the same mesh with ``Auto`` axes (the same HLO
-shardings) and its outputs keep the explicit shardings.
+a concrete call's program is traced over the same mesh with ``Auto`` axes (the
+same HLO shardings) and its outputs keep the explicit shardings; a traced call
+over explicit axes (under ``jax.jit`` or a transformation, arguments typed on
+an explicit mesh or a ``jax.set_mesh`` of one) runs the original function
+through XLA, with one log line.
 
 Kernels under the partitioner: in interpret mode (the CPU) a Pallas kernel is
 ordinary HLO, which SPMD partitions like any other; on the GPU a Triton custom
@@ -44,7 +47,6 @@ import jax
 import numpy as np
 
 _Tracer = jax.core.Tracer
-
 
 
 @functools.lru_cache(maxsize=None)
@@ -109,16 +111,14 @@ _MESH_PRIMITIVES = frozenset({"sharding_constraint", "shard_map", "reshard", "me
 def mentions_mesh(closed) -> bool:
     """Whether a jaxpr places values on devices itself (a sharding
     constraint, a shard_map...): jax.jit then runs it over those devices."""
-    from jax.extend import core as jex_core
-
-    def walk(jaxpr) -> bool:
+    def walk(jaxpr) -> bool:  # by duck type: jax.extend is not imported on the warm path
         for eqn in jaxpr.eqns:
             if eqn.primitive.name in _MESH_PRIMITIVES:
                 return True
             for v in eqn.params.values():
                 for sub in (v if isinstance(v, (tuple, list)) else (v,)):
                     inner = getattr(sub, "jaxpr", sub)
-                    if isinstance(inner, jex_core.Jaxpr) and walk(inner):
+                    if hasattr(inner, "eqns") and walk(inner):
                         return True
         return False
 
@@ -266,12 +266,12 @@ def _cast_varying(x, axes: tuple):
     return jax.lax.pvary(x, axes)
 
 
-def with_varying(launch, args, varying: frozenset):
-    """``launch(*args)`` with vma checks off, its outputs cast to vary over ``varying``."""
+def with_varying(launch, args, kwargs, varying: frozenset):
+    """``launch(*args, **kwargs)`` with vma checks off, its outputs cast to vary over ``varying``."""
     from jax._src import config as jax_config
 
     with jax_config._check_vma(False):
-        outs = launch(*args)
+        outs = launch(*args, **kwargs)
     single = not isinstance(outs, (tuple, list))
     fixed = []
     for o in ([outs] if single else outs):

@@ -64,11 +64,11 @@ def _manual_axes(launch):
     externs, run through XLA with their own types)."""
     from pallaskit import sharding
 
-    def run(*args):
-        varying = sharding.varying_of(args)
+    def run(*args, **kwargs):  # keywords: a symbolic program's dim values
+        varying = sharding.varying_of((*args, *kwargs.values()))
         if not varying:
-            return launch(*args)
-        return sharding.with_varying(launch, args, varying)
+            return launch(*args, **kwargs)
+        return sharding.with_varying(launch, args, kwargs, varying)
 
     run.__name__ = getattr(launch, "__name__", "kernel")
     return run
