@@ -138,8 +138,14 @@ def walk(expr: Expr) -> Iterator[Expr]:
                 stack.append((c, False))
 
 
-def loads(expr: Expr) -> list[Load]:
-    return [e for e in walk(expr) if isinstance(e, Load)]
+def loads(expr: Expr) -> tuple[Load, ...]:
+    """The distinct loads of ``expr``, children first; kept on the (immutable)
+    expression, since the scheduler and renderers ask for them again and again."""
+    out = expr.__dict__.get("_loads")
+    if out is None:
+        out = tuple(e for e in walk(expr) if isinstance(e, Load))
+        object.__setattr__(expr, "_loads", out)
+    return out
 
 
 def rewrite(expr: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
