@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 
 import numpy as np
@@ -141,17 +142,29 @@ class _Inliner:
     def __init__(self, graph: ir.Graph, keep: set[str]):
         self.graph, self.keep = graph, keep
         self.memo: dict = {}
+        self.bodies: dict = {}  # body -> inlined body (a producer read at several indices is inlined once)
 
     def body(self, node) -> ir.Expr:
         return self._inline(node.body)
 
-    def _inline(self, expr: ir.Expr) -> ir.Expr:
-        def sub(e):
-            if isinstance(e, ir.Load) and e.buffer not in self.keep:
-                return self._load(e)
-            return None
+    def prime(self, live: set[str]):
+        """Inline every pointwise node in graph (topological) order, so that a
+        load's producer is always inlined already: a long chain of pointwise
+        nodes would otherwise recurse once per link."""
+        for node in self.graph.nodes.values():
+            if isinstance(node, ir.Pointwise) and node.name in live and node.name not in self.keep:
+                self._inline(node.body)
 
-        return ir.rewrite(expr, sub)
+    def _inline(self, expr: ir.Expr) -> ir.Expr:
+        out = self.bodies.get(expr)
+        if out is None:
+            def sub(e):
+                if isinstance(e, ir.Load) and e.buffer not in self.keep:
+                    return self._load(e)
+                return None
+
+            out = self.bodies[expr] = ir.rewrite(expr, sub)
+        return out
 
     def _load(self, ld: ir.Load) -> ir.Expr:
         key = (ld.buffer, ld.index, ld.mask)
@@ -165,10 +178,15 @@ class _Inliner:
         return self.memo[key]
 
 
+@functools.lru_cache(maxsize=1 << 14)
+def _and(a, b):
+    return sympy.And(a, b)
+
+
 def _and_mask(expr, mask):
     def sub(e):
         if isinstance(e, ir.Load):
-            m = mask if e.mask is None else sympy.And(e.mask, mask)
+            m = mask if e.mask is None else _and(e.mask, mask)
             return dataclasses.replace(e, mask=m)
         return None
 
@@ -315,6 +333,7 @@ def _member_for(node, body, group_kind, rows, cols, domain) -> Member | None:
 
 
 def build_groups(graph, keep, live, inliner) -> list[_Group]:
+    inliner.prime(live)
     groups = []
     for pos, node in enumerate(graph.nodes.values()):
         if node.name not in keep or node.name not in live:
