@@ -24,6 +24,7 @@ which is what the golden tests and cache keys read.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Iterator
 
 import numpy as np
@@ -56,8 +57,42 @@ def _cached_hash(cls):
             object.__setattr__(self, "_hash", h)
         return h
 
+    def __eq__(self, other):
+        # Unequal hashes settle most comparisons without walking the operands.
+        if self is other:
+            return True
+        if other.__class__ is not self.__class__ or hash(self) != hash(other):
+            return False
+        return all(getattr(self, n) == getattr(other, n) for n in field_names)
+
+    init = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        __hash__(self)  # now, while the operands' hashes are known: lazily it would recurse down a deep body
+        object.__setattr__(self, "_canonical", _canonical(self))
+
     cls.__hash__ = __hash__
+    cls.__eq__ = __eq__
+    cls.__init__ = __init__
     return cls
+
+
+def _canonical(e) -> bool:
+    """Would ``substitute_index`` with an identity mapping give ``e`` back (every
+    index already in simplified form)? Known at construction, from the operands'."""
+    if isinstance(e, Load):
+        return all(_simplified(i) for i in e.index)
+    if isinstance(e, IndexValue):
+        return isinstance(e.expr, sympy.logic.boolalg.Boolean) or _simplified(e.expr)
+    return all(a.__dict__.get("_canonical", False) for a in e.children())
+
+
+def _simplified(i) -> bool:
+    try:
+        return sizes.simplify(sympy.sympify(i)) == i
+    except (TypeError, sympy.SympifyError):
+        return False
 
 
 @_cached_hash
@@ -69,8 +104,8 @@ class Load(Expr):
     mask: object = None  # sympy boolean: where the load is valid (pad/concat); else 0
 
     def __str__(self):
-        idx = ", ".join(str(i) for i in self.index)
-        m = f" if {self.mask}" if self.mask is not None else ""
+        idx = ", ".join(sizes.text(i) for i in self.index)
+        m = f" if {sizes.text(self.mask)}" if self.mask is not None else ""
         return f"{self.buffer}[{idx}]{m}"
 
 
@@ -109,7 +144,7 @@ class IndexValue(Expr):
     dtype: np.dtype
 
     def __str__(self):
-        return f"index({self.expr}):{self.dtype.name}"
+        return f"index({sizes.text(self.expr)}):{self.dtype.name}"
 
 
 @_cached_hash
@@ -154,8 +189,14 @@ def walk(expr: Expr) -> Iterator[Expr]:
                 stack.append((c, False))
 
 
-def loads(expr: Expr) -> list[Load]:
-    return [e for e in walk(expr) if isinstance(e, Load)]
+def loads(expr: Expr) -> tuple[Load, ...]:
+    """The distinct loads of ``expr``, children first; kept on the (immutable)
+    expression, since the scheduler and renderers ask for them again and again."""
+    out = expr.__dict__.get("_loads")
+    if out is None:
+        out = tuple(e for e in walk(expr) if isinstance(e, Load))
+        object.__setattr__(expr, "_loads", out)
+    return out
 
 
 def rewrite(expr: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
@@ -164,7 +205,8 @@ def rewrite(expr: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
     for e in walk(expr):
         if isinstance(e, Op):
             args = tuple(memo[a] for a in e.args)
-            new = e if args == e.args else dataclasses.replace(e, args=args)
+            # identity, not ==: equality of deep bodies recurses once per level
+            new = e if all(x is y for x, y in zip(args, e.args)) else dataclasses.replace(e, args=args)
         else:
             new = e
         out = fn(new)
@@ -173,21 +215,50 @@ def rewrite(expr: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
 
 
 def substitute_index(expr: Expr, mapping: dict) -> Expr:
-    """Substitute index symbols in every load index, mask and index value."""
+    """Substitute index symbols in every load index, mask and index value.
+    Memoized: the scheduler and the renderers substitute the same bodies with
+    the same coordinates many times, and sympy is slow."""
     if not mapping:
         return expr
+    if expr.__dict__.get("_canonical") and all(k == v for k, v in mapping.items()):
+        return expr  # what the substitution would rebuild, equal (a chain of same-shape nodes inlines in linear time)
+    return _substitute(expr, tuple(mapping.items()))
 
+
+@functools.lru_cache(maxsize=4096)
+def _substitute(expr: Expr, items: tuple) -> Expr:
     def sub(e):
         if isinstance(e, Load):
-            idx = tuple(sizes.simplify(sympy.sympify(i).xreplace(mapping)) for i in e.index)
-            mask = None if e.mask is None else e.mask.xreplace(mapping)
+            idx = tuple(_substitute_one(i, items) for i in e.index)
+            mask = None if e.mask is None else _xreplace(e.mask, items)
+            if idx == e.index and mask == e.mask:
+                return None
             return dataclasses.replace(e, index=idx, mask=mask)
         if isinstance(e, IndexValue):
-            ex = e.expr.xreplace(mapping)
+            ex = _xreplace(e.expr, items)
             return dataclasses.replace(e, expr=sizes.simplify(ex) if not isinstance(ex, sympy.logic.boolalg.Boolean) else ex)
         return None
 
     return rewrite(expr, sub)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _substitute_one(index, items: tuple):
+    if isinstance(index, int):
+        index = sympy.Integer(index)
+    if index.is_Integer:
+        return index
+    if index.is_Symbol:
+        for k, v in items:
+            if k == index:
+                return sizes.simplify(sympy.sympify(v))
+        return index
+    return sizes.simplify(index.xreplace(dict(items)))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _xreplace(expr, items: tuple):
+    return expr.xreplace(dict(items))
 
 
 def format_expr(expr: Expr) -> str:

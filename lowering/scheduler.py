@@ -18,6 +18,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import heapq
 import itertools
 
 import numpy as np
@@ -142,17 +144,29 @@ class _Inliner:
     def __init__(self, graph: ir.Graph, keep: set[str]):
         self.graph, self.keep = graph, keep
         self.memo: dict = {}
+        self.bodies: dict = {}  # body -> inlined body (a producer read at several indices is inlined once)
 
     def body(self, node) -> ir.Expr:
         return self._inline(node.body)
 
-    def _inline(self, expr: ir.Expr) -> ir.Expr:
-        def sub(e):
-            if isinstance(e, ir.Load) and e.buffer not in self.keep:
-                return self._load(e)
-            return None
+    def prime(self, live: set[str]):
+        """Inline every pointwise node in graph (topological) order, so that a
+        load's producer is always inlined already: a long chain of pointwise
+        nodes would otherwise recurse once per link."""
+        for node in self.graph.nodes.values():
+            if isinstance(node, ir.Pointwise) and node.name in live and node.name not in self.keep:
+                self._inline(node.body)
 
-        return ir.rewrite(expr, sub)
+    def _inline(self, expr: ir.Expr) -> ir.Expr:
+        out = self.bodies.get(expr)
+        if out is None:
+            def sub(e):
+                if isinstance(e, ir.Load) and e.buffer not in self.keep:
+                    return self._load(e)
+                return None
+
+            out = self.bodies[expr] = ir.rewrite(expr, sub)
+        return out
 
     def _load(self, ld: ir.Load) -> ir.Expr:
         key = (ld.buffer, ld.index, ld.mask)
@@ -166,10 +180,15 @@ class _Inliner:
         return self.memo[key]
 
 
+@functools.lru_cache(maxsize=1 << 14)
+def _and(a, b):
+    return sympy.And(a, b)
+
+
 def _and_mask(expr, mask):
     def sub(e):
         if isinstance(e, ir.Load):
-            m = mask if e.mask is None else sympy.And(e.mask, mask)
+            m = mask if e.mask is None else _and(e.mask, mask)
             return dataclasses.replace(e, mask=m)
         return None
 
@@ -179,7 +198,7 @@ def _and_mask(expr, mask):
 # --------------------------------------------------------------------------- #
 # 3. Groups
 # --------------------------------------------------------------------------- #
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class _Group:
     kind: str  # "pointwise" | "reduction" | "mix"
     rows: int
@@ -187,13 +206,21 @@ class _Group:
     domain: tuple  # pointwise: its shape; reduction and mix: (domain, axes reduced per row)
     members: list[Member]
     order: int  # position of the first member in the graph
+    # The fuser walks reads and writes on every score, so both are computed once
+    # (members never change after a group is made: a merge makes a new group).
+    _produces: frozenset = dataclasses.field(default=None, repr=False)
+    _reads: frozenset = dataclasses.field(default=None, repr=False)
 
-    def produces(self) -> set[str]:
-        return {m.name for m in self.members}
+    def produces(self) -> frozenset[str]:
+        if self._produces is None:
+            self._produces = frozenset(m.name for m in self.members)
+        return self._produces
 
-    def reads(self) -> set[str]:
-        own = self.produces()
-        return {ld.buffer for m in self.members for ld in ir.loads(m.body)} - own
+    def reads(self) -> frozenset[str]:
+        if self._reads is None:
+            own = self.produces()
+            self._reads = frozenset(ld.buffer for m in self.members for ld in ir.loads(m.body)) - own
+        return self._reads
 
 
 def _coords_pointwise(node, shape):
@@ -238,16 +265,50 @@ def _in_kernel_reads_ok(members: list[Member]) -> bool:
     for m in members:
         for ld in ir.loads(m.body):
             prod = by_name.get(ld.buffer)
+            if prod is not None and not _in_kernel_read_ok(m, prod, ld):
+                return False
+    return True
+
+
+def _merged_reads_ok(merged: _Group, a: _Group, b: _Group) -> bool:
+    """``_in_kernel_reads_ok(merged.members)``, checking only what the merge
+    can have changed: both groups' own reads were checked when they were made,
+    so a read within one side is skipped unless the merge gave its reader or
+    its producer another role or other coordinates (a pointwise group joining
+    a reduction's iteration space)."""
+    side, before = {}, {}
+    for g in (a, b):
+        for m in g.members:
+            side[m.name], before[m.name] = g, m
+    by_name = {m.name: m for m in merged.members}
+    moved = {n for n, m in by_name.items()
+             if not (before[n] is m or (before[n].role == m.role and before[n].coords == m.coords))}
+    moved_side = {id(side[n]) for n in moved}
+    for m in merged.members:
+        g = side[m.name]
+        other = b if g is a else a
+        if m.name not in moved and id(g) not in moved_side and not (g.reads() & other.produces()):
+            continue
+        for ld in ir.loads(m.body):
+            prod = by_name.get(ld.buffer)
             if prod is None:
                 continue
-            if prod.role == "rowwise":
-                return False  # row-wise values are inlined, never re-read
-            if ld.mask is not None:
+            if side[prod.name] is g and m.name not in moved and prod.name not in moved:
+                continue
+            if not _in_kernel_read_ok(m, prod, ld):
                 return False
-            idx = tuple(sizes.simplify(sympy.sympify(i).xreplace(m.coords)) for i in ld.index)
-            if m.role in ("reduction", "rowwise", "row", "column"):
-                if sizes.simplify(_position(prod, idx) - _own_position(prod)) != 0:
-                    return False
+    return True
+
+
+def _in_kernel_read_ok(m: Member, prod: Member, ld: ir.Load) -> bool:
+    if prod.role == "rowwise":
+        return False  # row-wise values are inlined, never re-read
+    if ld.mask is not None:
+        return False
+    if m.role in ("reduction", "rowwise", "row", "column"):
+        idx = tuple(sizes.simplify(sympy.sympify(i).xreplace(m.coords)) for i in ld.index)
+        if sizes.simplify(_position(prod, idx) - _own_position(prod)) != 0:
+            return False
     return True
 
 
@@ -274,6 +335,7 @@ def _member_for(node, body, group_kind, rows, cols, domain) -> Member | None:
 
 
 def build_groups(graph, keep, live, inliner) -> list[_Group]:
+    inliner.prime(live)
     groups = []
     for pos, node in enumerate(graph.nodes.values()):
         if node.name not in keep or node.name not in live:
@@ -440,22 +502,109 @@ def _merge_into_matmul(mm: _Group, other: _Group, order: dict) -> _Group | None:
     return _Group("matmul", mm.rows, mm.cols, mm.domain, members, min(mm.order, other.order))
 
 
+class _Step:
+    """A step of the program that is not a group (an extern, or a node read
+    by one that no group holds): what the cycle check walks through."""
+
+    def __init__(self, key, reads, produces):
+        self.key, self._reads, self._produces = key, frozenset(reads), frozenset(produces)
+
+    def reads(self):
+        return self._reads
+
+    def produces(self):
+        return self._produces
+
+
 class Fuser:
     """Greedy pairwise fusion of groups; legality (``can_fuse``) and profit
-    (``fusion_score``) are separate."""
+    (``fusion_score``) are separate.
+
+    [Note: the fusion loop]
+    The decision rule: merge the pair with the best score (then the first pair
+    in the order the groups were made: initial groups in graph order, merged
+    groups after them in order of merging), if legal; repeat until no pair with
+    a nonzero score is legal. The loop finds that pair without scoring every
+    pair after every merge:
+
+    - a pair with more than (0, 1) shares a buffer (one reads what the other
+      reads or writes), so those pairs come from an index of who reads and who
+      writes each buffer, scored once when the younger group is made, and kept
+      in a heap; an entry whose group has since merged is dropped when popped.
+      A score depends on the two groups alone, so it never goes stale.
+    - the (0, 1) pairs (same kind and iteration space, nothing shared: one
+      launch fewer) are all pairs of a class; each class offers only its first
+      legal pair, recomputed when the class changed.
+    - legality is checked when a pair comes up. Only the cycle check depends on
+      other groups, and merges only add paths, so a pair found illegal stays
+      illegal while both groups live.
+    Pairs that can never merge (two pointwise groups over different shapes, two
+    reductions over different domains) are not queued at all."""
 
     def __init__(self, graph, groups, options: CompileOptions):
         self.graph, self.groups, self.options = graph, groups, options
         self.producer = _producers(graph)
         self.order = {name: k for k, name in enumerate(graph.nodes)}
+        self._bytes: dict[str, int] = {}
+        self._steps_ready = False
 
     def size(self, x) -> int:
         """A size as the heuristics see it: symbolic sizes at their hints."""
         return sizes.hint(x, self.options.size_hints)
 
     def bytes_of(self, buf: str) -> int:
-        shape, dtype = self.graph.buffer_aval(buf)
-        return self.size(sizes.numel(shape)) * np.dtype(dtype).itemsize
+        out = self._bytes.get(buf)
+        if out is None:
+            shape, dtype = self.graph.buffer_aval(buf)
+            out = self._bytes[buf] = self.size(sizes.numel(shape)) * np.dtype(dtype).itemsize
+        return out
+
+    # -- the step graph (groups and externs), kept up to date through merges -------
+    def _init_steps(self):
+        self._steps_ready = True
+        self.step_of: dict[str, object] = {}  # buffer -> the group or step writing it
+        self.readers: dict[str, dict] = {}  # buffer -> {id(step): step} reading it
+        steps = list(self.groups)
+        for g in self.groups:
+            for name in g.produces():
+                self.step_of[name] = g
+        pending = [b for g in self.groups for b in g.reads()]
+        done = set(self.step_of)
+        while pending:
+            buf = pending.pop()
+            if buf in done:
+                continue
+            done.add(buf)
+            node = self.producer.get(buf)
+            if node is None or isinstance(node, ir.InputNode):
+                continue
+            outs = node.outputs if isinstance(node, ir.Extern) else (node.name,)
+            step = _Step(node.name, node.reads(), outs)
+            steps.append(step)
+            for o in outs:
+                self.step_of[o] = step
+                done.add(o)
+            pending.extend(step.reads())
+        for s in steps:
+            self._add_reader(s)
+
+    def _add_reader(self, s):
+        for buf in s.reads():
+            self.readers.setdefault(buf, {})[id(s)] = s
+
+    def _replace(self, a, b, merged):
+        for s in (a, b):
+            for buf in s.reads():
+                self.readers[buf].pop(id(s), None)
+        self._add_reader(merged)
+        for name in merged.produces():
+            self.step_of[name] = merged
+
+    def _consumers(self, s) -> list:
+        return [r for buf in s.produces() for r in self.readers.get(buf, {}).values()]
+
+    def _producers_of(self, s) -> list:
+        return [p for buf in s.reads() if (p := self.step_of.get(buf)) is not None]
 
     # -- legality ------------------------------------------------------------------
     def can_fuse(self, a: _Group, b: _Group) -> _Group | None:
@@ -472,39 +621,43 @@ class Fuser:
                 return None
         if merged.kind == "matmul" and self.options.matmul_template == "unfused":
             return None  # epilogue fusion is off: the matmul kernel stores its product alone
-        if self._path_through_other(a, b) or self._path_through_other(b, a):
+        if not _merged_reads_ok(merged, a, b):
             return None
-        if not _in_kernel_reads_ok(merged.members):
+        if self._path_through_other(a, b) or self._path_through_other(b, a):
             return None
         return merged
 
     def _path_through_other(self, src: _Group, dst: _Group) -> bool:
-        """Does ``dst`` depend on ``src`` through a step that is neither?"""
-        produced = src.produces()
-        group_of = {m.name: g for g in self.groups for m in g.members}
-        stack = list(dst.reads())
-        seen = set()
-        while stack:
-            buf = stack.pop()
-            if buf in seen:
-                continue
-            seen.add(buf)
-            if buf in produced:
-                continue  # direct edge: fine
-            g = group_of.get(buf)
-            if g is not None:
-                if g is src or g is dst:
-                    continue
-                reads = g.reads()
-            else:
-                node = self.producer.get(buf)
-                if node is None or isinstance(node, ir.InputNode):
-                    continue
-                reads = set(node.reads())
-            if reads & produced:
+        """Does ``dst`` depend on ``src`` through a step that is neither?
+        Searches forward from ``src`` and backward from ``dst`` at once,
+        always widening the smaller side, until the two meet or one runs out."""
+        if not self._steps_ready:
+            self._init_steps()
+        skip = {id(src), id(dst)}
+        fwd = {id(s): s for s in self._consumers(src) if id(s) not in skip}
+        if not fwd:
+            return False
+        bwd = {id(s): s for s in self._producers_of(dst) if id(s) not in skip}
+        if not bwd:
+            return False
+        f_front, b_front = list(fwd.values()), list(bwd.values())
+        while True:
+            if fwd.keys() & bwd.keys():
                 return True
-            stack.extend(reads)
-        return False
+            if not f_front or not b_front:
+                return False
+            forward = len(f_front) <= len(b_front)
+            seen, front = (fwd, f_front) if forward else (bwd, b_front)
+            nxt = []
+            for s in front:
+                for t in (self._consumers(s) if forward else self._producers_of(s)):
+                    if id(t) not in skip and id(t) not in seen:
+                        seen[id(t)] = t
+                        nxt.append(t)
+            if forward:
+                f_front = nxt
+            else:
+                b_front = nxt
 
     # -- profit ---------------------------------------------------------------------
     def fusion_score(self, a: _Group, b: _Group) -> tuple[int, int]:
@@ -516,7 +669,8 @@ class Fuser:
             return 0, 0  # too few rows to spread the row work over the persistent grid
         if "matmul" in (a.kind, b.kind):
             return self._matmul_score(a, b)
-        shared = (a.reads() & b.reads()) | (a.produces() & b.reads()) | (b.produces() & a.reads())
+        ar, br = a.reads(), b.reads()
+        shared = (ar & br) | (a.produces() & br) | (b.produces() & ar)
         saved = sum(self.bytes_of(s) for s in shared)
         if saved == 0 and (a.kind, a.domain) != (b.kind, b.domain):
             return 0, 0
@@ -558,21 +712,143 @@ class Fuser:
     def run(self) -> list[_Group]:
         if not self.options.fusion:
             return self.groups
+        self._init_steps()
+        return _FusionLoop(self).run()
+
+
+def _class_of(g: _Group):
+    """Pairs of one class score at least (0, 1) whatever they share; None: no class."""
+    return None if g.kind == "matmul" else (g.kind, g.domain)
+
+
+def _never_fuse(a: _Group, b: _Group) -> bool:
+    """Iteration spaces that ``_merge`` always refuses (a cheap filter: it
+    only keeps pairs out of the queue that could never be chosen)."""
+    if a.kind == "pointwise" and b.kind == "pointwise":
+        return a.domain != b.domain
+    if "pointwise" in (a.kind, b.kind):
+        return False
+    if "matmul" in (a.kind, b.kind):
+        return True
+    return a.domain != b.domain
+
+
+class _FusionLoop:
+    """The driver of [Note: the fusion loop]."""
+
+    _TIE = (0, 1)
+
+    def __init__(self, fuser: Fuser):
+        self.f = fuser
+        self.seq: dict[int, int] = {}  # id(group) -> its place in the order groups were made
+        self.alive: dict[int, _Group] = {}
+        self.illegal: set[tuple[int, int]] = set()  # (seq, seq) pairs found illegal
+        self.heap: list = []
+        self.classes: dict = {}  # class -> [seq, ...] (may hold dead groups, dropped on refresh)
+        self.dirty: set = set()
+        self.offered: dict = {}  # class -> the (seq, seq) pair it offers
+        self.verified: dict = {}  # (seq, seq) -> merged group, legal since the last merge
+        self.next_seq = 0
+        for g in fuser.groups:
+            self._add(g)
+        for g in fuser.groups:
+            self._queue_neighbours(g, older_only=True)
+
+    def _add(self, g):
+        s = self.next_seq
+        self.next_seq += 1
+        self.seq[id(g)] = s
+        self.alive[s] = g
+        c = _class_of(g)
+        if c is not None:
+            self.classes.setdefault(c, []).append(s)
+            self.dirty.add(c)
+        return s
+
+    def _queue_neighbours(self, g, older_only=False):
+        """Queue ``g`` with every live group it shares a buffer with."""
+        f, sg = self.f, self.seq[id(g)]
+        others = {}
+        for buf in g.reads():
+            for r in f.readers.get(buf, {}).values():
+                others[id(r)] = r
+            p = f.step_of.get(buf)
+            if p is not None:
+                others[id(p)] = p
+        for buf in g.produces():
+            for r in f.readers.get(buf, {}).values():
+                others[id(r)] = r
+        for o in others.values():
+            so = self.seq.get(id(o))
+            if so is None or o is g or so not in self.alive or (older_only and so > sg):
+                continue
+            if _never_fuse(g, o):
+                continue
+            a, b = (o, g) if so < sg else (g, o)
+            score = f.fusion_score(a, b)
+            if score == (0, 0):
+                continue
+            heapq.heappush(self.heap, (-score[0], -score[1], min(so, sg), max(so, sg)))
+
+    def _legal(self, sa, sb):
+        """The merged group of a live pair if legal now, else None (remembered)."""
+        if (sa, sb) in self.illegal:
+            return None
+        hit = self.verified.get((sa, sb))
+        if hit is not None:
+            return hit
+        merged = self.f.can_fuse(self.alive[sa], self.alive[sb])
+        if merged is None:
+            self.illegal.add((sa, sb))
+            return None
+        self.verified[(sa, sb)] = merged
+        return merged
+
+    def _refresh(self, c):
+        """Offer the class's first legal pair (in the order groups were made)."""
+        members = [s for s in self.classes[c] if s in self.alive]
+        self.classes[c] = members
+        self.offered.pop(c, None)
+        for i, sa in enumerate(members):
+            for sb in members[i + 1:]:
+                if self._legal(sa, sb) is not None:
+                    self.offered[c] = (sa, sb)
+                    heapq.heappush(self.heap, (-self._TIE[0], -self._TIE[1], sa, sb))
+                    return
+
+    def run(self) -> list[_Group]:
         while True:
-            best = None
-            for a, b in itertools.combinations(self.groups, 2):
-                score = self.fusion_score(a, b)
-                if score == (0, 0):
-                    continue
-                if best is not None and score <= best[0]:
-                    continue
-                merged = self.can_fuse(a, b)
-                if merged is not None:
-                    best = (score, a, b, merged)
-            if best is None:
-                return self.groups
-            _, a, b, merged = best
-            self.groups = [g for g in self.groups if g is not a and g is not b] + [merged]
+            if self.dirty and (not self.heap or (-self.heap[0][0], -self.heap[0][1]) <= self._TIE):
+                for c in self.dirty:
+                    self._refresh(c)
+                self.dirty.clear()
+                continue
+            if not self.heap:
+                break
+            _, _, sa, sb = heapq.heappop(self.heap)
+            if sa not in self.alive or sb not in self.alive:
+                continue
+            a, b = self.alive[sa], self.alive[sb]
+            merged = self._legal(sa, sb)
+            if merged is None:
+                for g in (a, b):
+                    c = _class_of(g)
+                    if c is not None and self.offered.get(c) == (sa, sb):
+                        self.dirty.add(c)
+                continue
+            self._merge(a, b, merged)
+        return [self.alive[s] for s in sorted(self.alive)]
+
+    def _merge(self, a, b, merged):
+        self.verified = {}
+        for g in (a, b):
+            del self.alive[self.seq[id(g)]]
+            c = _class_of(g)
+            if c is not None:
+                self.dirty.add(c)
+        self._add(merged)
+        self.f._replace(a, b, merged)
+        self._queue_neighbours(merged)
 
 
 # --------------------------------------------------------------------------- #
@@ -611,29 +887,38 @@ def schedule(graph: ir.Graph, options: CompileOptions) -> Schedule:
 
 
 def _topological(groups, externs, graph):
+    """Steps in dependency order, the earliest in the graph first among those
+    whose inputs are ready."""
     steps = list(groups) + list(externs)
     prod = {}
     for s in steps:
         for name in (s.produces() if isinstance(s, _Group) else s.outputs):
             prod[name] = s
-    deps = {id(s): {id(prod[r]) for r in (s.reads() if isinstance(s, _Group) else s.reads()) if r in prod and prod[r] is not s}
-            for s in steps}
+    position = {name: k for k, name in enumerate(graph.nodes)}
+    order_key = {id(s): (s.order if isinstance(s, _Group) else position[s.name]) for s in steps}
+    deps = {id(s): {id(prod[r]) for r in s.reads() if r in prod and prod[r] is not s} for s in steps}
     # Effects run in program order (two prints print in order): each waits for the one before.
-    effects = sorted((s for s in externs if s.effectful), key=lambda s: list(graph.nodes).index(s.name))
+    effects = sorted((s for s in externs if s.effectful), key=lambda s: position[s.name])
     for before, after in zip(effects, effects[1:]):
         deps[id(after)].add(id(before))
-    order_key = {id(s): (s.order if isinstance(s, _Group) else list(graph.nodes).index(s.name)) for s in steps}
-    done, out = set(), []
-    pending = sorted(steps, key=lambda s: order_key[id(s)])
-    while pending:
-        for s in pending:
-            if deps[id(s)] <= done:
-                out.append(s)
-                done.add(id(s))
-                pending.remove(s)
-                break
-        else:
-            raise AssertionError("cycle in schedule")
+    users = {id(s): [] for s in steps}
+    waiting = {}
+    for s in steps:
+        waiting[id(s)] = len(deps[id(s)])
+        for d in deps[id(s)]:
+            users[d].append(s)
+    ready = [(order_key[id(s)], k, s) for k, s in enumerate(steps) if not waiting[id(s)]]
+    heapq.heapify(ready)
+    out, tie = [], itertools.count(len(steps))  # a unique second key: steps never compare
+    while ready:
+        _, _, s = heapq.heappop(ready)
+        out.append(s)
+        for u in users[id(s)]:
+            waiting[id(u)] -= 1
+            if not waiting[id(u)]:
+                heapq.heappush(ready, (order_key[id(u)], next(tie), u))
+    if len(out) != len(steps):
+        raise AssertionError("cycle in schedule")
     return out
 
 

@@ -134,12 +134,28 @@ def next_power_of_2(n: int) -> int:
 
 
 def simplify(expr):
+    try:
+        return _expand(expr)
+    except TypeError:  # unhashable: a list or the like, which expand rejects or handles itself
+        return sympy.expand(expr)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _expand(expr):
+    # Memoized: the same index expressions are expanded again and again.
     return sympy.expand(expr)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def to_source(expr) -> str:
     """Python source for an index expression over int arrays (``//`` for FloorDiv)."""
     return _Printer().doprint(expr)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def text(expr) -> str:
+    """``str(expr)``, memoized (the IR prints the same masks and indices often)."""
+    return str(expr)
 
 
 class _Printer(sympy.printing.str.StrPrinter):

@@ -200,3 +200,17 @@ def test_every_workload_has_a_torch_twin_and_smoke_size():
         for _, size in w.cases(w.sizes["smoke"]):
             inputs = w.make_inputs(size, jnp.dtype("bfloat16"), jax.random.key(1))
             assert all(np.all(np.isfinite(np.asarray(x, np.float32))) for x in inputs)
+
+
+def test_compile_time_smoke_writes_json_and_plot(tmp_path):
+    """benchmarks/compile_time.py --smoke: every workload, both backends, a result each."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.compile_time", "--smoke", f"--output={tmp_path}"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=170)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "compile_time.json").read_text())["rows"]
+    assert {r["workload"] for r in rows} == {"momentum", "adamw", "chain", "scan"}
+    assert {r["backend"] for r in rows} == {"pallaskit", "jax.jit"}
+    assert all(r["seconds"] > 0 and r["finite"] for r in rows), rows
+    assert all(r["compiler_s"] > 0 for r in rows if r["backend"] == "pallaskit")
+    assert (tmp_path / "compile_time.png").stat().st_size > 0
