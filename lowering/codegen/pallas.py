@@ -221,6 +221,24 @@ def _is_16bit_float(dt) -> bool:
     return is_float(dt) and np.dtype(dt).itemsize == 2
 
 
+def _bit_count_template(op, dt) -> str | None:
+    """clz / population_count of 8- and 16-bit ints on their int32 bits, of
+    unsigned ints on the signed int of their width: Triton legalizes only the
+    libdevice calls (i32, i64), its math.ctlz fallback fails to compile. None:
+    the op as it is."""
+    dt = np.dtype(dt)
+    fn = "lax.clz" if op == "clz" else "lax.population_count"
+    if dt.kind in "iu" and dt.itemsize < 4:
+        bits = 8 * dt.itemsize
+        text = f"{fn}({{0}}.astype(jnp.int32) & {(1 << bits) - 1})"  # the zero-extended bits
+        if op == "clz":
+            text = f"({text} - {32 - bits})"
+        return f"{text}.astype({dtype_source(dt)})"
+    if dt.kind == "u":  # the signed int of its width: libdevice's __nv_clz / __nv_clzll
+        return f"{fn}(lax.bitcast_convert_type({{0}}, jnp.int{8 * dt.itemsize})).astype({dtype_source(dt)})"
+    return None
+
+
 def is_float(dt) -> bool:
     return bool(jnp.issubdtype(np.dtype(dt), jnp.floating))
 
@@ -329,6 +347,8 @@ class _KernelEmitter:
                 return f"_f{e.op}({{0}}, {{1}})"
             if e.op == "clamp":  # lax.clamp(lo, x, hi) = min(max(x, lo), hi)
                 return "_fmin(_fmax({1}, {0}), {2})"
+        if e.op in ("clz", "population_count"):
+            return _bit_count_template(e.op, e.dtype) or OPS[e.op]
         return OPS[e.op]
 
     def load_text(self, ref: str, off: str, mask_arg: str) -> str:
