@@ -136,6 +136,34 @@ def _round(x, method):
     return (lax.sign(xf) * r).astype(x.dtype)
 ''',
 }
+
+# Float max / min as XLA computes them, NaN included: Pallas lowers lax.max /
+# lax.min and the jnp.max / jnp.min / argmax reductions to maxnum / minnum,
+# which drop a NaN on the GPU (the interpreter's XLA keeps it).
+for _op in ("max", "min"):
+    HELPERS[f"_f{_op}"] = f'''
+def _f{_op}(a, b):
+    return jnp.where((a != a) | (b != b), a + b, lax.{_op}(a, b))
+'''
+    # The NaN-free reduction and a separate any-NaN flag: two reductions, no custom combine.
+    HELPERS[f"_reduce_f{_op}"] = f'''
+def _reduce_f{_op}(x, axis):
+    nan = jnp.max((x != x).astype(jnp.int32), axis=axis, keepdims=True) > 0
+    return jnp.where(nan, float('nan'), jnp.{_op}(x, axis=axis, keepdims=True))
+'''
+HELPERS["_farg"] = '''
+def _farg(x, axis, largest):
+    """jnp.argmax / argmin of a float tile along axis (kept), as jax picks: the
+    first NaN, else the first of the values equal to the best."""
+    nan = x != x
+    anynan = jnp.max(nan.astype(jnp.int32), axis=axis, keepdims=True) > 0
+    fill = float('-inf') if largest else float('inf')
+    clean = jnp.where(nan, fill, x)
+    best = jnp.max(clean, axis=axis, keepdims=True) if largest else jnp.min(clean, axis=axis, keepdims=True)
+    hit = jnp.where(anynan, nan, x == best)
+    i = lax.broadcasted_iota(jnp.int32, x.shape, axis)
+    return jnp.min(jnp.where(hit, i, x.shape[axis]), axis=axis, keepdims=True)
+'''
 _HELPER_DEPS = {}
 
 _PRELUDE = '''\
@@ -191,6 +219,24 @@ class RenderedProgram:
 
 def _is_16bit_float(dt) -> bool:
     return is_float(dt) and np.dtype(dt).itemsize == 2
+
+
+def _bit_count_template(op, dt) -> str | None:
+    """clz / population_count of 8- and 16-bit ints on their int32 bits, of
+    unsigned ints on the signed int of their width: Triton legalizes only the
+    libdevice calls (i32, i64), its math.ctlz fallback fails to compile. None:
+    the op as it is."""
+    dt = np.dtype(dt)
+    fn = "lax.clz" if op == "clz" else "lax.population_count"
+    if dt.kind in "iu" and dt.itemsize < 4:
+        bits = 8 * dt.itemsize
+        text = f"{fn}({{0}}.astype(jnp.int32) & {(1 << bits) - 1})"  # the zero-extended bits
+        if op == "clz":
+            text = f"({text} - {32 - bits})"
+        return f"{text}.astype({dtype_source(dt)})"
+    if dt.kind == "u":  # the signed int of its width: libdevice's __nv_clz / __nv_clzll
+        return f"{fn}(lax.bitcast_convert_type({{0}}, jnp.int{8 * dt.itemsize})).astype({dtype_source(dt)})"
+    return None
 
 
 def is_float(dt) -> bool:
@@ -296,6 +342,13 @@ class _KernelEmitter:
         return f"lax.broadcasted_iota(IDX, {'(%s, 1)' % block if axis == 0 else '(1, %s)' % block}, {axis})"
 
     def op_template(self, e, names) -> str:
+        if is_float(e.dtype):  # NaN-propagating forms (see the _fmax helper)
+            if e.op in ("max", "min"):
+                return f"_f{e.op}({{0}}, {{1}})"
+            if e.op == "clamp":  # lax.clamp(lo, x, hi) = min(max(x, lo), hi)
+                return "_fmin(_fmax({1}, {0}), {2})"
+        if e.op in ("clz", "population_count"):
+            return _bit_count_template(e.op, e.dtype) or OPS[e.op]
         return OPS[e.op]
 
     def load_text(self, ref: str, off: str, mask_arg: str) -> str:
@@ -747,18 +800,17 @@ def _render_mix(em: _KernelEmitter, kernel: Kernel, bodies, cfg):
             ident = _reduction_identity(m.node.op, acc_dt)
             masked = em.bind(("masked", v, edge, ident), f"jnp.where({edge}, {v}, {ident})", full)[0]
             # Combined element-wise: the cross-row reduction happens once, after the loop.
-            outs.append(_COMBINE[m.node.op].format(a=name, v=masked))
+            outs.append(_combine_text(em, m.node.op, name, masked, acc_dt))
         em.scopes.pop()
         em.prefetched = {}
         outs += [f"rows{d}" for d in range(1, depth + 1)]
         w.line(f"return ({', '.join(outs)},)")
     w.line(f"{carry} = lax.fori_loop(0, {n_iter}, row_block, ({carry}))")
     for name, acc_dt, m in accs:
-        fn = _REDUCE_FN[m.node.op]
         off = em.bind(("partial_offset",), f"program * {kernel.cols} + xc", frozenset("c"), "idx")[0]
         if em.interpret:
             off = em.bind(("oob", off, "cmask"), f"jnp.where(cmask, {off}, {m.node.numel})", frozenset("c"), "idx")[0]
-        w.line(f"plt.store({em.out_refs[m.name]}.at[{off}], {fn}({name}, axis=0, keepdims=True), mask=cmask)")
+        w.line(f"plt.store({em.out_refs[m.name]}.at[{off}], {_reduce_text(em, m.node.op, name, acc_dt, 0)}, mask=cmask)")
 
 
 def _row_loads(em, kernel: Kernel, bodies) -> list[ir.Load]:
@@ -804,8 +856,7 @@ def _reduce_tile(em, m: Member, var, ext) -> str:
     ident = _reduction_identity(node.op, m.body.dtype)
     # The key holds the identity: a max and a min of one value pad it differently.
     masked = em.bind(("masked", v, "cmask", ident), f"jnp.where(cmask, {v}, {ident})", full)[0]
-    fn = _REDUCE_FN[node.op]
-    text = f"{fn}({masked}, axis=1, keepdims=True).astype({dtype_source(node.dtype)})"
+    text = f"{_reduce_text(em, node.op, masked, acc_dt, 1)}.astype({dtype_source(node.dtype)})"
     return em.bind(("reduce", node.name), text, frozenset("r"), "red")[0]
 
 
@@ -814,6 +865,26 @@ _REDUCE_FN = {"sum": "jnp.sum", "prod": "jnp.prod", "max": "jnp.max", "min": "jn
               "or": "jnp.max", "argmax": "jnp.argmax", "argmin": "jnp.argmin"}
 _COMBINE = {"sum": "lax.add({a}, {v})", "prod": "lax.mul({a}, {v})", "max": "lax.max({a}, {v})",
             "min": "lax.min({a}, {v})", "and": "lax.min({a}, {v})", "or": "lax.max({a}, {v})"}
+
+
+def _reduce_text(em, op, var, acc_dt, axis) -> str:
+    """``var`` reduced along ``axis`` (kept); a float max / min / argmax /
+    argmin through the NaN-propagating helpers."""
+    if is_float(acc_dt) and op in ("max", "min"):
+        em.helpers.add(f"_reduce_f{op}")
+        return f"_reduce_f{op}({var}, {axis})"
+    if is_float(acc_dt) and op in ("argmax", "argmin"):
+        em.helpers.add("_farg")
+        return f"_farg({var}, {axis}, {op == 'argmax'})"
+    return f"{_REDUCE_FN[op]}({var}, axis={axis}, keepdims=True)"
+
+
+def _combine_text(em, op, acc, v, acc_dt) -> str:
+    """One element-wise combine step of a looped reduction (NaN-propagating for floats)."""
+    if is_float(acc_dt) and op in ("max", "min"):
+        em.helpers.add(f"_f{op}")
+        return f"_f{op}({acc}, {v})"
+    return _COMBINE[op].format(a=acc, v=v)
 
 
 def _render_loop(em, kernel, bodies, reds, rowwise, p, cfg):
@@ -847,7 +918,7 @@ def _render_loop(em, kernel, bodies, reds, rowwise, p, cfg):
             if m.node.op in ("argmax", "argmin"):
                 outs += _arg_combine(em, name, masked, m.node.op, acc_dt, m.node.dtype)
             else:
-                outs.append(_COMBINE[m.node.op].format(a=name, v=masked))
+                outs.append(_combine_text(em, m.node.op, name, masked, acc_dt))
         for m in rowwise:
             em.store(m, *em.value(bodies[m.name]))
         em.scopes.pop()
@@ -856,13 +927,12 @@ def _render_loop(em, kernel, bodies, reds, rowwise, p, cfg):
     init = f"({carry})" if accs else "0"
     w.line(f"{carry or '_'} = lax.fori_loop(0, {n_chunks}, phase{p}, {init})")
     for name, acc_dt, m in accs:
-        fn = _REDUCE_FN[m.node.op]
         if m.node.op in ("argmax", "argmin"):
             text = _arg_finish(em, name, m.node.op, acc_dt, m.node.dtype)
         elif cfg.block_cols == 1:
             text = f"{name}.astype({dtype_source(m.node.dtype)})"
         else:
-            text = f"{fn}({name}, axis=1, keepdims=True).astype({dtype_source(m.node.dtype)})"
+            text = f"{_reduce_text(em, m.node.op, name, acc_dt, 1)}.astype({dtype_source(m.node.dtype)})"
         em.row_values[m.name] = em.bind(("reduce", m.name), text, frozenset("r"), "red")[0]
 
 

@@ -47,7 +47,10 @@ def load(program: RenderedProgram):
     digest = hashlib.sha256(program.source.encode()).hexdigest()[:16]
     filename = f"<pallaskit-{digest}>"
     linecache.cache[filename] = (len(program.source), None, program.source.splitlines(True), filename)
-    namespace = {"EXTERNS": [_extern_callable(p, params) for p, params in program.externs],
+    # Triton's JIT reads the __module__ of a kernel's @triton.jit helpers (a
+    # tl.reduce combine): without __name__ here it is None and compilation fails.
+    namespace = {"__name__": f"pallaskit_program_{digest}",
+                 "EXTERNS": [_extern_callable(p, params) for p, params in program.externs],
                  "TRITON": _triton_module, "TRITON_CALL": _triton_call}
     exec(compile(program.source, filename, "exec"), namespace)
     for kernel in getattr(program, "kernels", ()):
