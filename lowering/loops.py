@@ -109,7 +109,7 @@ def lower_loop(ctx, eqn, invals, fallbacks):
     p = eqn.params
     try:
         if kind == "scan":
-            n_consts, n_carry = p["num_consts"], p["num_carry"]
+            n_consts, n_carry = scan_counts(p)
             bound = list(invals[:n_consts]) + [None] * (len(invals) - n_consts)
             bodies = [_body(ctx, f"{label}_body", p["jaxpr"], bound, body_fallbacks)]
             params_text = (f"length={p['length']} reverse={p['reverse']} unroll={p['unroll']} "
@@ -156,6 +156,16 @@ def lower_loop(ctx, eqn, invals, fallbacks):
                 operands=tuple(invals), params_text=params_text)
     ctx._add(node)
     return names
+
+
+def scan_counts(params) -> tuple[int, int]:
+    """(constants, carries) of a scan equation. jax 0.10 names the counts;
+    jax 0.11 packs the operand layout (consts, carry, xs) into a flat tree
+    ``ft_in`` instead. The body's invars are consts, carry, xs either way."""
+    if "num_consts" in params:
+        return params["num_consts"], params["num_carry"]
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(consts), len(carry)
 
 
 def _drop_hoisted(ctx, n_inputs):
@@ -265,7 +275,7 @@ def write_loop(w, loop: Loop, write_steps, value):
     outs = list(loop.outputs)
     if kind == "scan":
         (b,) = loop.bodies
-        n_consts, n_carry = p["num_consts"], p["num_carry"]
+        n_consts, n_carry = scan_counts(p)
         carry, xs = b.params[:n_carry], b.params[n_carry:]
         res = [value(o) for o in b.outputs]
         body(b, ["carry", "xs"], [(carry, "carry"), (xs, "xs")],

@@ -301,3 +301,63 @@ def test_a_body_that_fails_to_compile_leaves_the_loop_to_xla(rng, monkeypatch, c
     e = _check(f, _normal(rng, (3, 4), jnp.float32), _normal(rng, (T, 3, 4), jnp.float32))
     assert "scan" in e.fallbacks and not e.kernels
     assert any("a compiler bug" in r.message for r in caplog.records)
+
+
+def _pallas_calls(e, scope_prefix):
+    """Kernels launched by pallas_call in the body functions of ``scope_prefix``."""
+    return [k for k in _body_kernels(e, scope_prefix) if "pl.pallas_call(" in k.source]
+
+
+def test_scalar_loop_counters_are_plain_jnp_not_kernels(rng):
+    """A fori_loop's ``i + 1`` and a while condition's ``i < n`` run as jnp code
+    XLA fuses with the loop's bookkeeping, not as one-element kernels."""
+    def f(x, n):
+        y = jax.lax.fori_loop(0, n, lambda i, c: jnp.sin(c) * 1.1 + i.astype(jnp.float32), x)
+
+        def body(s):
+            i, v = s
+            return i + 1, v * 0.9
+
+        return y, jax.lax.while_loop(lambda s: s[0] < n + 2, body, (jnp.int32(0), x))
+
+    e = _check(f, _normal(rng, (3, 7), jnp.float32), jnp.int32(5))
+    assert all(k.iteration != (1, 1) for k in e.kernels)  # counters and conditions: no kernel
+    assert len(_pallas_calls(e, "while")) == 2  # the two (3, 7) bodies still are kernels
+    assert "_inline(" in e.source and e.fallbacks == []
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int32, jnp.bool_])
+def test_scalar_carries_of_several_dtypes_inline(rng, dtype):
+    """Scalar carries updated by pointwise math next to a vector carry: values
+    (NaN, inf, -0 included) as jax.jit's, the scalar math without a kernel."""
+    def f(s, v, xs):
+        def cell(c, x):
+            s, v = c
+            if dtype == jnp.bool_:
+                s2 = jnp.logical_xor(s, x[0] > 0)
+            elif dtype == jnp.int32:
+                s2 = s * 3 + (x[0] > 0).astype(s.dtype) - 1
+            else:
+                s2 = (s * 0.5 + jnp.tanh(x[0]).astype(s.dtype)) / jnp.asarray(1.25, s.dtype)
+            return (s2, v * 0.5 + x), s2
+
+        return jax.lax.scan(cell, (s, v), xs)
+
+    xs = _normal(rng, (6, 5), jnp.float32)
+    if dtype in (jnp.float32, jnp.bfloat16):
+        xs = xs.at[2, 0].set(jnp.nan).at[4, 0].set(-jnp.inf)
+        inits = [jnp.asarray(v, dtype) for v in (0.75, -0.0, jnp.inf)]
+    elif dtype == jnp.int32:
+        inits = [jnp.asarray(v, dtype) for v in (0, -7, 2**31 - 1)]
+    else:
+        inits = [jnp.asarray(v) for v in (True, False)]
+    for s0 in inits:
+        e = _check(f, s0, _normal(rng, (5,), jnp.float32), xs)
+        assert all(k.iteration != (1, 1) for k in e.kernels)
+        assert _pallas_calls(e, "scan")  # the vector carry's kernel
+
+
+def test_scalar_only_program_outside_a_loop_keeps_its_kernel(rng):
+    """Only loop bodies inline their scalar groups; the wrapper's are kernels."""
+    e = _check(lambda a, b: jnp.sin(a) * b + 1, jnp.float32(0.3), jnp.float32(-2.0))
+    assert [k.iteration for k in e.kernels] == [(1, 1)]

@@ -191,6 +191,7 @@ class RenderedKernel:
     guards: list = dataclasses.field(default_factory=list)  # what this kernel assumes of them
     triton: bool = False  # raw Triton run inside the XLA program (``_render_triton_mix``), not a pallas_call
     scope: str = ""  # the loop body function launching it ('' : the wrapper ``call``)
+    inline: bool = False  # plain jnp code, no pallas_call (``render_inline_scalar``): not a kernel
 
 
 @dataclasses.dataclass
@@ -656,6 +657,84 @@ def render_kernel(kernel: Kernel, schedule: Schedule, options: CompileOptions) -
     return _wrap_kernel(kernel, schedule, cfg, em, body), em.helpers
 
 
+class _InlineEmitter(_KernelEmitter):
+    """The pallas dialect on plain arrays: loads index a flat jnp array, stores
+    queue (offsets, value, mask) for the launcher to scatter (``_inline_*`` helpers)."""
+
+    def load_text(self, ref: str, off: str, mask_arg: str) -> str:
+        return f"_inline_load({ref}, {off}{mask_arg})"
+
+    def store_text(self, ref: str, off: str, val: str, mask_arg: str) -> str:
+        return f"{ref}.append(({off}, {val}{mask_arg.replace(', mask=', ', ') or ', None'}))"
+
+
+_INLINE_HELPERS = '''\
+def _inline_load(ref, off, mask=None, other=0):
+    if ref.size == 1:  # no gather: the one element, at every lane
+        value = jnp.broadcast_to(ref.reshape((1,) * off.ndim), off.shape)
+    else:
+        value = ref[off if mask is None else jnp.where(mask, off, 0)]
+    return value if mask is None else jnp.where(mask, value, other)
+
+
+def _inline_result(stores, numel, dtype):
+    if numel == 1 and len(stores) == 1:  # no scatter: lane (0, 0) holds the element
+        off, val, _ = stores[0]
+        return jnp.broadcast_arrays(off, val)[1].reshape(-1)[:1].astype(dtype)
+    out = jnp.zeros((numel,), dtype)
+    for off, val, mask in stores:
+        off = off if mask is None else jnp.where(mask, off, numel)
+        off, val = jnp.broadcast_arrays(off, val)
+        out = out.at[off.reshape(-1)].set(val.reshape(-1).astype(dtype), mode="drop")
+    return out
+'''
+
+
+def inline_scalar(kernel: Kernel, scope: str) -> bool:
+    """A loop body's pointwise group over one element (a loop counter's ``i + 1``,
+    a while condition's ``i < n``): plain jnp code, which XLA fuses with the
+    loop's own bookkeeping, rather than one kernel launch per iteration."""
+    if not scope or kernel.kind != "pointwise" or sizes.is_symbolic((kernel.rows, kernel.cols)):
+        return False
+    return kernel.rows * kernel.cols == 1
+
+
+def render_inline_scalar(kernel: Kernel, schedule: Schedule, options: CompileOptions):
+    """``inline_scalar``'s group as a function of the same signature as a
+    launcher: the pointwise kernel body run once on the flat arrays."""
+    cfg = kernel_config(kernel, schedule, options)
+    em = _InlineEmitter(kernel, schedule, cfg, options)
+    em.w.line("pid = 0")
+    write_pointwise(em, kernel, {m.name: _kernel_coords_body(m) for m in kernel.members}, cfg)
+    w = SourceWriter()
+    w.line(f"# {kernel.name}: one element, plain jnp (no kernel launch)")
+    for eq in kernel.origin:
+        w.line(f"#   {eq}")
+    ins, outs = list(em.in_refs.values()), list(em.out_refs.values())
+    body = em.w.source()
+    extents = f"ROWS, COLS = {sizes.to_source(kernel.rows)}, {sizes.to_source(kernel.cols)}"
+    dims = used_dims(schedule, extents + "\n" + body)
+    w.line(f"def {kernel.name}_inline({', '.join((['dims_ptr'] if dims else []) + ins + outs)}):")
+    with w.indent():
+        write_dim_reads(w, schedule, dims)
+        w.line(extents)
+        w.line(f"BLOCK_R, BLOCK_C = {cfg.block_rows}, {cfg.block_cols}")
+        w.line(f"IDX = {em.index_dtype}")
+    w.lines.append(body.rstrip("\n"))
+    w.line()
+    args = (["dims"] if dims else []) + [f"in{i}" for i in range(len(ins))]
+    w.line(f"def {kernel.name}({', '.join(args + (['*'] + list(dims) if dims else []))}):")
+    with w.indent():
+        w.line(f"outs = {'(' + ', '.join(['[]'] * len(outs)) + (',)' if len(outs) == 1 else ')')}")
+        operands = (["dims"] if dims else []) + [f"{a}.reshape(-1)" for a in args if a != "dims"]
+        w.line(f"{kernel.name}_inline({', '.join(operands)}, *outs)")
+        results = [f"_inline_result(outs[{i}], {sizes.to_source(m.node.numel)}, {dtype_source(m.node.dtype)})"
+                   for i, m in enumerate(m for m in kernel.members if m.store)]
+        w.line(f"return ({', '.join(results)},)")
+    return RenderedKernel(kernel.name, w.source(), list(kernel.origin), cfg, dims, em.guards, scope="",
+                          inline=True), em.helpers
+
+
 def write_pointwise(em, kernel: Kernel, bodies, cfg) -> None:
     """A pointwise kernel's body after ``pid``: its tile of rows x columns, every
     member's value, the stores (both renderers, ``em``'s dialect)."""
@@ -1073,7 +1152,14 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Rend
 
     guards = []
     triton_helpers = set()
+    inline = []
     for k, ks, scope in loops.scheduled_kernels(schedule):  # loop bodies' kernels too ([Note: loop bodies])
+        if inline_scalar(k, scope):
+            rk, hs = render_inline_scalar(k, ks, options)
+            rk.scope = scope
+            helpers.update(hs)
+            inline.append(rk)
+            continue
         triton_mix = k.kind == "mix" and options.triton_mix_kernels and _render_triton_mix(k, ks, options)
         rk, hs = triton_mix or (render_matmul if k.kind == "matmul" else render_kernel)(k, ks, options)
         rk.scope = scope
@@ -1096,7 +1182,9 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Rend
         for h in sorted(triton_helpers):
             w.lines.extend(triton_codegen.HELPERS[h].splitlines())
     w.line()
-    for rk in kernels:
+    if inline:
+        w.lines.extend(_INLINE_HELPERS.splitlines())
+    for rk in kernels + inline:
         w.line()
         w.lines.extend(rk.source.rstrip("\n").splitlines())
         w.line()
@@ -1113,7 +1201,7 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Rend
         if dims:
             w.line("if dims is None:")
             w.line(f"    dims = jnp.asarray([{', '.join(dims)}], jnp.int32)")
-        launched = {rk.name: rk for rk in kernels}
+        launched = {rk.name: rk for rk in kernels + inline}
         _write_steps(w, schedule, launched, externs)
         outs = [_value_source(o) for o in graph.outputs]
         w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
