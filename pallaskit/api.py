@@ -20,7 +20,7 @@ from lowering.options import CompileOptions
 from pallaskit import cache, metrics
 from pallaskit import autodiff
 from pallaskit.config import config
-from pallaskit.runtime import buckets, eager, loader, multikernel
+from pallaskit.runtime import buckets, eager, loader, multikernel, xla_args
 
 log = logging.getLogger("pallaskit")
 
@@ -73,33 +73,64 @@ class Compiled:
     # A symbolic graph ([Note: dynamic dims]): checks of the dim values (code
     # objects over the symbols' names), all true for the program to be right.
     guards: list = dataclasses.field(default_factory=list)
+    # Donated leaves the executable does not donate itself (a dispatcher of
+    # variants, eager launches): deleted after each call, as jax.jit's donation does.
+    delete_after: tuple = ()
 
 
 class JitFunction:
     """A function compiled by pallaskit, with jax.jit's semantics."""
 
-    def __init__(self, fn: Callable, static_argnums=(), static_argnames=(), dynamic=None):
+    def __init__(self, fn: Callable, static_argnums=None, static_argnames=None, dynamic=None, *,
+                 donate_argnums=None, donate_argnames=None, keep_unused: bool = False,
+                 in_shardings=xla_args.UNSET, out_shardings=xla_args.UNSET):
         if not callable(fn):
             raise TypeError(f"pallaskit.jit expects a callable, got {type(fn).__name__}")
         self.fn = fn
         self._sig = _signature(fn)
-        self.static_argnums, self.static_argnames = _resolve_static(self._sig, static_argnums, static_argnames)
+        # jax.jit checks the arguments (types, ranges, names, static/donated
+        # overlap) and raises its own errors; pallaskit then resolves them the same way.
+        sharding_kw = {k: v for k, v in (("in_shardings", in_shardings), ("out_shardings", out_shardings))
+                       if v is not xla_args.UNSET}
+        jax.jit(fn, static_argnums=static_argnums, static_argnames=static_argnames, donate_argnums=donate_argnums,
+                donate_argnames=donate_argnames, keep_unused=keep_unused, **sharding_kw)
+        self.static_argnums, self.static_argnames = _infer_argnums(self._sig, static_argnums, static_argnames)
+        self.donate_argnums, self.donate_argnames = _infer_argnums(self._sig, donate_argnums, donate_argnames)
+        self.static_argnums = tuple(sorted({i if i >= 0 or self._sig is None else i + _n_positional(self._sig)
+                                            for i in self.static_argnums}))
+        self.donate_argnums = tuple(sorted({i if i >= 0 or self._sig is None else i + _n_positional(self._sig)
+                                            for i in self.donate_argnums}))
+        self.keep_unused, self.in_shardings, self.out_shardings = bool(keep_unused), in_shardings, out_shardings
+        # Traces the function: jax.jit keeps its signature and argument names
+        # (debug info), so errors raised while tracing name the user's function
+        # and arguments, not pallaskit's flat wrapper.
+        self._tracer = jax.jit(fn, static_argnums=self.static_argnums, static_argnames=self.static_argnames)
         self.dynamic = _resolve_dynamic(self._sig, dynamic, self.static_argnums, self.static_argnames)
         self._sym: dict = {}  # symbolic signature -> Compiled, or None: compiled per size instead
         self._seen: dict = {}  # automatic dynamic: signature skeleton -> the distinct shapes seen
         self._logged: set = set()  # automatic dynamic axes already announced
         self._cache: dict = {}
         self._fast: dict = {}  # _fast_key -> Compiled, filled by calls that went through _cache
+        self._xla: dict = {}  # (treedef, n_args) -> XlaArgs
         # updated=(): a function wrapping a JitFunction (jax.grad(f) of one) carries its
         # __dict__ (fn, _cache); copying that would make this one run the wrapped function.
         functools.update_wrapper(self, fn, updated=())
 
+    def _xla_args(self, treedef, n_args) -> xla_args.XlaArgs:
+        """Donation and shardings of a call signature ([Note: XLA arguments])."""
+        k = (treedef, n_args)
+        out = self._xla.get(k)
+        if out is None:
+            out = self._xla[k] = xla_args.resolve(
+                treedef, n_args, self.static_argnums, self.donate_argnums, self.donate_argnames, self.in_shardings,
+                self.out_shardings, self.keep_unused, self._title())
+        return out
+
     # -- signature --------------------------------------------------------------
     def _split(self, args, kwargs):
         """Separate static from dynamic arguments; checks every dynamic leaf."""
-        static_pos = tuple((i, _hashable(args[i], f"argument {i}")) for i in self.static_argnums if i < len(args))
-        static_kw = tuple(sorted((k, _hashable(v, f"argument {k!r}")) for k, v in kwargs.items()
-                                 if k in self.static_argnames))
+        static_pos = tuple((i, _hashable(args[i])) for i in self.static_argnums if i < len(args))
+        static_kw = tuple(sorted((k, _hashable(v)) for k, v in kwargs.items() if k in self.static_argnames))
         dyn_args = [a for i, a in enumerate(args) if i not in self.static_argnums]
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_argnames}
         leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs))
@@ -116,7 +147,10 @@ class JitFunction:
         if fast is not None:
             entry = self._fast.get(fast[0])
             if entry is not None:  # the steady state: a signature seen before, concrete arrays
-                return jax.tree_util.tree_unflatten(entry.out_tree, entry.executable(*fast[1], *entry.constants))
+                outs = entry.executable(*fast[1], *entry.constants)
+                if entry.delete_after:
+                    xla_args.delete_donated(fast[1], entry.delete_after, outs)
+                return jax.tree_util.tree_unflatten(entry.out_tree, outs)
         key, leaves, avals, treedef, static_pos, static_kw = self._split(args, kwargs)
         if autodiff.transformed(leaves):  # grad / jvp / vmap tracers: pallaskit/autodiff.py
             return autodiff.call(self, args, kwargs)
@@ -129,9 +163,12 @@ class JitFunction:
         if entry is None:
             entry = self._dynamic_entry(leaves, avals, treedef, static_pos, static_kw, len(args))
             if entry is None:
-                entry = self._compile(avals, treedef, static_pos, static_kw, len(args))
+                entry = self._compile(avals, treedef, static_pos, static_kw, len(args),
+                                      xla=self._xla_args(treedef, len(args)))
             self._cache[key] = entry
         outs = entry.executable(*leaves, *entry.constants)
+        if entry.delete_after:
+            xla_args.delete_donated(leaves, entry.delete_after, outs)
         if not entry.ran:
             entry.ran = True
             metrics.counters["kernels_compiled"] += len(entry.result.program.kernels)
@@ -152,6 +189,23 @@ class JitFunction:
             return None
         return (treedef, tuple(x.aval for x in leaves)), leaves
 
+    # -- ahead of time (jax.stages) ---------------------------------------------
+    def trace(self, *args, **kwargs):
+        """``jax.jit(f).trace``: a ``pallaskit.stages.Traced`` (``.jaxpr``,
+        ``.out_info``, ``.lower()``); arrays or ``jax.ShapeDtypeStruct``s."""
+        from pallaskit import stages
+
+        return stages.Traced(stages._Signature(self, args, kwargs))
+
+    def lower(self, *args, **kwargs):
+        """``jax.jit(f).lower``: pallaskit's program lowered to StableHLO, a
+        ``pallaskit.stages.Lowered`` (``as_text``, ``cost_analysis``, ``compile``)."""
+        return self.trace(*args, **kwargs).lower()
+
+    def eval_shape(self, *args, **kwargs):
+        """The outputs' shapes and dtypes (``jax.ShapeDtypeStruct``s), nothing compiled."""
+        return self._tracer.eval_shape(*args, **kwargs)
+
     def lower_to_result(self, *args, **kwargs) -> Compiled:
         key, leaves, avals, treedef, static_pos, static_kw = self._split(args, kwargs)
         entry = self._cache.get(key)
@@ -162,7 +216,8 @@ class JitFunction:
             if entry is not None and entry.result is None:  # an eager program from the disk cache
                 return self._compile(avals, treedef, static_pos, static_kw, len(args), aot=False)
             if entry is None:
-                entry = self._compile(avals, treedef, static_pos, static_kw, len(args), aot=False)
+                entry = self._compile(avals, treedef, static_pos, static_kw, len(args), aot=False,
+                                      xla=self._xla_args(treedef, len(args)))
             self._cache[key] = entry
         return entry
 
@@ -239,7 +294,7 @@ class JitFunction:
         constants) for the dispatcher, and files the entry under the call's keys
         so the size's later calls skip the dispatcher, as a static signature's do."""
         avals = [_abstractify(x, "an argument") for x in leaves]
-        entry = self._compile(avals, treedef, static_pos, static_kw, n_args)
+        entry = self._compile(avals, treedef, static_pos, static_kw, n_args, xla=self._xla_args(treedef, n_args))
         self._cache[(treedef, tuple(avals), static_pos, static_kw, n_args)] = entry
         array = _array_type(leaves)
         if not static_pos and not static_kw and array is not None and all(type(x) is array for x in leaves):
@@ -358,7 +413,8 @@ class JitFunction:
                 positions.setdefault(sym, (leaf, axis))
             return self._compile(avals, treedef, static_pos, static_kw, n_args, aot=False,
                                  structs=structs, size_hints=variants[0], variants=variants,
-                                 positions=[(n, positions[n]) for n in names], first_sizes=values)
+                                 positions=[(n, positions[n]) for n in names], first_sizes=values,
+                                 xla=self._xla_args(treedef, n_args))
         except Exception as e:  # noqa: BLE001  (anything the symbolic path cannot take: per-size compiles)
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             metrics.counters["dynamic_fallbacks"] += 1
@@ -366,8 +422,22 @@ class JitFunction:
                         self._title(), ", ".join(names), reason)
             return None
 
+    def _trace(self, structs, treedef, static_pos, static_kw, n_args):
+        """(closed jaxpr of the flat dynamic leaves, output treedef) of the
+        function at ``structs`` (one per flat dynamic leaf). Traced by
+        ``jax.jit(fn).trace``, which keeps the function's signature: errors
+        raised by the user's code name the function and its arguments."""
+        dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(treedef, list(structs))
+        static_pos_d = dict(static_pos)
+        it = iter(dyn_args)
+        full = [static_pos_d[i].value if i in static_pos_d else next(it) for i in range(n_args)]
+        kwargs = {**dyn_kwargs, **{k: v.value if isinstance(v, _Static) else v for k, v in static_kw}}
+        traced = self._tracer.trace(*full, **kwargs)
+        return traced.jaxpr, jax.tree_util.tree_structure(traced.out_info)
+
     def _compile(self, avals, treedef, static_pos, static_kw, n_args, aot=True, structs=None,
-                 size_hints=(), variants=None, positions=(), first_sizes=None) -> Compiled:
+                 size_hints=(), variants=None, positions=(), first_sizes=None, xla=None,
+                 traced=None) -> Compiled:
         """Trace and compile one signature. ``aot``: compile the executable now,
         through the on-disk graph cache (``pallaskit/cache``), where a hit skips
         the compiler and XLA (``Compiled.result`` is then None); otherwise only
@@ -376,28 +446,19 @@ class JitFunction:
         then compiled shape-generic, with ``size_hints`` for its heuristics,
         or once per entry of ``variants`` (size-hint tuples; ``positions``:
         (symbol, (leaf, axis)) of each symbol) behind a multi-kernel
-        dispatcher when their sources differ."""
+        dispatcher when their sources differ. ``xla``: the signature's
+        donation and shardings ([Note: XLA arguments]); ``traced``: (closed
+        jaxpr, output treedef) when the caller traced already."""
         options = compile_options()
         if size_hints:
             options = dataclasses.replace(options, size_hints=tuple(size_hints))
-        out_tree_box = []
-        static_pos_d = dict(static_pos)
-        static_kw_d = {k: v.value if isinstance(v, _Static) else v for k, v in static_kw}
-
-        def flat_fn(*leaves):
-            dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
-            it = iter(dyn_args)
-            full = [static_pos_d[i].value if i in static_pos_d else next(it) for i in range(n_args)]
-            out = self.fn(*full, **dyn_kwargs, **static_kw_d)
-            flat, tree = jax.tree_util.tree_flatten(out)
-            out_tree_box.append(tree)
-            return flat
-
         t0 = time.perf_counter()
         symbolic = structs is not None
         if structs is None:
             structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
-        closed = jax.make_jaxpr(flat_fn)(*structs)
+        closed, out_tree = traced if traced is not None else self._trace(structs, treedef, static_pos, static_kw,
+                                                                            n_args)
+        out_tree_box = [out_tree]
         metrics.counters["trace_seconds"] += time.perf_counter() - t0
         title = getattr(self.fn, "__qualname__", "fn")
 
@@ -443,7 +504,8 @@ class JitFunction:
                     metrics.counters["eager_cache_hits"] += 1
                     metrics.counters["compile_seconds"] += time.perf_counter() - t0
                     return Compiled(None, closed, dispatcher, [], out_tree_box[-1], ran=True,
-                                    guards=[compile(g, "<guard>", "eval") for g in hit.guards])
+                                    guards=[compile(g, "<guard>", "eval") for g in hit.guards],
+                                    delete_after=xla.donate if xla else ())
             if lazy and not options.interpret:
                 from pallaskit.runtime import triton_launch
 
@@ -485,18 +547,20 @@ class JitFunction:
             log.debug("pallaskit compiled %s shape-generic over %s in %.3fs (%d variant(s))", title,
                       ", ".join(result.program.symbols), seconds, len(built))
 
-            def runner(program, call):
+            def runner(program, call, xla=None):
                 """The variant's callable: bucketed ([Note: size buckets]) where it can be."""
                 if not config.dynamic_buckets or program.unbucketable or program.symbols != symbols:
                     if config.dynamic_buckets and program.unbucketable:
                         log.debug("pallaskit: %s: no size buckets: %s", title, program.unbucketable)
-                    return cache.jit(call)
+                    return cache.jit(call, xla, len(constants))
                 return buckets.Bucketed(title, call, symbols, where, len(avals), program.input_shapes,
                                         program.output_shapes, guards)
 
             if len(built) == 1 and eager_program is None:
-                return Compiled(result, closed, runner(result.program, call), constants, out_tree_box[-1],
-                                guards=guards)
+                fn = runner(result.program, call, xla)
+                donated = () if isinstance(fn, buckets.Bucketed) or not xla else xla.donate
+                return Compiled(result, closed, fn, constants, out_tree_box[-1], guards=guards,
+                                delete_after=(xla.donate if xla else ())[len(donated):])
             variants_ = [multikernel.Variant(b[3], runner(b[0].program, b[1]), b[2], src,
                                              [k.source for k in b[0].program.kernels])
                          for src, b in built.items()]
@@ -506,14 +570,17 @@ class JitFunction:
             if eager_program is not None:
                 dispatcher.eager, dispatcher.eager_constants = eager_program
             # ran=True: the dispatcher counts kernels_compiled (distinct kernels of all variants) on its first call.
-            return Compiled(result, closed, dispatcher, constants, out_tree_box[-1], ran=True, guards=guards)
+            # The dispatcher may run a size's variants on the arguments (timing), so no
+            # executable under it takes donation: the donated arrays are deleted after the call.
+            return Compiled(result, closed, dispatcher, constants, out_tree_box[-1], ran=True, guards=guards,
+                            delete_after=xla.donate if xla else ())
         if aot:
-            served = cache.serve(closed, avals, static_pos + static_kw, options, title, build, t0)
+            served = cache.serve(closed, avals, static_pos + static_kw, options, title, build, t0, xla=xla)
             log.debug("pallaskit served %s in %.3fs (cache: %s)", title, time.perf_counter() - t0, served.cache)
             return Compiled(served.result, closed, served.executable, served.constants, out_tree_box[-1], ran=True)
         result, call, constants = build()
         metrics.apply_deltas(metrics.graph_deltas(result))
-        return Compiled(result, closed, cache.jit(call), constants, out_tree_box[-1])
+        return Compiled(result, closed, cache.jit(call, xla, len(constants)), constants, out_tree_box[-1])
 
 
 def _eager_wanted(options) -> bool:
@@ -557,20 +624,34 @@ def _eager_program(title: str, built: dict, options, first_sizes: dict):
         return None
 
 
-def jit(fn: Callable | None = None, *, static_argnums: int | Sequence[int] = (),
-        static_argnames: str | Sequence[str] = (), dynamic: dict | None = None):
+def jit(fn: Callable | None = None, *, in_shardings=xla_args.UNSET, out_shardings=xla_args.UNSET,
+        static_argnums: int | Sequence[int] | None = None, static_argnames: str | Sequence[str] | None = None,
+        donate_argnums: int | Sequence[int] | None = None, donate_argnames: str | Sequence[str] | None = None,
+        keep_unused: bool = False, dynamic: dict | None = None):
     """Compile ``fn`` with pallaskit. Usable as ``@pallaskit.jit``,
     ``@pallaskit.jit(static_argnums=...)`` or ``pallaskit.jit(fn, ...)``.
+
+    The arguments ``jax.jit`` shares mean what they mean there, checked the
+    same way (the same errors): ``static_argnums`` / ``static_argnames``,
+    ``donate_argnums`` / ``donate_argnames`` (a donated argument's buffers may
+    hold the outputs; the caller's array is deleted by the call),
+    ``in_shardings`` / ``out_shardings`` and ``keep_unused`` (forwarded to the
+    XLA executable, [Note: XLA arguments] in pallaskit/runtime/xla_args.py).
+    The result has jax.jit's ``trace``, ``lower`` (then ``compile``) and
+    ``eval_shape``.
 
     ``dynamic``: axes whose size may change between calls without a new
     compilation, ``{argument: {axis: "symbol"}}`` (argument by name or
     position; one symbol name means one size, checked at every call), e.g.
     ``dynamic={"x": {0: "n"}, "labels": {0: "n"}}``. Option
-    ``automatic_dynamic`` (off by default) also makes an axis dynamic once it was seen
-    with a second size. [Note: dynamic dims]"""
-    if fn is None:
-        return lambda f: JitFunction(f, static_argnums, static_argnames, dynamic)
-    return JitFunction(fn, static_argnums, static_argnames, dynamic)
+    ``automatic_dynamic`` also makes an axis dynamic once it was seen with a
+    second size. [Note: dynamic dims]"""
+    def make(f):
+        return JitFunction(f, static_argnums, static_argnames, dynamic, donate_argnums=donate_argnums,
+                           donate_argnames=donate_argnames, keep_unused=keep_unused, in_shardings=in_shardings,
+                           out_shardings=out_shardings)
+
+    return make if fn is None else make(fn)
 
 
 # --------------------------------------------------------------------------- #
@@ -587,11 +668,12 @@ class _Static:
         return isinstance(other, _Static) and type(self.value) is type(other.value) and self.value == other.value
 
 
-def _hashable(v, what):
+def _hashable(v):
     try:
         hash(v)
-    except TypeError:
-        raise TypeError(f"static {what} must be hashable, got {type(v).__name__}") from None
+    except TypeError as e:  # jax.jit's error, word for word
+        raise ValueError(f"Non-hashable static arguments are not supported. An error occurred while trying to "
+                         f"hash an object of type {type(v)}, {v}. The error was:\n{type(e).__name__}: {e}\n") from None
     return _Static(v)
 
 
@@ -602,16 +684,26 @@ def _signature(fn):
         return None
 
 
-def _resolve_static(sig, argnums, argnames):
-    argnums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
-    argnames = (argnames,) if isinstance(argnames, str) else tuple(argnames)
-    if sig is not None:
-        params = list(sig.parameters.values())
-        names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        argnums = tuple(sorted({a if a >= 0 else len(names) + a for a in argnums}
-                               | {names.index(n) for n in argnames if n in names}))
-        argnames = tuple(sorted(set(argnames) | {names[i] for i in argnums if i < len(names)}))
-    return argnums, argnames
+def _n_positional(sig) -> int:
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in sig.parameters.values())
+
+
+def _infer_argnums(sig, argnums, argnames) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """jax.jit's completion of argnums from argnames and back (jax's
+    ``api_util.infer_argnums_and_argnames``): when only one is given, the other
+    is read from the signature; when both are, each is taken as given."""
+    if argnums is None and argnames is None:
+        return (), ()
+    nums = None if argnums is None else ((argnums,) if isinstance(argnums, int) else tuple(argnums))
+    names = None if argnames is None else ((argnames,) if isinstance(argnames, str) else tuple(argnames))
+    if sig is None or (nums is not None and names is not None):
+        return nums or (), names or ()
+    params = [(k, p) for k, p in sig.parameters.items()]
+    if nums is None:
+        nums = tuple(i for i, (k, p) in enumerate(params) if p.kind == p.POSITIONAL_OR_KEYWORD and k in names)
+    else:
+        names = tuple(k for i, (k, p) in enumerate(params) if p.kind == p.POSITIONAL_OR_KEYWORD and i in nums)
+    return nums, names
 
 
 # Names generated code uses; a dim symbol (a variable in kernels and the

@@ -53,7 +53,6 @@ import dataclasses
 import functools
 import hashlib
 import importlib.metadata
-import io
 import json
 import logging
 import os
@@ -72,6 +71,7 @@ from jax.experimental import serialize_executable
 
 from pallaskit import metrics
 from pallaskit.config import config
+from pallaskit.runtime import xla_args
 
 log = logging.getLogger("pallaskit")
 
@@ -672,21 +672,26 @@ def compiler_options(platform: str | None = None) -> dict:
     return dict(GRAPH_OPTIONS) if config.command_buffers and platform == "gpu" else {}
 
 
-def jit(call):
+def jit(call, xla=None, n_constants: int = 0):
     """``jax.jit(call)`` with pallaskit's compiler options where it runs at top
     level; traced inside another ``jax.jit`` (a staged call, a transformation),
     the outer compilation's options apply: JAX takes ``compiler_options`` on a
-    top-level jit only."""
+    top-level jit only. ``xla``: the signature's donation and shardings
+    ([Note: XLA arguments] in runtime/xla_args.py; ``n_constants`` trailing
+    inputs are hoisted constants)."""
     options = compiler_options()
-    return _TopLevelJit(call, options) if options else jax.jit(call)
+    if options:
+        return _TopLevelJit(call, options, xla, n_constants)
+    return xla_args.jit(call, xla, n_constants)
 
 
 class _TopLevelJit:
     """``call`` jitted twice: with ``options`` for concrete arguments, without
     for tracers (see ``jit``)."""
 
-    def __init__(self, call, options: dict):
-        self.top, self.nested = jax.jit(call, compiler_options=options), jax.jit(call)
+    def __init__(self, call, options: dict, xla=None, n_constants: int = 0):
+        self.top = xla_args.jit(call, xla, n_constants, compiler_options=options)
+        self.nested = xla_args.jit(call, xla, n_constants)
 
     def __call__(self, *args):
         if any(isinstance(a, jax.core.Tracer) for a in args):
@@ -694,8 +699,9 @@ class _TopLevelJit:
         return self.top(*args)
 
 
-def _aot_compile(call, structs, constants):
-    return jax.jit(call).lower(*structs, *constants).compile(compiler_options=compiler_options() or None)
+def _aot_compile(call, structs, constants, xla=None):
+    return xla_args.jit(call, xla, len(constants)).lower(*structs, *constants).compile(
+        compiler_options=compiler_options() or None)
 
 
 def _on_device(constants) -> list:
@@ -708,7 +714,7 @@ class _Program:  # what runtime.loader.load reads from a RenderedProgram
         self.source, self.externs = source, []
 
 
-def _serve_entry(entry: Entry, structs) -> Served | None:
+def _serve_entry(entry: Entry, structs, xla=None) -> Served | None:
     """Build the executable of a valid entry; None if it cannot be used."""
     if entry.executable is not None:
         try:
@@ -720,26 +726,29 @@ def _serve_entry(entry: Entry, structs) -> Served | None:
         return None  # extern callables are rebuilt by the compiler: recompile
     from pallaskit.runtime import loader
 
-    compiled = _aot_compile(loader.load(_Program(entry.source)), structs, entry.constants)
+    compiled = _aot_compile(loader.load(_Program(entry.source)), structs, entry.constants, xla)
     metrics.counters["kernels_compiled"] += entry.num_kernels
     return Served(compiled, _on_device(entry.constants), cache="hit")
 
 
 def serve(closed_jaxpr, avals, static_args, options, title: str,
-          build: Callable[[], tuple[Any, Callable, list]], started: float | None = None) -> Served:
+          build: Callable[[], tuple[Any, Callable, list]], started: float | None = None, xla=None) -> Served:
     """Serve one traced signature: from the cache when the option is on and a
     valid entry exists, else by ``build()`` -> (CompileResult, call, constants),
     an ahead-of-time XLA compilation, and a new entry. ``started``: when the
-    caller began (tracing included), for ``compile_seconds``."""
+    caller began (tracing included), for ``compile_seconds``. ``xla``: the
+    signature's donation and shardings (``runtime.xla_args.XlaArgs``), part of the key."""
     started = time.perf_counter() if started is None else started
     structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
     if not enabled():
-        return _compile(build, structs, title, started, "off")
+        return _compile(build, structs, title, started, "off", xla=xla)
     t0 = time.perf_counter()
     parts = key_parts(closed_jaxpr, avals, static_args, options)
+    if xla:
+        parts["xla_args"] = xla.key()
     key = key_of(parts)
     metrics.counters["cache_key_seconds"] += time.perf_counter() - t0
-    served = _try_hit(key, parts, structs, title, started)
+    served = _try_hit(key, parts, structs, title, started, xla)
     if served is not None:
         return served
     try:
@@ -747,26 +756,26 @@ def serve(closed_jaxpr, avals, static_args, options, title: str,
         lock.acquire()
     except (filelock.Timeout, OSError) as e:
         log.warning("pallaskit cache: no lock for %s (%s); compiling without the cache", title, e)
-        return _compile(build, structs, title, started, "off")
+        return _compile(build, structs, title, started, "off", xla=xla)
     try:
         # Another process may have written the entry while this one waited.
-        served = _try_hit(key, parts, structs, title, started)
+        served = _try_hit(key, parts, structs, title, started, xla)
         if served is None:
             metrics.counters["cache_misses"] += 1
-            served = _compile(build, structs, title, started, "miss", key=key, parts=parts)
+            served = _compile(build, structs, title, started, "miss", key=key, parts=parts, xla=xla)
         return served
     finally:
         lock.release()
 
 
-def _try_hit(key, parts, structs, title, started) -> Served | None:
+def _try_hit(key, parts, structs, title, started, xla=None) -> Served | None:
     t0 = time.perf_counter()
     entry = load(key, parts)
     t1 = time.perf_counter()
     metrics.counters["cache_read_seconds"] += t1 - t0
     if entry is None:
         return None
-    served = _serve_entry(entry, structs)
+    served = _serve_entry(entry, structs, xla)
     metrics.counters["cache_load_seconds"] += time.perf_counter() - t1
     if served is not None:
         metrics.counters["cache_hits"] += 1
@@ -774,9 +783,9 @@ def _try_hit(key, parts, structs, title, started) -> Served | None:
     return served
 
 
-def _compile(build, structs, title, started, cache: str, key=None, parts=None) -> Served:
+def _compile(build, structs, title, started, cache: str, key=None, parts=None, xla=None) -> Served:
     result, call, constants = build()
-    compiled = _aot_compile(call, structs, constants)
+    compiled = _aot_compile(call, structs, constants, xla)
     metrics.counters["kernels_compiled"] += len(result.program.kernels)
     served = Served(compiled, _on_device(constants), result, cache)
     deltas, kernels = metrics.graph_deltas(result), metrics.kernel_stats(result)
