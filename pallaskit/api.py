@@ -576,6 +576,8 @@ class JitFunction:
                             delete_after=xla.donate if xla else ())
         if aot:
             served = cache.serve(closed, avals, static_pos + static_kw, options, title, build, t0, xla=xla)
+            if served.result is None and config.debug_dir:  # a cache hit: what the entry keeps
+                _dump(config.debug_dir, title, closed, None, served.source)
             log.debug("pallaskit served %s in %.3fs (cache: %s)", title, time.perf_counter() - t0, served.cache)
             return Compiled(served.result, closed, served.executable, served.constants, out_tree_box[-1], ran=True)
         result, call, constants = build()
@@ -833,12 +835,21 @@ def _log_fallbacks(prims):
             log.warning("pallaskit: %s runs through XLA (no lowering rule, or the rule cannot take these operands)", p)
 
 
-def _dump(root, title, closed, result):
+def _dump(root, title, closed, result, source=None):
+    """``debug_dir``'s folder of one compiled function. ``result`` None: a disk
+    cache hit, where the compiler did not run: the jaxpr and the entry's
+    program source, and a note saying why the IR files are missing."""
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in title)
     folder = os.path.join(root, f"{safe}_{metrics.counters['graphs_compiled']:03d}")
     os.makedirs(folder, exist_ok=True)
-    files = {"jaxpr.txt": str(closed), "ir_before_fusion.txt": result.ir_before,
-             "ir_after_fusion.txt": result.ir_after, "program.py": result.program.source}
+    if result is not None:
+        files = {"jaxpr.txt": str(closed), "ir_before_fusion.txt": result.ir_before,
+                 "ir_after_fusion.txt": result.ir_after, "program.py": result.program.source}
+    else:
+        files = {"jaxpr.txt": str(closed), "program.py": source or "",
+                 "FROM_CACHE.txt": "Loaded from the on-disk graph cache: the compiler did not run, so there is no "
+                                   "IR before/after fusion. Run with the option cache off (PALLASKIT_CACHE=0) or "
+                                   "pallaskit.explain(fn, *args) to see them.\n"}
     for name, text in files.items():
         with open(os.path.join(folder, name), "w") as f:
             f.write(text)

@@ -5,6 +5,8 @@ environment variable ``PALLASKIT_<NAME>``, the absl flag ``--pallaskit_<name>``
 (once absl has parsed flags; the library works without that), and
 ``pallaskit.config.update(name=value)`` or ``with pallaskit.config.override(...)``.
 An unknown name or a bad value raises an error listing what is valid.
+``pallaskit.config.help()`` prints every option with its value, default,
+environment variable and help; ``pallaskit.config.describe(name)`` one.
 """
 from __future__ import annotations
 
@@ -334,6 +336,32 @@ class Config:
                 raise ValueError(f"unknown environment variable {key}; valid: "
                                  f"{', '.join('PALLASKIT_' + n.upper() for n in sorted(OPTIONS))}")
         return {name: getattr(self, name) for name in OPTIONS}
+
+    def describe(self, name: str) -> str:
+        """One option: its value and where it came from, its default, the
+        environment variable and absl flag that set it, what is valid, and its help."""
+        o = OPTIONS.get(name)
+        if o is None:
+            raise self._unknown(name)
+        value = getattr(self, name)
+        if name in self._explicit:
+            source = "config.update"
+        elif absl_flags.FLAGS.is_parsed() and absl_flags.FLAGS[f"pallaskit_{name}"].value is not None:
+            source = f"--pallaskit_{name}"
+        elif f"PALLASKIT_{name.upper()}" in os.environ:
+            source = f"PALLASKIT_{name.upper()}"
+        else:
+            source = "default"
+        return (f"{name} = {value!r}  ({source}; default {o.default!r})\n"
+                f"    env PALLASKIT_{name.upper()}, flag --pallaskit_{name}; valid: {o.valid or 'any'}\n"
+                f"    {o.help}")
+
+    def help(self, name: str | None = None) -> str:
+        """Every option (or ``name``) described as ``describe`` does; the text
+        is returned and printed."""
+        text = self.describe(name) if name else "\n\n".join(self.describe(n) for n in OPTIONS)
+        print(text)
+        return text
 
     def __repr__(self):
         return "pallaskit.config(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in OPTIONS) + ")"

@@ -631,6 +631,7 @@ class Served:
     constants: list
     result: Any = None  # lowering.CompileResult; None when loaded from the cache
     cache: str = "off"  # 'hit', 'miss' or 'off'
+    source: str = ""  # a hit's generated program source (debug_dir writes it)
 
 
 _serialize_failures: set = set()
@@ -718,7 +719,7 @@ def _serve_entry(entry: Entry, structs, xla=None) -> Served | None:
     """Build the executable of a valid entry; None if it cannot be used."""
     if entry.executable is not None:
         try:
-            return Served(_deserialize(entry), _on_device(entry.constants), cache="hit")
+            return Served(_deserialize(entry), _on_device(entry.constants), cache="hit", source=entry.source)
         except Exception as e:  # noqa: BLE001 - an executable that does not load is a bad entry
             _report(entry_path(entry.key), f"executable does not load: {type(e).__name__}: {e}")
             return None
@@ -728,7 +729,7 @@ def _serve_entry(entry: Entry, structs, xla=None) -> Served | None:
 
     compiled = _aot_compile(loader.load(_Program(entry.source)), structs, entry.constants, xla)
     metrics.counters["kernels_compiled"] += entry.num_kernels
-    return Served(compiled, _on_device(entry.constants), cache="hit")
+    return Served(compiled, _on_device(entry.constants), cache="hit", source=entry.source)
 
 
 def serve(closed_jaxpr, avals, static_args, options, title: str,
