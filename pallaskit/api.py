@@ -9,6 +9,8 @@ import keyword
 import logging
 import os
 import re
+import sys
+import threading
 import time
 from typing import Any, Callable, Sequence
 
@@ -76,6 +78,9 @@ class Compiled:
     # Donated leaves the executable does not donate itself (a dispatcher of
     # variants, eager launches): deleted after each call, as jax.jit's donation does.
     delete_after: tuple = ()
+    # A symbolic graph: the differences of the symbolic sizes the trace took as
+    # unequal; each must be nonzero at a call's sizes ([Note: shape equality guards]).
+    shape_guards: list = dataclasses.field(default_factory=list)
 
 
 class JitFunction:
@@ -252,7 +257,7 @@ class JitFunction:
         program cannot serve it (a guard fails: a size 0, an index past int32)
         or when the signature could not be compiled symbolically: the caller
         then compiles the concrete signature."""
-        axes = self._dynamic_axes(leaves, avals, treedef, static_pos, static_kw, n_args)
+        axes, automatic = self._dynamic_axes(leaves, avals, treedef, static_pos, static_kw, n_args)
         if not axes:
             return None
         values = {}
@@ -273,7 +278,23 @@ class JitFunction:
                        for i, a in enumerate(avals))
         sym_key = (treedef, shapes, static_pos, static_kw, n_args)
         if sym_key not in self._sym:
-            self._sym[sym_key] = self._compile_symbolic(avals, axes, values, treedef, static_pos, static_kw, n_args)
+            options = compile_options()
+            if automatic and not options.interpret and not _eager_wanted(options):
+                entry = None  # no eager launches possible: nothing to gain (below); compile per size
+                metrics.counters["dynamic_fallbacks"] += 1
+            else:
+                entry = self._compile_symbolic(avals, axes, values, treedef, static_pos, static_kw, n_args,
+                                               automatic)
+            if entry is not None and automatic and not _serves_new_sizes_at_once(entry):
+                # Automatic dynamic pays off where a new size runs at once (eager
+                # launches) or costs no pallaskit compile for XLA to wait on (interpret
+                # mode); on a GPU without eager launches a new size would still wait for
+                # XLA while every size ran the size-hinted kernels: compile per size.
+                metrics.counters["dynamic_fallbacks"] += 1
+                log.info("pallaskit: %s: no eager launches for its dynamic program; compiling each size on its "
+                         "own", self._title())
+                entry = None
+            self._sym[sym_key] = entry
             dispatcher = getattr(self._sym[sym_key], "executable", None)
             if getattr(dispatcher, "eager", None) is not None and config.dynamic_tier_up == "static":
                 dispatcher.compile_static = functools.partial(self._compile_static, treedef, static_pos, static_kw,
@@ -281,7 +302,7 @@ class JitFunction:
         entry = self._sym[sym_key]
         if entry is None:
             return None
-        if not all(eval(g, {}, dict(values)) for g in entry.guards):
+        if not all(eval(g, {}, dict(values)) for g in entry.guards) or not _shape_guards_hold(entry, values):
             metrics.counters["dynamic_guard_failures"] += 1
             log.info("pallaskit: %s: sizes %s break a guard of the symbolic program; compiling them on their own",
                      self._title(), values)
@@ -316,9 +337,10 @@ class JitFunction:
         dummy = jax.tree_util.tree_unflatten(treedef, list(range(treedef.num_leaves)))
         return [p for p, _ in jax.tree_util.tree_flatten_with_path(dummy)[0]]
 
-    def _dynamic_axes(self, leaves, avals, treedef, static_pos, static_kw, n_args) -> dict:
-        """{(leaf, axis): symbol name} of this call: the ``dynamic=`` axes, plus
-        automatic ones (an axis seen with a second distinct size)."""
+    def _dynamic_axes(self, leaves, avals, treedef, static_pos, static_kw, n_args) -> tuple[dict, bool]:
+        """({(leaf, axis): symbol name}, whether automatic axes are among them)
+        of this call: the ``dynamic=`` axes, plus automatic ones (an axis seen
+        with a second distinct size; option ``automatic_dynamic``)."""
         paths = self._leaf_paths(treedef)
         dyn_positions = [i for i in range(n_args) if i not in self.static_argnums]
         axes = {}
@@ -348,10 +370,12 @@ class JitFunction:
                         raise ValueError(f"pallaskit.jit: dynamic= axis {axis} of {what} is out of range for its "
                                          f"{ndim}-d shape {tuple(avals[leaf].shape)}")
                     axes[(leaf, a)] = sym
+        automatic = {}
         if config.automatic_dynamic:
-            axes.update(self._automatic_axes(avals, treedef, static_pos, static_kw, n_args, paths, dyn_positions,
-                                             set(axes), set(axes.values())))
-        return axes
+            automatic = self._automatic_axes(avals, treedef, static_pos, static_kw, n_args, paths, dyn_positions,
+                                             set(axes), set(axes.values()))
+            axes.update(automatic)
+        return axes, bool(automatic)
 
     def _automatic_axes(self, avals, treedef, static_pos, static_kw, n_args, paths, dyn_positions, taken, used):
         """Automatic dynamic: the axes whose size differs between the calls
@@ -393,9 +417,12 @@ class JitFunction:
                                                       for l, k in out})), ", ".join(sorted(set(out.values()))))
         return out
 
-    def _compile_symbolic(self, avals, axes, values, treedef, static_pos, static_kw, n_args) -> Compiled | None:
+    def _compile_symbolic(self, avals, axes, values, treedef, static_pos, static_kw, n_args,
+                          automatic=False) -> Compiled | None:
         """Trace with ``jax.export.symbolic_shape`` dims and compile once; None
-        (the signature then compiles per size) when it cannot, with one log line."""
+        (the signature then compiles per size) when it cannot, with one log line
+        (a warning for ``dynamic=``; for automatic axes, which the user did not
+        ask for, an info line)."""
         names = sorted(set(axes.values()))
         try:
             dims = dict(zip(names, jax.export.symbolic_shape(", ".join(names))))
@@ -418,7 +445,7 @@ class JitFunction:
         except Exception as e:  # noqa: BLE001  (anything the symbolic path cannot take: per-size compiles)
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             metrics.counters["dynamic_fallbacks"] += 1
-            log.warning("pallaskit: %s cannot be compiled with dynamic %s (%s); compiling each size on its own",
+            log.log(logging.INFO if automatic else logging.WARNING, "pallaskit: %s cannot be compiled with dynamic %s (%s); compiling each size on its own",
                         self._title(), ", ".join(names), reason)
             return None
 
@@ -434,6 +461,18 @@ class JitFunction:
         kwargs = {**dyn_kwargs, **{k: v.value if isinstance(v, _Static) else v for k, v in static_kw}}
         traced = self._tracer.trace(*full, **kwargs)
         return traced.jaxpr, jax.tree_util.tree_structure(traced.out_info)
+
+    def _trace_symbolic(self, structs, treedef, static_pos, static_kw, n_args):
+        """``_trace`` at symbolic shapes, also returning the shape guards
+        ([Note: shape equality guards]); raises when they cannot be recorded."""
+        if not _install_eq_recorder():
+            raise lowering.SymbolicUnsupported("this jax's symbolic dims cannot be guarded")
+        _EQ_RECORD.diffs = diffs = []
+        try:
+            closed, out_tree = self._trace(structs, treedef, static_pos, static_kw, n_args)
+        finally:
+            _EQ_RECORD.diffs = None
+        return closed, out_tree, list({str(d): d for d in diffs}.values())
 
     def _compile(self, avals, treedef, static_pos, static_kw, n_args, aot=True, structs=None,
                  size_hints=(), variants=None, positions=(), first_sizes=None, xla=None,
@@ -456,8 +495,13 @@ class JitFunction:
         symbolic = structs is not None
         if structs is None:
             structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
-        closed, out_tree = traced if traced is not None else self._trace(structs, treedef, static_pos, static_kw,
-                                                                            n_args)
+        shape_guards = []
+        if traced is not None:
+            closed, out_tree = traced
+        elif symbolic:
+            closed, out_tree, shape_guards = self._trace_symbolic(structs, treedef, static_pos, static_kw, n_args)
+        else:
+            closed, out_tree = self._trace(structs, treedef, static_pos, static_kw, n_args)
         out_tree_box = [out_tree]
         metrics.counters["trace_seconds"] += time.perf_counter() - t0
         title = getattr(self.fn, "__qualname__", "fn")
@@ -505,7 +549,7 @@ class JitFunction:
                     metrics.counters["compile_seconds"] += time.perf_counter() - t0
                     return Compiled(None, closed, dispatcher, [], out_tree_box[-1], ran=True,
                                     guards=[compile(g, "<guard>", "eval") for g in hit.guards],
-                                    delete_after=xla.donate if xla else ())
+                                    delete_after=xla.donate if xla else (), shape_guards=shape_guards)
             if lazy and not options.interpret:
                 from pallaskit.runtime import triton_launch
 
@@ -560,7 +604,7 @@ class JitFunction:
                 fn = runner(result.program, call, xla)
                 donated = () if isinstance(fn, buckets.Bucketed) or not xla else xla.donate
                 return Compiled(result, closed, fn, constants, out_tree_box[-1], guards=guards,
-                                delete_after=(xla.donate if xla else ())[len(donated):])
+                                delete_after=(xla.donate if xla else ())[len(donated):], shape_guards=shape_guards)
             variants_ = [multikernel.Variant(b[3], runner(b[0].program, b[1]), b[2], src,
                                              [k.source for k in b[0].program.kernels])
                          for src, b in built.items()]
@@ -573,7 +617,7 @@ class JitFunction:
             # The dispatcher may run a size's variants on the arguments (timing), so no
             # executable under it takes donation: the donated arrays are deleted after the call.
             return Compiled(result, closed, dispatcher, constants, out_tree_box[-1], ran=True, guards=guards,
-                            delete_after=xla.donate if xla else ())
+                            delete_after=xla.donate if xla else (), shape_guards=shape_guards)
         if aot:
             served = cache.serve(closed, avals, static_pos + static_kw, options, title, build, t0, xla=xla)
             if served.result is None and config.debug_dir:  # a cache hit: what the entry keeps
@@ -583,6 +627,82 @@ class JitFunction:
         result, call, constants = build()
         metrics.apply_deltas(metrics.graph_deltas(result))
         return Compiled(result, closed, cache.jit(call, xla, len(constants)), constants, out_tree_box[-1])
+
+
+# [Note: shape equality guards]
+# jax's symbolic dims answer ``==`` with False when they cannot decide it (its
+# ``__eq__`` may not raise: hashing uses it), so a trace at symbolic shapes
+# takes the user's ``if x.shape[0] == 1`` as false for every size, and the
+# symbolic program would be wrong at size 1. While pallaskit traces at symbolic
+# shapes, ``_DimExpr.__eq__`` also records the difference of each pair it
+# called unequal without deciding it, when the comparison comes from outside
+# jax (the user's code or a library's; jax's own code is written for symbolic
+# dims, where "not known equal" is what it asks, e.g. broadcasting's ``d == 1``);
+# a call whose sizes make any recorded difference zero compiles statically for
+# those sizes instead, as torch's guards do. Ordered comparisons (<, >=, ...)
+# raise when undecidable, and the trace then falls back to static compiles.
+# Recording is per thread.
+_EQ_RECORD = threading.local()
+_JAX_DIR = os.path.dirname(jax.__file__) + os.sep
+
+
+def _asked_outside_jax() -> bool:
+    """Is the innermost frame outside jax's package (past ``__eq__``/``__ne__``
+    of the dims) one of the user's code or another library?"""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.endswith("shape_poly.py"):
+        frame = frame.f_back
+    return frame is not None and not frame.f_code.co_filename.startswith(_JAX_DIR)
+
+
+def _install_eq_recorder() -> bool:
+    """Wrap ``_DimExpr.__eq__`` once; False where this jax's class is not there."""
+    try:
+        from jax._src.export import shape_poly
+        cls = shape_poly._DimExpr
+    except (ImportError, AttributeError):
+        return False
+    if getattr(cls.__eq__, "_pallaskit_recorder", False):
+        return True
+    original = cls.__eq__
+
+    def __eq__(self, other):
+        result = original(self, other)
+        diffs = getattr(_EQ_RECORD, "diffs", None)
+        if (diffs is not None and result is False and not getattr(_EQ_RECORD, "busy", False)
+                and _asked_outside_jax()):
+            _EQ_RECORD.busy = True
+            try:
+                diff = self - other
+                if jax.export.is_symbolic_dim(diff):
+                    diffs.append(diff)
+            except Exception:  # noqa: BLE001  (another scope, a non-dim operand: decided, nothing to guard)
+                pass
+            finally:
+                _EQ_RECORD.busy = False
+        return result
+
+    __eq__._pallaskit_recorder = True
+    cls.__eq__ = __eq__
+    return True
+
+
+def _shape_guards_hold(entry: Compiled, values: dict) -> bool:
+    """Does no shape guard's difference vanish at these sizes? (An expression
+    that cannot be evaluated counts as broken: a static compile is always right.)"""
+    for diff in entry.shape_guards:
+        try:
+            if int(diff._evaluate(values)) == 0:
+                return False
+        except Exception:  # noqa: BLE001
+            return False
+    return True
+
+
+def _serves_new_sizes_at_once(entry: Compiled) -> bool:
+    """Does this symbolic entry serve a new size without pallaskit's compiler and
+    its XLA wait per size: eager launches (a GPU), or interpret mode (the CPU)?"""
+    return getattr(entry.executable, "eager", None) is not None or compile_options().interpret
 
 
 def _eager_wanted(options) -> bool:

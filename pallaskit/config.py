@@ -193,12 +193,14 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "store), 'unfused' (the template alone), 'off' (XLA runs every dot_general). Integer dots and some "
            "precision configs always run through XLA.", str, _check_matmul_template,
            "'auto', 'fused', 'unfused', 'off' (true means 'fused', false 'off')"),
-    Option("automatic_dynamic", False, "Make an argument axis dynamic (one shape-generic compilation serving "
-           "every size) once a function is called with a second distinct size of it, everything else equal. Off "
-           "by default: on the H100 a new size of a symbolic graph still costs about what a static recompile "
-           "costs (JAX's trace and XLA's compile of each size), and a symbolic graph takes its tiles and its "
-           "split and mix-order decisions at size hints, not at each size (benchmarks/RESULTS.md).",
-           _parse_bool, _check_bool, "true, false"),
+    Option("automatic_dynamic", True, "Make an argument axis dynamic (one shape-generic compilation serving "
+           "every size) once a function is called with a second distinct size of it, everything else equal, as "
+           "torch.compile does. On a GPU this holds only where the symbolic program's kernels launch eagerly "
+           "(option dynamic_launch: a new size runs at once, a recurring size compiles its own static program in "
+           "the background); otherwise, and wherever the function cannot be traced with a symbolic size (a "
+           "size-dependent branch, a shape computed from a size), each size compiles on its own, and a size that "
+           "an equality test in the trace depended on (x.shape[0] == 1) compiles on its own too. Off: one "
+           "compilation per size, as jax.jit.", _parse_bool, _check_bool, "true, false"),
     Option("log_fallbacks", True, "Log one line per primitive run through XLA (once per primitive).",
            _parse_bool, _check_bool, "true, false"),
     Option("partitioner", "min_cut", "How a differentiated function is split into forward and backward "

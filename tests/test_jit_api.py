@@ -146,6 +146,22 @@ def test_donation_with_dynamic_shapes(rng, hints):
     assert pallaskit.metrics.counters["graphs_compiled"] == 1
 
 
+def test_donation_with_automatic_dynamic(rng):
+    """Default options: the second size makes the rows dynamic; donation holds on
+    the static, the symbolic and the recurring sizes alike."""
+    def f(x, y):
+        return x * y + 1.0
+
+    jf = pallaskit.jit(f, donate_argnums=0)
+    for n in (5, 9, 5, 13, 9):
+        x = jnp.asarray(rng.standard_normal((n, 3)), jnp.float32)
+        y = jnp.asarray(rng.standard_normal((n, 3)), jnp.float32)
+        ref = jax.jit(f)(x, y)
+        assert_close(jf(x, y), ref)
+        assert x.is_deleted() and not y.is_deleted()
+    assert pallaskit.metrics.counters["graphs_compiled"] == 2
+
+
 def test_unusable_donation_warns_as_jax_does(rng):
     x = jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
     with pytest.warns(UserWarning, match="Some donated buffers were not usable"):
