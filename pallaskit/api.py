@@ -692,7 +692,8 @@ def _shape_guards_hold(entry: Compiled, values: dict) -> bool:
     that cannot be evaluated counts as broken: a static compile is always right.)"""
     for diff in entry.shape_guards:
         try:
-            if int(diff._evaluate(values)) == 0:
+            evaluate = getattr(diff, "_evaluate", None) or diff.evaluate
+            if int(evaluate(values)) == 0:
                 return False
         except Exception:  # noqa: BLE001
             return False

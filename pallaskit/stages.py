@@ -38,7 +38,10 @@ class _Signature:
 
     def args_info(self):
         donated = set(self.xla.donate)
-        infos = [jax.stages.ArgInfo(a, i in donated) for i, a in enumerate(self.avals)]
+        try:
+            infos = [jax.stages.ArgInfo(a, i in donated) for i, a in enumerate(self.avals)]
+        except TypeError:  # another jax's ArgInfo: (aval, donated) pairs
+            infos = [(a, i in donated) for i, a in enumerate(self.avals)]
         return jax.tree_util.tree_unflatten(self.in_tree, infos)
 
     def in_avals(self):
