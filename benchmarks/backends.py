@@ -289,6 +289,9 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in [
             options=(("layout_propagation", False),), tags=frozenset({"layout"})),
     Backend("pallaskit_dynamic", JAX, "pallaskit.jit, dynamic axis 0 (default multi-kernel hints)",
             _build_pallaskit_dynamic, tags=frozenset({"dynamic"})),
+    Backend("pallaskit_static_sizes", JAX, "pallaskit.jit, automatic_dynamic=False (one static compile per size, "
+            "as jax.jit; the 'pallaskit' row has automatic dynamic, on by default)", _build_pallaskit,
+            options=(("automatic_dynamic", False),), tags=frozenset({"dynamic"})),
     Backend("pallaskit_dynamic_variant_tier", JAX, "pallaskit.jit, dynamic axis 0, dynamic_tier_up='variant' (a "
             "recurring size compiles its multi-kernel variant, not its own static program)", _build_pallaskit_dynamic,
             options=(("dynamic_tier_up", "variant"),), tags=frozenset({"dynamic"}), default=False),

@@ -9,6 +9,8 @@ import keyword
 import logging
 import os
 import re
+import sys
+import threading
 import time
 from typing import Any, Callable, Sequence
 
@@ -21,7 +23,7 @@ from pallaskit import cache, metrics
 from pallaskit import autodiff
 from pallaskit import sharding
 from pallaskit.config import config
-from pallaskit.runtime import buckets, eager, loader, multikernel
+from pallaskit.runtime import buckets, eager, loader, multikernel, xla_args
 
 log = logging.getLogger("pallaskit")
 
@@ -74,33 +76,67 @@ class Compiled:
     # A symbolic graph ([Note: dynamic dims]): checks of the dim values (code
     # objects over the symbols' names), all true for the program to be right.
     guards: list = dataclasses.field(default_factory=list)
+    # Donated leaves the executable does not donate itself (a dispatcher of
+    # variants, eager launches): deleted after each call, as jax.jit's donation does.
+    delete_after: tuple = ()
+    # A symbolic graph: the differences of the symbolic sizes the trace took as
+    # unequal; each must be nonzero at a call's sizes ([Note: shape equality guards]).
+    shape_guards: list = dataclasses.field(default_factory=list)
 
 
 class JitFunction:
     """A function compiled by pallaskit, with jax.jit's semantics."""
 
-    def __init__(self, fn: Callable, static_argnums=(), static_argnames=(), dynamic=None):
+    def __init__(self, fn: Callable, static_argnums=None, static_argnames=None, dynamic=None, *,
+                 donate_argnums=None, donate_argnames=None, keep_unused: bool = False,
+                 in_shardings=xla_args.UNSET, out_shardings=xla_args.UNSET):
         if not callable(fn):
             raise TypeError(f"pallaskit.jit expects a callable, got {type(fn).__name__}")
         self.fn = fn
         self._sig = _signature(fn)
-        self.static_argnums, self.static_argnames = _resolve_static(self._sig, static_argnums, static_argnames)
+        # jax.jit checks the arguments (types, ranges, names, static/donated
+        # overlap) and raises its own errors; pallaskit then resolves them the same way.
+        sharding_kw = {k: v for k, v in (("in_shardings", in_shardings), ("out_shardings", out_shardings))
+                       if v is not xla_args.UNSET}
+        jax.jit(fn, static_argnums=static_argnums, static_argnames=static_argnames, donate_argnums=donate_argnums,
+                donate_argnames=donate_argnames, keep_unused=keep_unused, **sharding_kw)
+        self.static_argnums, self.static_argnames = _infer_argnums(self._sig, static_argnums, static_argnames)
+        self.donate_argnums, self.donate_argnames = _infer_argnums(self._sig, donate_argnums, donate_argnames)
+        self.static_argnums = tuple(sorted({i if i >= 0 or self._sig is None else i + _n_positional(self._sig)
+                                            for i in self.static_argnums}))
+        self.donate_argnums = tuple(sorted({i if i >= 0 or self._sig is None else i + _n_positional(self._sig)
+                                            for i in self.donate_argnums}))
+        self.keep_unused, self.in_shardings, self.out_shardings = bool(keep_unused), in_shardings, out_shardings
+        # Traces the function: jax.jit keeps its signature and argument names
+        # (debug info), so errors raised while tracing name the user's function
+        # and arguments, not pallaskit's flat wrapper.
+        self._tracer = jax.jit(fn, static_argnums=self.static_argnums, static_argnames=self.static_argnames)
         self.dynamic = _resolve_dynamic(self._sig, dynamic, self.static_argnums, self.static_argnames)
         self._sym: dict = {}  # symbolic signature -> Compiled, or None: compiled per size instead
         self._seen: dict = {}  # automatic dynamic: signature skeleton -> the distinct shapes seen
         self._logged: set = set()  # automatic dynamic axes already announced
         self._cache: dict = {}
         self._fast: dict = {}  # _fast_key -> Compiled, filled by calls that went through _cache
+        self._xla: dict = {}  # (treedef, n_args) -> XlaArgs
         # updated=(): a function wrapping a JitFunction (jax.grad(f) of one) carries its
         # __dict__ (fn, _cache); copying that would make this one run the wrapped function.
         functools.update_wrapper(self, fn, updated=())
 
+    def _xla_args(self, treedef, n_args) -> xla_args.XlaArgs:
+        """Donation and shardings of a call signature ([Note: XLA arguments])."""
+        k = (treedef, n_args)
+        out = self._xla.get(k)
+        if out is None:
+            out = self._xla[k] = xla_args.resolve(
+                treedef, n_args, self.static_argnums, self.donate_argnums, self.donate_argnames, self.in_shardings,
+                self.out_shardings, self.keep_unused, self._title())
+        return out
+
     # -- signature --------------------------------------------------------------
     def _split(self, args, kwargs):
         """Separate static from dynamic arguments; checks every dynamic leaf."""
-        static_pos = tuple((i, _hashable(args[i], f"argument {i}")) for i in self.static_argnums if i < len(args))
-        static_kw = tuple(sorted((k, _hashable(v, f"argument {k!r}")) for k, v in kwargs.items()
-                                 if k in self.static_argnames))
+        static_pos = tuple((i, _hashable(args[i])) for i in self.static_argnums if i < len(args))
+        static_kw = tuple(sorted((k, _hashable(v)) for k, v in kwargs.items() if k in self.static_argnames))
         dyn_args = [a for i, a in enumerate(args) if i not in self.static_argnums]
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_argnames}
         leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs))
@@ -117,7 +153,10 @@ class JitFunction:
         if fast is not None:
             entry = self._fast.get(fast[0])
             if entry is not None:  # the steady state: a signature seen before, concrete arrays
-                return jax.tree_util.tree_unflatten(entry.out_tree, entry.executable(*fast[1], *entry.constants))
+                outs = entry.executable(*fast[1], *entry.constants)
+                if entry.delete_after:
+                    xla_args.delete_donated(fast[1], entry.delete_after, outs)
+                return jax.tree_util.tree_unflatten(entry.out_tree, outs)
         key, leaves, avals, treedef, static_pos, static_kw = self._split(args, kwargs)
         why = sharding.xla_only(leaves, autodiff.transformed(leaves), compile_options)
         if why:  # [Note: sharding] in pallaskit/sharding.py
@@ -137,9 +176,12 @@ class JitFunction:
             if placement is None:
                 entry = self._dynamic_entry(leaves, avals, treedef, static_pos, static_kw, len(args))
             if entry is None:
-                entry = self._compile(avals, treedef, static_pos, static_kw, len(args), placement=placement)
+                entry = self._compile(avals, treedef, static_pos, static_kw, len(args),
+                                      xla=self._xla_args(treedef, len(args)), placement=placement)
             self._cache[key] = entry
         outs = entry.executable(*leaves, *entry.constants)
+        if entry.delete_after:
+            xla_args.delete_donated(leaves, entry.delete_after, outs)
         if not entry.ran:
             entry.ran = True
             metrics.counters["kernels_compiled"] += len(entry.result.program.kernels)
@@ -160,6 +202,23 @@ class JitFunction:
             return None
         return (treedef, tuple(x.aval for x in leaves), sharding.fast_placement(leaves)), leaves
 
+    # -- ahead of time (jax.stages) ---------------------------------------------
+    def trace(self, *args, **kwargs):
+        """``jax.jit(f).trace``: a ``pallaskit.stages.Traced`` (``.jaxpr``,
+        ``.out_info``, ``.lower()``); arrays or ``jax.ShapeDtypeStruct``s."""
+        from pallaskit import stages
+
+        return stages.Traced(stages._Signature(self, args, kwargs))
+
+    def lower(self, *args, **kwargs):
+        """``jax.jit(f).lower``: pallaskit's program lowered to StableHLO, a
+        ``pallaskit.stages.Lowered`` (``as_text``, ``cost_analysis``, ``compile``)."""
+        return self.trace(*args, **kwargs).lower()
+
+    def eval_shape(self, *args, **kwargs):
+        """The outputs' shapes and dtypes (``jax.ShapeDtypeStruct``s), nothing compiled."""
+        return self._tracer.eval_shape(*args, **kwargs)
+
     def lower_to_result(self, *args, **kwargs) -> Compiled:
         key, leaves, avals, treedef, static_pos, static_kw = self._split(args, kwargs)
         entry = self._cache.get(key)
@@ -170,7 +229,8 @@ class JitFunction:
             if entry is not None and entry.result is None:  # an eager program from the disk cache
                 return self._compile(avals, treedef, static_pos, static_kw, len(args), aot=False)
             if entry is None:
-                entry = self._compile(avals, treedef, static_pos, static_kw, len(args), aot=False)
+                entry = self._compile(avals, treedef, static_pos, static_kw, len(args), aot=False,
+                                      xla=self._xla_args(treedef, len(args)))
             self._cache[key] = entry
         return entry
 
@@ -205,7 +265,7 @@ class JitFunction:
         program cannot serve it (a guard fails: a size 0, an index past int32)
         or when the signature could not be compiled symbolically: the caller
         then compiles the concrete signature."""
-        axes = self._dynamic_axes(leaves, avals, treedef, static_pos, static_kw, n_args)
+        axes, automatic = self._dynamic_axes(leaves, avals, treedef, static_pos, static_kw, n_args)
         if not axes:
             return None
         values = {}
@@ -226,7 +286,23 @@ class JitFunction:
                        for i, a in enumerate(avals))
         sym_key = (treedef, shapes, static_pos, static_kw, n_args)
         if sym_key not in self._sym:
-            self._sym[sym_key] = self._compile_symbolic(avals, axes, values, treedef, static_pos, static_kw, n_args)
+            options = compile_options()
+            if automatic and not options.interpret and not _eager_wanted(options):
+                entry = None  # no eager launches possible: nothing to gain (below); compile per size
+                metrics.counters["dynamic_fallbacks"] += 1
+            else:
+                entry = self._compile_symbolic(avals, axes, values, treedef, static_pos, static_kw, n_args,
+                                               automatic)
+            if entry is not None and automatic and not _serves_new_sizes_at_once(entry):
+                # Automatic dynamic pays off where a new size runs at once (eager
+                # launches) or costs no pallaskit compile for XLA to wait on (interpret
+                # mode); on a GPU without eager launches a new size would still wait for
+                # XLA while every size ran the size-hinted kernels: compile per size.
+                metrics.counters["dynamic_fallbacks"] += 1
+                log.info("pallaskit: %s: no eager launches for its dynamic program; compiling each size on its "
+                         "own", self._title())
+                entry = None
+            self._sym[sym_key] = entry
             dispatcher = getattr(self._sym[sym_key], "executable", None)
             if getattr(dispatcher, "eager", None) is not None and config.dynamic_tier_up == "static":
                 dispatcher.compile_static = functools.partial(self._compile_static, treedef, static_pos, static_kw,
@@ -234,7 +310,7 @@ class JitFunction:
         entry = self._sym[sym_key]
         if entry is None:
             return None
-        if not all(eval(g, {}, dict(values)) for g in entry.guards):
+        if not all(eval(g, {}, dict(values)) for g in entry.guards) or not _shape_guards_hold(entry, values):
             metrics.counters["dynamic_guard_failures"] += 1
             log.info("pallaskit: %s: sizes %s break a guard of the symbolic program; compiling them on their own",
                      self._title(), values)
@@ -247,7 +323,7 @@ class JitFunction:
         constants) for the dispatcher, and files the entry under the call's keys
         so the size's later calls skip the dispatcher, as a static signature's do."""
         avals = [_abstractify(x, "an argument") for x in leaves]
-        entry = self._compile(avals, treedef, static_pos, static_kw, n_args)
+        entry = self._compile(avals, treedef, static_pos, static_kw, n_args, xla=self._xla_args(treedef, n_args))
         self._cache[(treedef, tuple(avals), static_pos, static_kw, n_args)] = entry
         array = _array_type(leaves)
         if not static_pos and not static_kw and array is not None and all(type(x) is array for x in leaves):
@@ -269,9 +345,10 @@ class JitFunction:
         dummy = jax.tree_util.tree_unflatten(treedef, list(range(treedef.num_leaves)))
         return [p for p, _ in jax.tree_util.tree_flatten_with_path(dummy)[0]]
 
-    def _dynamic_axes(self, leaves, avals, treedef, static_pos, static_kw, n_args) -> dict:
-        """{(leaf, axis): symbol name} of this call: the ``dynamic=`` axes, plus
-        automatic ones (an axis seen with a second distinct size)."""
+    def _dynamic_axes(self, leaves, avals, treedef, static_pos, static_kw, n_args) -> tuple[dict, bool]:
+        """({(leaf, axis): symbol name}, whether automatic axes are among them)
+        of this call: the ``dynamic=`` axes, plus automatic ones (an axis seen
+        with a second distinct size; option ``automatic_dynamic``)."""
         paths = self._leaf_paths(treedef)
         dyn_positions = [i for i in range(n_args) if i not in self.static_argnums]
         axes = {}
@@ -301,10 +378,12 @@ class JitFunction:
                         raise ValueError(f"pallaskit.jit: dynamic= axis {axis} of {what} is out of range for its "
                                          f"{ndim}-d shape {tuple(avals[leaf].shape)}")
                     axes[(leaf, a)] = sym
+        automatic = {}
         if config.automatic_dynamic:
-            axes.update(self._automatic_axes(avals, treedef, static_pos, static_kw, n_args, paths, dyn_positions,
-                                             set(axes), set(axes.values())))
-        return axes
+            automatic = self._automatic_axes(avals, treedef, static_pos, static_kw, n_args, paths, dyn_positions,
+                                             set(axes), set(axes.values()))
+            axes.update(automatic)
+        return axes, bool(automatic)
 
     def _automatic_axes(self, avals, treedef, static_pos, static_kw, n_args, paths, dyn_positions, taken, used):
         """Automatic dynamic: the axes whose size differs between the calls
@@ -346,9 +425,12 @@ class JitFunction:
                                                       for l, k in out})), ", ".join(sorted(set(out.values()))))
         return out
 
-    def _compile_symbolic(self, avals, axes, values, treedef, static_pos, static_kw, n_args) -> Compiled | None:
+    def _compile_symbolic(self, avals, axes, values, treedef, static_pos, static_kw, n_args,
+                          automatic=False) -> Compiled | None:
         """Trace with ``jax.export.symbolic_shape`` dims and compile once; None
-        (the signature then compiles per size) when it cannot, with one log line."""
+        (the signature then compiles per size) when it cannot, with one log line
+        (a warning for ``dynamic=``; for automatic axes, which the user did not
+        ask for, an info line)."""
         names = sorted(set(axes.values()))
         try:
             dims = dict(zip(names, jax.export.symbolic_shape(", ".join(names))))
@@ -366,16 +448,47 @@ class JitFunction:
                 positions.setdefault(sym, (leaf, axis))
             return self._compile(avals, treedef, static_pos, static_kw, n_args, aot=False,
                                  structs=structs, size_hints=variants[0], variants=variants,
-                                 positions=[(n, positions[n]) for n in names], first_sizes=values)
+                                 positions=[(n, positions[n]) for n in names], first_sizes=values,
+                                 xla=self._xla_args(treedef, n_args))
         except Exception as e:  # noqa: BLE001  (anything the symbolic path cannot take: per-size compiles)
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             metrics.counters["dynamic_fallbacks"] += 1
-            log.warning("pallaskit: %s cannot be compiled with dynamic %s (%s); compiling each size on its own",
+            log.log(logging.INFO if automatic else logging.WARNING, "pallaskit: %s cannot be compiled with dynamic %s (%s); compiling each size on its own",
                         self._title(), ", ".join(names), reason)
             return None
 
+    def _trace(self, structs, treedef, static_pos, static_kw, n_args):
+        """(closed jaxpr of the flat dynamic leaves, output treedef) of the
+        function at ``structs`` (one per flat dynamic leaf). Traced by
+        ``jax.jit(fn).trace``, which keeps the function's signature: errors
+        raised by the user's code name the function and its arguments."""
+        full, kwargs = _full_args(structs, treedef, static_pos, static_kw, n_args)
+        traced = self._tracer.trace(*full, **kwargs)
+        return traced.jaxpr, jax.tree_util.tree_structure(traced.out_info)
+
+    def _flat_fn(self, treedef, static_pos, static_kw, n_args):
+        """The function of the flat dynamic leaves, returning its flat outputs."""
+        def flat_fn(*leaves):
+            full, kwargs = _full_args(leaves, treedef, static_pos, static_kw, n_args)
+            return jax.tree_util.tree_leaves(self.fn(*full, **kwargs))
+
+        return flat_fn
+
+    def _trace_symbolic(self, structs, treedef, static_pos, static_kw, n_args):
+        """``_trace`` at symbolic shapes, also returning the shape guards
+        ([Note: shape equality guards]); raises when they cannot be recorded."""
+        if not _install_eq_recorder():
+            raise lowering.SymbolicUnsupported("this jax's symbolic dims cannot be guarded")
+        _EQ_RECORD.diffs = diffs = []
+        try:
+            closed, out_tree = self._trace(structs, treedef, static_pos, static_kw, n_args)
+        finally:
+            _EQ_RECORD.diffs = None
+        return closed, out_tree, list({str(d): d for d in diffs}.values())
+
     def _compile(self, avals, treedef, static_pos, static_kw, n_args, aot=True, structs=None,
-                 size_hints=(), variants=None, positions=(), first_sizes=None, placement=None) -> Compiled:
+                 size_hints=(), variants=None, positions=(), first_sizes=None, xla=None,
+                 traced=None, placement=None) -> Compiled:
         """Trace and compile one signature. ``aot``: compile the executable now,
         through the on-disk graph cache (``pallaskit/cache``), where a hit skips
         the compiler and XLA (``Compiled.result`` is then None); otherwise only
@@ -384,30 +497,27 @@ class JitFunction:
         then compiled shape-generic, with ``size_hints`` for its heuristics,
         or once per entry of ``variants`` (size-hint tuples; ``positions``:
         (symbol, (leaf, axis)) of each symbol) behind a multi-kernel
-        dispatcher when their sources differ. ``placement``: the arguments'
-        shardings ([Note: sharding] in pallaskit/sharding.py)."""
+        dispatcher when their sources differ. ``xla``: the signature's
+        donation and shardings ([Note: XLA arguments]); ``traced``: (closed
+        jaxpr, output treedef) when the caller traced already; ``placement``:
+        the arguments' shardings ([Note: sharding] in pallaskit/sharding.py),
+        which join ``xla`` for the lowering."""
         options = compile_options()
         if size_hints:
             options = dataclasses.replace(options, size_hints=tuple(size_hints))
-        out_tree_box = []
-        static_pos_d = dict(static_pos)
-        static_kw_d = {k: v.value if isinstance(v, _Static) else v for k, v in static_kw}
-
-        def flat_fn(*leaves):
-            dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
-            it = iter(dyn_args)
-            full = [static_pos_d[i].value if i in static_pos_d else next(it) for i in range(n_args)]
-            out = self.fn(*full, **dyn_kwargs, **static_kw_d)
-            flat, tree = jax.tree_util.tree_flatten(out)
-            out_tree_box.append(tree)
-            return flat
-
         t0 = time.perf_counter()
         symbolic = structs is not None
         if structs is None:
             structs = [sharding.struct_of(a) for a in avals]  # keeps shard_map's varying axes
-        with sharding.trace_context(placement):
-            closed = jax.make_jaxpr(flat_fn)(*structs)
+        shape_guards = []
+        if traced is not None:
+            closed, out_tree = traced
+        elif symbolic:
+            closed, out_tree, shape_guards = self._trace_symbolic(structs, treedef, static_pos, static_kw, n_args)
+        else:
+            with sharding.trace_context(placement):
+                closed, out_tree = self._trace(structs, treedef, static_pos, static_kw, n_args)
+        out_tree_box = [out_tree]
         metrics.counters["trace_seconds"] += time.perf_counter() - t0
         title = getattr(self.fn, "__qualname__", "fn")
 
@@ -453,7 +563,8 @@ class JitFunction:
                     metrics.counters["eager_cache_hits"] += 1
                     metrics.counters["compile_seconds"] += time.perf_counter() - t0
                     return Compiled(None, closed, dispatcher, [], out_tree_box[-1], ran=True,
-                                    guards=[compile(g, "<guard>", "eval") for g in hit.guards])
+                                    guards=[compile(g, "<guard>", "eval") for g in hit.guards],
+                                    delete_after=xla.donate if xla else (), shape_guards=shape_guards)
             if lazy and not options.interpret:
                 from pallaskit.runtime import triton_launch
 
@@ -495,18 +606,20 @@ class JitFunction:
             log.debug("pallaskit compiled %s shape-generic over %s in %.3fs (%d variant(s))", title,
                       ", ".join(result.program.symbols), seconds, len(built))
 
-            def runner(program, call):
+            def runner(program, call, xla=None):
                 """The variant's callable: bucketed ([Note: size buckets]) where it can be."""
                 if not config.dynamic_buckets or program.unbucketable or program.symbols != symbols:
                     if config.dynamic_buckets and program.unbucketable:
                         log.debug("pallaskit: %s: no size buckets: %s", title, program.unbucketable)
-                    return cache.jit(call)
+                    return cache.jit(call, xla, len(constants))
                 return buckets.Bucketed(title, call, symbols, where, len(avals), program.input_shapes,
                                         program.output_shapes, guards)
 
             if len(built) == 1 and eager_program is None:
-                return Compiled(result, closed, runner(result.program, call), constants, out_tree_box[-1],
-                                guards=guards)
+                fn = runner(result.program, call, xla)
+                donated = () if isinstance(fn, buckets.Bucketed) or not xla else xla.donate
+                return Compiled(result, closed, fn, constants, out_tree_box[-1], guards=guards,
+                                delete_after=(xla.donate if xla else ())[len(donated):], shape_guards=shape_guards)
             variants_ = [multikernel.Variant(b[3], runner(b[0].program, b[1]), b[2], src,
                                              [k.source for k in b[0].program.kernels])
                          for src, b in built.items()]
@@ -516,17 +629,101 @@ class JitFunction:
             if eager_program is not None:
                 dispatcher.eager, dispatcher.eager_constants = eager_program
             # ran=True: the dispatcher counts kernels_compiled (distinct kernels of all variants) on its first call.
-            return Compiled(result, closed, dispatcher, constants, out_tree_box[-1], ran=True, guards=guards)
+            # The dispatcher may run a size's variants on the arguments (timing), so no
+            # executable under it takes donation: the donated arrays are deleted after the call.
+            return Compiled(result, closed, dispatcher, constants, out_tree_box[-1], ran=True, guards=guards,
+                            delete_after=xla.donate if xla else (), shape_guards=shape_guards)
         if aot:
             if placement is None and sharding.mentions_mesh(closed):  # e.g. with_sharding_constraint
                 placement = (None,) * len(avals)
-            placed = None if placement is None else sharding.Placed(placement, flat_fn, avals)
-            served = cache.serve(closed, avals, static_pos + static_kw, options, title, build, t0, placed=placed)
+            if placement is not None:
+                xla = (xla or xla_args.XlaArgs()).with_placement(
+                    placement, self._flat_fn(treedef, static_pos, static_kw, n_args), avals)
+            served = cache.serve(closed, avals, static_pos + static_kw, options, title, build, t0, xla=xla)
+            if served.result is None and config.debug_dir:  # a cache hit: what the entry keeps
+                _dump(config.debug_dir, title, closed, None, served.source)
             log.debug("pallaskit served %s in %.3fs (cache: %s)", title, time.perf_counter() - t0, served.cache)
             return Compiled(served.result, closed, served.executable, served.constants, out_tree_box[-1], ran=True)
         result, call, constants = build()
         metrics.apply_deltas(metrics.graph_deltas(result))
-        return Compiled(result, closed, cache.jit(call), constants, out_tree_box[-1])
+        return Compiled(result, closed, cache.jit(call, xla, len(constants)), constants, out_tree_box[-1])
+
+
+# [Note: shape equality guards]
+# jax's symbolic dims answer ``==`` with False when they cannot decide it (its
+# ``__eq__`` may not raise: hashing uses it), so a trace at symbolic shapes
+# takes the user's ``if x.shape[0] == 1`` as false for every size, and the
+# symbolic program would be wrong at size 1. While pallaskit traces at symbolic
+# shapes, ``_DimExpr.__eq__`` also records the difference of each pair it
+# called unequal without deciding it, when the comparison comes from outside
+# jax (the user's code or a library's; jax's own code is written for symbolic
+# dims, where "not known equal" is what it asks, e.g. broadcasting's ``d == 1``);
+# a call whose sizes make any recorded difference zero compiles statically for
+# those sizes instead, as torch's guards do. Ordered comparisons (<, >=, ...)
+# raise when undecidable, and the trace then falls back to static compiles.
+# Recording is per thread.
+_EQ_RECORD = threading.local()
+_JAX_DIR = os.path.dirname(jax.__file__) + os.sep
+
+
+def _asked_outside_jax() -> bool:
+    """Is the innermost frame outside jax's package (past ``__eq__``/``__ne__``
+    of the dims) one of the user's code or another library?"""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.endswith("shape_poly.py"):
+        frame = frame.f_back
+    return frame is not None and not frame.f_code.co_filename.startswith(_JAX_DIR)
+
+
+def _install_eq_recorder() -> bool:
+    """Wrap ``_DimExpr.__eq__`` once; False where this jax's class is not there."""
+    try:
+        from jax._src.export import shape_poly
+        cls = shape_poly._DimExpr
+    except (ImportError, AttributeError):
+        return False
+    if getattr(cls.__eq__, "_pallaskit_recorder", False):
+        return True
+    original = cls.__eq__
+
+    def __eq__(self, other):
+        result = original(self, other)
+        diffs = getattr(_EQ_RECORD, "diffs", None)
+        if (diffs is not None and result is False and not getattr(_EQ_RECORD, "busy", False)
+                and _asked_outside_jax()):
+            _EQ_RECORD.busy = True
+            try:
+                diff = self - other
+                if jax.export.is_symbolic_dim(diff):
+                    diffs.append(diff)
+            except Exception:  # noqa: BLE001  (another scope, a non-dim operand: decided, nothing to guard)
+                pass
+            finally:
+                _EQ_RECORD.busy = False
+        return result
+
+    __eq__._pallaskit_recorder = True
+    cls.__eq__ = __eq__
+    return True
+
+
+def _shape_guards_hold(entry: Compiled, values: dict) -> bool:
+    """Does no shape guard's difference vanish at these sizes? (An expression
+    that cannot be evaluated counts as broken: a static compile is always right.)"""
+    for diff in entry.shape_guards:
+        try:
+            evaluate = getattr(diff, "_evaluate", None) or diff.evaluate
+            if int(evaluate(values)) == 0:
+                return False
+        except Exception:  # noqa: BLE001
+            return False
+    return True
+
+
+def _serves_new_sizes_at_once(entry: Compiled) -> bool:
+    """Does this symbolic entry serve a new size without pallaskit's compiler and
+    its XLA wait per size: eager launches (a GPU), or interpret mode (the CPU)?"""
+    return getattr(entry.executable, "eager", None) is not None or compile_options().interpret
 
 
 def _eager_wanted(options) -> bool:
@@ -570,25 +767,49 @@ def _eager_program(title: str, built: dict, options, first_sizes: dict):
         return None
 
 
-def jit(fn: Callable | None = None, *, static_argnums: int | Sequence[int] = (),
-        static_argnames: str | Sequence[str] = (), dynamic: dict | None = None):
+def jit(fn: Callable | None = None, *, in_shardings=xla_args.UNSET, out_shardings=xla_args.UNSET,
+        static_argnums: int | Sequence[int] | None = None, static_argnames: str | Sequence[str] | None = None,
+        donate_argnums: int | Sequence[int] | None = None, donate_argnames: str | Sequence[str] | None = None,
+        keep_unused: bool = False, dynamic: dict | None = None):
     """Compile ``fn`` with pallaskit. Usable as ``@pallaskit.jit``,
     ``@pallaskit.jit(static_argnums=...)`` or ``pallaskit.jit(fn, ...)``.
+
+    The arguments ``jax.jit`` shares mean what they mean there, checked the
+    same way (the same errors): ``static_argnums`` / ``static_argnames``,
+    ``donate_argnums`` / ``donate_argnames`` (a donated argument's buffers may
+    hold the outputs; the caller's array is deleted by the call),
+    ``in_shardings`` / ``out_shardings`` and ``keep_unused`` (forwarded to the
+    XLA executable, [Note: XLA arguments] in pallaskit/runtime/xla_args.py).
+    The result has jax.jit's ``trace``, ``lower`` (then ``compile``) and
+    ``eval_shape``.
 
     ``dynamic``: axes whose size may change between calls without a new
     compilation, ``{argument: {axis: "symbol"}}`` (argument by name or
     position; one symbol name means one size, checked at every call), e.g.
     ``dynamic={"x": {0: "n"}, "labels": {0: "n"}}``. Option
-    ``automatic_dynamic`` (off by default) also makes an axis dynamic once it was seen
-    with a second size. [Note: dynamic dims]"""
-    if fn is None:
-        return lambda f: JitFunction(f, static_argnums, static_argnames, dynamic)
-    return JitFunction(fn, static_argnums, static_argnames, dynamic)
+    ``automatic_dynamic`` also makes an axis dynamic once it was seen with a
+    second size. [Note: dynamic dims]"""
+    def make(f):
+        return JitFunction(f, static_argnums, static_argnames, dynamic, donate_argnums=donate_argnums,
+                           donate_argnames=donate_argnames, keep_unused=keep_unused, in_shardings=in_shardings,
+                           out_shardings=out_shardings)
+
+    return make if fn is None else make(fn)
 
 
 # --------------------------------------------------------------------------- #
 # helpers
 # --------------------------------------------------------------------------- #
+def _full_args(leaves, treedef, static_pos, static_kw, n_args) -> tuple[list, dict]:
+    """(positional, keyword) arguments of a call from its flat dynamic leaves
+    and its static arguments."""
+    dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(treedef, list(leaves))
+    static_pos_d = dict(static_pos)
+    it = iter(dyn_args)
+    full = [static_pos_d[i].value if i in static_pos_d else next(it) for i in range(n_args)]
+    return full, {**dyn_kwargs, **{k: v.value if isinstance(v, _Static) else v for k, v in static_kw}}
+
+
 @dataclasses.dataclass(frozen=True)
 class _Static:
     value: Any
@@ -600,11 +821,12 @@ class _Static:
         return isinstance(other, _Static) and type(self.value) is type(other.value) and self.value == other.value
 
 
-def _hashable(v, what):
+def _hashable(v):
     try:
         hash(v)
-    except TypeError:
-        raise TypeError(f"static {what} must be hashable, got {type(v).__name__}") from None
+    except TypeError as e:  # jax.jit's error, word for word
+        raise ValueError(f"Non-hashable static arguments are not supported. An error occurred while trying to "
+                         f"hash an object of type {type(v)}, {v}. The error was:\n{type(e).__name__}: {e}\n") from None
     return _Static(v)
 
 
@@ -615,16 +837,26 @@ def _signature(fn):
         return None
 
 
-def _resolve_static(sig, argnums, argnames):
-    argnums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
-    argnames = (argnames,) if isinstance(argnames, str) else tuple(argnames)
-    if sig is not None:
-        params = list(sig.parameters.values())
-        names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-        argnums = tuple(sorted({a if a >= 0 else len(names) + a for a in argnums}
-                               | {names.index(n) for n in argnames if n in names}))
-        argnames = tuple(sorted(set(argnames) | {names[i] for i in argnums if i < len(names)}))
-    return argnums, argnames
+def _n_positional(sig) -> int:
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in sig.parameters.values())
+
+
+def _infer_argnums(sig, argnums, argnames) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """jax.jit's completion of argnums from argnames and back (jax's
+    ``api_util.infer_argnums_and_argnames``): when only one is given, the other
+    is read from the signature; when both are, each is taken as given."""
+    if argnums is None and argnames is None:
+        return (), ()
+    nums = None if argnums is None else ((argnums,) if isinstance(argnums, int) else tuple(argnums))
+    names = None if argnames is None else ((argnames,) if isinstance(argnames, str) else tuple(argnames))
+    if sig is None or (nums is not None and names is not None):
+        return nums or (), names or ()
+    params = [(k, p) for k, p in sig.parameters.items()]
+    if nums is None:
+        nums = tuple(i for i, (k, p) in enumerate(params) if p.kind == p.POSITIONAL_OR_KEYWORD and k in names)
+    else:
+        names = tuple(k for i, (k, p) in enumerate(params) if p.kind == p.POSITIONAL_OR_KEYWORD and i in nums)
+    return nums, names
 
 
 # Names generated code uses; a dim symbol (a variable in kernels and the
@@ -754,12 +986,21 @@ def _log_fallbacks(prims):
             log.warning("pallaskit: %s runs through XLA (no lowering rule, or the rule cannot take these operands)", p)
 
 
-def _dump(root, title, closed, result):
+def _dump(root, title, closed, result, source=None):
+    """``debug_dir``'s folder of one compiled function. ``result`` None: a disk
+    cache hit, where the compiler did not run: the jaxpr and the entry's
+    program source, and a note saying why the IR files are missing."""
     safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in title)
     folder = os.path.join(root, f"{safe}_{metrics.counters['graphs_compiled']:03d}")
     os.makedirs(folder, exist_ok=True)
-    files = {"jaxpr.txt": str(closed), "ir_before_fusion.txt": result.ir_before,
-             "ir_after_fusion.txt": result.ir_after, "program.py": result.program.source}
+    if result is not None:
+        files = {"jaxpr.txt": str(closed), "ir_before_fusion.txt": result.ir_before,
+                 "ir_after_fusion.txt": result.ir_after, "program.py": result.program.source}
+    else:
+        files = {"jaxpr.txt": str(closed), "program.py": source or "",
+                 "FROM_CACHE.txt": "Loaded from the on-disk graph cache: the compiler did not run, so there is no "
+                                   "IR before/after fusion. Run with the option cache off (PALLASKIT_CACHE=0) or "
+                                   "pallaskit.explain(fn, *args) to see them.\n"}
     for name, text in files.items():
         with open(os.path.join(folder, name), "w") as f:
             f.write(text)

@@ -211,7 +211,9 @@ def _signature(jf, args, kwargs) -> tuple[_Signature, list]:
             return jf.fn(*full, **dyn_kwargs, **static_kw_d)
 
         structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
-        out_avals, out_tree = jax.tree_util.tree_flatten(jax.eval_shape(user, *structs))
+        # Traced as jax.jit traces it, so an error in the user's code names the function and its arguments.
+        closed, out_tree = jf._trace(structs, treedef, static_pos, static_kw, len(args))
+        out_avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in closed.out_avals]
         sig = _Signature(jf, key, list(avals), lambda *xs: jax.tree_util.tree_leaves(user(*xs)), out_tree,
                          out_avals)
         store[("signature", key)] = sig

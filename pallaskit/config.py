@@ -5,6 +5,8 @@ environment variable ``PALLASKIT_<NAME>``, the absl flag ``--pallaskit_<name>``
 (once absl has parsed flags; the library works without that), and
 ``pallaskit.config.update(name=value)`` or ``with pallaskit.config.override(...)``.
 An unknown name or a bad value raises an error listing what is valid.
+``pallaskit.config.help()`` prints every option with its value, default,
+environment variable and help; ``pallaskit.config.describe(name)`` one.
 """
 from __future__ import annotations
 
@@ -191,12 +193,14 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "store), 'unfused' (the template alone), 'off' (XLA runs every dot_general). Integer dots and some "
            "precision configs always run through XLA.", str, _check_matmul_template,
            "'auto', 'fused', 'unfused', 'off' (true means 'fused', false 'off')"),
-    Option("automatic_dynamic", False, "Make an argument axis dynamic (one shape-generic compilation serving "
-           "every size) once a function is called with a second distinct size of it, everything else equal. Off "
-           "by default: on the H100 a new size of a symbolic graph still costs about what a static recompile "
-           "costs (JAX's trace and XLA's compile of each size), and a symbolic graph takes its tiles and its "
-           "split and mix-order decisions at size hints, not at each size (benchmarks/RESULTS.md).",
-           _parse_bool, _check_bool, "true, false"),
+    Option("automatic_dynamic", True, "Make an argument axis dynamic (one shape-generic compilation serving "
+           "every size) once a function is called with a second distinct size of it, everything else equal, as "
+           "torch.compile does. On a GPU this holds only where the symbolic program's kernels launch eagerly "
+           "(option dynamic_launch: a new size runs at once, a recurring size compiles its own static program in "
+           "the background); otherwise, and wherever the function cannot be traced with a symbolic size (a "
+           "size-dependent branch, a shape computed from a size), each size compiles on its own, and a size that "
+           "an equality test in the trace depended on (x.shape[0] == 1) compiles on its own too. Off: one "
+           "compilation per size, as jax.jit.", _parse_bool, _check_bool, "true, false"),
     Option("log_fallbacks", True, "Log one line per primitive run through XLA (once per primitive).",
            _parse_bool, _check_bool, "true, false"),
     Option("partitioner", "min_cut", "How a differentiated function is split into forward and backward "
@@ -334,6 +338,32 @@ class Config:
                 raise ValueError(f"unknown environment variable {key}; valid: "
                                  f"{', '.join('PALLASKIT_' + n.upper() for n in sorted(OPTIONS))}")
         return {name: getattr(self, name) for name in OPTIONS}
+
+    def describe(self, name: str) -> str:
+        """One option: its value and where it came from, its default, the
+        environment variable and absl flag that set it, what is valid, and its help."""
+        o = OPTIONS.get(name)
+        if o is None:
+            raise self._unknown(name)
+        value = getattr(self, name)
+        if name in self._explicit:
+            source = "config.update"
+        elif absl_flags.FLAGS.is_parsed() and absl_flags.FLAGS[f"pallaskit_{name}"].value is not None:
+            source = f"--pallaskit_{name}"
+        elif f"PALLASKIT_{name.upper()}" in os.environ:
+            source = f"PALLASKIT_{name.upper()}"
+        else:
+            source = "default"
+        return (f"{name} = {value!r}  ({source}; default {o.default!r})\n"
+                f"    env PALLASKIT_{name.upper()}, flag --pallaskit_{name}; valid: {o.valid or 'any'}\n"
+                f"    {o.help}")
+
+    def help(self, name: str | None = None) -> str:
+        """Every option (or ``name``) described as ``describe`` does; the text
+        is returned and printed."""
+        text = self.describe(name) if name else "\n\n".join(self.describe(n) for n in OPTIONS)
+        print(text)
+        return text
 
     def __repr__(self):
         return "pallaskit.config(" + ", ".join(f"{k}={getattr(self, k)!r}" for k in OPTIONS) + ")"

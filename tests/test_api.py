@@ -236,6 +236,39 @@ def test_debug_dump(tmp_path, rng):
     assert "pallas_call" in (folder / "program.py").read_text()
 
 
+def test_debug_dump_on_a_cache_hit(tmp_path, rng):
+    """A program loaded from the disk cache still gets its folder: the jaxpr,
+    the program source kept in the entry, and a note on the missing IR."""
+    x = jnp.asarray(rng.standard_normal((3, 4)), jnp.float32)
+    f = lambda a: jnp.exp(a).sum(-1)  # noqa: E731
+    first = pallaskit.jit(f)(x)
+    assert pallaskit.metrics.counters["cache_misses"] == 1
+    with pallaskit.config.override(debug_dir=str(tmp_path)):
+        assert_close(pallaskit.jit(f)(x), first)
+    assert pallaskit.metrics.counters["cache_hits"] == 1
+    (folder,) = list(tmp_path.iterdir())
+    assert sorted(p.name for p in folder.iterdir()) == ["FROM_CACHE.txt", "jaxpr.txt", "program.py"]
+    assert "pallas_call" in (folder / "program.py").read_text()
+    assert "exp" in (folder / "jaxpr.txt").read_text()
+
+
+def test_options_help_is_reachable_from_python(monkeypatch, capsys):
+    monkeypatch.setenv("PALLASKIT_NUM_WARPS", "4")
+    text = pallaskit.config.describe("num_warps")
+    assert text.startswith("num_warps = 4  (PALLASKIT_NUM_WARPS; default 0)")
+    assert "--pallaskit_num_warps" in text and "heuristics decide" in text
+    pallaskit.config.update(fusion=False)
+    assert "(config.update; default True)" in pallaskit.config.describe("fusion")
+    everything = pallaskit.config.help()
+    assert capsys.readouterr().out.strip() == everything.strip()
+    from pallaskit.config import OPTIONS
+
+    for name, option in OPTIONS.items():
+        assert f"{name} = " in everything and option.help in everything
+    with pytest.raises(AttributeError, match="valid options"):
+        pallaskit.config.describe("fusoin")
+
+
 def test_generated_source_is_stable(rng):
     x = jnp.asarray(rng.standard_normal((6, 30)), jnp.float32)
     f = lambda a: jax.nn.softmax(a, -1)

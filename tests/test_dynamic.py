@@ -132,7 +132,6 @@ def test_keyword_call_negative_axis_and_steady_state(rng):
 
 
 def test_automatic_dynamic_recompiles_once(rng, caplog):
-    pallaskit.config.update(automatic_dynamic=True)  # off by default (config.py says why)
     f = pallaskit.jit(lambda a, b: jnp.exp(a) * b + 1.0)
     before = counters()
     with caplog.at_level(logging.INFO, logger="pallaskit"):
@@ -150,7 +149,8 @@ def test_automatic_dynamic_recompiles_once(rng, caplog):
 
 
 def test_automatic_dynamic_off_compiles_every_size(rng):
-    """The default: like jax.jit, one compile per size."""
+    """Option off: like jax.jit, one compile per size."""
+    pallaskit.config.update(automatic_dynamic=False)
     f = pallaskit.jit(lambda a: a * 3.0)
     before = counters()
     for n in (5, 9, 17, 33):
@@ -161,7 +161,6 @@ def test_automatic_dynamic_off_compiles_every_size(rng):
 
 def test_automatic_dynamic_keeps_unequal_axes_apart(rng):
     """Axes that varied together share a symbol; axes that did not get their own."""
-    pallaskit.config.update(automatic_dynamic=True)
     f = pallaskit.jit(lambda a, b: (a * 2.0, b.sum(-1)))
     before = counters()
     for n, m in ((3, 4), (6, 4), (6, 9), (11, 2), (7, 7)):
@@ -173,6 +172,79 @@ def test_automatic_dynamic_keeps_unequal_axes_apart(rng):
     # (3,4) static; (6,4): a's rows dynamic; (6,9): a's and b's rows apart (a new
     # axis set); later sizes are served by that graph.
     assert delta(before, "graphs_compiled") == 3
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, BF16])
+def test_automatic_dynamic_is_on_by_default(rng, dtype):
+    """The second size of an axis makes it dynamic: one more compile serves every
+    later size, each equal to jax.jit's (odd sizes, size 1 included)."""
+    def mlp(x, w, b):
+        return jnp.tanh(x @ w + b).astype(x.dtype)
+
+    f = pallaskit.jit(mlp)
+    w = jnp.asarray(rng.standard_normal((6, 10)) * 0.3, dtype)
+    b = jnp.asarray(rng.standard_normal((10,)), dtype)
+    before = counters()
+    for n in (5, 9, 17, 1, 9, 33):
+        x = jnp.asarray(rng.standard_normal((n, 6)), dtype)
+        assert_close(f(x, w, b), jax.jit(mlp)(x, w, b), dtype)
+    # 5: static; 9: the symbolic graph, which serves every later size (size 1
+    # too: jnp's broadcasting asks ``n == 1`` inside jax, which guards nothing,
+    # [Note: shape equality guards]).
+    assert delta(before, "graphs_compiled") == 2
+    assert delta(before, "dynamic_fallbacks") == 0
+
+
+def test_a_size_equality_in_the_trace_guards_that_size(rng):
+    """jax's symbolic ``x.shape[0] == 1`` is False for every size; the size that
+    makes it true compiles statically instead of taking the other branch."""
+    pallaskit.config.update(automatic_dynamic=True)
+
+    def f(x):
+        if x.shape[0] == 1:
+            return x * 100.0
+        if x.shape[0] == 12:
+            return x - 1.0
+        return x * 2.0
+
+    g = pallaskit.jit(f)
+    for n in (3, 5, 1, 7, 12, 1, 4):
+        x = jnp.asarray(rng.standard_normal((n, 4)), jnp.float32)
+        assert_close(g(x), f(x))
+    assert metrics.counters["dynamic_guard_failures"] == 2
+
+
+def test_what_cannot_trace_symbolically_compiles_per_size_and_is_remembered(rng, caplog):
+    """A size-dependent branch or a shape computed from a size: the symbolic
+    trace fails once (an info line, not a warning: the user did not ask for
+    dynamic), and every size compiles statically after that."""
+    def f(x):
+        if x.shape[0] > 4:
+            return x.reshape(x.shape[0] // 2, -1).sum(0)
+        return x.sum(0) * 2.0
+
+    g = pallaskit.jit(f)
+    with caplog.at_level(logging.INFO, logger="pallaskit"):
+        for n in (6, 8, 2, 10, 8, 3):
+            x = jnp.asarray(rng.standard_normal((n, 4)), jnp.float32)
+            assert_close(g(x), jax.jit(f)(x))
+    assert metrics.counters["dynamic_fallbacks"] == 1
+    assert metrics.counters["graphs_compiled"] == 5  # 6, 8, 2, 10, 3
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "dynamic" in r.getMessage()]
+
+
+def test_automatic_dynamic_without_fast_new_sizes_compiles_per_size(rng, monkeypatch):
+    """Where a new size of the symbolic program would still wait for XLA and run
+    size-hinted kernels (a GPU without eager launches), sizes compile statically."""
+    from pallaskit import api
+
+    monkeypatch.setattr(api, "_serves_new_sizes_at_once", lambda entry: False)
+    f = pallaskit.jit(lambda a: jnp.exp(a) + 1.0)
+    for n in (3, 5, 7, 5):
+        a = jnp.asarray(rng.standard_normal((n, 2)), jnp.float32)
+        assert_close(f(a), jnp.exp(a) + 1.0)
+    # sizes 3, 5, 7 static, and the symbolic graph compiled once and set aside
+    assert metrics.counters["graphs_compiled"] == 4 and metrics.counters["dynamic_fallbacks"] == 1
 
 
 def test_axes_tuple_gives_each_axis_its_own_symbol(rng):

@@ -330,3 +330,41 @@ def test_shard_map_around(rng):
     _check(pallaskit.jit(f)(x), jax.jit(f)(x))
     y = jnp.asarray(np.asarray(x))  # unsharded input: the shard_map names the devices
     _check(pallaskit.jit(f)(y), jax.jit(f)(y))
+
+
+@needs8
+def test_donated_sharded_argument(rng):
+    """Donation and a sharded argument together ([Note: XLA arguments]): the
+    donated sharded array is deleted, values and shardings are jax.jit's."""
+    s = NamedSharding(_mesh((2, 4), ("a", "b")), P("a", "b"))
+    x0, y0 = _special(rng, (6, 12), np.float32), rng.standard_normal((6, 12)).astype(np.float32)
+
+    def f(x, y):
+        return jnp.tanh(x) * 2.0 + y, jnp.sum(y, axis=0)
+
+    ref = jax.jit(f, donate_argnums=0)(jax.device_put(x0, s), jax.device_put(y0, s))
+    x, y = jax.device_put(x0, s), jax.device_put(y0, s)
+    out = pallaskit.jit(f, donate_argnums=0)(x, y)
+    _check(out, ref)
+    assert x.is_deleted() and not y.is_deleted()
+
+
+@needs8
+def test_in_shardings_with_sharded_argument(rng):
+    """The user's in_shardings with a sharded argument: the matching sharding
+    compiles for the array's, an uncommitted argument takes the given one, a
+    mismatch raises jax.jit's error."""
+    mesh = _mesh((8,), ("x",))
+    rows, rep = NamedSharding(mesh, P("x")), NamedSharding(mesh, P())
+    x0, y0 = _special(rng, (16, 5), np.float32), rng.standard_normal((16, 5)).astype(np.float32)
+
+    def f(x, y):
+        return jnp.exp(x) - y * 3.0
+
+    ref = jax.jit(f, in_shardings=(rows, rep))(jax.device_put(x0, rows), jnp.asarray(y0))
+    out = pallaskit.jit(f, in_shardings=(rows, rep))(jax.device_put(x0, rows), jnp.asarray(y0))
+    _check(out, ref)
+    with pytest.raises(ValueError, match="does not match the sharding"):
+        jax.jit(f, in_shardings=(rep, rep))(jax.device_put(x0, rows), jnp.asarray(y0))
+    with pytest.raises(ValueError, match="does not match the sharding"):
+        pallaskit.jit(f, in_shardings=(rep, rep))(jax.device_put(x0, rows), jnp.asarray(y0))

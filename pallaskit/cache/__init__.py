@@ -71,6 +71,7 @@ from jax.experimental import serialize_executable
 
 from pallaskit import metrics
 from pallaskit.config import config
+from pallaskit.runtime import xla_args
 
 log = logging.getLogger("pallaskit")
 
@@ -355,9 +356,9 @@ def _consts_hash(consts) -> str:
     return h.hexdigest()
 
 
-def key_parts(closed_jaxpr, avals, static_args, options, placement=None) -> dict:
+def key_parts(closed_jaxpr, avals, static_args, options) -> dict:
     """Everything the compiled program depends on, as JSON-able text."""
-    parts = {
+    return {
         "format": FORMAT,
         "jaxpr": hashlib.sha256(str(closed_jaxpr).encode()).hexdigest(),
         "consts": _consts_hash(closed_jaxpr.consts),
@@ -371,9 +372,6 @@ def key_parts(closed_jaxpr, avals, static_args, options, placement=None) -> dict
                 "matmul_precision": str(jax.config.jax_default_matmul_precision),
                 "x64": bool(jax.config.jax_enable_x64)},
     }
-    if placement is not None:  # [Note: sharding] in pallaskit/sharding.py
-        parts["placement"] = placement.key_text()
-    return parts
 
 
 def key_of(parts: dict) -> str:
@@ -633,6 +631,7 @@ class Served:
     constants: list
     result: Any = None  # lowering.CompileResult; None when loaded from the cache
     cache: str = "off"  # 'hit', 'miss' or 'off'
+    source: str = ""  # a hit's generated program source (debug_dir writes it)
 
 
 _serialize_failures: set = set()
@@ -674,21 +673,26 @@ def compiler_options(platform: str | None = None) -> dict:
     return dict(GRAPH_OPTIONS) if config.command_buffers and platform == "gpu" else {}
 
 
-def jit(call):
+def jit(call, xla=None, n_constants: int = 0):
     """``jax.jit(call)`` with pallaskit's compiler options where it runs at top
     level; traced inside another ``jax.jit`` (a staged call, a transformation),
     the outer compilation's options apply: JAX takes ``compiler_options`` on a
-    top-level jit only."""
+    top-level jit only. ``xla``: the signature's donation and shardings
+    ([Note: XLA arguments] in runtime/xla_args.py; ``n_constants`` trailing
+    inputs are hoisted constants)."""
     options = compiler_options()
-    return _TopLevelJit(call, options) if options else jax.jit(call)
+    if options:
+        return _TopLevelJit(call, options, xla, n_constants)
+    return xla_args.jit(call, xla, n_constants)
 
 
 class _TopLevelJit:
     """``call`` jitted twice: with ``options`` for concrete arguments, without
     for tracers (see ``jit``)."""
 
-    def __init__(self, call, options: dict):
-        self.top, self.nested = jax.jit(call, compiler_options=options), jax.jit(call)
+    def __init__(self, call, options: dict, xla=None, n_constants: int = 0):
+        self.top = xla_args.jit(call, xla, n_constants, compiler_options=options)
+        self.nested = xla_args.jit(call, xla, n_constants)
 
     def __call__(self, *args):
         if any(isinstance(a, jax.core.Tracer) for a in args):
@@ -696,17 +700,10 @@ class _TopLevelJit:
         return self.top(*args)
 
 
-def _aot_compile(call, structs, constants, placed=None):
-    """``placed``: a sharded signature's ``sharding.Placed`` ([Note: sharding]
-    in pallaskit/sharding.py)."""
-    if placed is not None:
-        const_structs = [jax.ShapeDtypeStruct(np.shape(c), np.asarray(c).dtype, sharding=placed.replicated())
-                         for c in constants]
-        out_shardings = placed.out_shardings()  # jax.jit's, traced in the caller's context
-        with placed.context():
-            lowered = jax.jit(call, out_shardings=out_shardings).lower(*structs, *const_structs)
-        return lowered.compile(compiler_options=compiler_options() or None)
-    return jax.jit(call).lower(*structs, *constants).compile(compiler_options=compiler_options() or None)
+def _aot_compile(call, structs, constants, xla=None):
+    """``xla``: the signature's donation and shardings, a sharded signature's
+    placement included ([Note: XLA arguments] in runtime/xla_args.py)."""
+    return xla_args.lower(call, structs, constants, xla).compile(compiler_options=compiler_options() or None)
 
 
 def _on_device(constants, where=None) -> list:
@@ -720,14 +717,15 @@ class _Program:  # what runtime.loader.load reads from a RenderedProgram
         self.source, self.externs = source, []
 
 
-def _serve_entry(entry: Entry, structs, placed=None) -> Served | None:
-    """Build the executable of a valid entry; None if it cannot be used.
-    ``placed``: a sharded signature's ``sharding.Placed``."""
+def _serve_entry(entry: Entry, structs, xla=None) -> Served | None:
+    """Build the executable of a valid entry; None if it cannot be used."""
+    placed = xla.placed if xla else None
     where = placed.replicated() if placed is not None else None
     if entry.executable is not None:
         try:
             devices = placed.devices() if placed is not None else None
-            return Served(_deserialize(entry, devices), _on_device(entry.constants, where), cache="hit")
+            return Served(_deserialize(entry, devices), _on_device(entry.constants, where), cache="hit",
+                          source=entry.source)
         except Exception as e:  # noqa: BLE001 - an executable that does not load is a bad entry
             _report(entry_path(entry.key), f"executable does not load: {type(e).__name__}: {e}")
             return None
@@ -735,31 +733,33 @@ def _serve_entry(entry: Entry, structs, placed=None) -> Served | None:
         return None  # extern callables are rebuilt by the compiler: recompile
     from pallaskit.runtime import loader
 
-    compiled = _aot_compile(loader.load(_Program(entry.source)), structs, entry.constants, placed)
+    compiled = _aot_compile(loader.load(_Program(entry.source)), structs, entry.constants, xla)
     metrics.counters["kernels_compiled"] += entry.num_kernels
-    return Served(compiled, _on_device(entry.constants, where), cache="hit")
+    return Served(compiled, _on_device(entry.constants, where), cache="hit", source=entry.source)
 
 
 def serve(closed_jaxpr, avals, static_args, options, title: str,
-          build: Callable[[], tuple[Any, Callable, list]], started: float | None = None,
-          placed=None) -> Served:
+          build: Callable[[], tuple[Any, Callable, list]], started: float | None = None, xla=None) -> Served:
     """Serve one traced signature: from the cache when the option is on and a
     valid entry exists, else by ``build()`` -> (CompileResult, call, constants),
     an ahead-of-time XLA compilation, and a new entry. ``started``: when the
-    caller began (tracing included), for ``compile_seconds``. ``placed``: a
-    sharded signature's ``sharding.Placed`` ([Note: sharding] in pallaskit/sharding.py)."""
+    caller began (tracing included), for ``compile_seconds``. ``xla``: the
+    signature's donation and shardings (``runtime.xla_args.XlaArgs``; a sharded
+    signature's placement, [Note: sharding]), part of the key."""
     started = time.perf_counter() if started is None else started
-    if placed is not None:
-        structs = placed.structs()
+    if xla and xla.placed is not None:
+        structs = xla.placed.structs()
     else:
         structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
     if not enabled():
-        return _compile(build, structs, title, started, "off", placed=placed)
+        return _compile(build, structs, title, started, "off", xla=xla)
     t0 = time.perf_counter()
-    parts = key_parts(closed_jaxpr, avals, static_args, options, placed)
+    parts = key_parts(closed_jaxpr, avals, static_args, options)
+    if xla:
+        parts["xla_args"] = xla.key()
     key = key_of(parts)
     metrics.counters["cache_key_seconds"] += time.perf_counter() - t0
-    served = _try_hit(key, parts, structs, title, started, placed)
+    served = _try_hit(key, parts, structs, title, started, xla)
     if served is not None:
         return served
     try:
@@ -767,26 +767,26 @@ def serve(closed_jaxpr, avals, static_args, options, title: str,
         lock.acquire()
     except (filelock.Timeout, OSError) as e:
         log.warning("pallaskit cache: no lock for %s (%s); compiling without the cache", title, e)
-        return _compile(build, structs, title, started, "off", placed=placed)
+        return _compile(build, structs, title, started, "off", xla=xla)
     try:
         # Another process may have written the entry while this one waited.
-        served = _try_hit(key, parts, structs, title, started, placed)
+        served = _try_hit(key, parts, structs, title, started, xla)
         if served is None:
             metrics.counters["cache_misses"] += 1
-            served = _compile(build, structs, title, started, "miss", key=key, parts=parts, placed=placed)
+            served = _compile(build, structs, title, started, "miss", key=key, parts=parts, xla=xla)
         return served
     finally:
         lock.release()
 
 
-def _try_hit(key, parts, structs, title, started, placed=None) -> Served | None:
+def _try_hit(key, parts, structs, title, started, xla=None) -> Served | None:
     t0 = time.perf_counter()
     entry = load(key, parts)
     t1 = time.perf_counter()
     metrics.counters["cache_read_seconds"] += t1 - t0
     if entry is None:
         return None
-    served = _serve_entry(entry, structs, placed)
+    served = _serve_entry(entry, structs, xla)
     metrics.counters["cache_load_seconds"] += time.perf_counter() - t1
     if served is not None:
         metrics.counters["cache_hits"] += 1
@@ -794,10 +794,10 @@ def _try_hit(key, parts, structs, title, started, placed=None) -> Served | None:
     return served
 
 
-def _compile(build, structs, title, started, cache: str, key=None, parts=None, placed=None) -> Served:
+def _compile(build, structs, title, started, cache: str, key=None, parts=None, xla=None) -> Served:
     result, call, constants = build()
-    where = placed.replicated() if placed is not None else None
-    compiled = _aot_compile(call, structs, constants, placed)
+    where = xla.placed.replicated() if xla and xla.placed is not None else None
+    compiled = _aot_compile(call, structs, constants, xla)
     metrics.counters["kernels_compiled"] += len(result.program.kernels)
     served = Served(compiled, _on_device(constants, where), result, cache)
     deltas, kernels = metrics.graph_deltas(result), metrics.kernel_stats(result)

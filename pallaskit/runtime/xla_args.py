@@ -1,0 +1,178 @@
+"""What ``pallaskit.jit`` forwards to the XLA executable of a generated program.
+
+[Note: XLA arguments]
+jax.jit's ``donate_argnums`` / ``donate_argnames``, ``in_shardings`` /
+``out_shardings`` and ``keep_unused`` are about the executable, not the
+compiler: pallaskit resolves them per call signature into ``XlaArgs`` (one
+entry per flat dynamic leaf, in the order ``jax.tree_util`` flattens
+``(dynamic args, dynamic kwargs)``, which is the order of the generated
+program's inputs) and every ``jax.jit`` of a generated program goes through
+``XlaArgs.jit``. The hoisted constants that follow the leaves are never
+donated and take no sharding. ``XlaArgs.key()`` goes into the graph cache key,
+since donation and shardings change the executable. This module is the one
+place sharding plumbing lives.
+
+A call whose arrays are placed off the default device ([Note: sharding] in
+pallaskit/sharding.py) adds its ``sharding.Placed`` (``XlaArgs.placed``,
+``with_placement``): the one object that decides how the program is lowered
+(``lower``). Each leaf's sharding is then its array's; a user's
+``in_shardings`` entry for a placed leaf must be that sharding (jax.jit's
+error otherwise) and shards the leaves that have none; the user's
+``out_shardings``, when given, replace jax.jit's propagated ones.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+UNSET = object()  # an option the user did not give (jax.jit's UNSPECIFIED)
+
+
+@dataclasses.dataclass(frozen=True)
+class XlaArgs:
+    """Per-signature XLA arguments of a generated program ``call(*leaves, *constants)``."""
+
+    donate: tuple[int, ...] = ()  # flat leaf indices of donated leaves
+    in_shardings: tuple | None = None  # one per flat leaf (None: unspecified), or None for none given
+    out_shardings: Any = None  # one per flat output, or None for none given
+    keep_unused: bool = False
+    placed: Any = None  # a sharded signature's sharding.Placed ([Note: sharding])
+
+    def __bool__(self):
+        return bool(self.donate or self.in_shardings is not None or self.out_shardings is not None
+                    or self.keep_unused or self.placed is not None)
+
+    def with_placement(self, placement, flat_fn, avals) -> XlaArgs:
+        """These arguments for a call whose leaves are placed (``placement``:
+        per-leaf shardings, None where a leaf has none), the user's
+        ``in_shardings`` merged in; ``flat_fn(*leaves)``: the function, for
+        jax.jit's output shardings."""
+        from pallaskit import sharding
+
+        merged = list(placement)
+        for i, user in enumerate(self.in_shardings or ()):
+            if not isinstance(user, jax.sharding.Sharding):
+                continue  # unspecified, or a PartitionSpec: the array's own sharding decides
+            have = merged[i]
+            if have is None:
+                merged[i] = user
+            elif not have.is_equivalent_to(user, len(avals[i].shape)):
+                raise ValueError(f"Sharding passed to jit does not match the sharding on the respective arg. "
+                                 f"Got jit sharding: {user},\narg sharding: {have} for arg type: {avals[i]}")
+        return dataclasses.replace(self, in_shardings=None, placed=sharding.Placed(merged, flat_fn, avals))
+
+    def jit_kwargs(self, n_constants: int) -> dict:
+        """``jax.jit`` keyword arguments for ``call(*leaves, *constants)``."""
+        kw: dict = {}
+        if self.donate:
+            kw["donate_argnums"] = self.donate
+        if self.in_shardings is not None:
+            kw["in_shardings"] = tuple(self.in_shardings) + (None,) * n_constants
+        if self.out_shardings is not None:
+            kw["out_shardings"] = self.out_shardings
+        if self.keep_unused:
+            kw["keep_unused"] = True
+        return kw
+
+    def key(self) -> str:
+        """Text for the graph cache key (empty when nothing is forwarded)."""
+        if not self:
+            return ""
+        return repr((self.donate, _shardings_text(self.in_shardings), _shardings_text(self.out_shardings),
+                     self.keep_unused, None if self.placed is None else self.placed.key_text()))
+
+
+def _shardings_text(shardings) -> str:
+    return "" if shardings is None else repr(tuple(map(repr, jax.tree_util.tree_leaves(
+        shardings, is_leaf=lambda s: s is None))))
+
+
+def _is_sharding_leaf(s) -> bool:
+    return s is None or isinstance(s, (jax.sharding.Sharding, jax.sharding.PartitionSpec))
+
+
+def resolve(treedef, n_args: int, static_argnums, donate_argnums, donate_argnames, in_shardings, out_shardings,
+            keep_unused: bool, title: str) -> XlaArgs:
+    """The ``XlaArgs`` of one call signature. ``treedef``: of ``(dynamic args
+    list, dynamic kwargs dict)``; ``n_args``: positional arguments of the call,
+    static ones included. A positional argument is donated when its position
+    is in ``donate_argnums``, a keyword argument when its name is in
+    ``donate_argnames`` (both completed from the signature, as jax.jit does)."""
+    args_tree, kwargs_tree = treedef.children()
+    dyn_positions = [i for i in range(n_args) if i not in static_argnums]
+    donate, start = [], 0
+    for j, sub in enumerate(args_tree.children()):
+        pos = dyn_positions[j] if j < len(dyn_positions) else j
+        if pos in donate_argnums:
+            donate.extend(range(start, start + sub.num_leaves))
+        start += sub.num_leaves
+    for name, sub in zip(kwargs_tree.node_data()[1], kwargs_tree.children()):
+        if name in donate_argnames:
+            donate.extend(range(start, start + sub.num_leaves))
+        start += sub.num_leaves
+    flat_in = None
+    if in_shardings is not UNSET:
+        if kwargs_tree.num_leaves:
+            raise ValueError(f"pallaskit.jit: {title}: keyword arguments cannot be used with in_shardings "
+                             f"(as with jax.jit); pass them positionally")
+        subtrees = args_tree.children()
+        spec = in_shardings
+        if _is_sharding_leaf(spec):  # one sharding for every argument
+            spec = (spec,) * len(subtrees)
+        spec = tuple(spec)
+        if len(spec) != len(subtrees):
+            raise ValueError(f"pallaskit.jit: {title}: in_shardings has {len(spec)} entries but the call has "
+                             f"{len(subtrees)} dynamic positional argument(s)")
+        flat_in = []
+        for s, sub in zip(spec, subtrees):
+            flat_in.extend(_broadcast(s, sub, f"{title}: in_shardings"))
+        flat_in = tuple(flat_in)
+    flat_out = None if out_shardings is UNSET else out_shardings
+    return XlaArgs(tuple(donate), flat_in, flat_out, bool(keep_unused))
+
+
+def _broadcast(spec, subtree, what) -> list:
+    """A sharding (or None) for each leaf of ``subtree`` from ``spec``, a
+    pytree prefix of it whose leaves are shardings or None."""
+    if _is_sharding_leaf(spec):
+        return [spec] * subtree.num_leaves
+    leaves, tree = jax.tree_util.tree_flatten(spec, is_leaf=_is_sharding_leaf)
+    if tree.num_leaves != subtree.num_leaves or len(leaves) != subtree.num_leaves:
+        raise ValueError(f"pallaskit.jit: {what}: {spec!r} does not match the argument's pytree {subtree}")
+    return leaves
+
+
+def jit(call: Callable, xla: XlaArgs | None, n_constants: int, **kwargs):
+    """``jax.jit(call)`` with the signature's XLA arguments."""
+    return jax.jit(call, **(xla.jit_kwargs(n_constants) if xla else {}), **kwargs)
+
+
+def lower(call: Callable, structs, constants, xla: XlaArgs | None):
+    """``call(*leaves, *constants)`` lowered for ``structs`` (ShapeDtypeStructs
+    of the leaves: a sharded signature's carry its shardings) with the
+    signature's XLA arguments."""
+    placed = xla.placed if xla else None
+    if placed is None:
+        return jit(call, xla, len(constants)).lower(*structs, *constants)
+    kw = xla.jit_kwargs(len(constants))
+    if "out_shardings" not in kw:
+        kw["out_shardings"] = placed.out_shardings()  # jax.jit's, for these input shardings
+    replicated = placed.replicated()
+    const_structs = [jax.ShapeDtypeStruct(np.shape(c), np.asarray(c).dtype, sharding=replicated) for c in constants]
+    with placed.context():
+        return jax.jit(call, **kw).lower(*structs, *const_structs)
+
+
+def delete_donated(leaves, donate: tuple[int, ...], outs) -> None:
+    """Invalidate donated arrays after a call that did not go through one
+    executable with XLA's donation (eager launches, multi-kernel dispatch), as
+    jax.jit's donation does; an output that is the argument itself stays."""
+    keep = {id(o) for o in outs}
+    for i in donate:
+        x = leaves[i]
+        if id(x) not in keep and isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
+            if not x.is_deleted():
+                x.delete()

@@ -1,0 +1,175 @@
+"""Ahead-of-time stages of ``pallaskit.jit``, as ``jax.stages``' Traced, Lowered and Compiled.
+
+``f.trace(*args)`` traces the user's function (arrays or
+``jax.ShapeDtypeStruct``s for the dynamic arguments, values for the static
+ones); ``.lower()`` runs pallaskit's compiler on the jaxpr and lowers the
+generated program (Pallas kernels and XLA ops) to StableHLO with the
+signature's donation and shardings; ``.compile()`` compiles it with XLA. A
+``Compiled`` is called like jax's: with the dynamic arguments only, static
+ones left out. These stages do not read or write the on-disk graph cache and
+always compile the call's concrete shapes (no ``dynamic=`` axes).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+
+def _structs(avals) -> list:
+    return [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+
+
+class _Signature:
+    """What each stage knows of the call: the split arguments and the trace."""
+
+    def __init__(self, jf, args, kwargs):
+        self.jf = jf
+        key, _, self.avals, self.treedef, self.static_pos, self.static_kw = jf._split(args, kwargs)
+        self.n_args = len(args)
+        self.xla = jf._xla_args(self.treedef, self.n_args)
+        self.jaxpr, self.out_tree = jf._trace(_structs(self.avals), self.treedef, self.static_pos, self.static_kw,
+                                              self.n_args)
+        dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(self.treedef, list(range(len(self.avals))))
+        self.in_tree = jax.tree_util.tree_structure((tuple(dyn_args), dyn_kwargs))
+
+    def out_info(self):
+        return jax.tree_util.tree_unflatten(self.out_tree, _structs(self.jaxpr.out_avals))
+
+    def args_info(self):
+        donated = set(self.xla.donate)
+        try:
+            infos = [jax.stages.ArgInfo(a, i in donated) for i, a in enumerate(self.avals)]
+        except TypeError:  # another jax's ArgInfo: (aval, donated) pairs
+            infos = [(a, i in donated) for i, a in enumerate(self.avals)]
+        return jax.tree_util.tree_unflatten(self.in_tree, infos)
+
+    def in_avals(self):
+        return jax.tree_util.tree_unflatten(self.in_tree, list(self.avals))
+
+
+class _Stage:
+    _s: _Signature
+
+    @property
+    def in_tree(self):
+        """Pytree of the dynamic arguments, ``((args...), {kwargs})``."""
+        return self._s.in_tree
+
+    @property
+    def out_tree(self):
+        return self._s.out_tree
+
+    @property
+    def out_info(self):
+        """The outputs as a pytree of ``jax.ShapeDtypeStruct``."""
+        return self._s.out_info()
+
+    @property
+    def in_avals(self):
+        return self._s.in_avals()
+
+    @property
+    def args_info(self):
+        """The dynamic arguments as a pytree of ``jax.stages.ArgInfo`` (aval, donated)."""
+        return self._s.args_info()
+
+    @property
+    def donate_argnums(self):
+        return self._s.jf.donate_argnums
+
+    @property
+    def fun_name(self) -> str:
+        return getattr(self._s.jf.fn, "__name__", "fn")
+
+
+class Traced(_Stage):
+    """The function traced at one signature (``JitFunction.trace``)."""
+
+    def __init__(self, signature: _Signature):
+        self._s = signature
+
+    @property
+    def jaxpr(self):
+        """The closed jaxpr of the dynamic leaves (what pallaskit compiles)."""
+        return self._s.jaxpr
+
+    def lower(self) -> Lowered:
+        s = self._s
+        entry = s.jf._compile(s.avals, s.treedef, s.static_pos, s.static_kw, s.n_args, aot=False, xla=s.xla,
+                              traced=(s.jaxpr, s.out_tree))
+        return Lowered(s, entry)
+
+
+class Lowered(_Stage):
+    """The generated program lowered to StableHLO (``JitFunction.lower``)."""
+
+    def __init__(self, signature: _Signature, entry):
+        self._s, self._entry = signature, entry
+        jitted = getattr(entry.executable, "top", entry.executable)  # cache._TopLevelJit: the options' jit
+        self._lowered = jitted.lower(*_structs(signature.avals), *entry.constants)
+
+    @property
+    def result(self):
+        """pallaskit's ``lowering.CompileResult``: the schedule, kernels and generated source."""
+        return self._entry.result
+
+    @property
+    def program_source(self) -> str:
+        """The generated Python module (Pallas kernels and their ``call``)."""
+        return self._entry.result.program.source
+
+    def as_text(self, dialect: str | None = None, *, debug_info: bool = False) -> str:
+        return self._lowered.as_text(dialect, debug_info=debug_info)
+
+    def compiler_ir(self, dialect: str | None = None):
+        return self._lowered.compiler_ir(dialect)
+
+    def cost_analysis(self) -> Any:
+        return self._lowered.cost_analysis()
+
+    def compile(self, compiler_options: dict | None = None) -> Compiled:
+        return Compiled(self._s, self._entry, self._lowered.compile(compiler_options))
+
+
+class Compiled(_Stage):
+    """The compiled executable (``Lowered.compile``); called like jax's
+    ``Compiled``: dynamic arguments only, same pytree structure and types."""
+
+    def __init__(self, signature: _Signature, entry, compiled):
+        self._s, self._entry, self._compiled = signature, entry, compiled
+        self._constants = [jax.device_put(c) for c in entry.constants]
+
+    def __call__(self, *args, **kwargs):
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+        if tree != self._s.in_tree:
+            raise TypeError(f"{self.fun_name}: function compiled for input pytree {self._s.in_tree}, but called "
+                            f"with {tree} (a compiled function takes the dynamic arguments only)")
+        for i, (x, a) in enumerate(zip(leaves, self._s.avals)):
+            aval = jax.typeof(x) if hasattr(jax, "typeof") else jax.api_util.shaped_abstractify(x)
+            if aval.shape != a.shape or aval.dtype != a.dtype:
+                raise TypeError(f"{self.fun_name}: argument types differ from the types for which this "
+                                f"computation was compiled: leaf {i} is {aval.str_short()}, compiled for "
+                                f"{a.str_short()}")
+        outs = self._compiled(*leaves, *self._constants)
+        return jax.tree_util.tree_unflatten(self._s.out_tree, outs)
+
+    def as_text(self) -> str | None:
+        return self._compiled.as_text()
+
+    def cost_analysis(self) -> Any:
+        return self._compiled.cost_analysis()
+
+    def memory_analysis(self) -> Any:
+        return self._compiled.memory_analysis()
+
+    def runtime_executable(self) -> Any:
+        return self._compiled.runtime_executable()
+
+    @property
+    def input_shardings(self):
+        return self._compiled.input_shardings
+
+    @property
+    def output_shardings(self):
+        return self._compiled.output_shardings

@@ -1,0 +1,279 @@
+"""pallaskit.jit as a drop-in for jax.jit: its arguments checked as jax.jit checks
+them, donation, the ahead-of-time stages, errors that name the user's function."""
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallaskit
+from conftest import assert_close
+
+
+def _two(x, y):
+    return x * 2.0 + y
+
+
+def _outcome(make):
+    """(exception type, message) of ``make()``, or None when it returns."""
+    try:
+        make()
+    except Exception as e:  # noqa: BLE001
+        return type(e), str(e)
+    return None
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(static_argnums=5),
+    dict(static_argnums="n"),
+    dict(static_argnums=(0, "y")),
+    dict(static_argnames="z"),
+    dict(static_argnames=("x", "nope")),
+    dict(donate_argnums=7),
+    dict(donate_argnames="q"),
+    dict(static_argnums=0, donate_argnums=0),
+    dict(static_argnames="y", donate_argnames="y"),
+    dict(static_argnums=1, donate_argnames="y"),
+    dict(static_argnums=-1),
+    dict(static_argnums=0, static_argnames="y"),
+    dict(donate_argnums=(0, 1)),
+], ids=str)
+def test_jit_arguments_are_checked_as_jax_checks_them(kwargs):
+    """Every combination jax.jit rejects, pallaskit.jit rejects with the same
+    exception type and message; what jax.jit accepts, pallaskit.jit accepts."""
+    expected = _outcome(lambda: jax.jit(_two, **kwargs))
+    assert _outcome(lambda: pallaskit.jit(_two, **kwargs)) == expected
+    assert _outcome(lambda: pallaskit.jit(**kwargs)(_two)) == expected
+
+
+def test_unhashable_static_value_raises_as_jax_does():
+    x = jnp.ones(3)
+    expected = _outcome(lambda: jax.jit(_two, static_argnums=1)(x, [1.0]))
+    assert expected is not None and expected[0] is ValueError
+    assert _outcome(lambda: pallaskit.jit(_two, static_argnums=1)(x, [1.0])) == expected
+    expected = _outcome(lambda: jax.jit(_two, static_argnames="y")(x, y={"a": 1}))
+    assert _outcome(lambda: pallaskit.jit(_two, static_argnames="y")(x, y={"a": 1})) == expected
+
+
+def test_static_arguments_resolve_as_jax_resolves_them(rng):
+    """Negative static_argnums count from the end; with both static_argnums and
+    static_argnames given, each applies as given (a positional ``y`` is then
+    dynamic, as in jax.jit)."""
+    def f(x, y, scale):
+        return x * scale + y
+
+    x = jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
+    y = jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
+    for kwargs, call in [(dict(static_argnums=-1), lambda g: g(x, y, 3.0)),
+                         (dict(static_argnums=2, static_argnames="y"), lambda g: g(x, y, 2.0)),
+                         (dict(static_argnames="scale"), lambda g: g(x, y, scale=0.5)),
+                         (dict(static_argnames="scale"), lambda g: g(x, y, 0.5))]:
+        assert_close(call(pallaskit.jit(f, **kwargs)), call(jax.jit(f, **kwargs)))
+
+
+# --------------------------------------------------------------------------- #
+# donation
+# --------------------------------------------------------------------------- #
+def _sgd(params, grads, lr):
+    return jax.tree_util.tree_map(lambda p, g: p - lr * g, params, grads)
+
+
+def _params(rng, rows=6, cols=5, dtype=jnp.float32):
+    return {"w": jnp.asarray(rng.standard_normal((rows, cols)), dtype),
+            "b": jnp.asarray(rng.standard_normal((cols,)), dtype)}
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_donated_pytree_is_deleted_and_results_match(rng, dtype):
+    params, grads = _params(rng, dtype=dtype), _params(rng, dtype=dtype)
+    ref = jax.jit(_sgd, static_argnums=2)(params, grads, 0.5)
+    step = pallaskit.jit(_sgd, static_argnums=2, donate_argnums=0)
+    out = step(params, grads, 0.5)
+    for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(ref)):
+        assert_close(a, b, dtype)
+    assert all(p.is_deleted() for p in jax.tree_util.tree_leaves(params))
+    assert not any(g.is_deleted() for g in jax.tree_util.tree_leaves(grads))
+    # the steady state (the fast path) donates too
+    again = _params(rng, dtype=dtype)
+    step(again, grads, 0.5)
+    assert all(p.is_deleted() for p in jax.tree_util.tree_leaves(again))
+    with pytest.raises(RuntimeError, match="deleted"):
+        np.asarray(again["w"])
+
+
+def test_donate_argnames_and_keyword_calls(rng):
+    params, grads = _params(rng), _params(rng)
+    ref = jax.jit(_sgd, static_argnames="lr")(params, grads, lr=0.25)
+    out = pallaskit.jit(_sgd, static_argnames="lr", donate_argnames="params")(params, grads=grads, lr=0.25)
+    assert_close(out["w"], ref["w"])
+    assert params["w"].is_deleted() and not grads["w"].is_deleted()
+    # donate_argnums also donates the argument passed by keyword, as in jax.jit
+    params = _params(rng)
+    pallaskit.jit(_sgd, static_argnums=2, donate_argnums=0)(params=params, grads=grads, lr=0.25)
+    assert params["w"].is_deleted()
+
+
+def test_donation_survives_the_disk_cache(rng):
+    params, grads = _params(rng), _params(rng)
+    ref = jax.jit(_sgd, static_argnums=2)(params, grads, 0.1)
+    pallaskit.jit(_sgd, static_argnums=2, donate_argnums=0)(_params(rng), grads, 0.1)
+    assert pallaskit.metrics.counters["cache_misses"] == 1
+    out = pallaskit.jit(_sgd, static_argnums=2, donate_argnums=0)(params, grads, 0.1)
+    assert pallaskit.metrics.counters["cache_hits"] == 1
+    assert_close(out["w"], ref["w"])
+    assert params["w"].is_deleted()
+    # a different donation is a different executable: not the entry above
+    params = _params(rng)
+    pallaskit.jit(_sgd, static_argnums=2)(params, grads, 0.1)
+    assert pallaskit.metrics.counters["cache_hits"] == 1 and not params["w"].is_deleted()
+
+
+@pytest.mark.parametrize("hints", ["", "64,256,4096"])
+def test_donation_with_dynamic_shapes(rng, hints):
+    pallaskit.config.update(multi_kernel_hints=hints)
+
+    def f(x, y):
+        return jnp.tanh(x) * 2.0 + y
+
+    jf = pallaskit.jit(f, donate_argnums=0, dynamic={"x": {0: "n"}, "y": {0: "n"}})
+    for n in (5, 9, 5):
+        x = jnp.asarray(rng.standard_normal((n, 3)), jnp.float32)
+        y = jnp.asarray(rng.standard_normal((n, 3)), jnp.float32)
+        ref = jax.jit(f)(x, y)
+        assert_close(jf(x, y), ref)
+        assert x.is_deleted() and not y.is_deleted()
+    assert pallaskit.metrics.counters["graphs_compiled"] == 1
+
+
+def test_donation_with_automatic_dynamic(rng):
+    """Default options: the second size makes the rows dynamic; donation holds on
+    the static, the symbolic and the recurring sizes alike."""
+    def f(x, y):
+        return x * y + 1.0
+
+    jf = pallaskit.jit(f, donate_argnums=0)
+    for n in (5, 9, 5, 13, 9):
+        x = jnp.asarray(rng.standard_normal((n, 3)), jnp.float32)
+        y = jnp.asarray(rng.standard_normal((n, 3)), jnp.float32)
+        ref = jax.jit(f)(x, y)
+        assert_close(jf(x, y), ref)
+        assert x.is_deleted() and not y.is_deleted()
+    assert pallaskit.metrics.counters["graphs_compiled"] == 2
+
+
+def test_unusable_donation_warns_as_jax_does(rng):
+    x = jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
+    with pytest.warns(UserWarning, match="Some donated buffers were not usable"):
+        out = pallaskit.jit(lambda a: jnp.sum(a * a), donate_argnums=0)(x)
+    assert_close(out, jnp.sum(x * x))
+    assert not x.is_deleted()  # as jax.jit: an unusable donation keeps the array
+
+
+def test_no_donation_keeps_inputs(rng):
+    params, grads = _params(rng), _params(rng)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pallaskit.jit(_sgd, static_argnums=2)(params, grads, 0.1)
+    assert not params["w"].is_deleted()
+
+
+def test_shardings_and_keep_unused_are_forwarded(rng):
+    """The shardings reach the executable (one device here: what sharded inputs
+    do across devices is tested where they are built)."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    mesh = jax.make_mesh((1,), ("x",))
+    rows, whole = NamedSharding(mesh, P("x")), NamedSharding(mesh, P())
+
+    def f(a, b, unused):
+        return a * 2.0 + b, a.sum()
+
+    a, b, c = (jnp.asarray(rng.standard_normal((4, 3)), jnp.float32) for _ in range(3))
+    ref = jax.jit(f)(a, b, c)
+    jf = pallaskit.jit(f, in_shardings=(rows, None, None), out_shardings=(rows, whole), keep_unused=True)
+    out = jf(a, b, c)
+    assert_close(out[0], ref[0]) and assert_close(out[1], ref[1])
+    assert out[0].sharding == rows and out[1].sharding == whole
+    compiled = jf.lower(a, b, c).compile()
+    assert compiled.input_shardings[0][0] == rows
+    assert compiled.output_shardings[0] == rows
+    with pytest.raises(ValueError, match="in_shardings"):
+        pallaskit.jit(f, in_shardings=(rows,))(a, b, c)
+
+
+# --------------------------------------------------------------------------- #
+# ahead of time: trace / lower / compile, eval_shape
+# --------------------------------------------------------------------------- #
+def _model(x, n, *, w):
+    h = jnp.tanh(x * w)
+    return {"y": h[:n].sum(-1), "z": (x.max(), h.mean())}
+
+
+def test_trace_lower_compile_match_jax(rng):
+    x = jnp.asarray(rng.standard_normal((7, 5)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((5,)), jnp.float32)
+    jf = pallaskit.jit(_model, static_argnums=1)
+    jj = jax.jit(_model, static_argnums=1)
+    traced, jtraced = jf.trace(x, 3, w=w), jj.trace(x, 3, w=w)
+    assert str(traced.jaxpr) == str(jtraced.jaxpr)
+    assert traced.out_info == jtraced.out_info
+    assert traced.in_tree == jtraced.in_tree and traced.fun_name == "_model"
+    lowered = jf.lower(x, 3, w=w)
+    assert lowered.in_tree == jj.lower(x, 3, w=w).in_tree
+    assert lowered.out_info == jtraced.out_info
+    assert "func.func public @main" in lowered.as_text()
+    assert "def call(" in lowered.program_source
+    assert lowered.cost_analysis()["flops"] > 0
+    compiled = lowered.compile()
+    assert compiled.out_tree == jj.lower(x, 3, w=w).compile().out_tree
+    ref = jj(x, 3, w=w)
+    out = compiled(x, w=w)  # as jax's Compiled: the dynamic arguments only
+    for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(ref)):
+        assert_close(a, b)
+    x2 = jnp.asarray(rng.standard_normal((7, 5)), jnp.float32)
+    assert_close(compiled(x2, w=w)["y"], jj(x2, 3, w=w)["y"])
+    assert compiled.as_text() and isinstance(compiled.cost_analysis(), (dict, list))
+    with pytest.raises(TypeError, match="pytree"):
+        compiled(x, 3, w=w)
+    with pytest.raises(TypeError, match="types differ"):
+        compiled(x[:6], w=w)
+    shapes = jax.ShapeDtypeStruct((7, 5), jnp.float32)
+    assert jf.eval_shape(shapes, 3, w=w) == jj.eval_shape(shapes, 3, w=w)
+    assert jf.trace(shapes, 3, w=w).out_info == jtraced.out_info  # shapes alone trace too
+
+
+def test_compiled_stage_donates(rng):
+    params, grads = _params(rng), _params(rng)
+    ref = jax.jit(_sgd, static_argnums=2)(params, grads, 0.5)
+    compiled = pallaskit.jit(_sgd, static_argnums=2, donate_argnums=0).lower(params, grads, 0.5).compile()
+    assert compiled.args_info[0][0]["w"].donated and not compiled.args_info[0][1]["w"].donated
+    out = compiled(params, grads)
+    assert_close(out["w"], ref["w"])
+    assert params["w"].is_deleted()
+
+
+# --------------------------------------------------------------------------- #
+# errors name the user's function and arguments
+# --------------------------------------------------------------------------- #
+def _branchy(params, x):
+    if (params["w"] * x).sum() > 0:
+        return x
+    return -x
+
+
+def _mismatch(a, b):
+    return a @ b
+
+
+@pytest.mark.parametrize("fn, args", [
+    (_branchy, ({"w": jnp.ones(3)}, jnp.ones(3))),
+    (_mismatch, (jnp.ones((2, 3)), jnp.ones((4, 5)))),
+], ids=["concretization", "shape"])
+def test_errors_raised_while_tracing_read_as_jax_jits(fn, args):
+    expected = _outcome(lambda: jax.jit(fn)(*args))
+    got = _outcome(lambda: pallaskit.jit(fn)(*args))
+    assert expected is not None and got == expected
+    assert "flat_fn" not in got[1] and "leaves[" not in got[1]
+    if fn is _branchy:
+        assert "function _branchy" in got[1] and "params['w']" in got[1]
