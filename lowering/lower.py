@@ -236,7 +236,7 @@ def _const_input(ctx, c):
 
 def _lower_eqn(ctx, eqn, invals, fallbacks):
     ctx.current_eqn = trace.equation_text(eqn, ctx.var_names)
-    if eqn.primitive.name in loops.KINDS:  # bodies compiled as programs of their own ([Note: loop bodies])
+    if ctx.options.loop_bodies and eqn.primitive.name in loops.KINDS:  # bodies compiled as programs of their own ([Note: loop bodies])
         outs = loops.lower_loop(ctx, eqn, invals, fallbacks)
         if outs is not None:
             return outs

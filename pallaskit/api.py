@@ -39,6 +39,8 @@ def compile_options() -> CompileOptions:
     mode = snap["triton_mix_kernels"]
     values["triton_mix_kernels"] = mode == "on" or (mode == "auto" and not values["interpret"]
                                                      and _cuda_with_triton())
+    loops = snap["loop_bodies"]
+    values["loop_bodies"] = loops == "on" or (loops == "auto" and values["interpret"])
     return CompileOptions(**values)
 
 

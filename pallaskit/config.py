@@ -178,6 +178,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "Pallas cannot ask for (RMSNorm backward 576000x384 bf16 on the H100: 0.47 ms against 0.49). 'auto': on "
            "a GPU when the triton package is installed; 'on': also in interpret mode (Triton's interpreter through "
            "a host callback); 'off': Pallas.", str, _check_dynamic_launch, "'auto', 'on', 'off'"),
+    Option("loop_bodies", "auto", "Compile the bodies of scan / while_loop / cond as pallaskit programs whose "
+           "kernels run inside XLA's loop. 'auto': in interpret mode only, until the GPU path is right (on an "
+           "H200 the LSTM scan's gradient disagreed with jax.jit and its forward ran slower, see RESULTS.md); "
+           "'on': everywhere; 'off': loops run through XLA.", str, _check_dynamic_launch, "'auto', 'on', 'off'"),
     Option("split_reductions", True, "Run a long reduction with few outputs in two stages so it fills the GPU.",
            _parse_bool, _check_bool, "true, false"),
     Option("layout_propagation", True, "Give intermediates the stride order of their dominant input so that "
