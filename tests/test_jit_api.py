@@ -224,7 +224,8 @@ def test_trace_lower_compile_match_jax(rng):
     assert lowered.out_info == jtraced.out_info
     assert "func.func public @main" in lowered.as_text()
     assert "def call(" in lowered.program_source
-    assert lowered.cost_analysis()["flops"] > 0
+    if jj.lower(x, 3, w=w).cost_analysis() is not None:  # jax gives None for a lowering on some GPUs
+        assert lowered.cost_analysis()["flops"] > 0
     compiled = lowered.compile()
     assert compiled.out_tree == jj.lower(x, 3, w=w).compile().out_tree
     ref = jj(x, 3, w=w)
