@@ -7,7 +7,9 @@ Verdicts: ``pass``, ``fallback`` (agreed, but some primitive ran through XLA),
 What counts as agreement:
 - shapes and dtypes equal;
 - integer and bool outputs, and float outputs the generator marks exact, bit
-  for bit (NaN where NaN; +0 and -0 are equal);
+  for bit (NaN where NaN; +0 and -0 are equal; a subnormal equals the zero of
+  its sign: XLA:CPU flushes some subnormals, e.g. a bf16 broadcast gives -0
+  for -9.2e-41);
 - other float outputs: NaN and +-inf at the same positions, finite values
   within a per-dtype tolerance (relative to each element and to the output's
   largest magnitude, which absorbs reduction-order differences). Where that
@@ -16,6 +18,18 @@ What counts as agreement:
   reference is within a few times jax.jit's own (rounding of 16-bit
   intermediates, cancellation) plus the tolerance. A NaN/inf difference passes
   only where pallaskit matches the reference's class.
+
+XLA:CPU's max/min reductions drop NaN over wide rows (which NaN survives depends
+on its position: jax.jit, and the float64 reference through jax.jit, give a
+finite max where NumPy and lax's semantics give NaN). So the reference computes
+``jnp.max``/``jnp.min`` with an explicit any-NaN test, and where jax.jit is not
+NaN but the reference is, pallaskit's NaN passes (exact outputs too).
+
+XLA:CPU keeps 16-bit float chains in float32 (``xla_allow_excess_precision``):
+``erf_inv(bf16(-1) + 0.00185)`` is -2.2 there, but -inf once the bf16 add rounds
+to -1 as written. pallaskit keeps float32 the same way by default; under its
+``allow_excess_precision=False`` a mismatch in a program with 16-bit floats
+passes if pallaskit agrees with jax.jit compiled without excess precision.
 """
 from __future__ import annotations
 
@@ -83,6 +97,22 @@ def _float_ok(g, w, dtype, r=None):
     return ok
 
 
+def _flushed(g, w):
+    """Elements where one side is a subnormal and the other the zero of the same sign."""
+    tiny = float(np.finfo(np.float32).tiny) if w.dtype.name == "bfloat16" else float(np.finfo(w.dtype).tiny)
+    g64, w64 = g.astype(np.float64), w.astype(np.float64)
+
+    def sub(x):
+        return (x != 0) & (np.abs(x) < tiny)
+    return ((sub(g64) & (w64 == 0)) | (sub(w64) & (g64 == 0))) & (np.signbit(g64) == np.signbit(w64))
+
+
+def _nan_dropped(g, w, r):
+    """Elements where jax.jit lost a NaN that pallaskit and the reference keep."""
+    g64, w64, r64 = g.astype(np.float64), w.astype(np.float64), np.asarray(r).astype(np.float64)
+    return np.isnan(g64) & ~np.isnan(w64) & np.isnan(r64)
+
+
 def compare(got, want, exact, ref=None):
     """None when they agree, else a one-line description of the first disagreement."""
     if len(got) != len(want):
@@ -95,11 +125,15 @@ def compare(got, want, exact, ref=None):
         if kind in "biu" or exact[k]:
             if kind == "f":
                 ga, wa = g.astype(np.float64), w.astype(np.float64)
-                ok = (ga == wa) | (np.isnan(ga) & np.isnan(wa))
+                ok = (ga == wa) | (np.isnan(ga) & np.isnan(wa)) | _flushed(g, w)
+                if ref is not None:
+                    ok = ok | _nan_dropped(g, w, ref[k])
             else:
                 ok = g == w
         else:
             ok = _float_ok(g, w, w.dtype.name, None if ref is None else np.asarray(ref[k]))
+            if ref is not None:
+                ok = ok | _nan_dropped(g, w, ref[k])
         if not np.all(ok):
             bad = np.argwhere(~np.asarray(ok))
             idx = tuple(int(i) for i in bad[0])
@@ -120,10 +154,44 @@ def reference(program, tame=False):
         with enable_x64(True):
             cpu = jax.devices("cpu")[0]
             args = [jax.device_put(a, cpu) for a in program.make_args(float64=True, tame=tame)]
-            out = jax.jit(program.function(float64=True))(*args)
+            out = jax.jit(_nan_keeping(program))(*args)
             return [np.asarray(o) for o in out]
     except Exception:  # noqa: BLE001  (a program that only types in 32 bits)
         return None
+
+
+class _NanKeepingJnp:
+    """``jax.numpy`` whose max/min reductions keep NaN on XLA:CPU (an explicit any-NaN test)."""
+
+    def __getattr__(self, name):
+        import jax.numpy as jnp
+        return getattr(jnp, name)
+
+    @staticmethod
+    def _keep(fn, x, axis=None, keepdims=False, **kw):
+        import jax.numpy as jnp
+        out = fn(x, axis=axis, keepdims=keepdims, **kw)
+        if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
+            return out
+        return jnp.where(jnp.isnan(x).any(axis=axis, keepdims=keepdims), jnp.nan, out)
+
+    def max(self, x, axis=None, keepdims=False, **kw):
+        import jax.numpy as jnp
+        return self._keep(jnp.max, x, axis, keepdims, **kw)
+
+    def min(self, x, axis=None, keepdims=False, **kw):
+        import jax.numpy as jnp
+        return self._keep(jnp.min, x, axis, keepdims, **kw)
+
+
+def _nan_keeping(program):
+    """The program's float64 function, its ``jnp.max``/``jnp.min`` NaN-keeping."""
+    from benchmarks.fuzz import programs
+
+    ns = programs.namespace(float64=True)
+    ns["jnp"] = _NanKeepingJnp()
+    exec(program.source(), ns)
+    return ns["f"]
 
 
 def run(program) -> Verdict:
@@ -135,6 +203,23 @@ def run(program) -> Verdict:
     if v.status == "mismatch" and _run(program, tame=True).status in ("pass", "fallback"):
         return Verdict("pass", "overflow-order: agrees once inputs cannot overflow", fallbacks=v.fallbacks)
     return v
+
+
+def _has_16bit(program) -> bool:
+    src = program.source()
+    return (any(i.dtype in ("bfloat16", "float16") for i in program.live_inputs())
+            or re.search(r"\b(BF16|F16)\b", src) is not None)
+
+
+def _strict_jit(fn, args):
+    """jax.jit's outputs with every 16-bit float op rounded as written (None if unsupported)."""
+    import jax
+
+    try:
+        compiled = jax.jit(fn).lower(*args).compile(compiler_options={"xla_allow_excess_precision": False})
+        return [np.asarray(o) for o in compiled(*args)]
+    except Exception:  # noqa: BLE001  (an older jax without per-compile options)
+        return None
 
 
 def _run(program, tame) -> Verdict:
@@ -162,6 +247,10 @@ def _run(program, tame) -> Verdict:
         ref = reference(program, tame)
         if ref is not None:
             msg = compare(got, want, program.exact, ref)
+    if msg is not None and program.options.get("allow_excess_precision") is False and _has_16bit(program):
+        strict = _strict_jit(fn, args)
+        if strict is not None and compare(got, strict, program.exact) is None:
+            msg = None
     if msg is not None:
         k = int(msg.split()[1])
         out_name = program.outputs[k]

@@ -62,6 +62,7 @@ UPCAST_16BIT = frozenset({
     "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sqrt", "rsqrt", "cbrt",
     "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
     "floor", "ceil", "eq", "ne", "lt", "le", "gt", "ge", "max", "min", "clamp", "sign", "abs", "neg",
+    "erf", "erfc", "erf_inv",  # XLA feeds them a 16-bit chain's unrounded float32 too
 })
 
 # Binary ops whose operands commute (IEEE add and mul do): written once either way round.
