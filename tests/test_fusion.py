@@ -1,7 +1,6 @@
 """Fusion shown by kernel counts, and every fused program checked against jax.jit."""
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import pallaskit
