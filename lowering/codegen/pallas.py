@@ -711,18 +711,8 @@ def render_inline_scalar(kernel: Kernel, schedule: Schedule, options: CompileOpt
     w.line(f"# {kernel.name}: one element, plain jnp (no kernel launch)")
     for eq in kernel.origin:
         w.line(f"#   {eq}")
-    ins, outs = list(em.in_refs.values()), list(em.out_refs.values())
     body = em.w.source()
-    extents = f"ROWS, COLS = {sizes.to_source(kernel.rows)}, {sizes.to_source(kernel.cols)}"
-    dims = used_dims(schedule, extents + "\n" + body)
-    w.line(f"def {kernel.name}_inline({', '.join((['dims_ptr'] if dims else []) + ins + outs)}):")
-    with w.indent():
-        write_dim_reads(w, schedule, dims)
-        w.line(extents)
-        w.line(f"BLOCK_R, BLOCK_C = {cfg.block_rows}, {cfg.block_cols}")
-        w.line(f"IDX = {em.index_dtype}")
-    w.lines.append(body.rstrip("\n"))
-    w.line()
+    ins, outs, dims = _write_kernel_function(w, f"{kernel.name}_inline", kernel, schedule, cfg, em, body)
     args = (["dims"] if dims else []) + [f"in{i}" for i in range(len(ins))]
     w.line(f"def {kernel.name}({', '.join(args + (['*'] + list(dims) if dims else []))}):")
     with w.indent():
@@ -1052,18 +1042,13 @@ def _arg_finish(em, name, op, acc_dt, idx_dt) -> str:
     return f"jnp.min(jnp.where({name}_hit, {name}_i, {big}), axis=1, keepdims=True).astype({dtype_source(idx_dt)})"
 
 
-def _wrap_kernel(kernel: Kernel, schedule: Schedule, cfg, em: _KernelEmitter, body: str) -> RenderedKernel:
-    w = SourceWriter()
-    w.line(f"# kernel {kernel.name}: {kernel.kind}, {kernel.rows} x {kernel.cols}, "
-           f"block {cfg.block_rows} x {cfg.block_cols}, {'persistent' if cfg.persistent else 'looped'}")
-    w.line("# from:")
-    for eq in kernel.origin:
-        w.line(f"#   {eq}")
-    ins = list(em.in_refs.values())
-    outs = list(em.out_refs.values())
+def _write_kernel_function(w: SourceWriter, name: str, kernel: Kernel, schedule: Schedule, cfg, em, body: str):
+    """``def name(dims_ptr?, inputs..., outputs...)``: the dim reads, extents and block
+    constants, then ``body``. Returns (input refs, output refs, dims read)."""
+    ins, outs = list(em.in_refs.values()), list(em.out_refs.values())
     extents = f"ROWS, COLS = {sizes.to_source(kernel.rows)}, {sizes.to_source(kernel.cols)}"
     dims = used_dims(schedule, extents + "\n" + body)
-    w.line(f"def {kernel.name}_kernel({', '.join((['dims_ptr'] if dims else []) + ins + outs)}):")
+    w.line(f"def {name}({', '.join((['dims_ptr'] if dims else []) + ins + outs)}):")
     with w.indent():
         write_dim_reads(w, schedule, dims)
         w.line(extents)
@@ -1071,6 +1056,17 @@ def _wrap_kernel(kernel: Kernel, schedule: Schedule, cfg, em: _KernelEmitter, bo
         w.line(f"IDX = {em.index_dtype}")
     w.lines.append(body.rstrip("\n"))
     w.line()
+    return ins, outs, dims
+
+
+def _wrap_kernel(kernel: Kernel, schedule: Schedule, cfg, em: _KernelEmitter, body: str) -> RenderedKernel:
+    w = SourceWriter()
+    w.line(f"# kernel {kernel.name}: {kernel.kind}, {kernel.rows} x {kernel.cols}, "
+           f"block {cfg.block_rows} x {cfg.block_cols}, {'persistent' if cfg.persistent else 'looped'}")
+    w.line("# from:")
+    for eq in kernel.origin:
+        w.line(f"#   {eq}")
+    ins, outs, dims = _write_kernel_function(w, f"{kernel.name}_kernel", kernel, schedule, cfg, em, body)
     if kernel.kind == "mix":  # a persistent grid: its program count is a number even over dynamic rows
         grid = kernel.programs * (1 if _whole_rows(kernel) else -(-kernel.cols // cfg.block_cols))
     elif sizes.is_symbolic((kernel.rows, kernel.cols)):
