@@ -58,3 +58,12 @@ def assert_close(actual, expected, dtype=None):
         np.testing.assert_array_equal(a, e)
     else:
         np.testing.assert_allclose(a, e, **tolerance(dtype))
+
+
+def cpu_reference(fn, *args):
+    """``jax.jit(fn)`` computed on the CPU. Where several NaNs compete for
+    argmax / argmin, XLA:GPU's tree reduction returns the index of any of them
+    (its comparator prefers whichever NaN it meets); jax documents, NumPy and
+    XLA:CPU return the first, as pallaskit's kernels do on every platform."""
+    cpu = jax.devices("cpu")[0]
+    return jax.jit(fn)(*[jax.device_put(a, cpu) for a in args])

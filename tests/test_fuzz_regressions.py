@@ -37,6 +37,10 @@ def _special(rng, shape, dtype, frac):
 @pytest.mark.parametrize("dtype", [jnp.bfloat16])  # XLA:CPU rounds each float16 op (pallaskit keeps float32)
 def test_erf_family_sees_unrounded_16bit_chain(dtype):
     """erf_inv(bf16(-1) + 0.00185): the bf16 add rounds to -1 (erf_inv -inf), XLA keeps float32 (-2.2)."""
+    if jax.default_backend() != "cpu":
+        # XLA:GPU adds bf16 natively (rounded: -inf here) where XLA:CPU keeps float32; pallaskit
+        # keeps float32 on every platform (allow_excess_precision), so jax.jit's two platforms disagree.
+        pytest.skip("XLA:GPU rounds the bf16 add that XLA:CPU keeps in float32")
     rng = np.random.default_rng(5)
     ints = rng.integers(-1, 2, size=(3, 257)).astype(np.int32)
     ints[0, :4] = -1

@@ -1,7 +1,6 @@
 """Reductions over one or more axes: ``ir.Reduction`` nodes."""
 from __future__ import annotations
 
-import jax.numpy as jnp
 import numpy as np
 
 from lowering import ir, sizes
@@ -27,10 +26,6 @@ def _reduce(ctx, eqn, x):
     it_i, it_r = iter(i_syms), iter(r_syms)
     domain_index = tuple(next(it_r) if k in axes else next(it_i) for k in range(len(in_shape)))
     op = _OPS[eqn.primitive.name]
-    if op in ("argmax", "argmin") and not ctx.options.interpret and jnp.issubdtype(eqn.invars[0].aval.dtype, jnp.inexact):
-        # Compiled for the GPU, float argmax/argmin with NaNs picked other indices than
-        # jax.jit (RESULTS.md, session 15): XLA runs them until that is found.
-        raise NotImplementedError("float argmax/argmin on the GPU")
     if sizes.numel(reduced) == 1:
         # Reducing extent-1 axes (what autodiff's broadcast transposes produce)
         # is a pointwise copy, so it fuses like one.
