@@ -24,8 +24,7 @@ help or cannot be right: effects inside (their order is XLA's to keep),
 operands a kernel cannot hold, and bodies that came out without a single
 kernel. Symbolic sizes ([Note: symbolic dims]): a body's kernels take a dims
 array of their own, built in the body function from the enclosing function's
-size ints (a program with a loop is never run on size buckets: the loop is an
-XLA call on dynamic-sized values). Where such a loop cannot compile (a dynamic
+size ints. Where such a loop cannot compile (a dynamic
 scan length, effects, no kernel) it raises ``SymbolicUnsupported`` rather than
 become an extern: its jaxprs hold the symbols, which an XLA call traced at
 concrete sizes cannot take; the signature then compiles per size.

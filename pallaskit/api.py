@@ -23,7 +23,7 @@ from pallaskit import cache, metrics
 from pallaskit import autodiff
 from pallaskit import sharding
 from pallaskit.config import config
-from pallaskit.runtime import buckets, eager, loader, multikernel, xla_args
+from pallaskit.runtime import eager, loader, multikernel, xla_args
 
 log = logging.getLogger("pallaskit")
 
@@ -535,7 +535,6 @@ class JitFunction:
             return result, call, constants
 
         if symbolic:
-            options = dataclasses.replace(options, bucketed=bool(config.dynamic_buckets))
             # Not through the disk cache: a symbolic graph's executables are per
             # concrete size (jax.jit of the shape-generic program), so an entry
             # could hold only its source; this compiles it in-process instead.
@@ -608,26 +607,13 @@ class JitFunction:
             log.debug("pallaskit compiled %s shape-generic over %s in %.3fs (%d variant(s))", title,
                       ", ".join(result.program.symbols), seconds, len(built))
 
-            def runner(program, call, xla=None):
-                """The variant's callable: bucketed ([Note: size buckets]) where it can be."""
-                if not config.dynamic_buckets or program.unbucketable or program.symbols != symbols:
-                    if config.dynamic_buckets and program.unbucketable:
-                        log.debug("pallaskit: %s: no size buckets: %s", title, program.unbucketable)
-                    return cache.jit(call, xla, len(constants))
-                return buckets.Bucketed(title, call, symbols, where, len(avals), program.input_shapes,
-                                        program.output_shapes, guards)
-
             if len(built) == 1 and eager_program is None:
-                fn = runner(result.program, call, xla)
-                donated = () if isinstance(fn, buckets.Bucketed) or not xla else xla.donate
-                return Compiled(result, closed, fn, constants, out_tree_box[-1], guards=guards,
-                                delete_after=(xla.donate if xla else ())[len(donated):], shape_guards=shape_guards)
-            variants_ = [multikernel.Variant(b[3], runner(b[0].program, b[1]), b[2], src,
+                return Compiled(result, closed, cache.jit(call, xla, len(constants)), constants, out_tree_box[-1],
+                                guards=guards, shape_guards=shape_guards)
+            variants_ = [multikernel.Variant(b[3], cache.jit(b[1], None, len(constants)), b[2], src,
                                              [k.source for k in b[0].program.kernels])
                          for src, b in built.items()]
-            dispatcher = multikernel.Dispatcher(
-                title, symbols, where, len(avals), variants_, options.interpret,
-                bucketed=all(isinstance(v.fn, buckets.Bucketed) for v in variants_))
+            dispatcher = multikernel.Dispatcher(title, symbols, where, len(avals), variants_, options.interpret)
             if eager_program is not None:
                 dispatcher.eager, dispatcher.eager_constants = eager_program
             # ran=True: the dispatcher counts kernels_compiled (distinct kernels of all variants) on its first call.
@@ -731,7 +717,7 @@ def _serves_new_sizes_at_once(entry: Compiled) -> bool:
 def _eager_wanted(options) -> bool:
     """Should a symbolic program run new sizes eagerly (option ``dynamic_launch``)?"""
     mode = config.dynamic_launch
-    return not (mode == "off" or config.dynamic_buckets or (mode == "auto" and options.interpret))
+    return not (mode == "off" or (mode == "auto" and options.interpret))
 
 
 def _eager_program(title: str, built: dict, options, first_sizes: dict):

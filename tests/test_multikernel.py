@@ -35,10 +35,9 @@ def _args(n, rng):
 
 @pytest.fixture(autouse=True)
 def _per_size(_fresh_state):
-    """The dispatcher per exact size: size buckets (tests/test_buckets.py) key
-    choices by bucket and take the nearest hint. No eager launches: on a GPU
-    they would serve new sizes before any variant (tests/test_triton_codegen.py)."""
-    pallaskit.config.update(dynamic_buckets=False, dynamic_launch="off")
+    """No eager launches: on a GPU they would serve new sizes before any
+    variant (tests/test_triton_codegen.py)."""
+    pallaskit.config.update(dynamic_launch="off")
 
 
 # Tests that expect interpret mode's untimed choice (the nearest hint); compiled

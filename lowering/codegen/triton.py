@@ -163,8 +163,6 @@ class TritonKernelSource:
 class TritonProgram:
     source: str  # the module: prelude, helpers, ``@triton.jit`` kernels, ``launch``
     kernels: list[TritonKernelSource]
-    input_names: list[str]
-    output_names: list
 
 
 class _TritonEmitter(pallas._KernelEmitter):
@@ -357,7 +355,7 @@ def _render_reduction(em: _TritonEmitter, kernel: Kernel, bodies, cfg, *, row_bl
 
 
 def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _Rendered:
-    """A whole-row mix kernel ([Note: mix-order reduction] in the scheduler) as
+    """A whole-row mix kernel ([Note: split reductions and mix-order fusion] in split.py) as
     one ``@triton.jit`` kernel, to run inside the XLA program
     (pallaskit/runtime/triton_call.py). A persistent grid of ``PROGRAMS``
     programs; each walks the row blocks ``pid, pid + PROGRAMS, ...`` of
@@ -628,4 +626,4 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Trit
             outs.append(o)
         w.line(f"return run.finish({', '.join(outs)})")
     kernels = [TritonKernelSource(r.name, r.num_warps, r.num_stages) for r in rendered]
-    return TritonProgram(w.source(), kernels, list(graph.inputs), list(graph.outputs))
+    return TritonProgram(w.source(), kernels)

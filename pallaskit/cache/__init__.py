@@ -3,7 +3,7 @@ compiles nothing.
 
 [Note: graph cache]
 An entry is keyed by a content hash of everything the compiled program depends
-on (``graph_key``): the jaxpr text and the bytes of its constants, the input
+on (``key_parts``, ``key_of``): the jaxpr text and the bytes of its constants, the input
 avals (weak types included), the static arguments, every compile option
 (``CompileOptions.key()``), the versions of pallaskit, jax, jaxlib, the CUDA
 plugin and triton, a hash of pallaskit's own source (so an edited compiler never

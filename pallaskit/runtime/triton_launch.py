@@ -57,7 +57,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from pallaskit.runtime import buckets
+from pallaskit.runtime import interop
 
 _TRITON_DTYPES = {  # numpy dtype name -> Triton's pointee / scalar type
     "bool": "i1", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
@@ -118,7 +118,7 @@ class _Cuda:
         self.make_current()
         self.stream = ctypes.c_void_p()
         self.check("cuStreamCreate", ctypes.byref(self.stream), 1)  # CU_STREAM_NON_BLOCKING
-        self.xla_stream = buckets._stream(device)
+        self.xla_stream = interop.stream(device)
         self.deleter = _DELETER(self._free)
         self._finalizing = sys.is_finalizing  # bound now: `sys` may be gone when the last arrays drop
         self.live: dict[int, tuple] = {}  # address of our DLManagedTensor -> (struct, dims, pointer)
@@ -169,16 +169,16 @@ class _Cuda:
         self.check("cuMemAllocAsync", ctypes.byref(pointer), ctypes.c_size_t(nbytes), self.stream)
         dims = (ctypes.c_int64 * len(shape))(*shape)
         code = _KDL_BFLOAT if dtype.name == "bfloat16" else _DLPACK_CODES[dtype.kind]
-        managed = buckets._DLManaged()
-        managed.dl_tensor = buckets._DLTensor(pointer.value, _KDL_CUDA, self.ordinal, len(shape), code,
-                                              dtype.itemsize * 8, 1, dims, None, 0)
+        managed = interop.DLManaged()
+        managed.dl_tensor = interop.DLTensor(pointer.value, _KDL_CUDA, self.ordinal, len(shape), code,
+                                             dtype.itemsize * 8, 1, dims, None, 0)
         managed.deleter = ctypes.cast(self.deleter, ctypes.c_void_p).value
         address = ctypes.addressof(managed)
         self.live[address] = (managed, dims, pointer.value)
         # No sync here: the allocation is ordered before our kernels on our stream, and
         # ``Launch.finish`` synchronizes before the array reaches anything else.
         capsule = _capsule_new(address, b"dltensor", None)
-        return _import(capsule, self.device, self.xla_stream)
+        return interop.import_capsule(capsule, self.device, self.xla_stream, _KDL_CUDA)
 
     def _free(self, address: int) -> None:
         """DLPack deleter: JAX dropped the array. Free it on our stream once XLA's
@@ -201,14 +201,6 @@ _DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _capsule_new = ctypes.pythonapi.PyCapsule_New
 _capsule_new.restype = ctypes.py_object
 _capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-
-
-def _import(capsule, device, stream) -> jax.Array:
-    if buckets._to_buffer is None:
-        return jax.dlpack.from_dlpack(capsule)
-    if buckets._EXTENSION >= 467:
-        return buckets._to_buffer(capsule, device, stream, False, _KDL_CUDA)
-    return buckets._to_buffer(capsule, device, stream, False)
 
 
 class _HostTensor:
