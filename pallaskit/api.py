@@ -21,7 +21,7 @@ import lowering
 from lowering.options import CompileOptions
 from pallaskit import cache, metrics
 from pallaskit import autodiff
-from pallaskit import sharding
+from pallaskit import sharding, signature
 from pallaskit.config import config
 from pallaskit.runtime import eager, loader, multikernel, xla_args
 
@@ -137,8 +137,8 @@ class JitFunction:
     # -- signature --------------------------------------------------------------
     def _split(self, args, kwargs):
         """Separate static from dynamic arguments; checks every dynamic leaf."""
-        static_pos = tuple((i, _hashable(args[i])) for i in self.static_argnums if i < len(args))
-        static_kw = tuple(sorted((k, _hashable(v)) for k, v in kwargs.items() if k in self.static_argnames))
+        static_pos = tuple((i, signature.hashable(args[i])) for i in self.static_argnums if i < len(args))
+        static_kw = tuple(sorted((k, signature.hashable(v)) for k, v in kwargs.items() if k in self.static_argnames))
         dyn_args = [a for i, a in enumerate(args) if i not in self.static_argnums]
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_argnames}
         leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs))
@@ -464,17 +464,9 @@ class JitFunction:
         function at ``structs`` (one per flat dynamic leaf). Traced by
         ``jax.jit(fn).trace``, which keeps the function's signature: errors
         raised by the user's code name the function and its arguments."""
-        full, kwargs = _full_args(structs, treedef, static_pos, static_kw, n_args)
+        full, kwargs = signature.full_args(structs, treedef, static_pos, static_kw, n_args)
         traced = self._tracer.trace(*full, **kwargs)
         return traced.jaxpr, jax.tree_util.tree_structure(traced.out_info)
-
-    def _flat_fn(self, treedef, static_pos, static_kw, n_args):
-        """The function of the flat dynamic leaves, returning its flat outputs."""
-        def flat_fn(*leaves):
-            full, kwargs = _full_args(leaves, treedef, static_pos, static_kw, n_args)
-            return jax.tree_util.tree_leaves(self.fn(*full, **kwargs))
-
-        return flat_fn
 
     def _trace_symbolic(self, structs, treedef, static_pos, static_kw, n_args):
         """``_trace`` at symbolic shapes, also returning the shape guards
@@ -626,8 +618,9 @@ class JitFunction:
                 placement = (None,) * len(avals)
             if placement is not None:
                 xla = (xla or xla_args.XlaArgs()).with_placement(
-                    placement, self._flat_fn(treedef, static_pos, static_kw, n_args), avals)
-            served = cache.serve(closed, avals, static_pos + static_kw, options, title, build, t0, xla=xla)
+                    placement, signature.flat_function(self.fn, treedef, static_pos, static_kw, n_args), avals)
+            served = cache.serve(closed, avals, static_pos + static_kw, options, title, build, t0, xla=xla,
+                                 load_program=loader.load)
             if served.result is None and config.debug_dir:  # a cache hit: what the entry keeps
                 _dump(config.debug_dir, title, closed, None, served.source)
             log.debug("pallaskit served %s in %.3fs (cache: %s)", title, time.perf_counter() - t0, served.cache)
@@ -788,36 +781,6 @@ def jit(fn: Callable | None = None, *, in_shardings=xla_args.UNSET, out_sharding
 # --------------------------------------------------------------------------- #
 # helpers
 # --------------------------------------------------------------------------- #
-def _full_args(leaves, treedef, static_pos, static_kw, n_args) -> tuple[list, dict]:
-    """(positional, keyword) arguments of a call from its flat dynamic leaves
-    and its static arguments."""
-    dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(treedef, list(leaves))
-    static_pos_d = dict(static_pos)
-    it = iter(dyn_args)
-    full = [static_pos_d[i].value if i in static_pos_d else next(it) for i in range(n_args)]
-    return full, {**dyn_kwargs, **{k: v.value if isinstance(v, _Static) else v for k, v in static_kw}}
-
-
-@dataclasses.dataclass(frozen=True)
-class _Static:
-    value: Any
-
-    def __hash__(self):
-        return hash((type(self.value).__name__, self.value))
-
-    def __eq__(self, other):
-        return isinstance(other, _Static) and type(self.value) is type(other.value) and self.value == other.value
-
-
-def _hashable(v):
-    try:
-        hash(v)
-    except TypeError as e:  # jax.jit's error, word for word
-        raise ValueError(f"Non-hashable static arguments are not supported. An error occurred while trying to "
-                         f"hash an object of type {type(v)}, {v}. The error was:\n{type(e).__name__}: {e}\n") from None
-    return _Static(v)
-
-
 def _signature(fn):
     try:
         return inspect.signature(fn)

@@ -124,7 +124,7 @@ def _check_size(v):
 
 
 def _check_metric_tables(v):
-    from pallaskit.metrics import TABLES  # the table registry lives with the tables
+    from pallaskit.metric_tables import TABLES
 
     names = [n.strip() for n in _check_str(v).split(",") if n.strip()]
     unknown = [n for n in names if n not in TABLES]

@@ -195,7 +195,6 @@ _CHILD = textwrap.dedent("""
 
 def _child(cache_dir, **env):
     env = dict(os.environ, PALLASKIT_CACHE_DIR=str(cache_dir), JAX_PLATFORMS="cpu", PALLASKIT_INTERPRET="1",
-               PALLASKIT_DYNAMIC_BUCKETS="0",
                PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), **env)
     proc = subprocess.run([sys.executable, "-c", _CHILD], env=env, cwd=REPO, capture_output=True, text=True,
                           timeout=300)

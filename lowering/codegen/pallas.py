@@ -22,7 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 import sympy
 
-from lowering import SymbolicUnsupported, heuristics, ir, sizes
+from lowering import heuristics, ir, sizes
+from lowering.errors import SymbolicUnsupported
+from lowering.symbolic import program_dims
 from lowering.codegen.writer import SourceWriter
 from lowering.options import CompileOptions
 from lowering.scheduler import XC, XR, Kernel, Member, Schedule
@@ -1072,15 +1074,6 @@ def _wrap_kernel(kernel: Kernel, schedule: Schedule, cfg, em: _KernelEmitter, bo
         grid = -(-kernel.rows // cfg.block_rows)
     write_launcher(w, kernel, len(ins), grid, cfg.num_warps, cfg.num_stages, dims=dims)
     return RenderedKernel(kernel.name, w.source(), list(kernel.origin), cfg, dims, em.guards)
-
-
-def program_dims(schedule: Schedule) -> list[str]:
-    """Names of the dim symbols of a symbolic graph (its inputs' shapes hold them)."""
-    graph = schedule.graph
-    found = set()
-    for name in graph.inputs:
-        found |= sizes.dim_symbols(graph.buffer_aval(name)[0])
-    return sorted(s.name for s in found)
 
 
 def used_dims(schedule: Schedule, text: str) -> list[str]:

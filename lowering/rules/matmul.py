@@ -16,7 +16,7 @@ import numpy as np
 from jax import lax
 
 from lowering import heuristics, ir, sizes
-from lowering.rules import PreferXLA, register_lowering
+from lowering.rules.registry import PreferXLA, register_lowering
 
 # Operand and result dtypes the template handles: Triton's tensor-core dot takes
 # 16-bit floats and float32 (TF32 or IEEE), accumulating in float32.
