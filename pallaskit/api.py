@@ -909,7 +909,7 @@ def _array_type(leaves) -> type | None:
     """The type of concrete arrays (``jax.Array`` is an abstract base that
     tracers also pass), taken from the first argument that is one; None until
     an argument was. Not ``type(jnp.zeros(()))``, an XLA compilation on the
-    first call of every process (~15 ms), nor a ``device_put`` (~1 ms)."""
+    first call of every process, nor a ``device_put``."""
     if not _ARRAY_TYPE:
         concrete = [type(x) for x in leaves if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)]
         if not concrete:

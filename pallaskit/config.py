@@ -175,7 +175,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "true, false"),
     Option("triton_mix_kernels", "auto", "Render whole-row mix-order kernels (norm backward) as raw Triton "
            "inside the XLA program instead of Pallas: Triton pipelines the row loads through shared memory, which "
-           "Pallas cannot ask for (RMSNorm backward 576000x384 bf16 on the H100: 0.47 ms against 0.49). 'auto': on "
+           "Pallas cannot ask for (the faster RMSNorm backward, benchmarks/RESULTS.md). 'auto': on "
            "a GPU when the triton package is installed; 'on': also in interpret mode (Triton's interpreter through "
            "a host callback); 'off': Pallas.", str, _check_dynamic_launch, "'auto', 'on', 'off'"),
     Option("loop_bodies", "auto", "Compile the bodies of scan / while_loop / cond as pallaskit programs whose "

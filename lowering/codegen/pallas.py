@@ -831,9 +831,8 @@ def _render_mix(em: _KernelEmitter, kernel: Kernel, bodies, cfg):
         n_iter = -(-(-(-kernel.rows // cfg.block_rows)) // kernel.programs)
     # Loads that do not depend on the row (a norm's weight) stay inside the
     # loop: hoisted, they hold registers for the whole loop and cost one-warp
-    # programs occupancy (H100, scratch/probe_mix4.py: RMSNorm backward 0.503
-    # -> 0.512 ms, LayerNorm forward+backward 0.80 -> 0.90 ms); in the loop
-    # they hit L1.
+    # programs occupancy (slower on both norms: RESULTS.md, "Heuristics: split
+    # reductions and mix kernels"); in the loop they hit L1.
     w.line("def row_block(step, carry):")
     with w.indent():
         w.line(f"{carry} = carry")

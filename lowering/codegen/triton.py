@@ -1,5 +1,5 @@
 """Raw-Triton renderer: a schedule as ``@triton.jit`` kernels plus a Python
-``launch`` that runs them outside XLA (issue 4; pallaskit/runtime/eager.py).
+``launch`` that runs them outside XLA (pallaskit/runtime/eager.py).
 
 [Note: the Triton renderer]
 The same schedule, tiles and index expressions as the Pallas renderer: the
@@ -401,9 +401,8 @@ def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _
         accs.append((f"acc{i}", m))
     # Blocks that every program has in full come first: their accumulator update
     # needs no select (a lane past the last column is never stored, and the
-    # accumulator is summed over rows only). H100, RMSNorm backward: deleting
-    # that select by hand took the mix kernel from 0.4719 to 0.4693 ms
-    # (scratch/probe_triton_xla.py).
+    # accumulator is summed over rows only); dropping it is measurable
+    # (RESULTS.md, "Heuristics: raw-Triton mix kernels").
     full_steps = (int(kernel.rows) // cfg.block_rows) // programs
     loops = [(0, full_steps, cfg.num_stages, "row blocks every program has in full"),
              (full_steps, steps, 1, "the last row blocks, rows past ROWS masked")]
@@ -464,10 +463,9 @@ def _zero_where_masked(em, e, dims: frozenset) -> bool:
     negations, sums and differences of such values, and their products with
     each other or with a finite constant. Anything else may be nonzero or NaN
     there: a row value (its masked rows hold whatever 1 / 0 gave), exp(0),
-    0 / 0. On the H100, deleting all three selects of the RMSNorm backward's
-    mix kernel by hand took it from 0.4692 to 0.4671 ms
-    (scratch/probe_triton_xla.py); this drops two of them, the third goes with
-    the full-block loop (``render_mix``)."""
+    0 / 0. Of the three selects of the RMSNorm backward's mix kernel this drops
+    two, the third goes with the full-block loop (``render_mix``); figures in
+    RESULTS.md, "Heuristics: raw-Triton mix kernels"."""
     zero = functools.partial(_zero_where_masked, em, dims=dims)
     if isinstance(e, ir.Load):
         return e.buffer not in em.row_values and dims <= em.extent_of(em.offset(e.buffer, e.index))

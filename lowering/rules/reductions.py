@@ -29,7 +29,7 @@ def _reduce(ctx, eqn, x):
     op = _OPS[eqn.primitive.name]
     if op in ("argmax", "argmin") and not ctx.options.interpret and jnp.issubdtype(eqn.invars[0].aval.dtype, jnp.inexact):
         # Compiled for the GPU, float argmax/argmin with NaNs picked other indices than
-        # jax.jit (RESULTS.md, session 15): XLA runs them until that is found.
+        # jax.jit (RESULTS.md, "Session 15"): XLA runs them until that is found.
         raise NotImplementedError("float argmax/argmin on the GPU")
     if sizes.numel(reduced) == 1:
         # Reducing extent-1 axes (what autodiff's broadcast transposes produce)

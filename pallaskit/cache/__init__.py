@@ -225,11 +225,11 @@ def environment() -> dict:
     the sources) and ``versions`` (installed triton / CUDA plugin distributions).
 
     [Note: environment stamp] Reading every source file and asking
-    importlib.metadata for five distributions costs a fresh process 2-3 ms, on
-    the path of every warm first call. A stamp ``<cache_dir>/env/<sig>.json``
+    importlib.metadata for five distributions is a visible part of every warm
+    first call (RESULTS.md, "Compile cache"). A stamp ``<cache_dir>/env/<sig>.json``
     keeps the result under the stat signature of the files it depends on
     (``stat_signature``), so a process whose files are unchanged only stats
-    them (well under 1 ms). An edit gives a file a new mtime/ctime (and an
+    them. An edit gives a file a new mtime/ctime (and an
     editor's save-by-rename a new inode), a new signature, a new stamp: the
     content hash is recomputed and an entry of the old sources can no longer
     match. As with git's racily clean index entries, a stamp is only written

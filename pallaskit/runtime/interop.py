@@ -20,7 +20,7 @@ class DLManaged(ctypes.Structure):  # dlpack.h, DLManagedTensor
     _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
 
 
-try:  # jax.dlpack.from_dlpack's own import, without its ~80 us of Python around it
+try:  # jax.dlpack.from_dlpack's own import, without the Python around it
     from jax._src.lib import _jax as _jaxlib
     from jax._src.lib import jaxlib_extension_version as EXTENSION
 

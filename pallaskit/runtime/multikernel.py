@@ -1,4 +1,4 @@
-"""Multi-kernel dispatch for symbolic (dynamic-dim) graphs (issue 4, part 3).
+"""Multi-kernel dispatch for symbolic (dynamic-dim) graphs.
 
 [Note: multi-kernel]
 A symbolic graph is compiled once per hinted size (option
@@ -256,8 +256,8 @@ class Dispatcher:
     def _time(self, leaves) -> list[float]:
         # Warm-up: one call of each variant compiles it for this size. The calls run
         # in threads, so XLA compiles the variants at once (its compiler releases
-        # the GIL) and a new size waits for the slowest compile, not the sum (the
-        # H100 MLP sweep: 48 -> 23 s). Then the variants are timed one after another.
+        # the GIL) and a new size waits for the slowest compile, not the sum
+        # (RESULTS.md, "Dynamic dims and multi-kernel"). Then the variants are timed one after another.
         with concurrent.futures.ThreadPoolExecutor(len(self.variants)) as pool:
             list(pool.map(lambda v: jax.block_until_ready(v.fn(*leaves, *v.constants)), self.variants))
         out = []
