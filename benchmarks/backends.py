@@ -285,8 +285,6 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in [
             options=(("mix_order_reduction", False),), tags=NORM_BWD),
     Backend("pallaskit_pallas_mix", JAX, "pallaskit.jit, triton_mix_kernels=off (mix kernels in Pallas)",
             _build_pallaskit, options=(("triton_mix_kernels", "off"),), tags=NORM_BWD),
-    Backend("pallaskit_layout_prop_off", JAX, "pallaskit.jit, layout_propagation=False", _build_pallaskit,
-            options=(("layout_propagation", False),), tags=frozenset({"layout"})),
     Backend("pallaskit_dynamic", JAX, "pallaskit.jit, dynamic axis 0 (default multi-kernel hints)",
             _build_pallaskit_dynamic, tags=frozenset({"dynamic"})),
     Backend("pallaskit_static_sizes", JAX, "pallaskit.jit, automatic_dynamic=False (one static compile per size, "
@@ -295,9 +293,6 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in [
     Backend("pallaskit_dynamic_variant_tier", JAX, "pallaskit.jit, dynamic axis 0, dynamic_tier_up='variant' (a "
             "recurring size compiles its multi-kernel variant, not its own static program)", _build_pallaskit_dynamic,
             options=(("dynamic_tier_up", "variant"),), tags=frozenset({"dynamic"}), default=False),
-    Backend("pallaskit_buckets", JAX, "pallaskit.jit, dynamic axis 0, dynamic_buckets=True (experimental; its "
-            "H100 sweep died with CUDA_ERROR_ILLEGAL_ADDRESS)", _build_pallaskit_dynamic,
-            options=(("dynamic_buckets", True),), tags=frozenset({"dynamic"}), default=False),
     Backend("xla", JAX, "jax.jit", _build_xla),
     Backend("torch_eager", TORCH, "torch eager", _build_torch_eager, compiles=False),
     Backend("torch_compile", TORCH, "torch.compile, default options", _build_torch_compile, hinted=True),

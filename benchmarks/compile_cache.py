@@ -71,7 +71,7 @@ import time
 RESULT = "RESULT "
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# (shapes, dtype) per size preset; "gpu" are the sizes of DESIGN.md.
+# (shapes, dtype) per size preset; "gpu" are the suite's GPU sizes (benchmarks/workloads.py).
 SIZES = {
     "rms_bwd": {"gpu": ((576000, 384), "bfloat16"), "cpu": ((1024, 384), "bfloat16")},
     "gelu_mlp": {"gpu": ((8192, 1024, 4096), "bfloat16"), "cpu": ((256, 256, 1024), "bfloat16")},

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 DEVICE = "H100 80GB HBM3"
 
-# Device-to-device copy, bytes read + bytes written per second (DESIGN.md: measured 3.0 TB/s).
+# Device-to-device copy, bytes read + bytes written per second (measured on the H100: 3.0 TB/s).
 COPY_BANDWIDTH = 3.0e12
 
 # Dense matrix-unit rate, FLOP/s (datasheet, SXM). A measured 8192^3 bf16 product

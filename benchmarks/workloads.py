@@ -42,7 +42,7 @@ class Workload:
     sizes: dict  # preset name ("full", "smoke") -> size
     description: str
     flops: Callable | None = None  # (concrete size) -> matrix FLOPs per call, for the FLOP floor
-    tags: frozenset = frozenset()  # what backend variants apply (e.g. "norm_bwd", "layout", "matmul")
+    tags: frozenset = frozenset()  # what backend variants apply (e.g. "norm_bwd", "matmul")
     dtypes: tuple = ("bfloat16", "float16", "float32")
     tol: float = 0.0  # tolerance floor on top of the dtype's (matmuls in float32 run as TF32)
     dynamic_arg: int = 0  # for hinted / dynamic compiles: the argument whose axis 0 varies
@@ -369,7 +369,7 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
              tags=frozenset({"norm_bwd"}), torch_vjp_fn=_whole(_t_layernorm_fwd_bwd_vjp)),
     Workload("nhwc_layout", STEADY, nhwc_affine_relu, _whole(_t_nhwc), _nhwc_inputs,
              {"full": (32, 25, 25, 1024), "smoke": (2, 5, 3, 24)},
-             "x NHWC, t = transpose(x, NCHW) * s + b; relu(t), t > 0 back in NHWC", tags=frozenset({"layout"})),
+             "x NHWC, t = transpose(x, NCHW) * s + b; relu(t), t > 0 back in NHWC"),
     Workload("gelu_mlp", STEADY, gelu_mlp, _whole(_t_gelu_mlp), _mlp_inputs,
              {"full": (8192, 1024, 4096, 1024), "smoke": (24, 32, 64, 32)}, "gelu(x @ w1) @ w2",
              flops=_mlp_flops, tags=frozenset({"matmul"}), tol=5e-3),

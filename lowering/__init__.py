@@ -11,17 +11,12 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from lowering.errors import SymbolicUnsupported
 from lowering.options import CompileOptions
 
 if TYPE_CHECKING:
     from lowering.codegen.pallas import RenderedProgram
     from lowering.scheduler import Schedule
-
-
-class SymbolicUnsupported(NotImplementedError):
-    """A graph with symbolic (dynamic) dims that cannot be compiled shape-generic;
-    the message says why. Defined here (not in ``lowering.symbolic``) so the
-    runtime can catch it without importing the passes. [Note: symbolic dims]"""
 
 
 @dataclasses.dataclass
@@ -37,24 +32,10 @@ class CompileResult:
     size_hints: tuple = ()  # CompileOptions.size_hints: where metrics read symbolic sizes
 
 
-def format_schedule(s: Schedule) -> str:
-    from lowering import ir
-
-    lines = []
-    for step in s.steps:
-        if isinstance(step, ir.Extern):
-            lines.append(step.format())
-            continue
-        lines.append(f"kernel {step.name} ({step.kind} {step.rows}x{step.cols}) reads {', '.join(step.reads)}")
-        for m in step.members:
-            lines.append(f"  {'store' if m.store else 'keep '} {m.role:9s} {m.name}: {ir.format_expr(m.body)}")
-    return "\n".join(lines)
-
-
 def compile_jaxpr(closed_jaxpr, options: CompileOptions, title: str = "") -> CompileResult:
     from lowering.codegen import pallas
     from lowering.lower import lower
-    from lowering.scheduler import schedule
+    from lowering.scheduler import format_schedule, schedule
 
     lowered = lower(closed_jaxpr, options)
     sched = schedule(lowered.graph, options)
@@ -63,4 +44,4 @@ def compile_jaxpr(closed_jaxpr, options: CompileOptions, title: str = "") -> Com
                          guards=list(program.guards), size_hints=options.size_hints)
 
 
-__all__ = ["CompileOptions", "CompileResult", "SymbolicUnsupported", "compile_jaxpr", "format_schedule"]
+__all__ = ["CompileOptions", "CompileResult", "SymbolicUnsupported", "compile_jaxpr"]

@@ -1,10 +1,7 @@
 """Every block-size, warp and persistence choice, in one place.
 
-Figures behind the choices (H100, bf16, 576000x384, see benchmarks/RESULTS.md):
-a persistent row reduction runs best with 2048-4096 elements per program
-(rows x next_pow2(cols)); one row per program loses ~20% to launch/scheduling
-overhead. Pointwise kernels reach the memory floor with 1024-8192 elements per
-program, so we take 1024 with 4 warps and leave the rest to the hardware.
+Each constant carries its reason in a line; the measurements behind them are
+in benchmarks/RESULTS.md, "Heuristics" (one subsection per group below).
 """
 from __future__ import annotations
 
@@ -32,6 +29,8 @@ class TileConfig:
 
 
 def pointwise_config(rows: int, cols: int) -> TileConfig:
+    """1024 elements, 4 warps: larger tiles and more warps reached the memory
+    floor no better (RESULTS.md, "Heuristics: pointwise and reduction tiles")."""
     bc = min(next_power_of_2(cols), 1024)
     br = min(next_power_of_2(rows), max(1, 1024 // bc))
     return TileConfig(br, bc, 4, True)
@@ -40,10 +39,8 @@ def pointwise_config(rows: int, cols: int) -> TileConfig:
 def transpose_config(rows: int, cols: int) -> TileConfig:
     """A pointwise kernel that loads along rows and stores along columns: a
     tile long in rows (the load's 128-row side is 256 contiguous bf16 bytes)
-    and 32 wide, which Triton exchanges through shared memory. H100, bf16,
-    device time (scratch/probe_pointwise.py): 8192^2 transpose 0.0976 ms
-    (92% of the floor; 64x64 0.0999, 32x32 0.122, XLA 0.100); NCHW -> NHWC
-    (32, 1024, 25, 25) 0.0341 ms (80%; 64x64 0.0351, XLA 0.0392)."""
+    and 32 wide, which Triton exchanges through shared memory; 128 x 32 beat
+    64 x 64 and 32 x 32 (RESULTS.md, "Heuristics: pointwise and reduction tiles")."""
     return TileConfig(min(next_power_of_2(rows), 128), min(next_power_of_2(cols), 32), 4, True)
 
 
@@ -54,7 +51,10 @@ def reduction_config(rows: int, cols: int, *, max_persistent_cols: int, inner_co
     ``inner_contiguous``: the reduced index is the fastest-moving one in memory
     (a row reduction). Otherwise (a column reduction) rows are contiguous, so
     the tile is made tall to keep loads coalesced along rows.
-    ``force_width_one``: reductions that only combine in a loop (prod)."""
+    ``force_width_one``: reductions that only combine in a loop (prod).
+    A persistent tile holds up to 4096 elements (several rows when they are
+    short): one row per program loses to scheduling overhead (RESULTS.md,
+    "Heuristics: pointwise and reduction tiles")."""
     if force_width_one:
         return TileConfig(min(next_power_of_2(rows), 128), 1, 4, False)
     width = next_power_of_2(cols)
@@ -74,29 +74,20 @@ def reduction_config(rows: int, cols: int, *, max_persistent_cols: int, inner_co
 # program a block of columns and makes it walk all M rows: with N = 384 that
 # is 6 programs on a 132-SM GPU. Splitting it into per-program partial sums
 # (programs x N, float32) and a second small reduction fills the GPU.
-#
-# MIN_SPLIT_ROWS: below this the second kernel's launch (~4 us) costs more
-#   than the idle SMs of the unsplit one (1024 rows x 384 bf16 is 0.8 MB, a
-#   ~1 us read).
-# Programs per SM: a mix kernel walks its rows one small tile at a time with
-#   no software pipelining, so bytes in flight come from many resident
-#   programs: 16 one-warp programs per SM. Measured on the H100 (RMSNorm
-#   backward 576000x384 bf16, scratch/probe_mix3.py, see benchmarks/RESULTS.md):
-#   16 programs/SM, 1 row x 512, 1 warp: 0.510 ms; 8 programs/SM, 4 rows,
-#   4 warps: 0.800 ms.
-# MIN_ROWS_PER_PROGRAM: each program's partial row costs an extra N floats
-#   written and read; 64 rows per program keeps that under 1/16 of the input.
-# Two column sums (LayerNorm's dw and db): the loop carries two accumulators
-#   and MIX_PREFETCH row blocks of loads, so a one-warp program needs more
-#   registers and fewer fit on an SM: 12 per SM. LayerNorm forward+backward,
-#   same shape (scratch/probe_prefetch.py grid): 12/SM with prefetch 2
-#   0.713-0.721 ms; 16/SM without prefetch 0.738-0.744 (with it 0.843-0.856,
-#   past the registers); 14/SM 0.92 (not all resident: a second wave);
-#   10/SM 0.76; 8/SM 0.79. RMSNorm (one sum) stays at 16: at 12/SM it took
-#   0.516 ms (hand-written), at 14/SM 0.507 (generated), against 0.49.
+# Figures: RESULTS.md, "Heuristics: split reductions and mix kernels".
+
+# Below this many rows the second kernel's launch costs more than the idle SMs
+# of the unsplit reduction.
 MIN_SPLIT_ROWS = 1024
+# A mix kernel walks its rows one small tile at a time, unpipelined, so bytes in
+# flight come from many resident one-warp programs: 16 per SM beat 8 per SM of
+# 4 rows and 4 warps by far.
 WARPS_PER_SM = 16
+# Two column sums (LayerNorm's dw and db) carry two accumulators and the
+# prefetched rows, so fewer one-warp programs fit an SM: 12 was the best count.
 WARPS_PER_SM_TWO_COLUMNS = 12
+# Each program's partial row costs N more floats written and read; 64 rows a
+# program keeps that under 1/16 of the input.
 MIN_ROWS_PER_PROGRAM = 64
 
 
@@ -114,9 +105,10 @@ def _programs_per_sm(cols: int, columns: int = 1) -> int:
 def mix_worthwhile(rows: int, cols: int, num_sms: int, columns: int = 1) -> bool:
     """Is doing the row work inside the mix kernel worth it? Only when there
     are rows enough for at least half the full grid at MIN_ROWS_PER_PROGRAM
-    each; with fewer, the row work would run on a fraction of the SMs. On the
-    H100 an 8192x1024 RMSNorm inside a training step took 0.75 ms longer as
-    one mix kernel of 128 programs than as a row kernel plus a split column sum."""
+    each; with fewer, the row work would run on a fraction of the SMs (the
+    training step's 8192x1024 RMSNorm backward as one mix kernel of 128
+    programs was much slower than a row kernel plus a split column sum:
+    RESULTS.md, "Heuristics: split reductions and mix kernels")."""
     return ceil_div(rows, MIN_ROWS_PER_PROGRAM) * 2 >= num_sms * _programs_per_sm(cols, columns)
 
 
@@ -131,29 +123,30 @@ def column_reduction_underfilled(rows: int, cols: int, num_sms: int) -> bool:
     return rows >= MIN_SPLIT_ROWS and ceil_div(cols, 64) < num_sms
 
 
-ROW_SPLIT_PROGRAMS_PER_SM = 8  # 576001x383 full sum: 4/SM 0.224 ms, 8/SM 0.190 ms (block 4096)
+# Programs per SM a split row reduction aims at: 8 beat 4 on a full sum (RESULTS.md,
+# "Heuristics: split reductions and mix kernels").
+ROW_SPLIT_PROGRAMS_PER_SM = 8
 
 
 def row_split(outputs: int, reduced: int, num_sms: int) -> int:
     """Chunks to split each output's inner (contiguous) reduction into; 1: no split.
 
     Splits when there are fewer outputs than SMs and each would loop over at
-    least 32k elements; aims at ~4 programs per SM with chunks of >= 4096."""
+    least 32k elements; aims at ROW_SPLIT_PROGRAMS_PER_SM programs per SM with
+    chunks of >= 4096."""
     if outputs >= num_sms or reduced < 32768:
         return 1
     chunks = ceil_div(num_sms * ROW_SPLIT_PROGRAMS_PER_SM, outputs)
     return max(1, min(chunks, reduced // 4096))
 
 
-# A full reduction (to a scalar) of an operand with rows splits at its rows
-# when one program can finish the per-row partials quickly (<= 16384 floats,
-# 64 KB) and there are enough rows to fill the SMs; rows shorter than 256
-# elements make short contiguous reads, so those keep the flat chunks of
-# row_split. The point is fusion, not the reduction itself: the partial is
-# then an ordinary row reduction over the operand's own (rows x cols) domain,
-# which a pointwise sibling over that domain joins as a row-wise store (a
-# loss's gradient y * 2/n beside its sum(y**2) reads y once).
+# A full reduction (to a scalar) of an operand with rows splits at its rows, so
+# that the partial is an ordinary row reduction over the operand's own domain,
+# which a pointwise sibling joins (a loss's gradient y * 2/n beside its
+# sum(y**2) reads y once; RESULTS.md, "Training step").
+# One program finishes the per-row partials: at most 16384 floats (64 KB).
 MAX_FINISH_ROWS = 16384
+# Shorter rows make short contiguous reads: those keep row_split's flat chunks.
 MIN_ROW_COLS = 256
 
 
@@ -170,15 +163,11 @@ def fits_in_tile(cols: int, max_persistent_cols: int) -> bool:
 
 # Row blocks a whole-row mix kernel loads ahead: its loop carries the loads of
 # the next MIX_PREFETCH blocks, so each one-warp program keeps loads in flight
-# while it reduces and stores the current block. H100, 576000x384 bf16
-# (scratch/probe_prefetch.py): RMSNorm backward, generated, 0.504 ms with none,
-# 0.498 with 1, 0.492 with 2 (hand-written: 3 and 4 were slower, 0.62-0.65).
-# LayerNorm forward+backward (two column accumulators, dw and db) went from
-# 0.746 to 0.848 ms with 2 at 16 programs per SM (too many registers for 16
-# one-warp programs), and to 0.713-0.721 with 2 at 12 per SM
-# (WARPS_PER_SM_TWO_COLUMNS). Three or more accumulators are not measured:
-# they keep 16 per SM and no prefetch.
+# while it reduces and stores the current block; 2 was best, 3 and 4 slower
+# (RESULTS.md, "Heuristics: split reductions and mix kernels").
 MIX_PREFETCH = 2
+# Two column sums prefetch too, at WARPS_PER_SM_TWO_COLUMNS; three or more are
+# not measured and keep 16 per SM and no prefetch.
 MIX_PREFETCH_MAX_COLUMNS = 2
 
 
@@ -186,10 +175,10 @@ def mix_config(rows: int, cols: int, *, whole_rows: bool, programs: int, columns
     """Tile of a mix kernel: each of ``programs`` programs walks row blocks of
     ``block_rows`` rows. ``whole_rows``: the kernel also computes row
     reductions, so a tile spans the full row (one column block): one row per
-    step, ``mix_warps`` warps (on the H100 0.51 ms against 0.60-1.13 ms for 2-8
-    rows with 2-4 warps); ``columns`` (column reductions accumulated) decides
-    the prefetch depth. Otherwise (a split column reduction) 8 x 512 tiles,
-    4 warps (a 576001x383 bf16 column sum: 0.195 ms; 32 x 128 tiles: 0.249 ms)."""
+    step, ``mix_warps`` warps (faster than 2-8 rows with 2-4 warps); ``columns``
+    (column reductions accumulated) decides the prefetch depth. Otherwise (a
+    split column reduction) 8 x 512 tiles, 4 warps (faster than 32 x 128).
+    Figures: RESULTS.md, "Heuristics: split reductions and mix kernels"."""
     if whole_rows:
         prefetch = MIX_PREFETCH if columns <= MIX_PREFETCH_MAX_COLUMNS else 0
         return TileConfig(1, next_power_of_2(cols), mix_warps(cols), True, prefetch=prefetch)
@@ -202,22 +191,16 @@ def mix_config(rows: int, cols: int, *, whole_rows: bool, programs: int, columns
 # ``render_mix``): Triton pipelines a loop's loads through shared memory
 # (``tl.range(num_stages=...)``), which Pallas does not expose, so a program
 # can own a block of rows per step and keep three steps of loads in flight.
-# H100, RMSNorm backward 576000x384 bf16 inside the XLA program
-# (scratch/probe_triton_xla.py, with XLA's sum of the partials; the Pallas
-# kernel 0.489-0.490 in the same runs): 8 rows x 8 warps x 3 stages at 2
-# programs per SM 0.466-0.473 ms; 4 stages 0.527, 2 stages at 3-4 per SM
-# 0.59-0.70; 3 per SM 0.518; 8 rows x 4 warps at 4 per SM 0.471; 4 rows x 4
-# warps at 4 per SM 0.485, at 2 per SM 0.566; 16 rows 0.487; 16 warps 0.504;
-# one row, one warp 0.50.
 # Each program sums its (BLOCK_R, BLOCK_C) accumulator over rows at the end
 # and stores one partial row, as the Pallas kernel does. One column sum only:
-# LayerNorm forward+backward (two sums, dw and db) took 0.904 ms with this
-# tile against 0.720 for the Pallas kernel (same suite run), so two or more
-# keep Pallas, as do rows too long for a tile of at least 2 rows.
-TRITON_MIX_ROWS = 8
+# with two (LayerNorm's dw and db) this tile lost to the Pallas kernel, so two
+# or more keep Pallas, as do rows too long for a tile of at least 2 rows.
+# The tile below was the best of a grid of rows, warps, stages and programs
+# per SM (RESULTS.md, "Heuristics: raw-Triton mix kernels").
+TRITON_MIX_ROWS = 8  # rows a step
 TRITON_MIX_WARPS = 8
-TRITON_MIX_STAGES = 3
-TRITON_MIX_PROGRAMS_PER_SM = 2
+TRITON_MIX_STAGES = 3  # beat 2 and 4
+TRITON_MIX_PROGRAMS_PER_SM = 2  # the register limit of this tile
 TRITON_MIX_ELEMENTS = 4096  # rows x padded columns of one tile: 16 per thread at 8 warps
 
 
@@ -316,14 +299,11 @@ def matmul_config(m: int, n: int, k: int, dtype, *, batch: int = 1, num_sms: int
     return MatmulConfig(bm, bn, bk, warps, stages)
 
 
-# Where the template beats XLA (option matmul_template="auto"). H100, bf16,
-# scratch/probe_matmul.py, template vs XLA (cuBLAS): M = 64 and 256 rows with
-# N = K = 4096: 1.45x and 1.25-1.6x faster (XLA's small-M kernels leave the
-# GPU underused); M = 4096-8192: 0.86-0.93x, and 0.74-0.77x for the weight
-# gradients (transposed lhs); float32 (TF32 in XLA): 0.21x. A whole training
-# step (8192x1024, MLP 4096) took as long with every matmul in the template,
-# gelu epilogues fused, as with every matmul in XLA (0.983 vs 0.981 ms): the
-# fused epilogue does not make up for the slower product.
+# Where the template beats XLA (option matmul_template="auto"): 16-bit products
+# with few rows, where XLA's small-M kernels leave the GPU underused; XLA wins
+# on thousands of rows, on weight gradients and on float32 (TF32), and a fused
+# epilogue does not make up for the slower product (RESULTS.md, "Heuristics:
+# matmul template").
 MATMUL_TEMPLATE_MAX_ROWS = 512
 
 
@@ -338,7 +318,7 @@ def matmul_template_wins(batch: int, m: int, n: int, k: int, dtype) -> bool:
 # one program per output tile walking all of K: XLA splits K over programs
 # (split-K), the template does not, so such dots stay with XLA. "Little work":
 # fewer 32 x 32 output tiles than a quarter of the SMs.
-SPLIT_K_MIN_K = 4096
+SPLIT_K_MIN_K = 4096  # K long enough that one program walking all of it leaves the GPU idle
 
 
 def matmul_needs_split_k(batch: int, m: int, n: int, k: int, num_sms: int) -> bool:

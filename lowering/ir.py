@@ -323,9 +323,6 @@ class Pointwise(Node):
         return f"{self.name}: {self.dtype.name}{list(self.shape)} = pointwise {{ {format_expr(self.body)} }}"
 
 
-REDUCTION_OPS = ("sum", "max", "min", "prod", "and", "or", "argmax", "argmin")
-
-
 @dataclasses.dataclass
 class Reduction(Node):
     """``shape`` is the kept dims; ``reduced`` the reduced dims' sizes; ``axes`` where
@@ -473,13 +470,6 @@ class Graph:
 
     def node(self, name: str) -> Node:
         return self.nodes[name]
-
-    def users(self) -> dict[str, list[str]]:
-        out = {n: [] for n in self.nodes}
-        for node in self.nodes.values():
-            for r in node.reads():
-                out.setdefault(r, []).append(node.name)
-        return out
 
     def format(self) -> str:
         lines = [f"inputs: {', '.join(self.inputs)}"]

@@ -24,8 +24,7 @@ help or cannot be right: effects inside (their order is XLA's to keep),
 operands a kernel cannot hold, and bodies that came out without a single
 kernel. Symbolic sizes ([Note: symbolic dims]): a body's kernels take a dims
 array of their own, built in the body function from the enclosing function's
-size ints (a program with a loop is never run on size buckets: the loop is an
-XLA call on dynamic-sized values). Where such a loop cannot compile (a dynamic
+size ints. Where such a loop cannot compile (a dynamic
 scan length, effects, no kernel) it raises ``SymbolicUnsupported`` rather than
 become an extern: its jaxprs hold the symbols, which an XLA call traced at
 concrete sizes cannot take; the signature then compiles per size.
@@ -73,7 +72,7 @@ class Loop(ir.Extern):
     params_text: str = ""  # the loop's own parameters, for the comment
 
     def format(self):
-        from lowering import format_schedule
+        from lowering.scheduler import format_schedule
 
         lines = [f"{super().format()}  # {self.label} {self.params_text}".rstrip()]
         for b in self.bodies:
@@ -97,9 +96,7 @@ def lower_loop(ctx, eqn, invals, fallbacks):
 
     if eqn.effects:
         return in_xla("effects inside")
-    from lowering.lower import _is_plain
-
-    if not all(_is_plain(symbolic.aval_view(v.aval)) for v in list(eqn.invars) + list(eqn.outvars)):
+    if not all(symbolic.is_plain(symbolic.aval_view(v.aval)) for v in list(eqn.invars) + list(eqn.outvars)):
         return in_xla("an operand a kernel cannot hold")
     if kind == "scan" and symbolic.is_jax_dim(eqn.params["length"]):
         return in_xla("a dynamic length")
@@ -180,16 +177,13 @@ def _body(ctx, name, closed, bound, fallbacks) -> Body:
     """Lower and schedule one sub-jaxpr. ``bound``: per invar of the jaxpr, the
     outer value it takes from the enclosing program (a loop constant: read by
     closure, or folded in where it is a literal), or None for a parameter."""
-    from lowering import lower as lower_mod
     from lowering.scheduler import schedule
 
     if isinstance(closed, jex_core.ClosedJaxpr):
         jaxpr, consts = closed.jaxpr, list(closed.consts)
     else:
         jaxpr, consts = closed, []
-    sub = lower_mod.LoweringContext(ctx.options)
-    sub._count = ctx._count  # one counter: body names never shadow outer ones
-    sub.var_names = ctx.var_names
+    sub = ctx.child()
     closure = []
 
     def outer(value):
@@ -203,7 +197,7 @@ def _body(ctx, name, closed, bound, fallbacks) -> Body:
         return value
 
     # A closed jaxpr's own constants become constants of the outermost program.
-    const_vals = [outer(lower_mod._const_input(ctx, c)) for c in consts]
+    const_vals = [outer(ctx.const_input(c)) for c in consts]
     args, params = [], []
     for v, b in zip(jaxpr.invars, bound):
         if b is not None:
@@ -212,7 +206,7 @@ def _body(ctx, name, closed, bound, fallbacks) -> Body:
             nm = sub.input(symbolic.aval_view(v.aval))
             params.append(nm)
             args.append(nm)
-    outs = lower_mod._lower_jaxpr(sub, jaxpr, const_vals, args, fallbacks)
+    outs = sub.lower_jaxpr(jaxpr, const_vals, args, fallbacks)
     ctx._count = sub._count
     # Outer constants a nested ``_const_input`` made live in ``sub``: hoist them.
     for cname, c in sub.constants.items():
@@ -259,14 +253,12 @@ def write_loop(w, loop: Loop, write_steps, value):
     kind = loop.primitive.name
     w.line(f"# {loop.label}: {loop.origin[0] if loop.origin else kind}  ({loop.params_text})")
 
-    from lowering.codegen.pallas import program_dims
-
     def body(b: Body, signature: list[str], unpack: list[tuple[list, str]], ret: str):
         w.line(f"def {b.name}({', '.join(signature)}):")
         with w.indent():
             for names, source in unpack:
                 _unpack(w, names, source)
-            dims = program_dims(b.schedule)
+            dims = symbolic.program_dims(b.schedule)
             if dims:  # the body's kernels read its own dims array; the sizes are the enclosing ints
                 w.line(f"dims = jnp.asarray([{', '.join(dims)}], jnp.int32)")
             write_steps(w, b.schedule)

@@ -6,7 +6,6 @@ import dataclasses
 import logging
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import sympy
 from jax.extend import core as jex_core
@@ -16,21 +15,6 @@ from lowering.options import CompileOptions
 from lowering.rules import RULES, PreferXLA
 
 log = logging.getLogger("pallaskit")
-
-
-def _is_plain(aval) -> bool:
-    """Arrays a kernel can hold: numeric or bool, non-empty, a shape of ints or
-    of sympy sizes over dim symbols (a symbolic graph: [Note: symbolic dims])."""
-    try:
-        dt = np.dtype(aval.dtype)
-    except TypeError:  # extended dtypes (PRNG keys, float0)
-        return False
-    if not (jnp.issubdtype(dt, jnp.floating) or jnp.issubdtype(dt, jnp.integer) or dt == np.bool_):
-        return False
-    if not all(isinstance(d, int) or isinstance(d, sympy.Expr) for d in aval.shape):
-        return False
-    n = sizes.numel(aval.shape)
-    return n > 0 if isinstance(n, int) else sympy.sympify(n).is_positive is True
 
 
 class LoweringContext:
@@ -44,6 +28,22 @@ class LoweringContext:
         self.current_eqn: str = ""
         self.var_names = trace.VarNames()
         self._count = 0
+
+    def child(self) -> LoweringContext:
+        """A context for a nested jaxpr (a loop body, [Note: loop bodies]): a
+        graph of its own, this one's names and name counter."""
+        sub = LoweringContext(self.options)
+        sub._count = self._count  # one counter: body names never shadow outer ones
+        sub.var_names = self.var_names
+        return sub
+
+    def const_input(self, c):
+        """A constant of the jaxpr as a value: a literal, or an input holding it."""
+        return _const_input(self, c)
+
+    def lower_jaxpr(self, jaxpr, consts, args, fallbacks) -> list:
+        """Lower ``jaxpr`` into this context; its outputs' values."""
+        return _lower_jaxpr(self, jaxpr, consts, args, fallbacks)
 
     # -- names and symbols ------------------------------------------------------
     def new_name(self, prefix="buf") -> str:
@@ -226,7 +226,7 @@ def _fold_transposed_dots(jaxpr) -> list:
 
 def _const_input(ctx, c):
     aval = jax.typeof(c)
-    if np.shape(c) == () and _is_plain(aval):
+    if np.shape(c) == () and symbolic.is_plain(aval):
         v = np.asarray(c)
         return ir.Const(v.item(), v.dtype)
     name = ctx.input(aval, prefix="const")
@@ -244,7 +244,7 @@ def _lower_eqn(ctx, eqn, invals, fallbacks):
     # Symbolic dims: rules see sympy sizes ([Note: symbolic dims]); externs get the equation itself.
     view = symbolic.EqnView(eqn) if symbolic.eqn_symbolic(eqn) else eqn
     avals = [v.aval for v in view.invars] + [v.aval for v in view.outvars]
-    if rule is not None and not eqn.effects and all(_is_plain(a) for a in avals):
+    if rule is not None and not eqn.effects and all(symbolic.is_plain(a) for a in avals):
         try:
             return rule.fn(ctx, view, *invals)
         except PreferXLA:

@@ -11,10 +11,8 @@ class CompileOptions:
     fusion: bool = True  # greedy fusion of materialized groups
     max_persistent_cols: int = 8192  # larger reductions loop over column chunks
     num_warps: int = 0  # 0: from the heuristics
-    debug_checks: bool = False  # validate the IR after every pass
     mix_order_reduction: bool = True  # row and column reductions of one input in one kernel
     split_reductions: bool = True  # long reductions with few outputs run in two stages
-    layout_propagation: bool = True  # intermediates take their dominant input's stride order
     allow_excess_precision: bool = True  # 16-bit float chains round once, at the store (as XLA's flag)
     num_sms: int = 132  # streaming multiprocessors of the target GPU (grid sizing)
     # dot_general: "auto" (template + epilogues where heuristics.matmul_template_wins, else XLA),
@@ -29,10 +27,6 @@ class CompileOptions:
     # symbolic size at (the first concrete call's sizes). Index expressions,
     # masks and grids keep the symbol. Empty for static graphs.
     size_hints: tuple = ()
-    # Symbolic graphs run on size buckets (pallaskit/runtime/buckets.py), which
-    # only kernels may touch: "auto" then gives a 16-bit dot over a dynamic M the
-    # template at every hint, since an XLA dot would make the program per-size.
-    bucketed: bool = False
 
     def hints(self) -> dict:
         return dict(self.size_hints)

@@ -10,7 +10,8 @@
 3. Each materialized node starts as its own group. Groups merge greedily, best
    score first, until no pair can merge (``fuse_groups``). ``can_fuse`` says
    whether a merge is legal (same iteration space, no cycle through another
-   kernel, every in-kernel read at the reader's own point); ``fusion_score``
+   kernel, every in-kernel read at the reader's own point), or why not
+   (``WhyNoFuse``, kept in ``Schedule.refusals``); ``fusion_score``
    says what it is worth (bytes no longer moved, then fewer launches).
    Legality and profit never mix.
 4. Groups and externs are ordered topologically into a ``Schedule``.
@@ -84,6 +85,7 @@ class Schedule:
     stored: set  # buffers written to memory (kernel stores, externs, inputs)
     nodes_before: int
     nodes_after: int
+    refusals: list = dataclasses.field(default_factory=list)  # WhyNoFuse of pairs worth merging that can_fuse refused
 
     @property
     def kernels(self) -> list[Kernel]:
@@ -516,6 +518,27 @@ class _Step:
         return self._produces
 
 
+@dataclasses.dataclass(frozen=True)
+class WhyNoFuse:
+    """Why ``Fuser.can_fuse`` refused to merge two groups (as Inductor's
+    WhyNoFuse); false, so a refusal reads as "not legal"."""
+    first: str
+    second: str
+    reason: str
+
+    def __bool__(self):
+        return False
+
+    def __str__(self):
+        return f"{self.first} + {self.second}: {self.reason}"
+
+
+def _label(g: _Group) -> str:
+    """A group as explain names it: its kind and first member (and how many more)."""
+    more = f" +{len(g.members) - 1}" if len(g.members) > 1 else ""
+    return f"{g.kind} {g.members[0].name}{more}"
+
+
 class Fuser:
     """Greedy pairwise fusion of groups; legality (``can_fuse``) and profit
     (``fusion_score``) are separate.
@@ -543,6 +566,7 @@ class Fuser:
 
     def __init__(self, graph, groups, options: CompileOptions):
         self.graph, self.groups, self.options = graph, groups, options
+        self.refusals: list[WhyNoFuse] = []
         self.producer = _producers(graph)
         self.order = {name: k for k, name in enumerate(graph.nodes)}
         self._bytes: dict[str, int] = {}
@@ -607,25 +631,35 @@ class Fuser:
         return [p for buf in s.reads() if (p := self.step_of.get(buf)) is not None]
 
     # -- legality ------------------------------------------------------------------
-    def can_fuse(self, a: _Group, b: _Group) -> _Group | None:
+    def can_fuse(self, a: _Group, b: _Group) -> _Group | WhyNoFuse:
+        """The group holding both, or why they cannot share a kernel (a false
+        ``WhyNoFuse``, also kept in ``refusals``)."""
         merged = _merge(a, b, self.order)
         if merged is None:
-            return None
+            return self._refuse(a, b, "their iteration spaces differ")
         if merged.kind == "mix" and any(m.role in ("reduction", "row") for m in merged.members):
             # Mix-order fusion: whole rows must fit in one tile (the row
             # reductions are persistent) and the option must allow it.
             if not self.options.mix_order_reduction:
-                return None
+                return self._refuse(a, b, "mix-order reduction is off (option mix_order_reduction)")
             if sizes.is_symbolic(merged.cols) or not heuristics.fits_in_tile(merged.cols,
                                                                              self.options.max_persistent_cols):
-                return None
+                return self._refuse(a, b, "a mix kernel's rows must fit one tile (static, at most "
+                                          "max_persistent_cols)")
         if merged.kind == "matmul" and self.options.matmul_template == "unfused":
-            return None  # epilogue fusion is off: the matmul kernel stores its product alone
+            # epilogue fusion is off: the matmul kernel stores its product alone
+            return self._refuse(a, b, "epilogue fusion is off (matmul_template='unfused')")
         if not _merged_reads_ok(merged, a, b):
-            return None
+            return self._refuse(a, b, ("a member would read another's result inside the kernel in a way it "
+                                          "cannot (a row-wise value, a masked load, another element)"))
         if self._path_through_other(a, b) or self._path_through_other(b, a):
-            return None
+            return self._refuse(a, b, "one depends on the other through another kernel or an XLA op")
         return merged
+
+    def _refuse(self, a: _Group, b: _Group, reason: str) -> WhyNoFuse:
+        why = WhyNoFuse(_label(a), _label(b), reason)
+        self.refusals.append(why)
+        return why
 
     def _path_through_other(self, src: _Group, dst: _Group) -> bool:
         """Does ``dst`` depend on ``src`` through a step that is neither?
@@ -798,7 +832,7 @@ class _FusionLoop:
         if hit is not None:
             return hit
         merged = self.f.can_fuse(self.alive[sa], self.alive[sb])
-        if merged is None:
+        if not merged:  # a WhyNoFuse
             self.illegal.add((sa, sb))
             return None
         self.verified[(sa, sb)] = merged
@@ -860,7 +894,8 @@ def schedule(graph: ir.Graph, options: CompileOptions) -> Schedule:
     live = live_nodes(graph)
     keep = materialized(graph, live)
     inliner = _Inliner(graph, keep)
-    groups = Fuser(graph, build_groups(graph, keep, live, inliner), options).run()
+    fuser = Fuser(graph, build_groups(graph, keep, live, inliner), options)
+    groups = fuser.run()
 
     externs = [n for n in graph.nodes.values() if isinstance(n, ir.Extern) and n.name in live]
     outputs = {o for o in graph.outputs if isinstance(o, str)}
@@ -883,7 +918,7 @@ def schedule(graph: ir.Graph, options: CompileOptions) -> Schedule:
     stored = set(graph.inputs)
     for s in kernels:
         stored.update(s.stores if isinstance(s, Kernel) else s.outputs)
-    return Schedule(graph, kernels, stored, n_before, len(kernels))
+    return Schedule(graph, kernels, stored, n_before, len(kernels), fuser.refusals)
 
 
 def _topological(groups, externs, graph):
@@ -1017,3 +1052,16 @@ def _origins(graph, m: Member, keep=frozenset()) -> list[str]:
             out += list(n.origin)
             stack += n.reads()
     return out
+
+
+def format_schedule(s: Schedule) -> str:
+    """The schedule as text: each kernel with its members, each extern."""
+    lines = []
+    for step in s.steps:
+        if isinstance(step, ir.Extern):
+            lines.append(step.format())
+            continue
+        lines.append(f"kernel {step.name} ({step.kind} {step.rows}x{step.cols}) reads {', '.join(step.reads)}")
+        for m in step.members:
+            lines.append(f"  {'store' if m.store else 'keep '} {m.role:9s} {m.name}: {ir.format_expr(m.body)}")
+    return "\n".join(lines)

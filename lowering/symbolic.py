@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax.numpy as jnp
 import numpy as np
 import sympy
 
 from lowering import sizes
-from lowering import SymbolicUnsupported
+from lowering.errors import SymbolicUnsupported
 
 
 
@@ -120,3 +121,28 @@ class EqnView:
 def eqn_symbolic(eqn) -> bool:
     return (any(has_symbolic(getattr(v.aval, "shape", ())) for v in list(eqn.invars) + list(eqn.outvars))
             or params_symbolic(eqn.params))
+
+
+def is_plain(aval) -> bool:
+    """Arrays a kernel can hold: numeric or bool, non-empty, a shape of ints or
+    of sympy sizes over dim symbols (a symbolic graph: [Note: symbolic dims])."""
+    try:
+        dt = np.dtype(aval.dtype)
+    except TypeError:  # extended dtypes (PRNG keys, float0)
+        return False
+    if not (jnp.issubdtype(dt, jnp.floating) or jnp.issubdtype(dt, jnp.integer) or dt == np.bool_):
+        return False
+    if not all(isinstance(d, int) or isinstance(d, sympy.Expr) for d in aval.shape):
+        return False
+    n = sizes.numel(aval.shape)
+    return n > 0 if isinstance(n, int) else sympy.sympify(n).is_positive is True
+
+
+def program_dims(schedule) -> list[str]:
+    """Names of the dim symbols of a scheduled symbolic graph (its inputs'
+    shapes hold them), in the order of the program's dims array."""
+    graph = schedule.graph
+    found = set()
+    for name in graph.inputs:
+        found |= sizes.dim_symbols(graph.buffer_aval(name)[0])
+    return sorted(s.name for s in found)

@@ -4,6 +4,5 @@ from pallaskit.api import JitFunction, jit
 from pallaskit.config import config
 from pallaskit.explain import explain, explain_grad
 from pallaskit.runtime.eager import wait_compiles
-
-__version__ = "0.1.0"
+from pallaskit.version import __version__
 __all__ = ["jit", "explain", "explain_grad", "config", "metrics", "JitFunction", "wait_compiles", "__version__"]

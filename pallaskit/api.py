@@ -21,9 +21,9 @@ import lowering
 from lowering.options import CompileOptions
 from pallaskit import cache, metrics
 from pallaskit import autodiff
-from pallaskit import sharding
+from pallaskit import sharding, signature
 from pallaskit.config import config
-from pallaskit.runtime import buckets, eager, loader, multikernel, xla_args
+from pallaskit.runtime import eager, loader, multikernel, xla_args
 
 log = logging.getLogger("pallaskit")
 
@@ -137,8 +137,8 @@ class JitFunction:
     # -- signature --------------------------------------------------------------
     def _split(self, args, kwargs):
         """Separate static from dynamic arguments; checks every dynamic leaf."""
-        static_pos = tuple((i, _hashable(args[i])) for i in self.static_argnums if i < len(args))
-        static_kw = tuple(sorted((k, _hashable(v)) for k, v in kwargs.items() if k in self.static_argnames))
+        static_pos = tuple((i, signature.hashable(args[i])) for i in self.static_argnums if i < len(args))
+        static_kw = tuple(sorted((k, signature.hashable(v)) for k, v in kwargs.items() if k in self.static_argnames))
         dyn_args = [a for i, a in enumerate(args) if i not in self.static_argnums]
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_argnames}
         leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs))
@@ -464,17 +464,9 @@ class JitFunction:
         function at ``structs`` (one per flat dynamic leaf). Traced by
         ``jax.jit(fn).trace``, which keeps the function's signature: errors
         raised by the user's code name the function and its arguments."""
-        full, kwargs = _full_args(structs, treedef, static_pos, static_kw, n_args)
+        full, kwargs = signature.full_args(structs, treedef, static_pos, static_kw, n_args)
         traced = self._tracer.trace(*full, **kwargs)
         return traced.jaxpr, jax.tree_util.tree_structure(traced.out_info)
-
-    def _flat_fn(self, treedef, static_pos, static_kw, n_args):
-        """The function of the flat dynamic leaves, returning its flat outputs."""
-        def flat_fn(*leaves):
-            full, kwargs = _full_args(leaves, treedef, static_pos, static_kw, n_args)
-            return jax.tree_util.tree_leaves(self.fn(*full, **kwargs))
-
-        return flat_fn
 
     def _trace_symbolic(self, structs, treedef, static_pos, static_kw, n_args):
         """``_trace`` at symbolic shapes, also returning the shape guards
@@ -535,7 +527,6 @@ class JitFunction:
             return result, call, constants
 
         if symbolic:
-            options = dataclasses.replace(options, bucketed=bool(config.dynamic_buckets))
             # Not through the disk cache: a symbolic graph's executables are per
             # concrete size (jax.jit of the shape-generic program), so an entry
             # could hold only its source; this compiles it in-process instead.
@@ -608,26 +599,13 @@ class JitFunction:
             log.debug("pallaskit compiled %s shape-generic over %s in %.3fs (%d variant(s))", title,
                       ", ".join(result.program.symbols), seconds, len(built))
 
-            def runner(program, call, xla=None):
-                """The variant's callable: bucketed ([Note: size buckets]) where it can be."""
-                if not config.dynamic_buckets or program.unbucketable or program.symbols != symbols:
-                    if config.dynamic_buckets and program.unbucketable:
-                        log.debug("pallaskit: %s: no size buckets: %s", title, program.unbucketable)
-                    return cache.jit(call, xla, len(constants))
-                return buckets.Bucketed(title, call, symbols, where, len(avals), program.input_shapes,
-                                        program.output_shapes, guards)
-
             if len(built) == 1 and eager_program is None:
-                fn = runner(result.program, call, xla)
-                donated = () if isinstance(fn, buckets.Bucketed) or not xla else xla.donate
-                return Compiled(result, closed, fn, constants, out_tree_box[-1], guards=guards,
-                                delete_after=(xla.donate if xla else ())[len(donated):], shape_guards=shape_guards)
-            variants_ = [multikernel.Variant(b[3], runner(b[0].program, b[1]), b[2], src,
+                return Compiled(result, closed, cache.jit(call, xla, len(constants)), constants, out_tree_box[-1],
+                                guards=guards, shape_guards=shape_guards)
+            variants_ = [multikernel.Variant(b[3], cache.jit(b[1], None, len(constants)), b[2], src,
                                              [k.source for k in b[0].program.kernels])
                          for src, b in built.items()]
-            dispatcher = multikernel.Dispatcher(
-                title, symbols, where, len(avals), variants_, options.interpret,
-                bucketed=all(isinstance(v.fn, buckets.Bucketed) for v in variants_))
+            dispatcher = multikernel.Dispatcher(title, symbols, where, len(avals), variants_, options.interpret)
             if eager_program is not None:
                 dispatcher.eager, dispatcher.eager_constants = eager_program
             # ran=True: the dispatcher counts kernels_compiled (distinct kernels of all variants) on its first call.
@@ -640,8 +618,9 @@ class JitFunction:
                 placement = (None,) * len(avals)
             if placement is not None:
                 xla = (xla or xla_args.XlaArgs()).with_placement(
-                    placement, self._flat_fn(treedef, static_pos, static_kw, n_args), avals)
-            served = cache.serve(closed, avals, static_pos + static_kw, options, title, build, t0, xla=xla)
+                    placement, signature.flat_function(self.fn, treedef, static_pos, static_kw, n_args), avals)
+            served = cache.serve(closed, avals, static_pos + static_kw, options, title, build, t0, xla=xla,
+                                 load_program=loader.load)
             if served.result is None and config.debug_dir:  # a cache hit: what the entry keeps
                 _dump(config.debug_dir, title, closed, None, served.source)
             log.debug("pallaskit served %s in %.3fs (cache: %s)", title, time.perf_counter() - t0, served.cache)
@@ -731,7 +710,7 @@ def _serves_new_sizes_at_once(entry: Compiled) -> bool:
 def _eager_wanted(options) -> bool:
     """Should a symbolic program run new sizes eagerly (option ``dynamic_launch``)?"""
     mode = config.dynamic_launch
-    return not (mode == "off" or config.dynamic_buckets or (mode == "auto" and options.interpret))
+    return not (mode == "off" or (mode == "auto" and options.interpret))
 
 
 def _eager_program(title: str, built: dict, options, first_sizes: dict):
@@ -802,36 +781,6 @@ def jit(fn: Callable | None = None, *, in_shardings=xla_args.UNSET, out_sharding
 # --------------------------------------------------------------------------- #
 # helpers
 # --------------------------------------------------------------------------- #
-def _full_args(leaves, treedef, static_pos, static_kw, n_args) -> tuple[list, dict]:
-    """(positional, keyword) arguments of a call from its flat dynamic leaves
-    and its static arguments."""
-    dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(treedef, list(leaves))
-    static_pos_d = dict(static_pos)
-    it = iter(dyn_args)
-    full = [static_pos_d[i].value if i in static_pos_d else next(it) for i in range(n_args)]
-    return full, {**dyn_kwargs, **{k: v.value if isinstance(v, _Static) else v for k, v in static_kw}}
-
-
-@dataclasses.dataclass(frozen=True)
-class _Static:
-    value: Any
-
-    def __hash__(self):
-        return hash((type(self.value).__name__, self.value))
-
-    def __eq__(self, other):
-        return isinstance(other, _Static) and type(self.value) is type(other.value) and self.value == other.value
-
-
-def _hashable(v):
-    try:
-        hash(v)
-    except TypeError as e:  # jax.jit's error, word for word
-        raise ValueError(f"Non-hashable static arguments are not supported. An error occurred while trying to "
-                         f"hash an object of type {type(v)}, {v}. The error was:\n{type(e).__name__}: {e}\n") from None
-    return _Static(v)
-
-
 def _signature(fn):
     try:
         return inspect.signature(fn)
@@ -960,7 +909,7 @@ def _array_type(leaves) -> type | None:
     """The type of concrete arrays (``jax.Array`` is an abstract base that
     tracers also pass), taken from the first argument that is one; None until
     an argument was. Not ``type(jnp.zeros(()))``, an XLA compilation on the
-    first call of every process (~15 ms), nor a ``device_put`` (~1 ms)."""
+    first call of every process, nor a ``device_put``."""
     if not _ARRAY_TYPE:
         concrete = [type(x) for x in leaves if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)]
         if not concrete:

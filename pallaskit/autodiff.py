@@ -35,36 +35,47 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
 from jax.custom_derivatives import SymbolicZero
+from jax._src.interpreters import ad as _ad
+from jax._src.interpreters import batching as _batching
+from jax._src.interpreters import partial_eval as _pe
 
 from pallaskit import metrics
 from pallaskit.config import config
+from pallaskit.signature import Signature, flat_function
 
-# jax.extend imports all of its modules, Pallas among them (~40 ms), and the
+# jax.extend imports all of its modules, Pallas among them, and the
 # compiler's modules import sympy: both load on first use, so that a process
 # whose plain calls are all served by the graph cache imports neither.
 if TYPE_CHECKING:
-    from jax.extend import core as jex_core
-
     from lowering import partition as partition_mod
 
 log = logging.getLogger("pallaskit")
 
 _Tracer = jax.core.Tracer
-_STAGING = "DynamicJaxprTracer"  # jax.jit / make_jaxpr: the ordinary path handles it
-_REVERSE = "LinearizeTracer"
-_FORWARD = "JVPTracer"
-_BATCH = "BatchTracer"
+
+
+class _Absent:  # a tracer class this jax does not have: no value is one
+    pass
+
+
+# The tracer classes of jax's transformations (jax has no public names for
+# them; each is looked up, so a jax without one treats it as unknown).
+_STAGING = getattr(_pe, "DynamicJaxprTracer", _Absent)  # jax.jit / make_jaxpr: the ordinary path handles it
+_PARTIAL = getattr(_pe, "JaxprTracer", _Absent)
+_REVERSE = getattr(_ad, "LinearizeTracer", _Absent)
+_FORWARD = getattr(_ad, "JVPTracer", _Absent)
+_BATCH = getattr(_batching, "BatchTracer", _Absent)
 
 
 def transformed(leaves) -> bool:
     """Whether any argument leaf is a tracer of a transformation other than
     staging (``jax.jit``)."""
-    return any(isinstance(x, _Tracer) and type(x).__name__ != _STAGING for x in leaves)
+    return any(isinstance(x, _Tracer) and not isinstance(x, _STAGING) for x in leaves)
 
 
 def staged(leaves) -> bool:
     """Whether any argument leaf is a ``jax.jit`` (staging) tracer."""
-    return any(type(x).__name__ == _STAGING for x in leaves)
+    return any(isinstance(x, _STAGING) for x in leaves)
 
 
 def call_staged(jf, args, kwargs):
@@ -104,19 +115,18 @@ def _plain(aval) -> bool:
 # --------------------------------------------------------------------------- #
 def _inner(x):
     """The value one transformation level down, or None."""
-    name = type(x).__name__
-    if name in (_REVERSE, _FORWARD):
+    if isinstance(x, (_REVERSE, _FORWARD)):
         return x.primal
-    if name == _BATCH:
+    if isinstance(x, _BATCH):
         return x.val
     return None
 
 
 def _is_reverse(x) -> bool:
-    if type(x).__name__ == _REVERSE:
+    if isinstance(x, _REVERSE):
         return True
     # jvp + partial evaluation (jax without direct linearize): the tangent is unknown
-    return type(x).__name__ == _FORWARD and type(getattr(x, "tangent", None)).__name__ == "JaxprTracer"
+    return isinstance(x, _FORWARD) and isinstance(getattr(x, "tangent", None), _PARTIAL)
 
 
 def _plan(leaves) -> tuple[str, str]:
@@ -124,11 +134,10 @@ def _plan(leaves) -> tuple[str, str]:
     ad_traces: list = []
     for leaf in leaves:
         x = leaf
-        while isinstance(x, _Tracer) and type(x).__name__ != _STAGING:
-            name = type(x).__name__
-            if name not in (_REVERSE, _FORWARD, _BATCH):
-                return "fallback", f"{name} arguments are not handled by pallaskit"
-            if name != _BATCH and not any(t is x._trace for t in ad_traces):
+        while isinstance(x, _Tracer) and not isinstance(x, _STAGING):
+            if not isinstance(x, (_REVERSE, _FORWARD, _BATCH)):
+                return "fallback", f"{type(x).__name__} arguments are not handled by pallaskit"
+            if not isinstance(x, _BATCH) and not any(t is x._trace for t in ad_traces):
                 ad_traces.append(x._trace)
             x = _inner(x)
     if len(ad_traces) > 1:
@@ -136,7 +145,7 @@ def _plan(leaves) -> tuple[str, str]:
     top = [x for x in leaves if isinstance(x, _Tracer)]
     if any(_is_reverse(x) for x in top):
         return "vjp", ""
-    if any(type(x).__name__ == _FORWARD for x in top):
+    if any(isinstance(x, _FORWARD) for x in top):
         return "jvp", ""
     return "vmap", ""
 
@@ -176,61 +185,35 @@ def _title(jf) -> str:
     return getattr(jf.fn, "__qualname__", "fn")
 
 
-@dataclasses.dataclass
-class _Signature:
-    """One call signature of a JitFunction: its flat function of the dynamic
-    leaves and the avals of those leaves."""
-
-    jf: Any
-    key: Any
-    avals: list
-    flat: Callable  # flat leaves -> flat list of outputs
-    out_tree: Any
-    out_avals: list
-    _jaxpr: Any = None
-
-    def jaxpr(self) -> jex_core.ClosedJaxpr:
-        if self._jaxpr is None:
-            structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in self.avals]
-            self._jaxpr = jax.make_jaxpr(self.flat)(*structs)
-        return self._jaxpr
-
-
-def _signature(jf, args, kwargs) -> tuple[_Signature, list]:
+def _signature(jf, args, kwargs) -> tuple[Signature, list]:
     key, leaves, avals, treedef, static_pos, static_kw = jf._split(args, kwargs)
     store = _store(jf)
     sig = store.get(("signature", key))
     if sig is None:
-        static_pos_d = dict(static_pos)
-        static_kw_d = {k: getattr(v, "value", v) for k, v in static_kw}
-
-        def user(*xs):  # the user's function of the flat dynamic leaves
-            dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(treedef, xs)
-            it = iter(dyn_args)
-            full = [static_pos_d[i].value if i in static_pos_d else next(it) for i in range(len(args))]
-            return jf.fn(*full, **dyn_kwargs, **static_kw_d)
-
         structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
         # Traced as jax.jit traces it, so an error in the user's code names the function and its arguments.
         closed, out_tree = jf._trace(structs, treedef, static_pos, static_kw, len(args))
         out_avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in closed.out_avals]
-        sig = _Signature(jf, key, list(avals), lambda *xs: jax.tree_util.tree_leaves(user(*xs)), out_tree,
-                         out_avals)
-        store[("signature", key)] = sig
+        flat = flat_function(jf.fn, treedef, static_pos, static_kw, len(args))
+        sig = store[("signature", key)] = Signature(jf, key, list(avals), flat, out_tree, out_avals)
     return sig, leaves
 
 
-def _compiled(sig: _Signature, what: tuple, make: Callable[[], Callable], name: str):
-    """A pallaskit.jit of a derived flat function, cached per signature."""
-    from pallaskit.api import JitFunction
+def _jit(jf, fn: Callable):
+    """A pallaskit function of ``fn`` of ``jf``'s own class (JitFunction: api
+    imports this module, so this one does not import api)."""
+    return type(jf)(fn)
 
+
+def _compiled(sig: Signature, what: tuple, make: Callable[[], Callable], name: str):
+    """A pallaskit.jit of a derived flat function, cached per signature."""
     store = _store(sig.jf)
     k = (what, sig.key)
     jf = store.get(k)
     if jf is None:
         fn = make()
         fn.__qualname__ = fn.__name__ = f"{_title(sig.jf)}.{name}"
-        jf = store[k] = JitFunction(fn)
+        jf = store[k] = _jit(sig.jf, fn)
     return jf
 
 
@@ -263,7 +246,7 @@ def call(jf, args, kwargs):
     return jax.tree_util.tree_unflatten(sig.out_tree, list(outs))
 
 
-def _primal(sig: _Signature):
+def _primal(sig: Signature):
     return _compiled(sig, ("primal",), lambda: (lambda *xs: sig.flat(*xs)), "primal")
 
 
@@ -277,7 +260,7 @@ class GradEntry:
     partition: partition_mod.Partition
     forward: Any  # JitFunction: primals -> outputs + saved
     backwards: dict  # nonzero-cotangent mask -> JitFunction: saved + nonzero cotangents -> input cotangents
-    sig: _Signature
+    sig: Signature
 
     def backward(self, mask: tuple[bool, ...]):
         jf = self.backwards.get(mask)
@@ -286,11 +269,9 @@ class GradEntry:
         return jf
 
 
-def grad_entry(sig: _Signature, perturbed: tuple[bool, ...], method: str) -> GradEntry:
+def grad_entry(sig: Signature, perturbed: tuple[bool, ...], method: str) -> GradEntry:
     """Partition and compile (lazily) the signature differentiated with respect
     to the perturbed inputs."""
-    from pallaskit.api import JitFunction
-
     store = _store(sig.jf)
     k = ("grad", sig.key, perturbed, method)
     entry = store.get(k)
@@ -303,14 +284,12 @@ def grad_entry(sig: _Signature, perturbed: tuple[bool, ...], method: str) -> Gra
         part = partition_mod.partition(joint, method)
         fwd = jex_core.jaxpr_as_fun(part.forward)
         fwd.__qualname__ = fwd.__name__ = f"{_title(sig.jf)}.forward"
-        entry = store[k] = GradEntry(part, JitFunction(fwd), {}, sig)
+        entry = store[k] = GradEntry(part, _jit(sig.jf, fwd), {}, sig)
     return entry
 
 
 def _backward_fn(entry: GradEntry, mask):
     from jax.extend import core as jex_core
-
-    from pallaskit.api import JitFunction
 
     part = entry.partition
     n_saved = len(part.saved)
@@ -323,14 +302,14 @@ def _backward_fn(entry: GradEntry, mask):
         return run(*saved, *cts)
 
     backward.__qualname__ = backward.__name__ = f"{_title(entry.sig.jf)}.backward"
-    return JitFunction(backward)
+    return _jit(entry.sig.jf, backward)
 
 
 @dataclasses.dataclass
 class _XlaVjp:
     """Reverse mode through XLA for one call, when partitioning failed."""
 
-    sig: _Signature
+    sig: Signature
     diff: list  # differentiated input positions
     tree: Any = None  # of the pullback
 
@@ -366,7 +345,7 @@ class _Carry:
         self.value = value
 
 
-def _call_vjp(sig: _Signature, leaves, primal: Callable | None = None):
+def _call_vjp(sig: Signature, leaves, primal: Callable | None = None):
     """``custom_vjp`` over the flat function: ``primal`` (default: the compiled
     function) when not differentiated, else the partitioned halves."""
     method = config.partitioner
@@ -409,7 +388,7 @@ def _call_vjp(sig: _Signature, leaves, primal: Callable | None = None):
 # --------------------------------------------------------------------------- #
 # forward mode
 # --------------------------------------------------------------------------- #
-def _jvp_fn(sig: _Signature, mask: tuple[bool, ...]):
+def _jvp_fn(sig: Signature, mask: tuple[bool, ...]):
     """(primals, tangents of the masked inputs) -> outputs + tangents of the
     inexact outputs, compiled by pallaskit."""
     diff = [i for i, m in enumerate(mask) if m]
@@ -434,7 +413,7 @@ def _jvp_fn(sig: _Signature, mask: tuple[bool, ...]):
     return _compiled(sig, ("jvp", mask), make, "jvp")
 
 
-def _call_jvp(sig: _Signature, leaves):
+def _call_jvp(sig: Signature, leaves):
     n_out = len(sig.out_avals)
 
     @jax.custom_jvp
@@ -454,7 +433,7 @@ def _call_jvp(sig: _Signature, leaves):
 # --------------------------------------------------------------------------- #
 # batching
 # --------------------------------------------------------------------------- #
-def _batched_outputs(sig: _Signature, in_batched) -> list[bool]:
+def _batched_outputs(sig: Signature, in_batched) -> list[bool]:
     """Which outputs depend on a batched input: those are batched, the others
     are not (``jax.jacfwd`` needs its primal output unbatched)."""
     from jax.extend import core as jex_core
@@ -467,7 +446,7 @@ def _batched_outputs(sig: _Signature, in_batched) -> list[bool]:
     return [not isinstance(v, jex_core.Literal) and v in batched for v in closed.jaxpr.outvars]
 
 
-def _call_vmap(sig: _Signature, leaves):
+def _call_vmap(sig: Signature, leaves):
     f = custom_vmap(lambda *xs: sig.flat(*xs))  # the body only gives shapes
 
     @f.def_vmap

@@ -124,7 +124,7 @@ def _check_size(v):
 
 
 def _check_metric_tables(v):
-    from pallaskit.metrics import TABLES  # the table registry lives with the tables
+    from pallaskit.metric_tables import TABLES
 
     names = [n.strip() for n in _check_str(v).split(",") if n.strip()]
     unknown = [n for n in names if n not in TABLES]
@@ -175,7 +175,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "true, false"),
     Option("triton_mix_kernels", "auto", "Render whole-row mix-order kernels (norm backward) as raw Triton "
            "inside the XLA program instead of Pallas: Triton pipelines the row loads through shared memory, which "
-           "Pallas cannot ask for (RMSNorm backward 576000x384 bf16 on the H100: 0.47 ms against 0.49). 'auto': on "
+           "Pallas cannot ask for (the faster RMSNorm backward, benchmarks/RESULTS.md). 'auto': on "
            "a GPU when the triton package is installed; 'on': also in interpret mode (Triton's interpreter through "
            "a host callback); 'off': Pallas.", str, _check_dynamic_launch, "'auto', 'on', 'off'"),
     Option("loop_bodies", "auto", "Compile the bodies of scan / while_loop / cond as pallaskit programs whose "
@@ -184,8 +184,6 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "'on': everywhere; 'off': loops run through XLA.", str, _check_dynamic_launch, "'auto', 'on', 'off'"),
     Option("split_reductions", True, "Run a long reduction with few outputs in two stages so it fills the GPU.",
            _parse_bool, _check_bool, "true, false"),
-    Option("layout_propagation", True, "Give intermediates the stride order of their dominant input so that "
-           "transposes cancel.", _parse_bool, _check_bool, "true, false"),
     Option("allow_excess_precision", True, "Keep float32 between fused 16-bit float ops and round once at the "
            "store, as XLA's xla_allow_excess_precision does; false rounds after every op like jax's semantics.",
            _parse_bool, _check_bool, "true, false"),
@@ -211,15 +209,6 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "(pallaskit/autodiff.py): 'min_cut' recomputes cheap pointwise values in the backward to save the "
            "fewest bytes; 'default' saves what JAX's partial evaluation saves.", str, _check_partitioner,
            "'min_cut', 'default'"),
-    Option("dynamic_buckets", False, "Dynamic dims, experimental: serve a symbolic program's sizes from one XLA "
-           "executable per size bucket (each dim's value rounded up to a power of two, the real values passed to "
-           "the kernels at run time, inputs and outputs exchanged as zero-copy DLPack views), so a new size within "
-           "a compiled bucket costs a dispatch (~1 ms on the H100), not a compile (pallaskit/runtime/buckets.py). "
-           "Off by default, and NOT SAFE on a GPU: each bucketed call costs ~0.2 ms more host time than jax.jit "
-           "on the H100, two runs aborted on a fatal PJRT check (a DLPack hold outliving its buffer), and the "
-           "benchmark sweep's run dies with CUDA_ERROR_ILLEGAL_ADDRESS (cause not found; the same sizes in a plain "
-           "loop pass); see benchmarks/RESULTS.md. Turning it on logs a warning. Off: one executable per size.",
-           _parse_bool, _check_bool, "true, false"),
     Option("multi_kernel_hints", "64,256,4096", "Multi-kernel (dynamic dims): compile a symbolic graph once per "
            "hinted size, every dim symbol read at that size by the heuristics (tiles, warps, persistent or looped, "
            "split or not); variants with identical source are kept once, and the first call of each new size picks "

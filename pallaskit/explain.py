@@ -24,6 +24,11 @@ class Explanation:
     ir_before: str
     ir_after: str
     source: str  # the whole generated module
+    # Pairs of kernels worth merging that the scheduler found illegal: "first + second: reason"
+    # (lowering.scheduler.WhyNoFuse), in the order the fusion loop met them.
+    not_fused: list[str] = dataclasses.field(default_factory=list)
+
+    EXAMPLES = 3  # refusals shown per reason
 
     def __str__(self):
         lines = [f"{len(self.kernels)} kernel(s), {len(self.fallbacks)} XLA fallback primitive(s)"
@@ -33,8 +38,24 @@ class Explanation:
             lines.append(f"- {k.name} ({k.kind}, {k.iteration[0]} x {k.iteration[1]}){where} "
                          f"from {len(k.equations)} equation(s):")
             lines += [f"    {e}" for e in k.equations]
+        lines += self._not_fused_lines()
         lines += ["", "schedule:", self.ir_after]
         return "\n".join(lines)
+
+
+    def _not_fused_lines(self) -> list[str]:
+        """The refusals grouped by reason, a few examples each."""
+        if not self.not_fused:
+            return []
+        by_reason: dict[str, list[str]] = {}
+        for text in self.not_fused:
+            pair, _, reason = text.partition(": ")
+            by_reason.setdefault(reason, []).append(pair)
+        lines = [f"not fused ({len(self.not_fused)} pair(s) worth merging):"]
+        for reason, pairs in by_reason.items():
+            more = f", and {len(pairs) - self.EXAMPLES} more" if len(pairs) > self.EXAMPLES else ""
+            lines.append(f"- {reason}: {'; '.join(pairs[:self.EXAMPLES])}{more}")
+        return lines
 
 
 def explain(fn, *args, **kwargs) -> Explanation:
@@ -54,7 +75,8 @@ def _describe(entry) -> Explanation:
     kernels = [KernelInfo(k.name, k.source, k.equations, sched[k.name].kind, (sched[k.name].rows, sched[k.name].cols),
                           getattr(k, "scope", ""))
                for k in r.program.kernels]
-    return Explanation(kernels, list(r.fallbacks), str(entry.jaxpr), r.ir_before, r.ir_after, r.program.source)
+    return Explanation(kernels, list(r.fallbacks), str(entry.jaxpr), r.ir_before, r.ir_after, r.program.source,
+                       [str(why) for why in r.schedule.refusals])
 
 
 @dataclasses.dataclass

@@ -26,6 +26,8 @@ import os
 
 import filelock
 
+from pallaskit.metric_tables import TABLES
+
 log = logging.getLogger("pallaskit")
 
 COUNTER_NAMES = (
@@ -42,8 +44,6 @@ COUNTER_NAMES = (
     "multi_kernel_choices",  # multi-kernel variants chosen for a new size (any method but the in-memory dict)
     "eager_launches",  # calls of a symbolic program run as raw Triton outside XLA (runtime/eager.py)
     "eager_cache_hits",  # symbolic signatures whose eager program came from the on-disk cache (no compiler run)
-    "bucket_compiles",  # XLA executables built for a size bucket of a symbolic program (runtime/buckets.py)
-    "bucket_calls",  # calls of a symbolic program served by a bucket's executable
     "cache_hits",  # graphs served by the on-disk cache
     "cache_misses",  # graphs compiled with the cache on and no valid entry
     "compile_seconds",  # wall time spent in pallaskit's compile path (trace, key, load or compile)
@@ -80,23 +80,6 @@ def apply_deltas(deltas: dict):
 # --------------------------------------------------------------------------- #
 # Metric tables
 # --------------------------------------------------------------------------- #
-TABLES: dict[str, tuple[str, ...]] = {
-    # one row per generated kernel, written when a graph is compiled
-    "kernel_metadata": ("graph", "kernel_name", "kind", "rows", "cols", "block_rows", "block_cols", "num_warps",
-                        "persistent", "bytes_read", "bytes_written", "num_equations"),
-    # one row per (kernel, runtime shape) choice among multi-kernel variants
-    "multi_kernel_choices": ("kernel_name", "shape_key", "num_variants", "chosen_variant", "timings_ms", "method"),
-    # one row per benchmarked kernel configuration
-    "kernel_autotune": ("kernel_name", "config", "latency_ms", "chosen"),
-    # one row per graph served, compiled or loaded from the cache
-    "graph_stats": ("graph_id", "graph", "num_nodes_before_fusion", "num_nodes_after_fusion", "num_kernels",
-                    "num_externs", "mix_order_reductions", "bytes_accessed", "compile_seconds", "cache"),
-    # fusions that measured slower than the kernels they replaced
-    "slow_fusion": ("kernel1_name", "kernel1_latency_ms", "kernel2_name", "kernel2_latency_ms",
-                    "fused_kernel_name", "fused_latency_ms", "slow_down_ratio"),
-}
-
-
 def enabled_tables() -> list[str]:
     from pallaskit.config import config
 

@@ -12,7 +12,7 @@ input shardings (one extra XLA compile on a graph-cache miss; a hit's
 executable has them built in), so ``with_sharding_constraint`` before an
 output and everything jax.jit's propagation decides carry over. The shardings
 and their devices are part of the signature (in-memory and graph-cache keys);
-sharded signatures take the static path (no dynamic dims, no size buckets).
+sharded signatures take the static path (no dynamic dims).
 Meshes with ``Explicit`` axes: ``pallas_call`` takes no sharding in types, so
 a concrete call's program is traced over the same mesh with ``Auto`` axes (the
 same HLO shardings) and its outputs keep the explicit shardings; a traced call

@@ -192,3 +192,39 @@ def test_weight_gradient_transpose_folds_into_the_product(rng, template):
         e = _check(grad_w, x, w)
     assert "transpose" not in e.ir_after and "copy" not in " ".join(k.name for k in e.kernels)
     assert len(e.kernels) == (1 if template == "off" else 2)
+
+
+def test_explain_says_why_groups_were_not_fused(rng):
+    """``can_fuse`` refusals (WhyNoFuse) reach explain, grouped by reason: a
+    pair that shares x but would run kernel -> XLA op -> same kernel, and a
+    matmul whose epilogue fusion is off."""
+    def through_xla(x):
+        a = jnp.exp(x)
+        return jnp.sum(jnp.sort(a, axis=-1) * x, -1)
+
+    x = jnp.asarray(rng.standard_normal((6, 10)), jnp.float32)
+    e = _check(through_xla, x)
+    assert len(e.kernels) == 2
+    assert e.not_fused == ["pointwise buf1 + reduction buf4: one depends on the other through another kernel "
+                           "or an XLA op"]
+    assert "not fused (1 pair(s) worth merging):\n- one depends on the other" in str(e)
+
+    a = jnp.asarray(rng.standard_normal((9, 5)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((5, 7)), jnp.bfloat16)
+    with pallaskit.config.override(matmul_template="unfused"):
+        e = _check(lambda a, w: jnp.tanh(a @ w) + 1, a, w)
+    assert len(e.kernels) == 2
+    assert [r.partition(": ")[2] for r in e.not_fused] == ["epilogue fusion is off (matmul_template='unfused')"]
+    with pallaskit.config.override(matmul_template="fused"):
+        e = _check(lambda a, w: jnp.tanh(a @ w) + 1, a, w)
+    assert len(e.kernels) == 1 and e.not_fused == [] and "not fused" not in str(e)
+
+
+def test_explain_groups_many_refusals_by_reason():
+    from pallaskit.explain import Explanation
+
+    e = Explanation([], [], "", "", "", "", [f"pointwise b{i} + reduction r: the reason" for i in range(5)]
+                    + ["mix m + reduction r: another"])
+    text = str(e)
+    assert ("not fused (6 pair(s) worth merging):\n- the reason: pointwise b0 + reduction r; pointwise b1 + "
+            "reduction r; pointwise b2 + reduction r, and 2 more\n- another: mix m + reduction r") in text

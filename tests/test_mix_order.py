@@ -159,6 +159,12 @@ def test_option_off_takes_more_kernels(rng):
     lon = _kernels(layernorm_fwd_bwd, x, w, b, dy, num_sms=132)
     loff = _kernels(layernorm_fwd_bwd, x, w, b, dy, mix_order_reduction=False, num_sms=132)
     assert len(lon) == 2 and len(loff) > len(lon)
+    # explain names the refusals (can_fuse's WhyNoFuse): only with the option off
+    reason = "mix-order reduction is off (option mix_order_reduction)"
+    with pallaskit.config.override(mix_order_reduction=False, num_sms=132):
+        assert reason in str(pallaskit.explain(rmsnorm_bwd_vjp, x, w, dy))
+    with pallaskit.config.override(num_sms=132):
+        assert reason not in str(pallaskit.explain(rmsnorm_bwd_vjp, x, w, dy))
     x, w, b, dy = _inputs(rng, 384, jnp.float32)
     with pallaskit.config.override(mix_order_reduction=False):
         _check(pallaskit.jit(rmsnorm_bwd_vjp)(x, w, dy), jax.jit(rmsnorm_bwd_vjp)(x, w, dy), jnp.float32)

@@ -35,10 +35,9 @@ def _args(n, rng):
 
 @pytest.fixture(autouse=True)
 def _per_size(_fresh_state):
-    """The dispatcher per exact size: size buckets (tests/test_buckets.py) key
-    choices by bucket and take the nearest hint. No eager launches: on a GPU
-    they would serve new sizes before any variant (tests/test_triton_codegen.py)."""
-    pallaskit.config.update(dynamic_buckets=False, dynamic_launch="off")
+    """No eager launches: on a GPU they would serve new sizes before any
+    variant (tests/test_triton_codegen.py)."""
+    pallaskit.config.update(dynamic_launch="off")
 
 
 # Tests that expect interpret mode's untimed choice (the nearest hint); compiled
@@ -196,7 +195,6 @@ _CHILD = textwrap.dedent("""
 
 def _child(cache_dir, **env):
     env = dict(os.environ, PALLASKIT_CACHE_DIR=str(cache_dir), JAX_PLATFORMS="cpu", PALLASKIT_INTERPRET="1",
-               PALLASKIT_DYNAMIC_BUCKETS="0",
                PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), **env)
     proc = subprocess.run([sys.executable, "-c", _CHILD], env=env, cwd=REPO, capture_output=True, text=True,
                           timeout=300)

@@ -297,7 +297,7 @@ def test_dynamic_program_with_effects_is_not_run_for_timing(rng):
         jax.debug.callback(lambda v: seen.append(float(v)), x[0, 0])
         return jnp.tanh(x * 2.0 + w)
 
-    pallaskit.config.update(multi_kernel_hints="64,4096", dynamic_launch="off", dynamic_buckets=False)
+    pallaskit.config.update(multi_kernel_hints="64,4096", dynamic_launch="off")
     f = pallaskit.jit(fn, dynamic={"x": {0: "n"}})
     x, w = jnp.asarray(rng.standard_normal((70, 4)), jnp.float32), jnp.asarray(rng.standard_normal(4), jnp.float32)
     d = f.lower_to_result(x[:5], w).executable

@@ -6,8 +6,8 @@ wrapper ``call`` runs kernels and externs in order.
 Every kernel works on a 2-D tile of ``BLOCK_R x BLOCK_C`` over kernel
 coordinates ``xr`` (rows) and ``xc`` (columns). Buffers are passed as flat 1-D
 refs in ``pl.ANY`` memory and read with gather-style loads at computed offsets,
-masked at the edges, so no array inside a kernel needs a power-of-two extent
-(DESIGN.md). Each value in a kernel is one of (1, 1), (BLOCK_R, 1), (1, BLOCK_C)
+masked at the edges, so no array inside a kernel needs a power-of-two extent.
+Each value in a kernel is one of (1, 1), (BLOCK_R, 1), (1, BLOCK_C)
 or (BLOCK_R, BLOCK_C); operands are broadcast to a common shape before an op.
 A reduction kernel reduces along columns, either in one tile (persistent) or
 in a loop over column chunks, one loop per phase when a reduction depends on
@@ -22,7 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 import sympy
 
-from lowering import SymbolicUnsupported, heuristics, ir, sizes
+from lowering import heuristics, ir, sizes
+from lowering.errors import SymbolicUnsupported
+from lowering.symbolic import program_dims
 from lowering.codegen.writer import SourceWriter
 from lowering.options import CompileOptions
 from lowering.scheduler import XC, XR, Kernel, Member, Schedule
@@ -200,18 +202,10 @@ class RenderedProgram:
     source: str  # the whole module: prelude, helpers, kernels, wrapper ``call``
     kernels: list[RenderedKernel]
     externs: list  # (primitive, params) in wrapper order; the module's ``EXTERNS``
-    input_names: list[str]
-    output_names: list
     # Symbolic graphs ([Note: symbolic dims]): the dim symbols' names, and what
     # must hold of their values (sympy booleans) for the program to be right.
     symbols: list = dataclasses.field(default_factory=list)
     guards: list = dataclasses.field(default_factory=list)
-    # Size buckets ([Note: size buckets] in pallaskit/runtime/buckets.py): the
-    # inputs' and outputs' shapes as Python source over the symbols, and why
-    # one executable cannot serve a bucket of sizes ('' when it can).
-    input_shapes: list = dataclasses.field(default_factory=list)
-    output_shapes: list = dataclasses.field(default_factory=list)
-    unbucketable: str = ""
 
     @property
     def guard_source(self) -> list[str]:
@@ -848,9 +842,8 @@ def _render_mix(em: _KernelEmitter, kernel: Kernel, bodies, cfg):
         n_iter = -(-(-(-kernel.rows // cfg.block_rows)) // kernel.programs)
     # Loads that do not depend on the row (a norm's weight) stay inside the
     # loop: hoisted, they hold registers for the whole loop and cost one-warp
-    # programs occupancy (H100, scratch/probe_mix4.py: RMSNorm backward 0.503
-    # -> 0.512 ms, LayerNorm forward+backward 0.80 -> 0.90 ms); in the loop
-    # they hit L1.
+    # programs occupancy (slower on both norms: RESULTS.md, "Heuristics: split
+    # reductions and mix kernels"); in the loop they hit L1.
     w.line("def row_block(step, carry):")
     with w.indent():
         w.line(f"{carry} = carry")
@@ -1093,15 +1086,6 @@ def _wrap_kernel(kernel: Kernel, schedule: Schedule, cfg, em: _KernelEmitter, bo
     return RenderedKernel(kernel.name, w.source(), list(kernel.origin), cfg, dims, em.guards)
 
 
-def program_dims(schedule: Schedule) -> list[str]:
-    """Names of the dim symbols of a symbolic graph (its inputs' shapes hold them)."""
-    graph = schedule.graph
-    found = set()
-    for name in graph.inputs:
-        found |= sizes.dim_symbols(graph.buffer_aval(name)[0])
-    return sorted(s.name for s in found)
-
-
 def used_dims(schedule: Schedule, text: str) -> list[str]:
     """The program's dim symbols that ``text`` (kernel source) names."""
     return [d for d in program_dims(schedule) if re.search(rf"(?<![\w.]){re.escape(d)}\b", text)]
@@ -1124,8 +1108,7 @@ def write_launcher(w: SourceWriter, kernel: Kernel, n_inputs: int, grid, num_war
     launcher then takes the program's dims array first (the values the kernel
     reads at run time) and the symbols as keyword ints: the sizes its outputs
     and grid (``grid`` is then source) are built for while jax.jit traces the
-    wrapper, the concrete sizes or, bucketed, the bucket's
-    ([Note: size buckets] in pallaskit/runtime/buckets.py)."""
+    wrapper, the concrete sizes."""
     out_shapes = [f"jax.ShapeDtypeStruct(({sizes.to_source(m.node.numel)},), {dtype_source(m.node.dtype)})"
                   for m in kernel.members if m.store]
     args = [f"in{i}" for i in range(n_inputs)]
@@ -1198,28 +1181,21 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Rend
         w.line()
     externs = []
     w.line()
-    w.line(f"def call({', '.join(list(graph.inputs) + (['*', 'dims=None'] if dims else []))}):")
+    w.line(f"def call({', '.join(graph.inputs)}):")
     with w.indent():
         if dims:
             w.line("# Dynamic sizes: Python ints from the input shapes while jax.jit traces; ``dims``")
-            w.line("# (int32 array) holds the values the kernels read, when these are a size bucket's.")
+            w.line("# (int32 array) holds the values the kernels read.")
         for d in dims:
             name, axis = _dim_source(graph, d)
             w.line(f"{d} = {name}.shape[{axis}]")
         if dims:
-            w.line("if dims is None:")
-            w.line(f"    dims = jnp.asarray([{', '.join(dims)}], jnp.int32)")
+            w.line(f"dims = jnp.asarray([{', '.join(dims)}], jnp.int32)")
         launched = {rk.name: rk for rk in kernels + inline}
         _write_steps(w, schedule, launched, externs)
         outs = [_value_source(o) for o in graph.outputs]
         w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
-    program = RenderedProgram(w.source(), kernels, externs, list(graph.inputs), list(graph.outputs), dims, guards)
-    if dims:
-        program.input_shapes = [_shape_source(graph.buffer_aval(n)[0]) for n in graph.inputs]
-        program.output_shapes = ["()" if isinstance(o, ir.Const) else _shape_source(graph.buffer_aval(o)[0])
-                                 for o in graph.outputs]
-        program.unbucketable = _unbucketable(schedule)
-    return program
+    return RenderedProgram(w.source(), kernels, externs, dims, guards)
 
 
 def _value_source(x) -> str:
@@ -1284,26 +1260,6 @@ def _render_triton_mix(kernel: Kernel, schedule: Schedule, options: CompileOptio
         w.line(f"                   num_warps={r.num_warps}, num_stages={r.num_stages}, interpret=INTERPRET, "
                f"{constexprs})")
     return RenderedKernel(kernel.name, w.source(), list(kernel.origin), r.config, triton=True), r.helpers
-
-
-def _unbucketable(schedule: Schedule) -> str:
-    """Why the program cannot run on a size bucket's buffers ('' if it can).
-    Bucketed, a dynamic-sized buffer holds its data as a prefix and garbage (or,
-    for an input, memory past its end) after it: only the program's kernels,
-    which read the real sizes at run time and mask, may touch one. An XLA op
-    would read the whole buffer (and XLA copies an input returned as an output)."""
-    graph = schedule.graph
-
-    def dynamic(x):
-        return not isinstance(x, ir.Const) and sizes.is_symbolic(tuple(graph.buffer_aval(x)[0]))
-
-    for step in schedule.steps:
-        if not isinstance(step, Kernel) and any(dynamic(x) for x in list(step.inputs) + list(step.outputs)):
-            return f"{step.primitive.name} runs through XLA on a dynamic-sized value"
-    for o in graph.outputs:
-        if o in graph.inputs and dynamic(o):
-            return f"the input {o} is also an output"
-    return ""
 
 
 def _shape_source(shape) -> str:

@@ -1,5 +1,5 @@
 """Raw-Triton renderer: a schedule as ``@triton.jit`` kernels plus a Python
-``launch`` that runs them outside XLA (issue 4; pallaskit/runtime/eager.py).
+``launch`` that runs them outside XLA (pallaskit/runtime/eager.py).
 
 [Note: the Triton renderer]
 The same schedule, tiles and index expressions as the Pallas renderer: the
@@ -163,8 +163,6 @@ class TritonKernelSource:
 class TritonProgram:
     source: str  # the module: prelude, helpers, ``@triton.jit`` kernels, ``launch``
     kernels: list[TritonKernelSource]
-    input_names: list[str]
-    output_names: list
 
 
 class _TritonEmitter(pallas._KernelEmitter):
@@ -357,7 +355,7 @@ def _render_reduction(em: _TritonEmitter, kernel: Kernel, bodies, cfg, *, row_bl
 
 
 def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _Rendered:
-    """A whole-row mix kernel ([Note: mix-order reduction] in the scheduler) as
+    """A whole-row mix kernel ([Note: split reductions and mix-order fusion] in split.py) as
     one ``@triton.jit`` kernel, to run inside the XLA program
     (pallaskit/runtime/triton_call.py). A persistent grid of ``PROGRAMS``
     programs; each walks the row blocks ``pid, pid + PROGRAMS, ...`` of
@@ -403,9 +401,8 @@ def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _
         accs.append((f"acc{i}", m))
     # Blocks that every program has in full come first: their accumulator update
     # needs no select (a lane past the last column is never stored, and the
-    # accumulator is summed over rows only). H100, RMSNorm backward: deleting
-    # that select by hand took the mix kernel from 0.4719 to 0.4693 ms
-    # (scratch/probe_triton_xla.py).
+    # accumulator is summed over rows only); dropping it is measurable
+    # (RESULTS.md, "Heuristics: raw-Triton mix kernels").
     full_steps = (int(kernel.rows) // cfg.block_rows) // programs
     loops = [(0, full_steps, cfg.num_stages, "row blocks every program has in full"),
              (full_steps, steps, 1, "the last row blocks, rows past ROWS masked")]
@@ -466,10 +463,9 @@ def _zero_where_masked(em, e, dims: frozenset) -> bool:
     negations, sums and differences of such values, and their products with
     each other or with a finite constant. Anything else may be nonzero or NaN
     there: a row value (its masked rows hold whatever 1 / 0 gave), exp(0),
-    0 / 0. On the H100, deleting all three selects of the RMSNorm backward's
-    mix kernel by hand took it from 0.4692 to 0.4671 ms
-    (scratch/probe_triton_xla.py); this drops two of them, the third goes with
-    the full-block loop (``render_mix``)."""
+    0 / 0. Of the three selects of the RMSNorm backward's mix kernel this drops
+    two, the third goes with the full-block loop (``render_mix``); figures in
+    RESULTS.md, "Heuristics: raw-Triton mix kernels"."""
     zero = functools.partial(_zero_where_masked, em, dims=dims)
     if isinstance(e, ir.Load):
         return e.buffer not in em.row_values and dims <= em.extent_of(em.offset(e.buffer, e.index))
@@ -628,4 +624,4 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Trit
             outs.append(o)
         w.line(f"return run.finish({', '.join(outs)})")
     kernels = [TritonKernelSource(r.name, r.num_warps, r.num_stages) for r in rendered]
-    return TritonProgram(w.source(), kernels, list(graph.inputs), list(graph.outputs))
+    return TritonProgram(w.source(), kernels)

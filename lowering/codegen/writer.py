@@ -12,10 +12,6 @@ class SourceWriter:
     def line(self, text: str = ""):
         self.lines.append(("    " * self.level + text) if text else "")
 
-    def lines_(self, texts):
-        for t in texts:
-            self.line(t)
-
     @contextlib.contextmanager
     def indent(self):
         self.level += 1

@@ -8,35 +8,7 @@ Primitives with no rule run through XLA as ``ir.Extern`` nodes.
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Callable
-
-RULES: dict[str, "Rule"] = {}
-
-
-@dataclasses.dataclass(frozen=True)
-class Rule:
-    primitive: str
-    fn: Callable
-    kind: str  # "pointwise" | "view" | "reduction" | "matmul"
-    note: str = ""
-
-
-class PreferXLA(NotImplementedError):
-    """Raised by a rule that could lower an equation but leaves it to XLA on
-    purpose (a profit decision, e.g. a large matmul that cuBLAS runs faster):
-    the equation becomes an extern without being counted as a fallback."""
-
-
-def register_lowering(*primitives: str, kind: str, note: str = ""):
-    def deco(fn):
-        for p in primitives:
-            if p in RULES:
-                raise ValueError(f"duplicate lowering rule for {p}")
-            RULES[p] = Rule(p, fn, kind, note)
-        return fn
-
-    return deco
+from lowering.rules.registry import RULES, PreferXLA, Rule, register_lowering
 
 
 def coverage_markdown(accuracy_runs=None) -> str:
@@ -115,3 +87,5 @@ def accuracy_markdown(runs) -> str:
 
 
 from lowering.rules import matmul, pointwise, reductions, views  # noqa: E402,F401  (registration)
+
+__all__ = ["RULES", "PreferXLA", "Rule", "register_lowering", "coverage_markdown", "accuracy_markdown"]

@@ -16,7 +16,7 @@ import numpy as np
 from jax import lax
 
 from lowering import heuristics, ir, sizes
-from lowering.rules import PreferXLA, register_lowering
+from lowering.rules.registry import PreferXLA, register_lowering
 
 # Operand and result dtypes the template handles: Triton's tensor-core dot takes
 # 16-bit floats and float32 (TF32 or IEEE), accumulating in float32.
@@ -107,9 +107,8 @@ def _dot_general(ctx, eqn, lhs, rhs):
     if ctx.options.matmul_template == "auto":
         b, m, n, k = _sizes(eqn)
         dtype = eqn.invars[0].aval.dtype
-        bucketed = symbolic and ctx.options.bucketed and np.dtype(dtype).itemsize == 2
         m = sizes.hint(m, ctx.options.size_hints)  # a dynamic M: decided at its hint
-        if not bucketed and not heuristics.matmul_template_wins(b, m, n, k, dtype):
+        if not heuristics.matmul_template_wins(b, m, n, k, dtype):
             raise PreferXLA("heuristics.matmul_template_wins: XLA's matmul is faster here")
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
     lc, rc, lb, rb = (tuple(int(d) for d in ds) for ds in (lc, rc, lb, rb))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from lowering import ir
-from lowering.rules import register_lowering
+from lowering.rules.registry import register_lowering
 
 # Primitives whose body is ``Op(name, loaded operands)``. The renderer has one
 # entry per name in its op table (codegen/pallas.py).

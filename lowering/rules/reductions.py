@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from lowering import ir, sizes
-from lowering.rules import register_lowering
+from lowering.rules.registry import register_lowering
 
 _OPS = {
     "reduce_sum": "sum", "reduce_max": "max", "reduce_min": "min", "reduce_prod": "prod",

@@ -7,7 +7,7 @@ import numpy as np
 import sympy
 
 from lowering import ir, sizes
-from lowering.rules import register_lowering
+from lowering.rules.registry import register_lowering
 
 
 def _view(ctx, eqn, x, in_index, mask=None, other=None):

@@ -3,7 +3,7 @@ compiles nothing.
 
 [Note: graph cache]
 An entry is keyed by a content hash of everything the compiled program depends
-on (``graph_key``): the jaxpr text and the bytes of its constants, the input
+on (``key_parts``, ``key_of``): the jaxpr text and the bytes of its constants, the input
 avals (weak types included), the static arguments, every compile option
 (``CompileOptions.key()``), the versions of pallaskit, jax, jaxlib, the CUDA
 plugin and triton, a hash of pallaskit's own source (so an edited compiler never
@@ -127,9 +127,9 @@ def versions() -> dict:
     the environment stamp, see ``environment``)."""
     import jaxlib
 
-    import pallaskit
+    from pallaskit.version import __version__
 
-    return {"pallaskit": pallaskit.__version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+    return {"pallaskit": __version__, "jax": jax.__version__, "jaxlib": jaxlib.__version__,
             "python": platform.python_version(), **environment()["versions"]}
 
 
@@ -225,11 +225,11 @@ def environment() -> dict:
     the sources) and ``versions`` (installed triton / CUDA plugin distributions).
 
     [Note: environment stamp] Reading every source file and asking
-    importlib.metadata for five distributions costs a fresh process 2-3 ms, on
-    the path of every warm first call. A stamp ``<cache_dir>/env/<sig>.json``
+    importlib.metadata for five distributions is a visible part of every warm
+    first call (RESULTS.md, "Compile cache"). A stamp ``<cache_dir>/env/<sig>.json``
     keeps the result under the stat signature of the files it depends on
     (``stat_signature``), so a process whose files are unchanged only stats
-    them (well under 1 ms). An edit gives a file a new mtime/ctime (and an
+    them. An edit gives a file a new mtime/ctime (and an
     editor's save-by-rename a new inode), a new signature, a new stamp: the
     content hash is recomputed and an entry of the old sources can no longer
     match. As with git's racily clean index entries, a stamp is only written
@@ -717,8 +717,11 @@ class _Program:  # what runtime.loader.load reads from a RenderedProgram
         self.source, self.externs = source, []
 
 
-def _serve_entry(entry: Entry, structs, xla=None) -> Served | None:
-    """Build the executable of a valid entry; None if it cannot be used."""
+def _serve_entry(entry: Entry, structs, xla=None, load_program=None) -> Served | None:
+    """Build the executable of a valid entry; None if it cannot be used.
+    ``load_program``: a RenderedProgram -> its ``call`` (runtime/loader.py's
+    ``load``), for an entry that holds source only; without it such an entry
+    is compiled again."""
     placed = xla.placed if xla else None
     where = placed.replicated() if placed is not None else None
     if entry.executable is not None:
@@ -729,23 +732,23 @@ def _serve_entry(entry: Entry, structs, xla=None) -> Served | None:
         except Exception as e:  # noqa: BLE001 - an executable that does not load is a bad entry
             _report(entry_path(entry.key), f"executable does not load: {type(e).__name__}: {e}")
             return None
-    if entry.has_externs:
+    if entry.has_externs or load_program is None:
         return None  # extern callables are rebuilt by the compiler: recompile
-    from pallaskit.runtime import loader
-
-    compiled = _aot_compile(loader.load(_Program(entry.source)), structs, entry.constants, xla)
+    compiled = _aot_compile(load_program(_Program(entry.source)), structs, entry.constants, xla)
     metrics.counters["kernels_compiled"] += entry.num_kernels
     return Served(compiled, _on_device(entry.constants, where), cache="hit", source=entry.source)
 
 
 def serve(closed_jaxpr, avals, static_args, options, title: str,
-          build: Callable[[], tuple[Any, Callable, list]], started: float | None = None, xla=None) -> Served:
+          build: Callable[[], tuple[Any, Callable, list]], started: float | None = None, xla=None,
+          load_program: Callable | None = None) -> Served:
     """Serve one traced signature: from the cache when the option is on and a
     valid entry exists, else by ``build()`` -> (CompileResult, call, constants),
     an ahead-of-time XLA compilation, and a new entry. ``started``: when the
     caller began (tracing included), for ``compile_seconds``. ``xla``: the
     signature's donation and shardings (``runtime.xla_args.XlaArgs``; a sharded
-    signature's placement, [Note: sharding]), part of the key."""
+    signature's placement, [Note: sharding]), part of the key. ``load_program``:
+    see ``_serve_entry``."""
     started = time.perf_counter() if started is None else started
     if xla and xla.placed is not None:
         structs = xla.placed.structs()
@@ -759,7 +762,7 @@ def serve(closed_jaxpr, avals, static_args, options, title: str,
         parts["xla_args"] = xla.key()
     key = key_of(parts)
     metrics.counters["cache_key_seconds"] += time.perf_counter() - t0
-    served = _try_hit(key, parts, structs, title, started, xla)
+    served = _try_hit(key, parts, structs, title, started, xla, load_program)
     if served is not None:
         return served
     try:
@@ -770,7 +773,7 @@ def serve(closed_jaxpr, avals, static_args, options, title: str,
         return _compile(build, structs, title, started, "off", xla=xla)
     try:
         # Another process may have written the entry while this one waited.
-        served = _try_hit(key, parts, structs, title, started, xla)
+        served = _try_hit(key, parts, structs, title, started, xla, load_program)
         if served is None:
             metrics.counters["cache_misses"] += 1
             served = _compile(build, structs, title, started, "miss", key=key, parts=parts, xla=xla)
@@ -779,14 +782,14 @@ def serve(closed_jaxpr, avals, static_args, options, title: str,
         lock.release()
 
 
-def _try_hit(key, parts, structs, title, started, xla=None) -> Served | None:
+def _try_hit(key, parts, structs, title, started, xla=None, load_program=None) -> Served | None:
     t0 = time.perf_counter()
     entry = load(key, parts)
     t1 = time.perf_counter()
     metrics.counters["cache_read_seconds"] += t1 - t0
     if entry is None:
         return None
-    served = _serve_entry(entry, structs, xla)
+    served = _serve_entry(entry, structs, xla, load_program)
     metrics.counters["cache_load_seconds"] += time.perf_counter() - t1
     if served is not None:
         metrics.counters["cache_hits"] += 1

@@ -1,10 +1,10 @@
 """A symbolic program's kernels launched outside XLA, for the first calls of a
-new size (issue 4).
+new size.
 
 [Note: eager launches]
 A new size of a dynamic dim costs ``jax.jit`` a trace, a lowering and an XLA
-compile of a new executable (~1 s for the gelu MLP on the H100, whatever the
-kernels). When every kernel of a symbolic program renders to raw Triton
+compile of a new executable, whatever the kernels (RESULTS.md, "Dynamic dims
+and multi-kernel"). When every kernel of a symbolic program renders to raw Triton
 (``lowering/codegen/triton.py``), ``EagerProgram`` runs it through
 ``runtime/triton_launch.Launch`` instead: its kernels compile once (sizes are
 kernel arguments), and a new size costs the launches.

@@ -79,8 +79,8 @@ def _manual_axes(launch):
 
 def load_lazily(program: RenderedProgram):
     """``load`` on the first call: a symbolic program served by eager launches
-    (runtime/eager.py) may never run its Pallas module, whose import of Pallas
-    costs ~0.5 s in a fresh process."""
+    (runtime/eager.py) may never run its Pallas module, and importing Pallas
+    is a large part of a fresh process's first compile."""
     loaded = []
 
     def call(*args, **kwargs):

@@ -1,4 +1,4 @@
-"""Multi-kernel dispatch for symbolic (dynamic-dim) graphs (issue 4, part 3).
+"""Multi-kernel dispatch for symbolic (dynamic-dim) graphs.
 
 [Note: multi-kernel]
 A symbolic graph is compiled once per hinted size (option
@@ -23,11 +23,6 @@ calls, host wall clock around ``jax.block_until_ready``); in interpret mode
 is kept in memory, written to ``<cache_dir>/multi_kernel/<digest>.json``
 (digest: sha256 of the variants' sources and the device kind), logged as a
 ``multi_kernel_choices`` metric row and counted (counter ``multi_kernel_choices``).
-
-When every variant runs on size buckets ([Note: size buckets] in
-runtime/buckets.py), the shape key is the bucket and the choice the nearest
-hint, untimed on a GPU too: timing would compile every variant for every new
-bucket (~0.2-1 s each on the H100), which is what buckets are there to avoid.
 """
 from __future__ import annotations
 
@@ -46,7 +41,6 @@ import jax
 
 from pallaskit import metrics
 from pallaskit.config import config
-from pallaskit.runtime.buckets import bucket
 
 log = logging.getLogger("pallaskit")
 
@@ -98,9 +92,8 @@ class Dispatcher:
     constants passed are the first variant's and are replaced by the chosen one's."""
 
     def __init__(self, title: str, symbols: list[str], positions: list[tuple[int, int]], n_leaves: int,
-                 variants: list[Variant], interpret: bool, bucketed: bool = False):
+                 variants: list[Variant], interpret: bool):
         self.title = title
-        self.bucketed = bucketed  # every variant runs on size buckets: choices are per bucket, untimed
         self.symbols = list(symbols)
         self.positions = list(positions)  # (leaf, axis) of each symbol
         self.n_leaves = n_leaves
@@ -135,8 +128,6 @@ class Dispatcher:
     def __call__(self, *args):
         leaves = args[:self.n_leaves]
         key = self.shape_key(leaves)
-        if self.bucketed:
-            key = tuple(bucket(v) for v in key)
         static = self.static.get(key)
         if static is not None:  # a recurring size's static program (runtime/eager.py)
             return static[0](*leaves, *static[1])
@@ -239,7 +230,7 @@ class Dispatcher:
                 index = self._read().get(self._key_text(key))
                 method = "disk"
             if index is None:
-                if self.interpret or traced or self.bucketed or self.effectful:
+                if self.interpret or traced or self.effectful:
                     index, method = nearest(self.variants, dict(zip(self.symbols, key))), "nearest_hint"
                 else:
                     timings = self._time(leaves)
@@ -265,8 +256,8 @@ class Dispatcher:
     def _time(self, leaves) -> list[float]:
         # Warm-up: one call of each variant compiles it for this size. The calls run
         # in threads, so XLA compiles the variants at once (its compiler releases
-        # the GIL) and a new size waits for the slowest compile, not the sum (the
-        # H100 MLP sweep: 48 -> 23 s). Then the variants are timed one after another.
+        # the GIL) and a new size waits for the slowest compile, not the sum
+        # (RESULTS.md, "Dynamic dims and multi-kernel"). Then the variants are timed one after another.
         with concurrent.futures.ThreadPoolExecutor(len(self.variants)) as pool:
             list(pool.map(lambda v: jax.block_until_ready(v.fn(*leaves, *v.constants)), self.variants))
         out = []

@@ -1,10 +1,10 @@
-"""Raw Triton kernels inside the XLA program (issue 3: the norm-backward mix kernel).
+"""Raw Triton kernels inside the XLA program (the norm-backward mix kernel).
 
 [Note: Triton inside XLA]
 Pallas cannot ask Triton to pipeline a loop's loads through shared memory
-(``tl.range(..., num_stages=...)``); the raw Triton mix kernel does, and on
-the H100 takes the RMSNorm backward 576000x384 bf16 from 0.49 to 0.47 ms
-(heuristics.TRITON_MIX_*). Such a kernel joins the program as a JAX
+(``tl.range(..., num_stages=...)``); the raw Triton mix kernel does, and is
+the faster RMSNorm backward (heuristics.TRITON_MIX_*; benchmarks/RESULTS.md,
+"Heuristics: raw-Triton mix kernels"). Such a kernel joins the program as a JAX
 primitive, ``triton_call_p``, which the generated module binds through
 ``TRITON_CALL`` (the loader provides it), so it stays one XLA executable:
 one command buffer per call, the on-disk cache of executables, ``jax.jit``

@@ -1,9 +1,9 @@
-"""Raw Triton kernels launched outside XLA, on JAX arrays' buffers (issue 4).
+"""Raw Triton kernels launched outside XLA, on JAX arrays' buffers.
 
 [Note: launching outside XLA]
 A size-generic kernel (its sizes runtime arguments, its edges masked) compiles
 once; launching it at a new size should cost a launch, not the per-shape XLA
-executable (trace, lowering, XLA compile: ~1-1.5 s for the gelu MLP) that
+executable (trace, lowering, XLA compile) that
 ``jax.jit`` needs. ``Launch`` runs a sequence of such kernels directly:
 
 - *compile*: Triton's compile stages for the kernel's AST and the GPU that
@@ -16,8 +16,7 @@ executable (trace, lowering, XLA compile: ~1-1.5 s for the gelu MLP) that
   ``cuLaunchKernel`` with Triton's argument layout, see ``_Launcher``), on a
   non-blocking stream of our own in the primary context XLA uses. Triton's
   own loader and launcher are C modules it builds with gcc on first use
-  (0.5 s for its helper and 0.1-0.2 s per kernel signature on the H100
-  machine, a third of a cold first call), so they are not used. Triton's
+  (a third of a cold first call), so they are not used. Triton's
   active driver (process-wide, and its CUDA flavour imports torch) is never
   asked or replaced, so a user's own Triton kernels are unaffected and torch
   is never loaded.
@@ -33,11 +32,9 @@ torch-tensor calls the interpreter makes. Two interpreter limits for whoever
 writes kernels for it: a bfloat16 ``tl.dot`` is wrong (widen the operands to
 float32), and a runtime int cannot bound a ``range`` loop (use a constexpr).
 
-Measured with hand-written kernels on the H100 (benchmarks/RESULTS.md,
-"Kernels launched outside XLA", "Allocating outputs outside XLA"): all 16
-sizes of the gelu-MLP sweep to first results in 136-166 ms against jax.jit's
-17.8-20.1 s, after a one-off kernel compile (2.9 s cold, 0.6 s from Triton's
-cache); an output allocation ~0.1 ms at any size.
+Figures (a new size in about a millisecond, an output allocation of any size
+as cheap): benchmarks/RESULTS.md, "Launching outside XLA: eager launches of
+new sizes".
 """
 from __future__ import annotations
 
@@ -57,7 +54,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from pallaskit.runtime import buckets
+from pallaskit.runtime import interop
 
 _TRITON_DTYPES = {  # numpy dtype name -> Triton's pointee / scalar type
     "bool": "i1", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
@@ -118,7 +115,7 @@ class _Cuda:
         self.make_current()
         self.stream = ctypes.c_void_p()
         self.check("cuStreamCreate", ctypes.byref(self.stream), 1)  # CU_STREAM_NON_BLOCKING
-        self.xla_stream = buckets._stream(device)
+        self.xla_stream = interop.stream(device)
         self.deleter = _DELETER(self._free)
         self._finalizing = sys.is_finalizing  # bound now: `sys` may be gone when the last arrays drop
         self.live: dict[int, tuple] = {}  # address of our DLManagedTensor -> (struct, dims, pointer)
@@ -169,16 +166,16 @@ class _Cuda:
         self.check("cuMemAllocAsync", ctypes.byref(pointer), ctypes.c_size_t(nbytes), self.stream)
         dims = (ctypes.c_int64 * len(shape))(*shape)
         code = _KDL_BFLOAT if dtype.name == "bfloat16" else _DLPACK_CODES[dtype.kind]
-        managed = buckets._DLManaged()
-        managed.dl_tensor = buckets._DLTensor(pointer.value, _KDL_CUDA, self.ordinal, len(shape), code,
-                                              dtype.itemsize * 8, 1, dims, None, 0)
+        managed = interop.DLManaged()
+        managed.dl_tensor = interop.DLTensor(pointer.value, _KDL_CUDA, self.ordinal, len(shape), code,
+                                             dtype.itemsize * 8, 1, dims, None, 0)
         managed.deleter = ctypes.cast(self.deleter, ctypes.c_void_p).value
         address = ctypes.addressof(managed)
         self.live[address] = (managed, dims, pointer.value)
         # No sync here: the allocation is ordered before our kernels on our stream, and
         # ``Launch.finish`` synchronizes before the array reaches anything else.
         capsule = _capsule_new(address, b"dltensor", None)
-        return _import(capsule, self.device, self.xla_stream)
+        return interop.import_capsule(capsule, self.device, self.xla_stream, _KDL_CUDA)
 
     def _free(self, address: int) -> None:
         """DLPack deleter: JAX dropped the array. Free it on our stream once XLA's
@@ -201,14 +198,6 @@ _DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _capsule_new = ctypes.pythonapi.PyCapsule_New
 _capsule_new.restype = ctypes.py_object
 _capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
-
-
-def _import(capsule, device, stream) -> jax.Array:
-    if buckets._to_buffer is None:
-        return jax.dlpack.from_dlpack(capsule)
-    if buckets._EXTENSION >= 467:
-        return buckets._to_buffer(capsule, device, stream, False, _KDL_CUDA)
-    return buckets._to_buffer(capsule, device, stream, False)
 
 
 class _HostTensor:
@@ -392,8 +381,8 @@ class TritonKernel:
 # Written atomically; a file that fails its checks is logged, recompiled and
 # rewritten. This is the only cache these kernels have: ``_compile_uncached``
 # runs Triton's stages without Triton's own cache, whose lookup alone hashes
-# Triton's package (``triton_key``: 0.2-1.2 s once per process on the H100
-# machine, most of it reading a 415 MB library).
+# Triton's package (``triton_key``, once per process: most of it reading a
+# large shared library).
 _ARTIFACT_FORMAT = 2
 
 
@@ -506,7 +495,7 @@ _warming_lock = threading.Lock()
 
 
 def warm_up() -> None:
-    """Import triton on a thread (0.2-0.3 s on the H100 machine), so that it
+    """Import triton on a thread, so that it
     overlaps the pallaskit compile that comes before a program's first kernel
     compiles. The api calls it when a symbolic program's eager launches will
     need kernels compiled. ``_triton`` on any other thread waits for it, so

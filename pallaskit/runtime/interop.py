@@ -1,0 +1,49 @@
+"""DLPack and stream interop with JAX: the ctypes mirrors of dlpack.h's structs,
+jaxlib's DLPack import without its Python wrapper, and the stream JAX wants
+external producers to signal. ``triton_launch`` hands arrays it allocated
+itself to JAX through these (zero-copy)."""
+from __future__ import annotations
+
+import ctypes
+
+import jax
+
+
+class DLTensor(ctypes.Structure):  # dlpack.h, DLTensor (the head of DLManagedTensor)
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
+                ("ndim", ctypes.c_int32), ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
+                ("lanes", ctypes.c_uint16), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class DLManaged(ctypes.Structure):  # dlpack.h, DLManagedTensor
+    _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+try:  # jax.dlpack.from_dlpack's own import, without the Python around it
+    from jax._src.lib import _jax as _jaxlib
+    from jax._src.lib import jaxlib_extension_version as EXTENSION
+
+    to_buffer = _jaxlib.dlpack_managed_tensor_to_buffer
+except (ImportError, AttributeError):  # another jaxlib: the public path
+    to_buffer, EXTENSION = None, 0
+_streams: dict = {}  # device -> the stream JAX wants external producers to signal
+
+
+def stream(device) -> int | None:
+    """The stream JAX wants external producers on ``device`` to signal (None on the CPU)."""
+    if device not in _streams:
+        try:
+            _streams[device] = device.get_stream_for_external_ready_events()
+        except Exception:  # noqa: BLE001  (UNIMPLEMENTED on the CPU)
+            _streams[device] = None
+    return _streams[device]
+
+
+def import_capsule(capsule, device, stream, device_type: int) -> jax.Array:
+    """A DLPack capsule of ``device_type`` memory as a JAX array on ``device``, zero-copy."""
+    if to_buffer is None:
+        return jax.dlpack.from_dlpack(capsule)
+    if EXTENSION >= 467:
+        return to_buffer(capsule, device, stream, False, device_type)
+    return to_buffer(capsule, device, stream, False)
