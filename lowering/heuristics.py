@@ -198,7 +198,7 @@ def mix_config(rows: int, cols: int, *, whole_rows: bool, programs: int, columns
     return TileConfig(br, bc, 4, False)
 
 
-# Raw-Triton mix kernels (CompileOptions.triton_mix_kernels; codegen/triton.py
+# Raw-Triton mix kernels (lowering/executors.py; codegen/triton.py
 # ``render_mix``): Triton pipelines a loop's loads through shared memory
 # (``tl.range(num_stages=...)``), which Pallas does not expose, so a program
 # can own a block of rows per step and keep three steps of loads in flight.
@@ -213,7 +213,8 @@ def mix_config(rows: int, cols: int, *, whole_rows: bool, programs: int, columns
 # and stores one partial row, as the Pallas kernel does. One column sum only:
 # LayerNorm forward+backward (two sums, dw and db) took 0.904 ms with this
 # tile against 0.720 for the Pallas kernel (same suite run), so two or more
-# keep Pallas, as do rows too long for a tile of at least 2 rows.
+# keep Pallas under kernel_backend='auto' (lowering/executors.py GPU_AUTO);
+# rows too long for a tile of at least 2 rows keep Pallas always.
 TRITON_MIX_ROWS = 8
 TRITON_MIX_WARPS = 8
 TRITON_MIX_STAGES = 3
@@ -224,12 +225,12 @@ TRITON_MIX_ELEMENTS = 4096  # rows x padded columns of one tile: 16 per thread a
 def triton_mix_config(cols: int, columns: int = 1) -> TileConfig | None:
     """The tile of a raw-Triton mix kernel over rows of ``cols`` elements that
     accumulates ``columns`` column sums, or None where the Pallas kernel
-    serves better (two or more sums; rows too long for 2 rows a tile)."""
+    serves better (rows too long for 2 rows a tile)."""
     bc = next_power_of_2(cols)
     br = TRITON_MIX_ROWS
     while br > 1 and br * bc > TRITON_MIX_ELEMENTS:
         br //= 2
-    if br < 2 or columns != 1:
+    if br < 2 or columns < 1:
         return None
     return TileConfig(br, bc, TRITON_MIX_WARPS, True, num_stages=TRITON_MIX_STAGES)
 

@@ -562,7 +562,8 @@ class _Rendered:
     num_warps: int
     num_stages: int
     helpers: set
-    config: heuristics.TileConfig | None = None  # render_mix: its tile
+    config: object = None  # the tile (TileConfig, or MatmulConfig for the template)
+    guards: list = dataclasses.field(default_factory=list)  # symbolic kernels: what the int32 indices assume
 
 
 def _wrap(kernel, schedule, em, header, extents, constexprs, grid, num_warps, num_stages) -> _Rendered:
@@ -579,7 +580,21 @@ def _wrap(kernel, schedule, em, header, extents, constexprs, grid, num_warps, nu
             w.line(line)
     w.lines.append(body.rstrip("\n"))
     return _Rendered(kernel.name, w.source(), list(kernel.reads), dims, grid, constexprs, num_warps, num_stages,
-                     set(em.helpers))
+                     set(em.helpers), guards=list(em.guards))
+
+
+def render_for_xla(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _Rendered:
+    """One kernel of any kind as a ``@triton.jit`` kernel to run inside the XLA
+    program (lowering/executors.py ``triton_xla``; the program wrapper in
+    codegen/pallas.py launches it through ``TRITON_CALL``). Raises
+    ``TritonUnsupported`` for what this renderer does not write."""
+    if kernel.kind == "matmul":
+        return dataclasses.replace(_render_matmul(kernel, schedule, options),
+                                   config=matmul.matmul_kernel_config(kernel, options))
+    if kernel.kind == "mix":
+        return render_mix(kernel, schedule, options)
+    return dataclasses.replace(_render_kernel(kernel, schedule, options),
+                               config=pallas.kernel_config(kernel, schedule, options))
 
 
 # --------------------------------------------------------------------------- #

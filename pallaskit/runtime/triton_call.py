@@ -96,15 +96,16 @@ def _kernel(fn, num_warps: int, num_stages: int) -> _Kernel:
         return kernel
 
 
-def triton_call(fn, grid: int, out_shapes, *args, num_warps: int, num_stages: int, interpret: bool,
+def triton_call(fn, grid: int, out_shapes, *args, scalars=(), num_warps: int, num_stages: int, interpret: bool,
                 **constexprs) -> tuple:
     """Run ``fn`` (``@triton.jit``, parameters: ``args``' pointers, then one
-    per output, then ``constexprs``) on a 1-D grid of ``grid`` programs; the
-    outputs (``jax.ShapeDtypeStruct``s) are fresh arrays."""
+    per output, then ``scalars`` (ints known when the program is traced: a
+    symbolic program's sizes), then ``constexprs``) on a 1-D grid of ``grid``
+    programs; the outputs (``jax.ShapeDtypeStruct``s) are fresh arrays."""
     out_avals = tuple(jax.core.ShapedArray(tuple(s.shape), np.dtype(s.dtype)) for s in out_shapes)
     return tuple(triton_call_p.bind(
         *args, kernel=_kernel(fn, num_warps, num_stages), grid=int(grid), out_avals=out_avals,
-        constexprs=tuple(constexprs.items()), interpret=bool(interpret)))
+        scalars=tuple(int(v) for v in scalars), constexprs=tuple(constexprs.items()), interpret=bool(interpret)))
 
 
 @triton_call_p.def_abstract_eval
@@ -112,25 +113,30 @@ def _abstract_eval(*avals, out_avals, **_):
     return list(out_avals)
 
 
-def _interpreted(*args, kernel, grid, out_avals, constexprs):
+def _interpreted(*args, kernel, grid, out_avals, scalars, constexprs):
     """The kernel in Triton's interpreter, on host copies, through a callback."""
     def host(*arrays):
         outs = [np.empty(a.shape, a.dtype) for a in out_avals]
         tensors = [triton_launch._HostTensor(np.array(x)) for x in arrays] + [triton_launch._HostTensor(o)
                                                                               for o in outs]
-        kernel.fn[(grid, 1, 1)](*tensors, **dict(constexprs))
+        kernel.fn[(grid, 1, 1)](*tensors, *scalars, **dict(constexprs))
         return tuple(outs)
 
     shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals)
     return jax.pure_callback(host, shapes, *args)
 
 
-def _lowering(ctx, *args, kernel, grid, out_avals, constexprs, interpret):
+def _scalar_type(value: int) -> str:
+    return "i32" if -2**31 <= value < 2**31 else "i64"
+
+
+def _lowering(ctx, *args, kernel, grid, out_avals, scalars, constexprs, interpret):
     from jax._src.interpreters import mlir
 
     if interpret:
         return mlir.lower_fun(functools.partial(_interpreted, kernel=kernel, grid=grid, out_avals=out_avals,
-                                                constexprs=constexprs), multiple_results=True)(ctx, *args)
+                                                scalars=scalars, constexprs=constexprs),
+                              multiple_results=True)(ctx, *args)
     if tuple(ctx.module_context.platforms) != ("cuda",):
         raise triton_launch.LaunchError(f"{kernel.name}: raw Triton kernels run on a CUDA GPU or in interpret "
                                         f"mode, not on {ctx.module_context.platforms}")
@@ -139,16 +145,18 @@ def _lowering(ctx, *args, kernel, grid, out_avals, constexprs, interpret):
 
     avals = list(ctx.avals_in) + list(ctx.avals_out)
     names = list(kernel.fn.arg_names)
-    if len(names) != len(avals) + len(constexprs):
-        raise triton_launch.LaunchError(f"{kernel.name} takes {names}: got {len(avals)} arrays and "
-                                        f"{[c for c, _ in constexprs]}")
+    if len(names) != len(avals) + len(scalars) + len(constexprs):
+        raise triton_launch.LaunchError(f"{kernel.name} takes {names}: got {len(avals)} arrays, {len(scalars)} "
+                                        f"scalars and {[c for c, _ in constexprs]}")
     signature = {n: "*" + triton_launch._triton_dtype(kernel.name, n, a.dtype) for n, a in zip(names, avals)}
+    signature.update({n: _scalar_type(v) for n, v in zip(names[len(avals):], scalars)})
     capability = gpu_triton.get_compute_capability(0)
     compiled = kernel.compiled(signature, dict(constexprs), capability)
     meta = compiled.metadata
     launch = gpu_triton.TritonKernelCall(
         gpu_triton.TritonKernel(meta.name, kernel.num_warps, 1, meta.shared, compiled.cubin.decode(), "", capability),
-        grid, 1, 1, [gpu_triton.create_array_parameter(0, 16) for _ in avals])
+        grid, 1, 1, [gpu_triton.create_array_parameter(0, 16) for _ in avals]
+        + [gpu_triton.create_scalar_parameter(v, _scalar_type(v)) for v in scalars])
     opaque = zlib.compress(launch.to_proto(meta.name, b""))
 
     def layouts(avs):
