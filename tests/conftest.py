@@ -34,17 +34,41 @@ class PallasTritonDisabled(RuntimeError):
     """A pallas_call reached Pallas's Triton lowering under TEST_DISABLE_PALLAS_TRITON."""
 
 
-def _disable_pallas_triton_lowering():
+def refuse_pallas_triton_lowering(ctx, *args, **params):
+    """Stands in for Pallas's Triton lowering of a pallas_call."""
+    if pallaskit.config.kernel_backend == "pallas":
+        pytest.skip("pins kernel_backend='pallas'; Pallas's Triton lowering is disabled")
+    raise PallasTritonDisabled(f"pallas_call {params.get('name_and_src_info', '')} reached Pallas's Triton "
+                               "lowering (TEST_DISABLE_PALLAS_TRITON=1): a kernel fell back to Pallas")
+
+
+def pallas_triton_lowering_slots():
+    """(namespace, key) of each place jax's pallas_call finds Pallas's Triton
+    lowering: the rule registered for ``plt.CompilerParams`` (what pallaskit
+    passes) and the module function used without compiler params."""
+    from jax._src.pallas import core as pallas_core
+    from jax._src.pallas.triton import core as triton_core
     from jax._src.pallas.triton import pallas_call_registration
 
-    def refuse(ctx, *args, **params):
-        if pallaskit.config.kernel_backend == "pallas":
-            pytest.skip("pins kernel_backend='pallas'; Pallas's Triton lowering is disabled")
-        raise PallasTritonDisabled(f"pallas_call {params.get('name_and_src_info', '')} reached Pallas's Triton "
-                                   "lowering (TEST_DISABLE_PALLAS_TRITON=1): a kernel fell back to Pallas")
+    slots = [(pallas_call_registration, "pallas_call_lowering")]
+    rules = getattr(pallas_core, "_backend_lowering_rules", None)
+    if rules is not None and triton_core.CompilerParams in rules:
+        slots.append((rules, triton_core.CompilerParams))
+    return slots
 
-    assert callable(pallas_call_registration.pallas_call_lowering)  # the name jax's pallas_call looks up per call
-    pallas_call_registration.pallas_call_lowering = refuse
+
+def _disable_pallas_triton_lowering():
+    for where, key in pallas_triton_lowering_slots():
+        if isinstance(where, dict):
+            where[key] = (refuse_pallas_triton_lowering, where[key][1])
+        else:
+            setattr(where, key, refuse_pallas_triton_lowering)
+    from jax._src.pallas import core as pallas_core
+    from jax._src.pallas.triton import core as triton_core
+
+    if hasattr(pallas_core, "get_lowering_rule"):  # what pallas_call asks for plt.CompilerParams
+        assert pallas_core.get_lowering_rule(triton_core.CompilerParams, "gpu") in (
+            None, refuse_pallas_triton_lowering), "Pallas's Triton lowering moved: update tests/conftest.py"
 
 
 if DISABLE_PALLAS_TRITON:

@@ -225,3 +225,25 @@ def test_dynamic_sizes_inside_xla_take_the_sizes_as_kernel_arguments(rng):
     assert pallaskit.metrics.counters["graphs_compiled"] == 1
     (k,) = ex.kernels
     assert k.executor == "triton_xla" and "scalars=(n,)" in k.source
+
+
+def test_pallas_triton_lowering_can_be_disabled(monkeypatch):
+    """What TEST_DISABLE_PALLAS_TRITON=1 does to a GPU run (tests/conftest.py),
+    checked by exporting for CUDA on the CPU: a Pallas kernel's lowering raises,
+    a raw Triton kernel's never reaches it."""
+    from jax import export
+
+    from conftest import PallasTritonDisabled, pallas_triton_lowering_slots, refuse_pallas_triton_lowering
+    from pallaskit.runtime import loader
+
+    for where, key in pallas_triton_lowering_slots():
+        if isinstance(where, dict):
+            monkeypatch.setitem(where, key, (refuse_pallas_triton_lowering, where[key][1]))
+        else:
+            monkeypatch.setattr(where, key, refuse_pallas_triton_lowering)
+    x = jnp.zeros((37, 129), jnp.float32)
+    with pallaskit.config.override(interpret=False, kernel_backend="auto", cache=False):
+        res = pallaskit.jit(_softmax).lower_to_result(x).result
+    assert res.program.kernels[0].executor == "pallas"  # no triton on this CPU platform
+    with pytest.raises(PallasTritonDisabled, match="fell back to Pallas"):
+        export.export(jax.jit(loader.load(res.program)), platforms=["cuda"])(x)
