@@ -168,6 +168,8 @@ CASES = {
     "pointwise_ints_bools": (lambda a, b: ((a * 3 - b) // 2, (a > b) & (a != 0)),
                              lambda r: (jnp.asarray(r.integers(-50, 50, (31, 17)), jnp.int32),
                                         jnp.asarray(r.integers(-50, 50, (31, 17)), jnp.int32)), {}, ["pointwise"]),
+    "pointwise_predicates": (lambda x: (jnp.where(jnp.isfinite(x), x, 0.0), jnp.sign(x), jnp.isfinite(x)),
+                             lambda r: (_special(r, (5, 33), jnp.float32),), {}, ["pointwise"]),
     "row_softmax": (_softmax, lambda r: (_special(r, (37, 129), jnp.float32),), {}, ["reduction"]),
     # No NaN here: jax.jit's max over long rows on the CPU drops it.
     "row_looped": (lambda x: (jnp.max(x, -1), jnp.sum(x, -1)),

@@ -225,6 +225,8 @@ class _TritonEmitter(pallas._KernelEmitter):
         if e.op == "clamp":
             return ("tl.minimum(tl.maximum({1}, {0}, propagate_nan=tl.PropagateNan.ALL), {2}, "
                     "propagate_nan=tl.PropagateNan.ALL)" if float_op else "tl.minimum(tl.maximum({1}, {0}), {2})")
+        if e.op == "is_finite":  # x - x is 0 for finite x, NaN for +-inf and NaN
+            return "(({0} - {0}) == 0)"
         if e.op == "sign":  # 0, -0 and NaN are their own sign (integer floor division needs sign)
             return self.cast_text("tl.where({0} > 0, 1, tl.where({0} < 0, -1, {0}))", e.dtype)
         if e.op == "not":
