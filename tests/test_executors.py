@@ -249,3 +249,21 @@ def test_pallas_triton_lowering_can_be_disabled(monkeypatch):
     assert res.program.kernels[0].executor == "pallas"  # no triton on this CPU platform
     with pytest.raises(PallasTritonDisabled, match="fell back to Pallas"):
         export.export(jax.jit(loader.load(res.program)), platforms=["cuda"])(x)
+
+
+def test_dynamic_rows_of_the_matmul_template_inside_xla(rng):
+    """The template over a dynamic M (its row-block count from the size argument)."""
+    def f(x, w, b):
+        return jax.nn.gelu(x @ w + b)
+
+    jf = pallaskit.jit(f, dynamic={"x": {0: "n"}})
+    w = jnp.asarray(rng.standard_normal((40, 72)), jnp.bfloat16)
+    b = jnp.asarray(rng.standard_normal((72,)), jnp.bfloat16)
+    with pallaskit.config.override(kernel_backend="triton", matmul_template="fused", dynamic_launch="off",
+                                   automatic_dynamic=False, multi_kernel_hints="", cache=False):
+        for n in (19, 70):
+            x = jnp.asarray(rng.standard_normal((n, 40)), jnp.bfloat16)
+            assert_close(jf(x, w, b), jax.jit(f)(x, w, b), jnp.bfloat16)
+        ex = pallaskit.explain(jf, x, w, b)
+    assert [(k.kind, k.executor) for k in ex.kernels] == [("matmul", "triton_xla")]
+    assert "scalars=(n,)" in ex.kernels[0].source
