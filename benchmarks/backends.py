@@ -283,8 +283,11 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in [
     Backend("pallaskit", JAX, "pallaskit.jit, default options", _build_pallaskit, hinted=True),
     Backend("pallaskit_mix_order_off", JAX, "pallaskit.jit, mix_order_reduction=False", _build_pallaskit,
             options=(("mix_order_reduction", False),), tags=NORM_BWD),
-    Backend("pallaskit_pallas_mix", JAX, "pallaskit.jit, triton_mix_kernels=off (mix kernels in Pallas)",
-            _build_pallaskit, options=(("triton_mix_kernels", "off"),), tags=NORM_BWD),
+    Backend("pallaskit_pallas_mix", JAX, "pallaskit.jit, kernel_backend='pallas' (mix kernels, and every other "
+            "kernel, in Pallas)", _build_pallaskit, options=(("kernel_backend", "pallas"),), tags=NORM_BWD),
+    Backend("pallaskit_pallas", JAX, "pallaskit.jit, kernel_backend='pallas' (every kernel through Pallas's "
+            "Triton backend, as before raw Triton became the GPU default)", _build_pallaskit,
+            options=(("kernel_backend", "pallas"),), default=False),
     Backend("pallaskit_dynamic", JAX, "pallaskit.jit, dynamic axis 0 (default multi-kernel hints)",
             _build_pallaskit_dynamic, tags=frozenset({"dynamic"})),
     Backend("pallaskit_static_sizes", JAX, "pallaskit.jit, automatic_dynamic=False (one static compile per size, "

@@ -187,16 +187,16 @@ def mix_config(rows: int, cols: int, *, whole_rows: bool, programs: int, columns
     return TileConfig(br, bc, 4, False)
 
 
-# Raw-Triton mix kernels (CompileOptions.triton_mix_kernels; codegen/triton.py
+# Raw-Triton mix kernels (lowering/executors.py; codegen/triton.py
 # ``render_mix``): Triton pipelines a loop's loads through shared memory
 # (``tl.range(num_stages=...)``), which Pallas does not expose, so a program
 # can own a block of rows per step and keep three steps of loads in flight.
 # Each program sums its (BLOCK_R, BLOCK_C) accumulator over rows at the end
 # and stores one partial row, as the Pallas kernel does. One column sum only:
 # with two (LayerNorm's dw and db) this tile lost to the Pallas kernel, so two
-# or more keep Pallas, as do rows too long for a tile of at least 2 rows.
-# The tile below was the best of a grid of rows, warps, stages and programs
-# per SM (RESULTS.md, "Heuristics: raw-Triton mix kernels").
+# or more keep Pallas under kernel_backend='auto' (lowering/executors.py
+# GPU_AUTO), as do rows too long for a tile of at least 2 rows (RESULTS.md,
+# "Heuristics: raw-Triton mix kernels").
 TRITON_MIX_ROWS = 8  # rows a step
 TRITON_MIX_WARPS = 8
 TRITON_MIX_STAGES = 3  # beat 2 and 4
@@ -207,12 +207,12 @@ TRITON_MIX_ELEMENTS = 4096  # rows x padded columns of one tile: 16 per thread a
 def triton_mix_config(cols: int, columns: int = 1) -> TileConfig | None:
     """The tile of a raw-Triton mix kernel over rows of ``cols`` elements that
     accumulates ``columns`` column sums, or None where the Pallas kernel
-    serves better (two or more sums; rows too long for 2 rows a tile)."""
+    serves better (rows too long for 2 rows a tile)."""
     bc = next_power_of_2(cols)
     br = TRITON_MIX_ROWS
     while br > 1 and br * bc > TRITON_MIX_ELEMENTS:
         br //= 2
-    if br < 2 or columns != 1:
+    if br < 2 or columns < 1:
         return None
     return TileConfig(br, bc, TRITON_MIX_WARPS, True, num_stages=TRITON_MIX_STAGES)
 

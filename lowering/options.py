@@ -18,10 +18,13 @@ class CompileOptions:
     # dot_general: "auto" (template + epilogues where heuristics.matmul_template_wins, else XLA),
     # "fused" (template + epilogues wherever supported), "unfused" (template alone), "off" (XLA)
     matmul_template: str = "auto"
-    # Whole-row mix kernels as raw Triton inside the XLA program (codegen/triton.py
-    # ``render_mix``, pallaskit/runtime/triton_call.py) instead of Pallas; resolved
-    # by the runtime (GPU with triton installed, or asked for).
-    triton_mix_kernels: bool = False
+    # Which executor runs each kernel ([Note: executors] in lowering/executors.py):
+    # 'auto' (raw Triton inside XLA on a GPU, Pallas in interpret mode), 'pallas',
+    # 'triton' (raw Triton inside XLA; interpret mode: Triton's interpreter).
+    kernel_backend: str = "auto"
+    # Platform fact resolved by the runtime: the triton package can run kernels
+    # here (a CUDA GPU, or interpret mode with triton installed).
+    triton_available: bool = False
     loop_bodies: bool = True  # compile scan / while / cond bodies as programs of their own (lowering/loops.py)
     # Symbolic (dynamic) dims: (symbol name, size) pairs the heuristics read a
     # symbolic size at (the first concrete call's sizes). Index expressions,

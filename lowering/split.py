@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 import sympy
 
-from lowering import heuristics, ir, sizes
+from lowering import executors, heuristics, ir, sizes
 from lowering.options import CompileOptions
 
 # Ops whose partial results combine with the same op.
@@ -97,7 +97,8 @@ def _column(node: ir.Reduction, row_domains, columns: int, options: CompileOptio
     split = options.split_reductions and heuristics.column_reduction_underfilled(rows, cols, options.num_sms)
     if not (mix or split):
         return None
-    if (mix and options.triton_mix_kernels and heuristics.triton_mix_config(cols, columns)
+    if (mix and executors.wants_triton(executors.kernel_kind("mix", True, columns), options)
+            and heuristics.triton_mix_config(cols, columns)
             and not sizes.is_symbolic(node.domain)):  # codegen/triton.py render_mix writes that kernel
         programs = heuristics.triton_mix_programs(rows, options.num_sms)
     else:

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 import lowering
+from lowering import executors
 from lowering.options import CompileOptions
 from pallaskit import cache, metrics
 from pallaskit import autodiff
@@ -36,12 +37,31 @@ def compile_options() -> CompileOptions:
     if values.get("interpret") == "auto":
         values["interpret"] = jax.default_backend() == "cpu"
     values["num_sms"] = values.get("num_sms") or _num_sms()
-    mode = snap["triton_mix_kernels"]
-    values["triton_mix_kernels"] = mode == "on" or (mode == "auto" and not values["interpret"]
-                                                     and _cuda_with_triton())
+    values["kernel_backend"] = _kernel_backend(snap)
+    values["triton_available"] = (_triton_installed() if values["interpret"] else _cuda_with_triton())
     loops = snap["loop_bodies"]
     values["loop_bodies"] = loops == "on" or (loops == "auto" and values["interpret"])
     return CompileOptions(**values)
+
+
+def _kernel_backend(snap: dict) -> str:
+    """Option ``kernel_backend``, or what the deprecated ``triton_mix_kernels`` asks for."""
+    old = snap["triton_mix_kernels"]
+    if snap["kernel_backend"] != "auto" or old == "auto":
+        return snap["kernel_backend"]
+    _warn_triton_mix_kernels()
+    return "triton" if old == "on" else "pallas"
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_triton_mix_kernels():
+    log.warning("pallaskit: option triton_mix_kernels is deprecated: use kernel_backend ('on' is 'triton', "
+                "'off' is 'pallas')")
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
 
 
 @functools.lru_cache(maxsize=None)
@@ -54,7 +74,7 @@ def _cuda_with_triton() -> bool:
         cuda = device.platform == "gpu" and "cuda" in device.client.platform_version.lower()
     except AttributeError:
         cuda = False
-    return cuda and importlib.util.find_spec("triton") is not None
+    return cuda and _triton_installed()
 
 
 @functools.lru_cache(maxsize=None)
@@ -709,8 +729,7 @@ def _serves_new_sizes_at_once(entry: Compiled) -> bool:
 
 def _eager_wanted(options) -> bool:
     """Should a symbolic program run new sizes eagerly (option ``dynamic_launch``)?"""
-    mode = config.dynamic_launch
-    return not (mode == "off" or (mode == "auto" and options.interpret))
+    return executors.eager(config.dynamic_launch, options).executor == executors.TRITON_EAGER
 
 
 def _eager_program(title: str, built: dict, options, first_sizes: dict):

@@ -59,6 +59,12 @@ def _check_dynamic_launch(v):
     raise ValueError(f"expected 'auto', 'on' or 'off', got {v!r}")
 
 
+def _check_kernel_backend(v):
+    if isinstance(v, str) and v.strip().lower() in ("auto", "pallas", "triton"):
+        return v.strip().lower()
+    raise ValueError(f"expected 'auto', 'pallas' or 'triton', got {v!r}")
+
+
 def _check_interpret(v):
     if isinstance(v, str):
         v = v.strip().lower()
@@ -173,11 +179,16 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("mix_order_reduction", True, "Fuse a per-row reduction and per-column reductions of the same input "
            "into one kernel plus a small partial-sum kernel (norm backward).", _parse_bool, _check_bool,
            "true, false"),
-    Option("triton_mix_kernels", "auto", "Render whole-row mix-order kernels (norm backward) as raw Triton "
-           "inside the XLA program instead of Pallas: Triton pipelines the row loads through shared memory, which "
-           "Pallas cannot ask for (the faster RMSNorm backward, benchmarks/RESULTS.md). 'auto': on "
-           "a GPU when the triton package is installed; 'on': also in interpret mode (Triton's interpreter through "
-           "a host callback); 'off': Pallas.", str, _check_dynamic_launch, "'auto', 'on', 'off'"),
+    Option("kernel_backend", "auto", "Which executor runs the generated kernels (lowering/executors.py; "
+           "pallaskit.explain names each kernel's and why): 'auto': on a GPU raw Triton inside the XLA program "
+           "(jaxlib's Triton custom call) for every kernel kind the Triton renderer writes, Pallas for the rest and "
+           "where the suite measured Pallas faster; in interpret mode (the CPU) Pallas's interpreter. 'pallas': "
+           "Pallas kernels (on a GPU through Pallas's Triton backend, which JAX 0.11 deprecated). 'triton': raw "
+           "Triton inside XLA wherever the Triton renderer writes the kernel, also in interpret mode (Triton's "
+           "interpreter through a host callback).", str, _check_kernel_backend, "'auto', 'pallas', 'triton'"),
+    Option("triton_mix_kernels", "auto", "Deprecated, use kernel_backend: 'on' means kernel_backend='triton', "
+           "'off' kernel_backend='pallas', 'auto' leaves kernel_backend as it is.", str, _check_dynamic_launch,
+           "'auto', 'on', 'off'"),
     Option("loop_bodies", "auto", "Compile the bodies of scan / while_loop / cond as pallaskit programs whose "
            "kernels run inside XLA's loop. 'auto': in interpret mode only, until the GPU path is right (on an "
            "H200 the LSTM scan's gradient disagreed with jax.jit and its forward ran slower, see RESULTS.md); "

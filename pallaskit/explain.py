@@ -14,6 +14,9 @@ class KernelInfo:
     kind: str
     iteration: tuple[int, int]  # (rows, columns) of the kernel's iteration space
     scope: str = ""  # the loop body function that launches it (e.g. scan3_body); '' for the program itself
+    # Which executor runs it ('pallas', 'triton_xla') and why ([Note: executors] in lowering/executors.py).
+    executor: str = "pallas"
+    reason: str = ""
 
 
 @dataclasses.dataclass
@@ -29,14 +32,20 @@ class Explanation:
     not_fused: list[str] = dataclasses.field(default_factory=list)
 
     EXAMPLES = 3  # refusals shown per reason
+    # A symbolic program ([Note: dynamic dims]): how a new size runs ('triton_eager' or
+    # 'xla': its XLA program compiled for the size) and why; '' for static programs.
+    new_sizes: str = ""
 
     def __str__(self):
         lines = [f"{len(self.kernels)} kernel(s), {len(self.fallbacks)} XLA fallback primitive(s)"
-                 + (f": {', '.join(self.fallbacks)}" if self.fallbacks else "")]
+                 + (f" (executor xla): {', '.join(self.fallbacks)}" if self.fallbacks else "")]
+        if self.new_sizes:
+            lines.append(f"new sizes: {self.new_sizes}")
         for k in self.kernels:
             where = f" in {k.scope}" if k.scope else ""
             lines.append(f"- {k.name} ({k.kind}, {k.iteration[0]} x {k.iteration[1]}){where} "
                          f"from {len(k.equations)} equation(s):")
+            lines.append(f"    executor {k.executor}: {k.reason}")
             lines += [f"    {e}" for e in k.equations]
         lines += self._not_fused_lines()
         lines += ["", "schedule:", self.ir_after]
@@ -73,10 +82,25 @@ def _describe(entry) -> Explanation:
 
     sched = {k.name: k for k, _, _ in scheduled_kernels(r.schedule)}  # loop bodies' kernels too
     kernels = [KernelInfo(k.name, k.source, k.equations, sched[k.name].kind, (sched[k.name].rows, sched[k.name].cols),
-                          getattr(k, "scope", ""))
+                          getattr(k, "scope", ""), getattr(k, "executor", "pallas"), getattr(k, "reason", ""))
                for k in r.program.kernels]
     return Explanation(kernels, list(r.fallbacks), str(entry.jaxpr), r.ir_before, r.ir_after, r.program.source,
-                       [str(why) for why in r.schedule.refusals])
+                       [str(why) for why in r.schedule.refusals], _new_sizes(entry))
+
+
+def _new_sizes(entry) -> str:
+    """How a symbolic entry serves a new size, and why ('' for a static entry)."""
+    if not entry.result.program.symbols:
+        return ""
+    from lowering import executors
+    from pallaskit.api import compile_options
+    from pallaskit.config import config
+
+    choice = executors.eager(config.dynamic_launch, compile_options())
+    if choice.executor == executors.TRITON_EAGER and getattr(entry.executable, "eager", None) is None:
+        choice = executors.Choice(executors.XLA, "not every kernel renders to raw Triton: each new size compiles "
+                                  "its XLA program")
+    return f"{choice.executor}: {choice.reason}"
 
 
 @dataclasses.dataclass

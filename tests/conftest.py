@@ -10,6 +10,13 @@ if os.environ["JAX_PLATFORMS"] == "cpu" and "xla_force_host_platform_device_coun
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 if os.environ["JAX_PLATFORMS"] == "cpu":  # raw Triton kernels run in Triton's interpreter, chosen
     os.environ.setdefault("TRITON_INTERPRET", "1")  # when triton is first imported
+# TEST_DISABLE_PALLAS_TRITON=1 (GPU runs): Pallas's Triton lowering raises, and
+# kernel_backend defaults to 'triton', so every kernel must run as raw Triton
+# inside XLA (lowering/executors.py); one that falls back to Pallas fails. A test
+# that pins kernel_backend='pallas' is skipped where it reaches that lowering.
+DISABLE_PALLAS_TRITON = os.environ.get("TEST_DISABLE_PALLAS_TRITON", "") not in ("", "0")
+if DISABLE_PALLAS_TRITON:
+    os.environ.setdefault("PALLASKIT_KERNEL_BACKEND", "triton")
 # The on-disk graph cache of a test session lives in a temporary directory
 # (inherited by subprocesses); each test gets its own subdirectory below it.
 _CACHE_ROOT = tempfile.mkdtemp(prefix="pallaskit-test-cache-")
@@ -21,6 +28,51 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 import pallaskit  # noqa: E402
+
+
+class PallasTritonDisabled(RuntimeError):
+    """A pallas_call reached Pallas's Triton lowering under TEST_DISABLE_PALLAS_TRITON."""
+
+
+def refuse_pallas_triton_lowering(ctx, *args, **params):
+    """Stands in for Pallas's Triton lowering of a pallas_call."""
+    if pallaskit.config.kernel_backend == "pallas":
+        pytest.skip("pins kernel_backend='pallas'; Pallas's Triton lowering is disabled")
+    raise PallasTritonDisabled(f"pallas_call {params.get('name_and_src_info', '')} reached Pallas's Triton "
+                               "lowering (TEST_DISABLE_PALLAS_TRITON=1): a kernel fell back to Pallas")
+
+
+def pallas_triton_lowering_slots():
+    """(namespace, key) of each place jax's pallas_call finds Pallas's Triton
+    lowering: the rule registered for ``plt.CompilerParams`` (what pallaskit
+    passes) and the module function used without compiler params."""
+    from jax._src.pallas import core as pallas_core
+    from jax._src.pallas.triton import core as triton_core
+    from jax._src.pallas.triton import pallas_call_registration
+
+    slots = [(pallas_call_registration, "pallas_call_lowering")]
+    rules = getattr(pallas_core, "_backend_lowering_rules", None)
+    if rules is not None and triton_core.CompilerParams in rules:
+        slots.append((rules, triton_core.CompilerParams))
+    return slots
+
+
+def _disable_pallas_triton_lowering():
+    for where, key in pallas_triton_lowering_slots():
+        if isinstance(where, dict):
+            where[key] = (refuse_pallas_triton_lowering, where[key][1])
+        else:
+            setattr(where, key, refuse_pallas_triton_lowering)
+    from jax._src.pallas import core as pallas_core
+    from jax._src.pallas.triton import core as triton_core
+
+    if hasattr(pallas_core, "get_lowering_rule"):  # what pallas_call asks for plt.CompilerParams
+        assert pallas_core.get_lowering_rule(triton_core.CompilerParams, "gpu") in (
+            None, refuse_pallas_triton_lowering), "Pallas's Triton lowering moved: update tests/conftest.py"
+
+
+if DISABLE_PALLAS_TRITON:
+    _disable_pallas_triton_lowering()
 
 
 @pytest.fixture(autouse=True)

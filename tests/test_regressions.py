@@ -143,19 +143,19 @@ def _rows_with_argmax(x, w):
     return x.max(-1), x.min(-1), jnp.argmax(x, -1), jnp.argmin(x, -1), jnp.sum(x * w, 0)
 
 
-@pytest.mark.parametrize("fn,triton_mix", [(_row_and_column, "off"), (_rows_with_argmax, "off"),
-                                           (_rows_and_one_column, "on")], ids=["columns", "argmax", "triton"])
+@pytest.mark.parametrize("fn,triton_mix", [(_row_and_column, "pallas"), (_rows_with_argmax, "pallas"),
+                                           (_rows_and_one_column, "triton")], ids=["columns", "argmax", "triton"])
 def test_row_and_column_reductions_in_a_mix_kernel(fn, triton_mix, rng):
     """Row reductions of one tile inside a mix kernel (num_sms=1: the row work
     joins it at 1100 rows), Pallas or raw Triton (triton_call)."""
     pytest.importorskip("triton")
     x = _special(rng, (1100, 96), jnp.float32)
     w = jnp.asarray(rng.standard_normal(96), jnp.float32)
-    with pallaskit.config.override(triton_mix_kernels=triton_mix, num_sms=1, cache=False):
+    with pallaskit.config.override(kernel_backend=triton_mix, num_sms=1, cache=False):
         kernels = pallaskit.explain(fn, x, w).kernels
         got = pallaskit.jit(fn)(x, w)
     assert kernels[0].kind == "mix" and "_max" in kernels[0].name, [k.name for k in kernels]
-    assert ("@triton.jit" in kernels[0].source) == (triton_mix == "on")
+    assert ("@triton.jit" in kernels[0].source) == (triton_mix == "triton")
     _same(got, jax.jit(fn)(x, w))
 
 

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import sympy
 
-from lowering import heuristics, ir, sizes
+from lowering import executors, heuristics, ir, sizes
 from lowering.errors import SymbolicUnsupported
 from lowering.symbolic import program_dims
 from lowering.codegen.writer import SourceWriter
@@ -192,7 +192,10 @@ class RenderedKernel:
     config: heuristics.TileConfig
     dims: list = dataclasses.field(default_factory=list)  # dim symbols the launcher takes
     guards: list = dataclasses.field(default_factory=list)  # what this kernel assumes of them
-    triton: bool = False  # raw Triton run inside the XLA program (``_render_triton_mix``), not a pallas_call
+    triton: bool = False  # raw Triton run inside the XLA program (``_render_triton_xla``), not a pallas_call
+    # Which executor runs it and why ([Note: executors] in lowering/executors.py).
+    executor: str = "pallas"
+    reason: str = ""
     scope: str = ""  # the loop body function launching it ('' : the wrapper ``call``)
     inline: bool = False  # plain jnp code, no pallas_call (``render_inline_scalar``): not a kernel
 
@@ -1151,8 +1154,12 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Rend
             helpers.update(hs)
             inline.append(rk)
             continue
-        triton_mix = k.kind == "mix" and options.triton_mix_kernels and _render_triton_mix(k, ks, options)
-        rk, hs = triton_mix or (render_matmul if k.kind == "matmul" else render_kernel)(k, ks, options)
+        choice = executors.choose(executors.kernel_kind(k.kind, _whole_rows(k), _columns(k)), options)
+        rendered = None
+        if choice.executor == executors.TRITON_XLA:
+            rendered, choice = _render_triton_xla(k, ks, options, choice)
+        rk, hs = rendered or (render_matmul if k.kind == "matmul" else render_kernel)(k, ks, options)
+        rk.executor, rk.reason = choice.executor, choice.reason
         rk.scope = scope
         (triton_helpers if rk.triton else helpers).update(hs)
         kernels.append(rk)
@@ -1171,7 +1178,7 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Rend
         from lowering.codegen import triton as triton_codegen
 
         for h in sorted(triton_helpers):
-            w.lines.extend(triton_codegen.HELPERS[h].splitlines())
+            w.lines.extend(_triton_helper_names(triton_codegen.HELPERS[h], triton_helpers).splitlines())
     w.line()
     if inline:
         w.lines.extend(_INLINE_HELPERS.splitlines())
@@ -1231,35 +1238,46 @@ def _write_steps(w: SourceWriter, schedule: Schedule, launched: dict, externs: l
             externs.append((step.primitive, step.params))
 
 
-def _render_triton_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions):
-    """(RenderedKernel, Triton helpers) of a mix kernel written as raw Triton and
-    launched inside the XLA program through ``TRITON_CALL``
-    (CompileOptions.triton_mix_kernels), or None where the Triton renderer does
-    not write it (the Pallas kernel then)."""
+def _triton_helper_names(source: str, helpers) -> str:
+    """Triton helpers share the program module with Pallas's (``HELPERS``):
+    a Triton helper of the same name (``_erf``) is written as ``_tl_erf``."""
+    for h in sorted(set(helpers) & set(HELPERS)):
+        source = re.sub(rf"(?<![\w.]){re.escape(h)}\b", f"_tl{h}", source)
+    return source
+
+
+def _render_triton_xla(kernel: Kernel, schedule: Schedule, options: CompileOptions, choice):
+    """((RenderedKernel, Triton helpers), choice) of a kernel written as raw
+    Triton and launched inside the XLA program through ``TRITON_CALL``
+    (executor ``triton_xla``), or (None, the Pallas fallback's choice) where
+    the Triton renderer does not write it."""
     from lowering.codegen import triton as triton_codegen
 
     try:
-        r = triton_codegen.render_mix(kernel, schedule, options)
-    except triton_codegen.TritonUnsupported:
-        return None
-    clash = set(r.helpers) & set(HELPERS)
-    if clash:
-        raise AssertionError(f"Triton and Pallas helpers share names: {sorted(clash)}")
+        r = triton_codegen.render_for_xla(kernel, schedule, options)
+    except triton_codegen.TritonUnsupported as e:
+        return None, executors.fallback(str(e))
     w = SourceWriter()
-    w.lines.extend(r.source.rstrip("\n").splitlines())
+    w.lines.extend(_triton_helper_names(r.source, r.helpers).rstrip("\n").splitlines())
     w.line()
     outs = [m for m in kernel.members if m.store]
     out_shapes = [f"jax.ShapeDtypeStruct(({sizes.to_source(m.node.numel)},), {dtype_source(m.node.dtype)})"
                   for m in outs]
     args = [f"in{i}" for i in range(len(r.reads))]
     constexprs = ", ".join(f"{c}={v}" for c, v in r.constexprs.items())
-    w.line(f"def {kernel.name}({', '.join(args)}):")
+    # Dynamic sizes: the launcher takes the program's dims array first and the
+    # symbols as keyword ints (as the Pallas launcher); the kernel takes the ints.
+    params = (["dims"] if r.dims else []) + args + (["*"] + list(r.dims) if r.dims else [])
+    scalars = f"scalars=({', '.join(r.dims)}{',' if len(r.dims) == 1 else ''}), " if r.dims else ""
+    w.line(f"def {kernel.name}({', '.join(params)}):")
     with w.indent():
         w.line(f"return TRITON_CALL({kernel.name}_kernel, {r.grid}, ({', '.join(out_shapes)},), "
                f"{', '.join(a + '.reshape(-1)' for a in args)},")
-        w.line(f"                   num_warps={r.num_warps}, num_stages={r.num_stages}, interpret=INTERPRET, "
-               f"{constexprs})")
-    return RenderedKernel(kernel.name, w.source(), list(kernel.origin), r.config, triton=True), r.helpers
+        w.line(f"                   {scalars}num_warps={r.num_warps}, num_stages={r.num_stages}, "
+               f"interpret=INTERPRET, {constexprs})")
+    rk = RenderedKernel(kernel.name, w.source(), list(kernel.origin), r.config, list(r.dims), list(r.guards),
+                        triton=True)
+    return (rk, r.helpers), choice
 
 
 def _shape_source(shape) -> str:

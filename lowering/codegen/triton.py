@@ -223,6 +223,10 @@ class _TritonEmitter(pallas._KernelEmitter):
         if e.op == "clamp":
             return ("tl.minimum(tl.maximum({1}, {0}, propagate_nan=tl.PropagateNan.ALL), {2}, "
                     "propagate_nan=tl.PropagateNan.ALL)" if float_op else "tl.minimum(tl.maximum({1}, {0}), {2})")
+        if e.op == "is_finite":  # x - x is 0 for finite x, NaN for +-inf and NaN
+            return "(({0} - {0}) == 0)"
+        if e.op == "sign":  # 0, -0 and NaN are their own sign (integer floor division needs sign)
+            return self.cast_text("tl.where({0} > 0, 1, tl.where({0} < 0, -1, {0}))", e.dtype)
         if e.op == "not":
             return "({0} == 0)" if e.dtype == np.bool_ else "(~{0})"
         if e.op == "convert_element_type":
@@ -439,6 +443,68 @@ def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _
     return dataclasses.replace(rendered, config=cfg)
 
 
+def render_column(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _Rendered:
+    """A mix kernel without row work (split.py's partial column reductions,
+    with any row-wise stores of the same tiles), as the Pallas kernel does it:
+    ``PROGRAMS`` x column blocks programs; each walks the row blocks
+    ``program, program + PROGRAMS, ...`` of its column block, folds each
+    column member into a (BLOCK_R, BLOCK_C) accumulator and stores its sum
+    over rows as the program's partial row."""
+    if kernel.kind != "mix" or pallas._whole_rows(kernel):
+        raise TritonUnsupported(f"kernel {kernel.name} is not a column-tile mix kernel")
+    if sizes.is_symbolic((kernel.rows, kernel.cols)):
+        raise TritonUnsupported(f"mix kernel {kernel.name} has dynamic sizes")
+    columns = [m for m in kernel.members if m.role == "column"]
+    for m in columns:
+        if m.node.op not in _COMBINE:
+            raise TritonUnsupported(f"{m.node.op} column reduction")
+    cfg = pallas.kernel_config(kernel, schedule, options)
+    em = _TritonEmitter(kernel, schedule, cfg, options)
+    w = em.w
+    bodies = {m.name: pallas._kernel_coords_body(m) for m in kernel.members}
+    programs, col_blocks = kernel.programs, -(-int(kernel.cols) // cfg.block_cols)
+    steps = -(-(-(-int(kernel.rows) // cfg.block_rows)) // programs)
+    w.line(em.pid_line())
+    w.line(f"PROGRAMS = {programs}")
+    w.line(f"program = pid // {col_blocks}")
+    w.line(f"xc = (pid % {col_blocks}) * BLOCK_C + {em.iota_text(1, 'BLOCK_C')}")
+    w.line("cmask = xc < COLS")
+    accs = []
+    for i, m in enumerate(columns):
+        ident = pallas._reduction_identity(m.node.op, m.node.dtype)
+        w.line(f"acc{i} = tl.full((BLOCK_R, BLOCK_C), {ident}, {em.dtype_text(m.node.dtype)})")
+        accs.append((f"acc{i}", m))
+    w.line(f"for step in range(0, {steps}):")
+    with w.indent():
+        em.scopes.append({})
+        w.line(f"xr = (program + step * PROGRAMS) * BLOCK_R + {em.iota_text(0, 'BLOCK_R')}")
+        w.line("rmask = xr < ROWS")
+        for m in kernel.members:
+            if m.role == "rowwise" and m.store:
+                em.store(m, *em.value(bodies[m.name]))
+        full = frozenset("rc")
+        for name, m in accs:
+            var, ext = em.value(bodies[m.name])
+            v = em.broadcast(var, ext, full)
+            if m.node.dtype != m.body.dtype:
+                v = em.bind(("cast", v, m.node.dtype), em.cast_text(v, m.node.dtype), full)[0]
+            edge = em.edge_mask(full)[0]
+            ident = pallas._reduction_identity(m.node.op, m.node.dtype)
+            v = em.bind(("masked", v, edge, ident), f"tl.where({edge}, {v}, {ident})", full)[0]
+            w.line(f"{name} = {_COMBINE[m.node.op].format(a=name, v=v)}")
+        em.scopes.pop()
+    for name, m in accs:
+        total = _reduce_text(em, m.node.op, name, m.node.dtype, 0)
+        w.line(f"tl.store({em.out_refs[m.name]} + program * COLS + xc, {total}, mask=cmask)")
+    extents = [f"ROWS = {int(kernel.rows)}", f"COLS = {int(kernel.cols)}"]
+    header = (f"# kernel {kernel.name}: column tiles (raw Triton), {kernel.rows} x {kernel.cols}, block "
+              f"{cfg.block_rows} x {cfg.block_cols}, {programs} programs x {col_blocks} column blocks x {steps} "
+              "steps\n# from:\n" + "\n".join(f"#   {eq}" for eq in kernel.origin))
+    rendered = _wrap(kernel, schedule, em, header, extents, {"BLOCK_R": cfg.block_rows, "BLOCK_C": cfg.block_cols},
+                     str(programs * col_blocks), cfg.num_warps, cfg.num_stages)
+    return dataclasses.replace(rendered, config=cfg)
+
+
 def _masked_operand(em, m, var, ext, body) -> str:
     """A reduction's operand over the tile, in its accumulator dtype, with the
     identity past the last column (no select for a sum of a value that is
@@ -558,7 +624,8 @@ class _Rendered:
     num_warps: int
     num_stages: int
     helpers: set
-    config: heuristics.TileConfig | None = None  # render_mix: its tile
+    config: object = None  # the tile (TileConfig, or MatmulConfig for the template)
+    guards: list = dataclasses.field(default_factory=list)  # symbolic kernels: what the int32 indices assume
 
 
 def _wrap(kernel, schedule, em, header, extents, constexprs, grid, num_warps, num_stages) -> _Rendered:
@@ -575,7 +642,23 @@ def _wrap(kernel, schedule, em, header, extents, constexprs, grid, num_warps, nu
             w.line(line)
     w.lines.append(body.rstrip("\n"))
     return _Rendered(kernel.name, w.source(), list(kernel.reads), dims, grid, constexprs, num_warps, num_stages,
-                     set(em.helpers))
+                     set(em.helpers), guards=list(em.guards))
+
+
+def render_for_xla(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _Rendered:
+    """One kernel of any kind as a ``@triton.jit`` kernel to run inside the XLA
+    program (lowering/executors.py ``triton_xla``; the program wrapper in
+    codegen/pallas.py launches it through ``TRITON_CALL``). Raises
+    ``TritonUnsupported`` for what this renderer does not write."""
+    if kernel.kind == "matmul":
+        return dataclasses.replace(_render_matmul(kernel, schedule, options),
+                                   config=matmul.matmul_kernel_config(kernel, options))
+    if kernel.kind == "mix" and not pallas._whole_rows(kernel):
+        return render_column(kernel, schedule, options)
+    if kernel.kind == "mix":
+        return render_mix(kernel, schedule, options)
+    return dataclasses.replace(_render_kernel(kernel, schedule, options),
+                               config=pallas.kernel_config(kernel, schedule, options))
 
 
 # --------------------------------------------------------------------------- #

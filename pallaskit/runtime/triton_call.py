@@ -1,20 +1,24 @@
-"""Raw Triton kernels inside the XLA program (the norm-backward mix kernel).
+"""Raw Triton kernels inside the XLA program (executor ``triton_xla``, lowering/executors.py).
 
 [Note: Triton inside XLA]
-Pallas cannot ask Triton to pipeline a loop's loads through shared memory
-(``tl.range(..., num_stages=...)``); the raw Triton mix kernel does, and is
-the faster RMSNorm backward (heuristics.TRITON_MIX_*; benchmarks/RESULTS.md,
-"Heuristics: raw-Triton mix kernels"). Such a kernel joins the program as a JAX
-primitive, ``triton_call_p``, which the generated module binds through
-``TRITON_CALL`` (the loader provides it), so it stays one XLA executable:
-one command buffer per call, the on-disk cache of executables, ``jax.jit``
-and ``jax.grad`` around it as for any pallaskit program.
+Every kernel the raw Triton renderer writes (codegen/triton.py) can run
+inside the XLA program instead of as a ``pallas_call``: the default on a GPU,
+where Pallas's Triton backend is deprecated, and the way past what Pallas
+cannot ask Triton for (``tl.range(..., num_stages=...)``: the RMSNorm
+backward's mix kernel pipelines its row loads through shared memory).
+Such a kernel joins the program as a JAX primitive, ``triton_call_p``,
+which the generated module binds through ``TRITON_CALL`` (the loader
+provides it), so it stays one XLA executable: one command buffer per call,
+the on-disk cache of executables, ``jax.jit`` and ``jax.grad`` around it as
+for any pallaskit program. A symbolic program's sizes are scalar kernel
+parameters (ints when the program is traced for a size).
 
-- *GPU*: the lowering compiles the kernel with Python Triton (its stages up
-  to PTX, without Triton's cache: ``triton_launch._compile_uncached``), once
-  per kernel, signature and GPU in this process, and emits the custom call
-  jaxlib provides for Triton kernels (``triton_kernel_call_ffi``, the one
-  Pallas's Triton backend emits: a zlib-compressed ``TritonKernelCall``
+- *GPU*: the kernel compiles with Python Triton (its stages up to PTX,
+  without Triton's cache: ``triton_launch._compile_uncached``), once per
+  kernel, signature and GPU in this process, on compile threads started when
+  the program is traced (``_start_compile``); the lowering waits for it and
+  emits the custom call jaxlib provides for Triton kernels
+  (``triton_kernel_call_ffi``, what jax-triton emits: a zlib-compressed ``TritonKernelCall``
   proto holding the PTX, which jaxlib assembles with ptxas on first launch).
   Every operand and result is a flat array, 16-byte aligned as XLA allocates
   them. jaxlib passes null for Triton's global and profile scratch pointers,
@@ -28,7 +32,9 @@ compiles nothing, Triton included.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import functools
+import os
 import threading
 import weakref
 import zlib
@@ -55,17 +61,22 @@ class _Kernel:
     def __init__(self, fn, num_warps: int, num_stages: int):
         self.fn, self.num_warps, self.num_stages = fn, num_warps, num_stages
         self.name = fn.__name__
-        self._ptx: dict[tuple, triton_launch._Compiled] = {}
+        self._ptx: dict[tuple, concurrent.futures.Future] = {}  # of triton_launch._Compiled
         self._lock = threading.Lock()
 
     def __repr__(self):
         return f"{self.name}(num_warps={self.num_warps}, num_stages={self.num_stages})"
 
     def compiled(self, signature: dict, constexprs: dict, capability: int) -> triton_launch._Compiled:
+        return self.start(signature, constexprs, capability).result()
+
+    def start(self, signature: dict, constexprs: dict, capability: int) -> concurrent.futures.Future:
+        """The compile of this signature, started on the compile threads once:
+        a program's kernels compile at once while JAX traces and lowers the rest."""
         key = (tuple(signature.items()), tuple(constexprs.items()), capability)
         with self._lock:
             if key not in self._ptx:
-                self._ptx[key] = self._compile(signature, constexprs, capability)
+                self._ptx[key] = _compile_pool().submit(self._compile, signature, constexprs, capability)
             return self._ptx[key]
 
     def _compile(self, signature, constexprs, capability):
@@ -87,6 +98,12 @@ _kernels: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _kernels_lock = threading.Lock()
 
 
+@functools.lru_cache(maxsize=None)
+def _compile_pool() -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
+                                                 thread_name_prefix="pallaskit-triton-compile")
+
+
 def _kernel(fn, num_warps: int, num_stages: int) -> _Kernel:
     with _kernels_lock:
         key = (fn, num_warps, num_stages)
@@ -96,15 +113,38 @@ def _kernel(fn, num_warps: int, num_stages: int) -> _Kernel:
         return kernel
 
 
-def triton_call(fn, grid: int, out_shapes, *args, num_warps: int, num_stages: int, interpret: bool,
+def triton_call(fn, grid: int, out_shapes, *args, scalars=(), num_warps: int, num_stages: int, interpret: bool,
                 **constexprs) -> tuple:
     """Run ``fn`` (``@triton.jit``, parameters: ``args``' pointers, then one
-    per output, then ``constexprs``) on a 1-D grid of ``grid`` programs; the
-    outputs (``jax.ShapeDtypeStruct``s) are fresh arrays."""
+    per output, then ``scalars`` (ints known when the program is traced: a
+    symbolic program's sizes), then ``constexprs``) on a 1-D grid of ``grid``
+    programs; the outputs (``jax.ShapeDtypeStruct``s) are fresh arrays."""
     out_avals = tuple(jax.core.ShapedArray(tuple(s.shape), np.dtype(s.dtype)) for s in out_shapes)
+    kernel, scalars = _kernel(fn, num_warps, num_stages), tuple(int(v) for v in scalars)
+    if not interpret:
+        _start_compile(kernel, [np.dtype(a.dtype) for a in args] + [a.dtype for a in out_avals], scalars, constexprs)
     return tuple(triton_call_p.bind(
-        *args, kernel=_kernel(fn, num_warps, num_stages), grid=int(grid), out_avals=out_avals,
-        constexprs=tuple(constexprs.items()), interpret=bool(interpret)))
+        *args, kernel=kernel, grid=int(grid), out_avals=out_avals,
+        scalars=scalars, constexprs=tuple(constexprs.items()), interpret=bool(interpret)))
+
+
+def _signature(kernel: _Kernel, dtypes, scalars) -> dict:
+    """Triton's signature of the kernel's array and scalar parameters."""
+    names = list(kernel.fn.arg_names)
+    signature = {n: "*" + triton_launch._triton_dtype(kernel.name, n, dt) for n, dt in zip(names, dtypes)}
+    signature.update({n: _scalar_type(v) for n, v in zip(names[len(dtypes):], scalars)})
+    return signature
+
+
+def _start_compile(kernel: _Kernel, dtypes, scalars, constexprs) -> None:
+    """Start the kernel's compile while the program is traced (its lowering
+    waits for it); anything amiss is left for the lowering to raise."""
+    try:
+        from jax._src.lib import gpu_triton
+
+        kernel.start(_signature(kernel, dtypes, scalars), dict(constexprs), gpu_triton.get_compute_capability(0))
+    except Exception:  # noqa: BLE001
+        pass
 
 
 @triton_call_p.def_abstract_eval
@@ -112,25 +152,30 @@ def _abstract_eval(*avals, out_avals, **_):
     return list(out_avals)
 
 
-def _interpreted(*args, kernel, grid, out_avals, constexprs):
+def _interpreted(*args, kernel, grid, out_avals, scalars, constexprs):
     """The kernel in Triton's interpreter, on host copies, through a callback."""
     def host(*arrays):
         outs = [np.empty(a.shape, a.dtype) for a in out_avals]
         tensors = [triton_launch._HostTensor(np.array(x)) for x in arrays] + [triton_launch._HostTensor(o)
                                                                               for o in outs]
-        kernel.fn[(grid, 1, 1)](*tensors, **dict(constexprs))
+        kernel.fn[(grid, 1, 1)](*tensors, *scalars, **dict(constexprs))
         return tuple(outs)
 
     shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals)
     return jax.pure_callback(host, shapes, *args)
 
 
-def _lowering(ctx, *args, kernel, grid, out_avals, constexprs, interpret):
+def _scalar_type(value: int) -> str:
+    return "i32" if -2**31 <= value < 2**31 else "i64"
+
+
+def _lowering(ctx, *args, kernel, grid, out_avals, scalars, constexprs, interpret):
     from jax._src.interpreters import mlir
 
     if interpret:
         return mlir.lower_fun(functools.partial(_interpreted, kernel=kernel, grid=grid, out_avals=out_avals,
-                                                constexprs=constexprs), multiple_results=True)(ctx, *args)
+                                                scalars=scalars, constexprs=constexprs),
+                              multiple_results=True)(ctx, *args)
     if tuple(ctx.module_context.platforms) != ("cuda",):
         raise triton_launch.LaunchError(f"{kernel.name}: raw Triton kernels run on a CUDA GPU or in interpret "
                                         f"mode, not on {ctx.module_context.platforms}")
@@ -139,16 +184,17 @@ def _lowering(ctx, *args, kernel, grid, out_avals, constexprs, interpret):
 
     avals = list(ctx.avals_in) + list(ctx.avals_out)
     names = list(kernel.fn.arg_names)
-    if len(names) != len(avals) + len(constexprs):
-        raise triton_launch.LaunchError(f"{kernel.name} takes {names}: got {len(avals)} arrays and "
-                                        f"{[c for c, _ in constexprs]}")
-    signature = {n: "*" + triton_launch._triton_dtype(kernel.name, n, a.dtype) for n, a in zip(names, avals)}
+    if len(names) != len(avals) + len(scalars) + len(constexprs):
+        raise triton_launch.LaunchError(f"{kernel.name} takes {names}: got {len(avals)} arrays, {len(scalars)} "
+                                        f"scalars and {[c for c, _ in constexprs]}")
+    signature = _signature(kernel, [a.dtype for a in avals], scalars)
     capability = gpu_triton.get_compute_capability(0)
     compiled = kernel.compiled(signature, dict(constexprs), capability)
     meta = compiled.metadata
     launch = gpu_triton.TritonKernelCall(
         gpu_triton.TritonKernel(meta.name, kernel.num_warps, 1, meta.shared, compiled.cubin.decode(), "", capability),
-        grid, 1, 1, [gpu_triton.create_array_parameter(0, 16) for _ in avals])
+        grid, 1, 1, [gpu_triton.create_array_parameter(0, 16) for _ in avals]
+        + [gpu_triton.create_scalar_parameter(v, _scalar_type(v)) for v in scalars])
     opaque = zlib.compress(launch.to_proto(meta.name, b""))
 
     def layouts(avs):

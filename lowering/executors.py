@@ -1,0 +1,113 @@
+"""Kernel backends as named executors: which one runs a kernel, and why.
+
+[Note: executors]
+A generated kernel runs through one of four executors:
+
+- ``pallas``: a ``pallas_call`` (codegen/pallas.py): interpret mode on the
+  CPU, Pallas's Triton backend on a GPU (which JAX 0.11 deprecated).
+- ``triton_xla``: the raw Triton kernel (codegen/triton.py) inside the XLA
+  program through jaxlib's Triton custom call (pallaskit/runtime/triton_call.py);
+  in interpret mode a host callback runs it in Triton's interpreter.
+- ``triton_eager``: a symbolic program's new sizes, its raw Triton kernels
+  launched outside XLA (pallaskit/runtime/eager.py; option ``dynamic_launch``).
+- ``xla``: what pallaskit does not compile (externs, fallbacks).
+
+``choose`` decides for a kernel of the static or symbolic program, from its
+kind and ``CompileOptions`` (``kernel_backend`` and the platform facts the
+runtime resolved: ``interpret``, ``triton_available``). The renderer asks it
+for every kernel; a kernel the Triton renderer refuses (``TritonUnsupported``)
+falls back to ``pallas`` with that reason. ``eager`` decides for the new sizes
+of a symbolic program. Nothing else picks an executor.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from lowering.options import CompileOptions
+
+PALLAS, TRITON_XLA, TRITON_EAGER, XLA = "pallas", "triton_xla", "triton_eager", "xla"
+EXECUTORS = (PALLAS, TRITON_XLA, TRITON_EAGER, XLA)
+KERNEL_BACKENDS = ("auto", "pallas", "triton")
+
+# kernel_backend='auto' on a GPU: the executor of each kernel kind and why.
+# Raw Triton everywhere, so nothing depends on Pallas's deprecated Triton
+# backend, except where raw Triton measured slower on the suite: that kind
+# names Pallas here, its reason pointing at the figures.
+_DEPRECATED = "kernel_backend='auto' on a GPU: raw Triton inside XLA (Pallas's Triton backend is deprecated)"
+GPU_AUTO = {
+    "pointwise": (TRITON_XLA, _DEPRECATED),
+    "reduction": (TRITON_XLA, _DEPRECATED),
+    "column": (TRITON_XLA, _DEPRECATED),  # split column reductions: partial sums over row blocks
+    "mix": (TRITON_XLA, _DEPRECATED),  # row reductions and one column sum over whole rows
+    # Whole-row mix kernels with two or more column sums (LayerNorm backward):
+    # the raw Triton kernel measured slower than Pallas's on the H100
+    # (benchmarks/RESULTS.md, "Raw-Triton mix kernels"; benchmarks/executors.py).
+    "mix_columns": (PALLAS, "kernel_backend='auto' on a GPU: a mix kernel with two or more column sums measured "
+                    "faster in Pallas (benchmarks/executors.py)"),
+    "matmul": (TRITON_XLA, _DEPRECATED),
+}
+
+
+def kernel_kind(kind: str, whole_rows: bool = True, column_sums: int = 0) -> str:
+    """The executors' kind of a scheduled kernel (``Kernel.kind`` 'pointwise',
+    'reduction', 'mix', 'matmul'): a mix kernel without row work is a split
+    column reduction ('column'); one with two or more column sums is 'mix_columns'."""
+    if kind != "mix":
+        return kind
+    if not whole_rows:
+        return "column"
+    return "mix_columns" if column_sums >= 2 else "mix"
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    executor: str
+    reason: str
+
+
+def choose(kind: str, options: CompileOptions) -> Choice:
+    """The executor of a kernel of ``kind`` (a ``GPU_AUTO`` key: see
+    ``kernel_kind``) under ``options``, and why. ``triton_xla`` is a wish: the
+    renderer falls back to ``pallas`` where the Triton renderer refuses the kernel."""
+    if kind not in GPU_AUTO:
+        raise ValueError(f"kernel kind {kind!r}: expected one of {', '.join(GPU_AUTO)}")
+    backend = options.kernel_backend
+    if backend not in KERNEL_BACKENDS:
+        raise ValueError(f"kernel_backend {backend!r}: expected one of {', '.join(KERNEL_BACKENDS)}")
+    if backend == "pallas":
+        return Choice(PALLAS, "kernel_backend='pallas'")
+    if not options.triton_available:
+        return Choice(PALLAS, f"kernel_backend={backend!r}, but triton is not installed"
+                      + ("" if options.interpret else " or the device is not a CUDA GPU"))
+    if backend == "triton":
+        where = " (interpret mode: Triton's interpreter through a host callback)" if options.interpret else ""
+        return Choice(TRITON_XLA, f"kernel_backend='triton': raw Triton inside XLA{where}")
+    if options.interpret:
+        return Choice(PALLAS, "kernel_backend='auto' in interpret mode: Pallas's interpreter")
+    executor, reason = GPU_AUTO[kind]
+    return Choice(executor, reason)
+
+
+def wants_triton(kind: str, options: CompileOptions) -> bool:
+    """Would ``choose`` run a ``kind`` kernel as raw Triton inside XLA (split.py
+    sizes a mix kernel's partial buffer for the executor that will run it)?"""
+    return choose(kind, options).executor == TRITON_XLA
+
+
+def fallback(reason: str) -> Choice:
+    """The Pallas kernel of one the Triton renderer does not write."""
+    return Choice(PALLAS, f"the Triton renderer does not write it ({reason}); Pallas")
+
+
+def eager(dynamic_launch: str, options: CompileOptions) -> Choice:
+    """Do a symbolic program's new sizes launch eagerly as raw Triton
+    (``triton_eager``), or wait for XLA's compile of the size (``xla``:
+    the program's own kernels then run as ``choose`` says)? ``dynamic_launch``:
+    the option's value ('auto', 'on', 'off'). Eager launches also need every
+    kernel to render to raw Triton (checked by the runtime when it builds them)."""
+    if dynamic_launch == "off":
+        return Choice(XLA, "dynamic_launch='off': each new size compiles its XLA program")
+    if dynamic_launch == "auto" and options.interpret:
+        return Choice(XLA, "dynamic_launch='auto' in interpret mode: each new size compiles its XLA program")
+    return Choice(TRITON_EAGER, f"dynamic_launch={dynamic_launch!r}: a new size launches the raw Triton kernels "
+                  "outside XLA at once; a recurring size tiers up to its compiled program")
