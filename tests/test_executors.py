@@ -42,8 +42,6 @@ def test_the_options_and_platform_facts_decide():
         missing = executors.choose("pointwise", dataclasses.replace(opts, kernel_backend="triton",
                                                                     triton_available=False))
         assert missing.executor == executors.PALLAS and "not installed" in missing.reason
-        bucketed = executors.choose("pointwise", dataclasses.replace(opts, bucketed=True))
-        assert bucketed.executor == executors.PALLAS and "bucket" in bucketed.reason
     # Figures decide a kind's default: two or more column sums measured faster in Pallas.
     two = executors.choose(executors.kernel_kind("mix", True, 2), GPU)
     assert two.executor == executors.PALLAS and "measured" in two.reason

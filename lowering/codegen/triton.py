@@ -220,6 +220,8 @@ class _TritonEmitter(pallas._KernelEmitter):
             return product if y > 0 else f"(1.0 / {product})"
         if e.op == "select_n" and len(e.args) == 3 and e.args[0].dtype == np.bool_:
             return "tl.where({0}, {2}, {1})"
+        if e.op == "select_n":  # an int32 case index: nested two-way selects
+            return pallas._select_n_template(len(e.args) - 1).replace("jnp.where", "tl.where")
         if e.op == "clamp":
             return ("tl.minimum(tl.maximum({1}, {0}, propagate_nan=tl.PropagateNan.ALL), {2}, "
                     "propagate_nan=tl.PropagateNan.ALL)" if float_op else "tl.minimum(tl.maximum({1}, {0}), {2})")
