@@ -1175,6 +1175,7 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Rend
         w.line("# loader provides TRITON (the triton module, in interpret mode or not) and TRITON_CALL.")
         w.line("triton = TRITON(INTERPRET)")
         w.line("tl = triton.language")
+        w.line("from triton.language.extra import libdevice  # noqa: E402")
         from lowering.codegen import triton as triton_codegen
 
         for h in sorted(triton_helpers):

@@ -149,6 +149,7 @@ _PRELUDE = '''\
 import numpy as np
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 '''
 
 
@@ -210,8 +211,12 @@ class _TritonEmitter(pallas._KernelEmitter):
             return (_NAN_MAX if e.op == "max" else _NAN_MIN) if float_op else f"tl.{e.op}imum({{0}}, {{1}})"
         if e.op == "div":
             return "({0} / {1})" if float_op else "({0} // {1})"  # Triton's // truncates, like lax.div
+        if e.op == "rem" and float_op and not self.triton_interpret:  # the interpreter's % is np.fmod
+            # libdevice's fmod is exact; Triton's float % (LLVM frem) divides approximately on
+            # the GPU and can be one divisor off (bf16 rem gave -1.086 where XLA gives -0.0).
+            return "libdevice.fmod({0}, {1})"
         if e.op == "rem":
-            return "({0} % {1})"  # C's remainder (fmod / srem), like lax.rem
+            return "({0} % {1})"  # C's remainder (srem), like lax.rem
         if e.op == "integer_pow":
             y = int(params["y"])
             if y == 0:
