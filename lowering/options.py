@@ -24,6 +24,7 @@ class CompileOptions:
     # ``render_mix``, pallaskit/runtime/triton_call.py) instead of Pallas; resolved
     # by the runtime (GPU with triton installed, or asked for).
     triton_mix_kernels: bool = False
+    combo_kernels: bool = True  # independent kernels of different shapes in one launch (lowering/combo.py)
     loop_bodies: bool = True  # compile scan / while / cond bodies as programs of their own (lowering/loops.py)
     # Symbolic (dynamic) dims: (symbol name, size) pairs the heuristics read a
     # symbolic size at (the first concrete call's sizes). Index expressions,

@@ -854,7 +854,7 @@ class _FusionLoop:
 # --------------------------------------------------------------------------- #
 # 4. Order
 # --------------------------------------------------------------------------- #
-def schedule(graph: ir.Graph, options: CompileOptions) -> Schedule:
+def schedule(graph: ir.Graph, options: CompileOptions, loop_body: bool = False) -> Schedule:
     n_before = sum(1 for n in graph.nodes.values() if not isinstance(n, ir.InputNode))
     graph = split_reductions(graph, options)
     live = live_nodes(graph)
@@ -880,6 +880,9 @@ def schedule(graph: ir.Graph, options: CompileOptions) -> Schedule:
             kernels.append(_to_kernel(step, k, graph, keep))
         else:
             kernels.append(step)
+    from lowering.combo import combine  # it builds on this module's Kernel
+
+    kernels = combine(kernels, graph, options, loop_body)
     stored = set(graph.inputs)
     for s in kernels:
         stored.update(s.stores if isinstance(s, Kernel) else s.outputs)

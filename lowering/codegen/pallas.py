@@ -1158,7 +1158,12 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Rend
             inline.append(rk)
             continue
         triton_mix = k.kind == "mix" and options.triton_mix_kernels and _render_triton_mix(k, ks, options)
-        rk, hs = triton_mix or (render_matmul if k.kind == "matmul" else render_kernel)(k, ks, options)
+        if k.kind == "combo":
+            from lowering.codegen.combo import render_pallas as render_combo  # [Note: combo kernels]
+
+            rk, hs = render_combo(k, ks, options)
+        else:
+            rk, hs = triton_mix or (render_matmul if k.kind == "matmul" else render_kernel)(k, ks, options)
         rk.scope = scope
         (triton_helpers if rk.triton else helpers).update(hs)
         kernels.append(rk)

@@ -594,6 +594,8 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Trit
         if not isinstance(step, Kernel):
             raise TritonUnsupported(f"{step.primitive.name} runs through XLA")
         fn = _render_matmul if step.kind == "matmul" else _render_kernel
+        if step.kind == "combo":
+            from lowering.codegen.combo import render_triton as fn  # [Note: combo kernels]
         rendered.append(fn(step, schedule, options))
     dims = pallas.program_dims(schedule)
     w = SourceWriter()
