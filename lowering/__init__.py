@@ -46,7 +46,11 @@ def format_schedule(s: Schedule) -> str:
             lines.append(step.format())
             continue
         lines.append(f"kernel {step.name} ({step.kind} {step.rows}x{step.cols}) reads {', '.join(step.reads)}")
-        for m in step.members:
+        for part in getattr(step, "parts", ()):  # a combo kernel: its members, each as it would run alone
+            lines.append(f"  member {part.name} ({part.kind} {part.rows}x{part.cols}) reads {', '.join(part.reads)}")
+            for m in part.members:
+                lines.append(f"    {'store' if m.store else 'keep '} {m.role:9s} {m.name}: {ir.format_expr(m.body)}")
+        for m in [] if getattr(step, "parts", ()) else step.members:
             lines.append(f"  {'store' if m.store else 'keep '} {m.role:9s} {m.name}: {ir.format_expr(m.body)}")
     return "\n".join(lines)
 

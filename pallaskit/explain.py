@@ -14,6 +14,9 @@ class KernelInfo:
     kind: str
     iteration: tuple[int, int]  # (rows, columns) of the kernel's iteration space
     scope: str = ""  # the loop body function that launches it (e.g. scan3_body); '' for the program itself
+    # A combo kernel ([Note: combo kernels] in lowering/combo.py): its members, each
+    # a KernelInfo of the kernel it would have been alone (source '').
+    members: list = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -32,7 +35,13 @@ class Explanation:
             where = f" in {k.scope}" if k.scope else ""
             lines.append(f"- {k.name} ({k.kind}, {k.iteration[0]} x {k.iteration[1]}){where} "
                          f"from {len(k.equations)} equation(s):")
-            lines += [f"    {e}" for e in k.equations]
+            if k.members:
+                for i, m in enumerate(k.members):
+                    lines.append(f"    member {i}: {m.name} ({m.kind}, {m.iteration[0]} x {m.iteration[1]}) "
+                                 f"from {len(m.equations)} equation(s):")
+                    lines += [f"      {e}" for e in m.equations]
+            else:
+                lines += [f"    {e}" for e in k.equations]
         lines += ["", "schedule:", self.ir_after]
         return "\n".join(lines)
 
@@ -52,9 +61,13 @@ def _describe(entry) -> Explanation:
 
     sched = {k.name: k for k, _, _ in scheduled_kernels(r.schedule)}  # loop bodies' kernels too
     kernels = [KernelInfo(k.name, k.source, k.equations, sched[k.name].kind, (sched[k.name].rows, sched[k.name].cols),
-                          getattr(k, "scope", ""))
+                          getattr(k, "scope", ""), _members(sched[k.name]))
                for k in r.program.kernels]
     return Explanation(kernels, list(r.fallbacks), str(entry.jaxpr), r.ir_before, r.ir_after, r.program.source)
+
+
+def _members(kernel) -> list[KernelInfo]:
+    return [KernelInfo(p.name, "", list(p.origin), p.kind, (p.rows, p.cols)) for p in getattr(kernel, "parts", ())]
 
 
 @dataclasses.dataclass
