@@ -262,12 +262,20 @@ def _own_position(member: Member) -> sympy.Expr:
 def _in_kernel_reads_ok(members: list[Member]) -> bool:
     """Every read of a buffer produced in the kernel is at the reader's own point."""
     by_name = {m.name: m for m in members}
+    pointwise = all(m.role == "rowwise" for m in members)  # a pointwise group: no other role
     for m in members:
         for ld in ir.loads(m.body):
             prod = by_name.get(ld.buffer)
-            if prod is not None and not _in_kernel_read_ok(m, prod, ld):
+            if prod is not None and not _in_kernel_read_ok(m, prod, ld, pointwise):
                 return False
     return True
+
+
+def _reads_own_rowwise(g: _Group) -> bool:
+    """Does a member of ``g`` read another member's row-wise value (a pointwise
+    group's forwarded read, ``_in_kernel_read_ok``)?"""
+    own = g.produces()
+    return any(ld.buffer in own for m in g.members for ld in ir.loads(m.body))
 
 
 def _merged_reads_ok(merged: _Group, a: _Group, b: _Group) -> bool:
@@ -276,6 +284,9 @@ def _merged_reads_ok(merged: _Group, a: _Group, b: _Group) -> bool:
     so a read within one side is skipped unless the merge gave its reader or
     its producer another role or other coordinates (a pointwise group joining
     a reduction's iteration space)."""
+    pointwise = merged.kind == "pointwise"
+    if not pointwise and any(g.kind == "pointwise" and _reads_own_rowwise(g) for g in (a, b)):
+        return False  # forwarded row-wise reads are for pointwise kernels only
     side, before = {}, {}
     for g in (a, b):
         for m in g.members:
@@ -295,14 +306,17 @@ def _merged_reads_ok(merged: _Group, a: _Group, b: _Group) -> bool:
                 continue
             if side[prod.name] is g and m.name not in moved and prod.name not in moved:
                 continue
-            if not _in_kernel_read_ok(m, prod, ld):
+            if not _in_kernel_read_ok(m, prod, ld, pointwise):
                 return False
     return True
 
 
-def _in_kernel_read_ok(m: Member, prod: Member, ld: ir.Load) -> bool:
-    if prod.role == "rowwise":
+def _in_kernel_read_ok(m: Member, prod: Member, ld: ir.Load, pointwise: bool = False) -> bool:
+    if prod.role == "rowwise" and not (pointwise and m.role == "rowwise"):
         return False  # row-wise values are inlined, never re-read
+    # In a pointwise kernel a member may read another's value at its own point (an
+    # output such as Adam's new moment, read by the parameter update): the
+    # renderer forwards the value it stores (``write_pointwise``), no load.
     if ld.mask is not None:
         return False
     if m.role in ("reduction", "rowwise", "row", "column"):
