@@ -566,6 +566,10 @@ class Fuser:
         """A size as the heuristics see it: symbolic sizes at their hints."""
         return sizes.hint(x, self.options.size_hints)
 
+    def tiny(self, buf: str) -> bool:
+        """A buffer of one element."""
+        return self.bytes_of(buf) <= 8
+
     def bytes_of(self, buf: str) -> int:
         out = self._bytes.get(buf)
         if out is None:
@@ -685,6 +689,10 @@ class Fuser:
             return self._matmul_score(a, b)
         ar, br = a.reads(), b.reads()
         shared = (ar & br) | (a.produces() & br) | (b.produces() & ar)
+        if _class_of(a) is not None and _class_of(a) == _class_of(b):
+            # A scalar both read (an optimizer's step count) saves nothing; the
+            # class's (0, 1) pairs come from the class, not from its readers.
+            shared = {s for s in shared if not self.tiny(s) or s in a.produces() or s in b.produces()}
         saved = sum(self.bytes_of(s) for s in shared)
         if saved == 0 and (a.kind, a.domain) != (b.kind, b.domain):
             return 0, 0
@@ -783,8 +791,12 @@ class _FusionLoop:
         """Queue ``g`` with every live group it shares a buffer with."""
         f, sg = self.f, self.seq[id(g)]
         others = {}
+        cls = _class_of(g)
         for buf in g.reads():
+            tiny = cls is not None and f.tiny(buf)
             for r in f.readers.get(buf, {}).values():
+                if tiny and isinstance(r, _Group) and _class_of(r) == cls:
+                    continue  # sharing a scalar read: scored as the class's pair (fusion_score)
                 others[id(r)] = r
             p = f.step_of.get(buf)
             if p is not None:
