@@ -81,12 +81,14 @@ def levels(steps: list) -> list[int]:
     return out
 
 
-def can_join(k, loop_body: bool = False) -> bool:
+def can_join(k, loop_body: bool = False, graph: ir.Graph | None = None) -> bool:
     """Legality of one kernel as a combo member (the level grouping gives independence)."""
     if not isinstance(k, Kernel) or isinstance(k, ComboKernel) or k.kind not in ("pointwise", "reduction"):
         return False
     if sizes.is_symbolic((k.rows, k.cols)) or k.rows * k.cols == 0:
         return False
+    if graph is not None and any(sizes.is_symbolic(tuple(graph.buffer_aval(b)[0])) for b in k.reads):
+        return False  # its offsets would read a dynamic size at run time: the launcher's dims, which combos lack
     if k.kind == "reduction" and any(m.role not in ("reduction", "rowwise", "row") for m in k.members):
         return False
     if loop_body and k.kind == "pointwise" and k.rows * k.cols == 1:
@@ -128,7 +130,7 @@ def combine(steps: list, graph: ir.Graph, options: CompileOptions, loop_body: bo
     level = levels(steps)
     by_level: dict[int, list[int]] = {}
     for i, s in enumerate(steps):
-        if can_join(s, loop_body):
+        if can_join(s, loop_body, graph):
             by_level.setdefault(level[i], []).append(i)
     combos: dict[int, ComboKernel] = {}  # index of its first member -> combo
     joined: set[int] = set()
