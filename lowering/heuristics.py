@@ -38,10 +38,10 @@ def pointwise_config(rows: int, cols: int) -> TileConfig:
 
 
 # Combo kernels ([Note: combo kernels] in lowering/combo.py).
-# Members per launch: each is a branch every program of the later members tests
-# and code Triton compiles, so past a few dozen the compile grows and the
-# launches saved stop mattering.
-COMBO_MAX_MEMBERS = 64
+# Members per launch: a program finds its member through a chain of scalar
+# compares, and Triton compiles every member's code, so past ~100 the dispatch
+# and the compile grow while the launches saved stop mattering.
+COMBO_MAX_MEMBERS = 128
 # Pointer arguments (8 bytes each) per launch: CUDA 12.1+ on Volta and newer
 # takes 32764 bytes of kernel parameters (XLA packs up to 4095 arguments there);
 # 1000 keeps 8 KB. Set 500 for a toolchain limited to 4 KB.

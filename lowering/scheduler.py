@@ -696,6 +696,10 @@ class Fuser:
         saved = sum(self.bytes_of(s) for s in shared)
         if saved == 0 and (a.kind, a.domain) != (b.kind, b.domain):
             return 0, 0
+        if saved == 0 and self.options.combo_kernels and a.kind == "pointwise":
+            # Nothing shared: a combo kernel (lowering/combo.py) runs both in one launch,
+            # each over programs of its own, instead of every program loading both.
+            return 0, 0
         return saved, 1
 
     def _column_sums(self, a: _Group, b: _Group) -> int:
@@ -738,9 +742,10 @@ class Fuser:
         return _FusionLoop(self).run()
 
 
-def _class_of(g: _Group):
-    """Pairs of one class score at least (0, 1) whatever they share; None: no class."""
-    return None if g.kind == "matmul" else (g.kind, g.domain)
+def _class_of(g: _Group, combos: bool = False):
+    """Pairs of one class score at least (0, 1) whatever they share; None: no class.
+    ``combos``: pointwise groups have none (``Fuser.fusion_score``)."""
+    return None if g.kind == "matmul" or (combos and g.kind == "pointwise") else (g.kind, g.domain)
 
 
 def _never_fuse(a: _Group, b: _Group) -> bool:
@@ -762,6 +767,7 @@ class _FusionLoop:
 
     def __init__(self, fuser: Fuser):
         self.f = fuser
+        self.combos = fuser.options.combo_kernels
         self.seq: dict[int, int] = {}  # id(group) -> its place in the order groups were made
         self.alive: dict[int, _Group] = {}
         self.illegal: set[tuple[int, int]] = set()  # (seq, seq) pairs found illegal
@@ -776,12 +782,15 @@ class _FusionLoop:
         for g in fuser.groups:
             self._queue_neighbours(g, older_only=True)
 
+    def _cls(self, g):
+        return _class_of(g, self.combos)
+
     def _add(self, g):
         s = self.next_seq
         self.next_seq += 1
         self.seq[id(g)] = s
         self.alive[s] = g
-        c = _class_of(g)
+        c = self._cls(g)
         if c is not None:
             self.classes.setdefault(c, []).append(s)
             self.dirty.add(c)
@@ -858,7 +867,7 @@ class _FusionLoop:
             merged = self._legal(sa, sb)
             if merged is None:
                 for g in (a, b):
-                    c = _class_of(g)
+                    c = self._cls(g)
                     if c is not None and self.offered.get(c) == (sa, sb):
                         self.dirty.add(c)
                 continue
@@ -869,7 +878,7 @@ class _FusionLoop:
         self.verified = {}
         for g in (a, b):
             del self.alive[self.seq[id(g)]]
-            c = _class_of(g)
+            c = self._cls(g)
             if c is not None:
                 self.dirty.add(c)
         self._add(merged)
