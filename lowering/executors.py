@@ -44,7 +44,11 @@ GPU_AUTO = {
     # (benchmarks/RESULTS.md, "Raw-Triton mix kernels"; benchmarks/executors.py).
     "mix_columns": (PALLAS, "kernel_backend='auto' on a GPU: a mix kernel with two or more column sums measured "
                     "faster in Pallas (benchmarks/executors.py)"),
-    "matmul": (TRITON_XLA, _DEPRECATED),
+    # The matmul template: raw Triton measured 3-14% slower than Pallas's on the H100's gelu MLP
+    # (benchmarks/RESULTS.md, "Session 16"; benchmarks/executors.py).
+    "matmul": (PALLAS, "kernel_backend='auto' on a GPU: the matmul template measured faster in Pallas "
+               "(benchmarks/executors.py)"),
+    "combo": (TRITON_XLA, _DEPRECATED),  # independent kernels in one launch (lowering/combo.py)
 }
 
 

@@ -36,6 +36,33 @@ def pointwise_config(rows: int, cols: int) -> TileConfig:
     return TileConfig(br, bc, 4, True)
 
 
+# Combo kernels ([Note: combo kernels] in lowering/combo.py).
+# Members per launch: a program finds its member through a chain of scalar
+# compares, and Triton compiles every member's code, so past ~100 the dispatch
+# and the compile grow while the launches saved stop mattering.
+COMBO_MAX_MEMBERS = 128
+# Pointer arguments (8 bytes each) per launch: CUDA 12.1+ on Volta and newer
+# takes 32764 bytes of kernel parameters (XLA packs up to 4095 arguments there);
+# 1000 keeps 8 KB. Set 500 for a toolchain limited to 4 KB.
+COMBO_MAX_ARGS = 1000
+# Bytes a launch moves: past 1 GiB (~0.3 ms at H100 bandwidth) the launch and
+# tail a combo saves are under 1% of the launch's own time.
+COMBO_MAX_BYTES = 1 << 30
+# Elements per program of a flat (one-row) pointwise member: 1024-4096 with a
+# few warps is what approaches the memory floor on the H100 (heuristics note
+# above); 2048 over 4 warps gives each thread 16 B vector accesses four deep.
+COMBO_POINTWISE_BLOCK = 2048
+COMBO_POINTWISE_WARPS = 4
+
+
+def combo_pointwise_config(rows: int, cols: int) -> TileConfig:
+    """Tile of a pointwise combo member: a flat member takes COMBO_POINTWISE_BLOCK
+    elements per program; a tiled one (rows x columns) its own pointwise tile."""
+    if rows != 1:
+        return pointwise_config(rows, cols)
+    return TileConfig(1, min(next_power_of_2(cols), COMBO_POINTWISE_BLOCK), COMBO_POINTWISE_WARPS, True)
+
+
 def transpose_config(rows: int, cols: int) -> TileConfig:
     """A pointwise kernel that loads along rows and stores along columns: a
     tile long in rows (the load's 128-row side is 256 contiguous bf16 bytes)

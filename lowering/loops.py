@@ -215,7 +215,7 @@ def _body(ctx, name, closed, bound, fallbacks) -> Body:
         ctx.inputs.append(cname)
         closure.append(cname)
     graph = ir.Graph(inputs=list(sub.inputs), nodes=sub.nodes, outputs=list(outs), constants={})
-    sched = schedule(graph, ctx.options)
+    sched = schedule(graph, ctx.options, loop_body=True)
     for k in sched.kernels:
         k.name = f"{name}_{k.name}"
     return Body(name, sched, params, closure)

@@ -25,6 +25,7 @@ class CompileOptions:
     # Platform fact resolved by the runtime: the triton package can run kernels
     # here (a CUDA GPU, or interpret mode with triton installed).
     triton_available: bool = False
+    combo_kernels: bool = True  # independent kernels of different shapes in one launch (lowering/combo.py)
     loop_bodies: bool = True  # compile scan / while / cond bodies as programs of their own (lowering/loops.py)
     # Symbolic (dynamic) dims: (symbol name, size) pairs the heuristics read a
     # symbolic size at (the first concrete call's sizes). Index expressions,

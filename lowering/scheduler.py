@@ -264,12 +264,20 @@ def _own_position(member: Member) -> sympy.Expr:
 def _in_kernel_reads_ok(members: list[Member]) -> bool:
     """Every read of a buffer produced in the kernel is at the reader's own point."""
     by_name = {m.name: m for m in members}
+    pointwise = all(m.role == "rowwise" for m in members)  # a pointwise group: no other role
     for m in members:
         for ld in ir.loads(m.body):
             prod = by_name.get(ld.buffer)
-            if prod is not None and not _in_kernel_read_ok(m, prod, ld):
+            if prod is not None and not _in_kernel_read_ok(m, prod, ld, pointwise):
                 return False
     return True
+
+
+def _reads_own_rowwise(g: _Group) -> bool:
+    """Does a member of ``g`` read another member's row-wise value (a pointwise
+    group's forwarded read, ``_in_kernel_read_ok``)?"""
+    own = g.produces()
+    return any(ld.buffer in own for m in g.members for ld in ir.loads(m.body))
 
 
 def _merged_reads_ok(merged: _Group, a: _Group, b: _Group) -> bool:
@@ -278,6 +286,9 @@ def _merged_reads_ok(merged: _Group, a: _Group, b: _Group) -> bool:
     so a read within one side is skipped unless the merge gave its reader or
     its producer another role or other coordinates (a pointwise group joining
     a reduction's iteration space)."""
+    pointwise = merged.kind == "pointwise"
+    if not pointwise and any(g.kind == "pointwise" and _reads_own_rowwise(g) for g in (a, b)):
+        return False  # forwarded row-wise reads are for pointwise kernels only
     side, before = {}, {}
     for g in (a, b):
         for m in g.members:
@@ -297,14 +308,17 @@ def _merged_reads_ok(merged: _Group, a: _Group, b: _Group) -> bool:
                 continue
             if side[prod.name] is g and m.name not in moved and prod.name not in moved:
                 continue
-            if not _in_kernel_read_ok(m, prod, ld):
+            if not _in_kernel_read_ok(m, prod, ld, pointwise):
                 return False
     return True
 
 
-def _in_kernel_read_ok(m: Member, prod: Member, ld: ir.Load) -> bool:
-    if prod.role == "rowwise":
+def _in_kernel_read_ok(m: Member, prod: Member, ld: ir.Load, pointwise: bool = False) -> bool:
+    if prod.role == "rowwise" and not (pointwise and m.role == "rowwise"):
         return False  # row-wise values are inlined, never re-read
+    # In a pointwise kernel a member may read another's value at its own point (an
+    # output such as Adam's new moment, read by the parameter update): the
+    # renderer forwards the value it stores (``write_pointwise``), no load.
     if ld.mask is not None:
         return False
     if m.role in ("reduction", "rowwise", "row", "column"):
@@ -576,6 +590,10 @@ class Fuser:
         """A size as the heuristics see it: symbolic sizes at their hints."""
         return sizes.hint(x, self.options.size_hints)
 
+    def tiny(self, buf: str) -> bool:
+        """A buffer of one element."""
+        return self.bytes_of(buf) <= 8
+
     def bytes_of(self, buf: str) -> int:
         out = self._bytes.get(buf)
         if out is None:
@@ -705,8 +723,16 @@ class Fuser:
             return self._matmul_score(a, b)
         ar, br = a.reads(), b.reads()
         shared = (ar & br) | (a.produces() & br) | (b.produces() & ar)
+        if _class_of(a) is not None and _class_of(a) == _class_of(b):
+            # A scalar both read (an optimizer's step count) saves nothing; the
+            # class's (0, 1) pairs come from the class, not from its readers.
+            shared = {s for s in shared if not self.tiny(s) or s in a.produces() or s in b.produces()}
         saved = sum(self.bytes_of(s) for s in shared)
         if saved == 0 and (a.kind, a.domain) != (b.kind, b.domain):
+            return 0, 0
+        if saved == 0 and self.options.combo_kernels and a.kind == "pointwise":
+            # Nothing shared: a combo kernel (lowering/combo.py) runs both in one launch,
+            # each over programs of its own, instead of every program loading both.
             return 0, 0
         return saved, 1
 
@@ -750,9 +776,10 @@ class Fuser:
         return _FusionLoop(self).run()
 
 
-def _class_of(g: _Group):
-    """Pairs of one class score at least (0, 1) whatever they share; None: no class."""
-    return None if g.kind == "matmul" else (g.kind, g.domain)
+def _class_of(g: _Group, combos: bool = False):
+    """Pairs of one class score at least (0, 1) whatever they share; None: no class.
+    ``combos``: pointwise groups have none (``Fuser.fusion_score``)."""
+    return None if g.kind == "matmul" or (combos and g.kind == "pointwise") else (g.kind, g.domain)
 
 
 def _never_fuse(a: _Group, b: _Group) -> bool:
@@ -774,6 +801,7 @@ class _FusionLoop:
 
     def __init__(self, fuser: Fuser):
         self.f = fuser
+        self.combos = fuser.options.combo_kernels
         self.seq: dict[int, int] = {}  # id(group) -> its place in the order groups were made
         self.alive: dict[int, _Group] = {}
         self.illegal: set[tuple[int, int]] = set()  # (seq, seq) pairs found illegal
@@ -788,12 +816,15 @@ class _FusionLoop:
         for g in fuser.groups:
             self._queue_neighbours(g, older_only=True)
 
+    def _cls(self, g):
+        return _class_of(g, self.combos)
+
     def _add(self, g):
         s = self.next_seq
         self.next_seq += 1
         self.seq[id(g)] = s
         self.alive[s] = g
-        c = _class_of(g)
+        c = self._cls(g)
         if c is not None:
             self.classes.setdefault(c, []).append(s)
             self.dirty.add(c)
@@ -803,8 +834,12 @@ class _FusionLoop:
         """Queue ``g`` with every live group it shares a buffer with."""
         f, sg = self.f, self.seq[id(g)]
         others = {}
+        cls = _class_of(g)
         for buf in g.reads():
+            tiny = cls is not None and f.tiny(buf)
             for r in f.readers.get(buf, {}).values():
+                if tiny and isinstance(r, _Group) and _class_of(r) == cls:
+                    continue  # sharing a scalar read: scored as the class's pair (fusion_score)
                 others[id(r)] = r
             p = f.step_of.get(buf)
             if p is not None:
@@ -866,7 +901,7 @@ class _FusionLoop:
             merged = self._legal(sa, sb)
             if merged is None:
                 for g in (a, b):
-                    c = _class_of(g)
+                    c = self._cls(g)
                     if c is not None and self.offered.get(c) == (sa, sb):
                         self.dirty.add(c)
                 continue
@@ -877,7 +912,7 @@ class _FusionLoop:
         self.verified = {}
         for g in (a, b):
             del self.alive[self.seq[id(g)]]
-            c = _class_of(g)
+            c = self._cls(g)
             if c is not None:
                 self.dirty.add(c)
         self._add(merged)
@@ -888,7 +923,7 @@ class _FusionLoop:
 # --------------------------------------------------------------------------- #
 # 4. Order
 # --------------------------------------------------------------------------- #
-def schedule(graph: ir.Graph, options: CompileOptions) -> Schedule:
+def schedule(graph: ir.Graph, options: CompileOptions, loop_body: bool = False) -> Schedule:
     n_before = sum(1 for n in graph.nodes.values() if not isinstance(n, ir.InputNode))
     graph = split_reductions(graph, options)
     live = live_nodes(graph)
@@ -915,6 +950,9 @@ def schedule(graph: ir.Graph, options: CompileOptions) -> Schedule:
             kernels.append(_to_kernel(step, k, graph, keep))
         else:
             kernels.append(step)
+    from lowering.combo import combine  # it builds on this module's Kernel
+
+    kernels = combine(kernels, graph, options, loop_body)
     stored = set(graph.inputs)
     for s in kernels:
         stored.update(s.stores if isinstance(s, Kernel) else s.outputs)
@@ -1062,6 +1100,10 @@ def format_schedule(s: Schedule) -> str:
             lines.append(step.format())
             continue
         lines.append(f"kernel {step.name} ({step.kind} {step.rows}x{step.cols}) reads {', '.join(step.reads)}")
-        for m in step.members:
+        for part in getattr(step, "parts", ()):  # a combo kernel: its members, each as it would run alone
+            lines.append(f"  member {part.name} ({part.kind} {part.rows}x{part.cols}) reads {', '.join(part.reads)}")
+            for m in part.members:
+                lines.append(f"    {'store' if m.store else 'keep '} {m.role:9s} {m.name}: {ir.format_expr(m.body)}")
+        for m in [] if getattr(step, "parts", ()) else step.members:
             lines.append(f"  {'store' if m.store else 'keep '} {m.role:9s} {m.name}: {ir.format_expr(m.body)}")
     return "\n".join(lines)

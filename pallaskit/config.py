@@ -193,6 +193,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "kernels run inside XLA's loop. 'auto': in interpret mode only, until the GPU path is right (on an "
            "H200 the LSTM scan's gradient disagreed with jax.jit and its forward ran slower, see RESULTS.md); "
            "'on': everywhere; 'off': loops run through XLA.", str, _check_dynamic_launch, "'auto', 'on', 'off'"),
+    Option("combo_kernels", True, "Run independent pointwise kernels and row reductions of different shapes "
+           "(an optimizer update over many arrays, the sums of squares of a global-norm clip) as one launch, each "
+           "member over its own range of program ids.", _parse_bool, _check_bool, "true, false"),
     Option("split_reductions", True, "Run a long reduction with few outputs in two stages so it fills the GPU.",
            _parse_bool, _check_bool, "true, false"),
     Option("allow_excess_precision", True, "Keep float32 between fused 16-bit float ops and round once at the "

@@ -17,6 +17,9 @@ class KernelInfo:
     # Which executor runs it ('pallas', 'triton_xla') and why ([Note: executors] in lowering/executors.py).
     executor: str = "pallas"
     reason: str = ""
+    # A combo kernel ([Note: combo kernels] in lowering/combo.py): its members, each
+    # a KernelInfo of the kernel it would have been alone (source '').
+    members: list = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -46,7 +49,13 @@ class Explanation:
             lines.append(f"- {k.name} ({k.kind}, {k.iteration[0]} x {k.iteration[1]}){where} "
                          f"from {len(k.equations)} equation(s):")
             lines.append(f"    executor {k.executor}: {k.reason}")
-            lines += [f"    {e}" for e in k.equations]
+            if k.members:
+                for i, m in enumerate(k.members):
+                    lines.append(f"    member {i}: {m.name} ({m.kind}, {m.iteration[0]} x {m.iteration[1]}) "
+                                 f"from {len(m.equations)} equation(s):")
+                    lines += [f"      {e}" for e in m.equations]
+            else:
+                lines += [f"    {e}" for e in k.equations]
         lines += self._not_fused_lines()
         lines += ["", "schedule:", self.ir_after]
         return "\n".join(lines)
@@ -82,7 +91,8 @@ def _describe(entry) -> Explanation:
 
     sched = {k.name: k for k, _, _ in scheduled_kernels(r.schedule)}  # loop bodies' kernels too
     kernels = [KernelInfo(k.name, k.source, k.equations, sched[k.name].kind, (sched[k.name].rows, sched[k.name].cols),
-                          getattr(k, "scope", ""), getattr(k, "executor", "pallas"), getattr(k, "reason", ""))
+                          getattr(k, "scope", ""), getattr(k, "executor", "pallas"), getattr(k, "reason", ""),
+                          _members(sched[k.name]))
                for k in r.program.kernels]
     return Explanation(kernels, list(r.fallbacks), str(entry.jaxpr), r.ir_before, r.ir_after, r.program.source,
                        [str(why) for why in r.schedule.refusals], _new_sizes(entry))
@@ -101,6 +111,10 @@ def _new_sizes(entry) -> str:
         choice = executors.Choice(executors.XLA, "not every kernel renders to raw Triton: each new size compiles "
                                   "its XLA program")
     return f"{choice.executor}: {choice.reason}"
+
+
+def _members(kernel) -> list[KernelInfo]:
+    return [KernelInfo(p.name, "", list(p.origin), p.kind, (p.rows, p.cols)) for p in getattr(kernel, "parts", ())]
 
 
 @dataclasses.dataclass

@@ -309,6 +309,7 @@ class _KernelEmitter:
         self.out_refs = {m.name: f"out_ptr{i}" for i, m in enumerate(m for m in kernel.members if m.store)}
         self.helpers: set[str] = set()
         self.row_values: dict[str, str] = {}  # in-kernel row-level buffers -> var
+        self.forwarded: dict[str, tuple] = {}  # pointwise kernels: member -> (var, extent) of its value
         self.prefetched: dict[ir.Load, tuple[str, frozenset]] = {}  # mix kernels: loads issued a step ahead
         self.wide_of: dict[str, str] = {}  # 16-bit var -> the float32 var it was rounded from
         self.scopes: list[dict] = [{}]  # CSE: key -> (var, extent)
@@ -484,6 +485,8 @@ class _KernelEmitter:
     def _load(self, ld: ir.Load):
         if ld.buffer in self.row_values:
             return self.row_values[ld.buffer], frozenset("r")
+        if ld.buffer in self.forwarded:  # a pointwise member's value, read at its own point
+            return self.forwarded[ld.buffer]
         if ld in self.prefetched:
             return self.prefetched[ld]
         off, off_ext = self.index(self.offset(ld.buffer, ld.index))
@@ -743,8 +746,9 @@ def write_pointwise(em, kernel: Kernel, bodies, cfg) -> None:
     w.line(f"xc = (pid % col_blocks) * BLOCK_C + {em.iota_text(1, 'BLOCK_C')}")
     w.line("rmask = xr < ROWS")
     w.line("cmask = xc < COLS")
-    for m in kernel.members:
+    for m in kernel.members:  # in graph order: a member a later one reads comes first
         var, ext = em.value(bodies[m.name])
+        em.forwarded[m.name] = var, ext
         if m.store:
             em.store(m, var, ext)
 
@@ -1158,7 +1162,14 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Rend
         rendered = None
         if choice.executor == executors.TRITON_XLA:
             rendered, choice = _render_triton_xla(k, ks, options, choice)
-        rk, hs = rendered or (render_matmul if k.kind == "matmul" else render_kernel)(k, ks, options)
+        if rendered is not None:
+            rk, hs = rendered
+        elif k.kind == "combo":
+            from lowering.codegen.combo import render_pallas as render_combo  # [Note: combo kernels]
+
+            rk, hs = render_combo(k, ks, options)
+        else:
+            rk, hs = (render_matmul if k.kind == "matmul" else render_kernel)(k, ks, options)
         rk.executor, rk.reason = choice.executor, choice.reason
         rk.scope = scope
         (triton_helpers if rk.triton else helpers).update(hs)

@@ -657,6 +657,10 @@ def render_for_xla(kernel: Kernel, schedule: Schedule, options: CompileOptions) 
     program (lowering/executors.py ``triton_xla``; the program wrapper in
     codegen/pallas.py launches it through ``TRITON_CALL``). Raises
     ``TritonUnsupported`` for what this renderer does not write."""
+    if kernel.kind == "combo":
+        from lowering.codegen.combo import render_triton as render_combo  # [Note: combo kernels]
+
+        return render_combo(kernel, schedule, options)
     if kernel.kind == "matmul":
         return dataclasses.replace(_render_matmul(kernel, schedule, options),
                                    config=matmul.matmul_kernel_config(kernel, options))
@@ -680,6 +684,8 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Trit
         if not isinstance(step, Kernel):
             raise TritonUnsupported(f"{step.primitive.name} runs through XLA")
         fn = _render_matmul if step.kind == "matmul" else _render_kernel
+        if step.kind == "combo":
+            from lowering.codegen.combo import render_triton as fn  # [Note: combo kernels]
         rendered.append(fn(step, schedule, options))
     dims = pallas.program_dims(schedule)
     w = SourceWriter()

@@ -1,0 +1,206 @@
+"""Combo kernels in both renderers ([Note: combo kernels] in lowering/combo.py).
+
+Each member (part) is written as a function of its own, ``<combo>_part<i>(pid,
+refs...)``, whose body is exactly what the part's kernel would run alone after
+``pid`` (``write_pointwise`` / the row-reduction writer of the dialect), with
+its own extents and tile; the kernel function only dispatches on the program
+id. Pallas: flat refs in ``pl.ANY`` memory as every kernel here (no BlockSpecs),
+one ``@pl.when`` per member (``lax.cond`` under the hood); Triton: the parts
+are ``@triton.jit`` functions (inlined by Triton, their locals stay theirs)
+called from an ``if``/``elif`` chain. A comment on each part names its
+member's kernel, tile, program range and equations.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from lowering import heuristics
+from lowering.codegen import pallas
+from lowering.codegen.writer import SourceWriter
+from lowering.options import CompileOptions
+from lowering.scheduler import Kernel, Schedule
+
+
+@dataclasses.dataclass
+class Part:
+    kernel: Kernel
+    config: heuristics.TileConfig
+    start: int  # first program id of this member
+    programs: int
+
+
+def part_config(part: Kernel, schedule: Schedule, options: CompileOptions) -> heuristics.TileConfig:
+    if part.kind == "pointwise" and not pallas._transposed_load(part, schedule):
+        cfg = heuristics.combo_pointwise_config(int(part.rows), int(part.cols))
+        if options.num_warps:
+            cfg = dataclasses.replace(cfg, num_warps=options.num_warps)
+        return cfg
+    return pallas.kernel_config(part, schedule, options)
+
+
+def layout(kernel, schedule: Schedule, options: CompileOptions) -> list[Part]:
+    """Each part with its tile and its range of program ids, in launch order."""
+    out, start = [], 0
+    for p in kernel.parts:
+        cfg = part_config(p, schedule, options)
+        n = -(-int(p.rows) // cfg.block_rows)
+        if p.kind == "pointwise":
+            n *= -(-int(p.cols) // cfg.block_cols)
+        out.append(Part(p, cfg, start, n))
+        start += n
+    return out
+
+
+def combo_config(parts: list[Part], options: CompileOptions) -> heuristics.TileConfig:
+    """One launch's warps: the most any member asks for (a branch runs on all of them)."""
+    warps = options.num_warps or max(p.config.num_warps for p in parts)
+    big = max(parts, key=lambda p: p.config.elements).config
+    return heuristics.TileConfig(big.block_rows, big.block_cols, warps, True)
+
+
+def _refs(kernel) -> tuple[dict, dict]:
+    ins = {b: f"in_ptr{i}" for i, b in enumerate(kernel.reads)}
+    outs = {m.name: f"out_ptr{i}" for i, m in enumerate(m for m in kernel.members if m.store)}
+    return ins, outs
+
+
+def _describe(w: SourceWriter, i: int, part: Part) -> None:
+    k, cfg = part.kernel, part.config
+    w.line(f"# member {i}: {k.name} ({k.kind}, {k.rows} x {k.cols}, block {cfg.block_rows} x {cfg.block_cols}), "
+           f"programs [{part.start}, {part.start + part.programs}), from:")
+    for eq in k.origin:
+        w.line(f"#   {eq}")
+
+
+def _header(w: SourceWriter, kernel, parts: list[Part], cfg) -> None:
+    total = parts[-1].start + parts[-1].programs
+    w.line(f"# kernel {kernel.name}: combo of {len(parts)} independent kernels, {total} programs, "
+           f"{cfg.num_warps} warps; each member owns a range of program ids")
+
+
+def _part_emitter(emitter_cls, part: Part, schedule, options, ins, outs, indent=1):
+    em = emitter_cls(part.kernel, schedule, part.config, options)
+    em.in_refs = {b: ins[b] for b in part.kernel.reads}
+    em.out_refs = {m.name: outs[m.name] for m in part.kernel.members if m.store}
+    em.w = SourceWriter(indent)
+    return em
+
+
+def _bodies(part: Part) -> dict:
+    return {m.name: pallas._kernel_coords_body(m) for m in part.kernel.members}
+
+
+# --------------------------------------------------------------------------- #
+# Pallas
+# --------------------------------------------------------------------------- #
+def render_pallas(kernel, schedule: Schedule, options: CompileOptions):
+    """(RenderedKernel, helpers) of a combo kernel as one ``pallas_call``."""
+    parts = layout(kernel, schedule, options)
+    cfg = combo_config(parts, options)
+    ins, outs = _refs(kernel)
+    w = SourceWriter()
+    _header(w, kernel, parts, cfg)
+    helpers = set()
+    calls = []
+    for i, part in enumerate(parts):
+        em = _part_emitter(pallas._KernelEmitter, part, schedule, options, ins, outs)
+        k = part.kernel
+        if k.kind == "pointwise":
+            pallas.write_pointwise(em, k, _bodies(part), part.config)
+        else:
+            pallas._render_reduction(em, k, _bodies(part), part.config)
+        helpers |= em.helpers
+        refs = list(em.in_refs.values()) + list(em.out_refs.values())
+        fn = f"{kernel.name}_part{i}"
+        _describe(w, i, part)
+        w.line(f"def {fn}(pid, {', '.join(refs)}):")
+        with w.indent():
+            w.line(f"ROWS, COLS = {int(k.rows)}, {int(k.cols)}")
+            w.line(f"BLOCK_R, BLOCK_C = {part.config.block_rows}, {part.config.block_cols}")
+            w.line(f"IDX = {em.index_dtype}")
+        w.lines.append(em.w.source().rstrip("\n"))
+        w.line()
+        w.line()
+        calls.append((fn, refs))
+    all_refs = list(ins.values()) + list(outs.values())
+    w.line(f"def {kernel.name}_kernel({', '.join(all_refs)}):")
+    with w.indent():
+        w.line("pid = pl.program_id(0)")
+        for i, (part, (fn, refs)) in enumerate(zip(parts, calls)):
+            end = part.start + part.programs
+            cond = f"pid < {end}" if i == 0 else (f"pid >= {part.start}" if i == len(parts) - 1
+                                                 else f"(pid >= {part.start}) & (pid < {end})")
+            w.line()
+            w.line(f"@pl.when({cond})")
+            w.line(f"def _member{i}():  # {part.kernel.name}")
+            with w.indent():
+                shifted = "pid" if part.start == 0 else f"pid - {part.start}"
+                w.line(f"{fn}({shifted}, {', '.join(refs)})")
+    w.line()
+    total = parts[-1].start + parts[-1].programs
+    pallas.write_launcher(w, kernel, len(ins), total, cfg.num_warps, 1)
+    return pallas.RenderedKernel(kernel.name, w.source(), list(kernel.origin), cfg), helpers
+
+
+# --------------------------------------------------------------------------- #
+# Triton
+# --------------------------------------------------------------------------- #
+def render_triton(kernel, schedule: Schedule, options: CompileOptions):
+    """A combo kernel for codegen/triton.py (its ``_Rendered``)."""
+    from lowering.codegen import triton
+
+    parts = layout(kernel, schedule, options)
+    cfg = combo_config(parts, options)
+    ins, outs = _refs(kernel)
+    w = SourceWriter()
+    helpers = set()
+    calls = []
+    for i, part in enumerate(parts):
+        k = part.kernel
+        if k.kind == "reduction" and any(m.role == "reduction" and m.node.op not in triton._REDUCE
+                                         for m in k.members):
+            raise triton.TritonUnsupported(f"{k.name}: a reduction the Triton renderer does not write")
+        em = _part_emitter(triton._TritonEmitter, part, schedule, options, ins, outs)
+        if em.index_dtype != "tl.int32":
+            em.w.line(f"pid = pid.to({em.index_dtype})")
+        if k.kind == "pointwise":
+            pallas.write_pointwise(em, k, _bodies(part), part.config)
+        else:
+            triton._render_reduction(em, k, _bodies(part), part.config)
+        helpers |= em.helpers
+        refs = list(em.in_refs.values()) + list(em.out_refs.values())
+        fn = f"{kernel.name}_part{i}"
+        _describe(w, i, part)
+        w.line("@triton.jit")
+        w.line(f"def {fn}(pid, {', '.join(refs)}, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):")
+        with w.indent():
+            w.line(f"ROWS = {int(k.rows)}")
+            w.line(f"COLS = {int(k.cols)}")
+        w.lines.append(em.w.source().rstrip("\n"))
+        w.line()
+        w.line()
+        calls.append((fn, refs))
+    _header(w, kernel, parts, cfg)
+    all_refs = list(ins.values()) + list(outs.values())
+    w.line("@triton.jit")
+    w.line(f"def {kernel.name}_kernel({', '.join(all_refs)}):")
+    with w.indent():
+        w.line("pid = tl.program_id(0)")
+        for i, (part, (fn, refs)) in enumerate(zip(parts, calls)):
+            end = part.start + part.programs
+            if i == len(parts) - 1:
+                w.line("else:" if i else "if True:")
+            else:
+                w.line(f"{'if' if i == 0 else 'elif'} pid < {end}:")
+            with w.indent():
+                shifted = "pid" if part.start == 0 else f"pid - {part.start}"
+                blocks = f"{part.config.block_rows}, {part.config.block_cols}"
+                w.line(f"{fn}({shifted}, {', '.join(refs)}, {blocks})  # {part.kernel.name}")
+    total = parts[-1].start + parts[-1].programs
+    return triton._Rendered(kernel.name, w.source(), list(kernel.reads), [], str(total), {}, cfg.num_warps, 1,
+                            helpers, cfg)
+
+
+def is_combo(kernel) -> bool:
+    return kernel.kind == "combo"
+

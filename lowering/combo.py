@@ -1,0 +1,163 @@
+"""Combo kernels: independent kernels over different shapes in one launch.
+
+[Note: combo kernels]
+After fusion, a program that updates many arrays (an optimizer over a pytree of
+parameters) is a row of small kernels that share nothing: one pointwise kernel
+per parameter shape, one sum of squares per gradient. Each launch costs a few
+microseconds and ends in a tail of idle SMs, which for arrays of a few MB is a
+large part of the time. A combo kernel runs such kernels (its *members*, or
+parts) as one launch: member ``m`` owns the programs ``[start_m, start_m +
+programs_m)`` of one 1-D grid and runs its own kernel body on its own tile, its
+program index shifted to start at 0 (the renderers branch on the program id:
+``pl.when`` in Pallas, an ``if``/``elif`` chain in Triton; codegen/combo.py).
+This is Inductor's combo kernels (its horizontal fusion of independent nodes),
+done on our schedule after fusion, so the fusion loop is unchanged.
+
+Legality (``can_join``), kept apart from profit (``_packs``):
+- a member is a pointwise kernel or a row-reduction kernel (not a mix kernel,
+  whose grid is persistent, nor a matmul), over static, nonzero sizes: each
+  loads and stores over its own flat or tiled domain, exactly as alone;
+- no data dependence between members, in either direction, directly or
+  through other steps: members come from one *level* of the step graph (the
+  longest chain of dependencies ending at the step), and two steps of one
+  level have no path between them (a path would make their levels differ);
+- no effects (kernels have none; effectful externs keep their program order
+  through the levels), and one device (a schedule is one device's program);
+- in a loop body, a one-element pointwise kernel stays alone: the renderer
+  writes it as plain jnp code, no launch at all (codegen/pallas.py
+  ``inline_scalar``).
+
+Profit: members of one level are packed in program order under caps on members,
+on pointer arguments and on bytes per launch (``heuristics.COMBO_*``). Grouping
+by level is linear in the number of steps (no pairs are compared). When a combo
+forms, the steps are ordered by level (then by their old position): each combo
+sits where its first member was, a valid order since every dependency of a
+level lies in a lower level.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from lowering import heuristics, ir, sizes
+from lowering.options import CompileOptions
+from lowering.scheduler import Kernel
+
+
+@dataclasses.dataclass
+class ComboKernel(Kernel):
+    """A launch running ``parts`` (ordinary kernels) side by side; ``members``
+    is every part's members, ``reads`` the union of their reads."""
+
+    parts: list = dataclasses.field(default_factory=list)
+
+
+def _step_reads(step) -> list[str]:
+    return list(step.reads) if isinstance(step, Kernel) else step.reads()
+
+
+def _step_writes(step) -> list[str]:
+    if isinstance(step, Kernel):
+        return [m.name for m in step.members]
+    return [step.name, *step.outputs]
+
+
+def levels(steps: list) -> list[int]:
+    """Each step's level: 0 for a step that reads only inputs, else one more
+    than the highest level it depends on. ``steps`` are in a valid order."""
+    producer: dict[str, int] = {}
+    out: list[int] = []
+    last_effect = None
+    for i, s in enumerate(steps):
+        deps = {producer[r] for r in _step_reads(s) if r in producer}
+        if getattr(s, "effectful", False):
+            if last_effect is not None:
+                deps.add(last_effect)
+            last_effect = i
+        out.append(1 + max(out[d] for d in deps) if deps else 0)
+        for b in _step_writes(s):
+            producer[b] = i
+    return out
+
+
+def can_join(k, loop_body: bool = False, graph: ir.Graph | None = None) -> bool:
+    """Legality of one kernel as a combo member (the level grouping gives independence)."""
+    if not isinstance(k, Kernel) or isinstance(k, ComboKernel) or k.kind not in ("pointwise", "reduction"):
+        return False
+    if sizes.is_symbolic((k.rows, k.cols)) or k.rows * k.cols == 0:
+        return False
+    if graph is not None and any(sizes.is_symbolic(tuple(graph.buffer_aval(b)[0])) for b in k.reads):
+        return False  # its offsets would read a dynamic size at run time: the launcher's dims, which combos lack
+    if k.kind == "reduction" and any(m.role not in ("reduction", "rowwise", "row") for m in k.members):
+        return False
+    if loop_body and k.kind == "pointwise" and k.rows * k.cols == 1:
+        return False
+    return bool(k.stores)
+
+
+def kernel_bytes(k: Kernel, graph: ir.Graph) -> int:
+    """Bytes a kernel moves: what it reads and what it stores, once each."""
+    total = 0
+    for b in list(k.reads) + k.stores:
+        shape, dtype = graph.buffer_aval(b)
+        total += sizes.numel(shape) * np.dtype(dtype).itemsize
+    return total
+
+
+def _packs(kernels: list[Kernel], graph: ir.Graph) -> list[list[Kernel]]:
+    """Profit: consecutive members per launch under the member, argument and byte caps."""
+    packs, cur, cur_bytes, cur_args = [], [], 0, set()
+    for k in kernels:
+        b = kernel_bytes(k, graph)
+        args = set(k.reads) | set(k.stores)
+        if cur and (len(cur) >= heuristics.COMBO_MAX_MEMBERS or cur_bytes + b > heuristics.COMBO_MAX_BYTES
+                    or len(cur_args | args) > heuristics.COMBO_MAX_ARGS):
+            packs.append(cur)
+            cur, cur_bytes, cur_args = [], 0, set()
+        cur.append(k)
+        cur_bytes += b
+        cur_args |= args
+    if cur:
+        packs.append(cur)
+    return packs
+
+
+def combine(steps: list, graph: ir.Graph, options: CompileOptions, loop_body: bool = False) -> list:
+    """``steps`` with independent kernels of one level joined into combo kernels."""
+    if not options.combo_kernels:
+        return steps
+    level = levels(steps)
+    by_level: dict[int, list[int]] = {}
+    for i, s in enumerate(steps):
+        if can_join(s, loop_body, graph):
+            by_level.setdefault(level[i], []).append(i)
+    combos: dict[int, ComboKernel] = {}  # index of its first member -> combo
+    joined: set[int] = set()
+    for lvl in sorted(by_level):
+        index = {id(steps[i]): i for i in by_level[lvl]}
+        for pack in _packs([steps[i] for i in by_level[lvl]], graph):
+            if len(pack) < 2:
+                continue
+            first = index[id(pack[0])]
+            combos[first] = _combo(pack, f"combo_{len(combos)}")
+            joined.update(index[id(k)] for k in pack)
+    if not combos:
+        return steps
+    out = []
+    for i in sorted(range(len(steps)), key=lambda i: (level[i], i)):
+        if i in combos:
+            out.append(combos[i])
+        elif i not in joined:
+            out.append(steps[i])
+    return out
+
+
+def _combo(parts: list[Kernel], name: str) -> ComboKernel:
+    members = [m for p in parts for m in p.members]
+    reads = sorted({r for p in parts for r in p.reads})
+    origin = []
+    for p in parts:
+        origin += [o for o in p.origin if o not in origin]
+    elements = sum(p.rows * p.cols for p in parts)
+    return ComboKernel(name, "combo", 1, elements, members, reads, origin, parts=list(parts))

@@ -1,0 +1,291 @@
+"""Combo kernels ([Note: combo kernels] in lowering/combo.py): independent
+kernels over different shapes in one launch, against jax.jit, in the Pallas
+renderer (interpret mode) and the raw Triton renderer (Triton's interpreter)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallaskit
+from conftest import assert_close
+from lowering import combo, ir
+from lowering.options import CompileOptions
+
+BF16 = jnp.bfloat16
+SHAPES = [(64,), (32, 16), (1,), (3, 5), (2500, 3), (17,), (8, 8, 4)]  # 7500: several programs of one member
+
+
+def _combos(e):
+    return [k for k in e.kernels if k.kind == "combo"]
+
+
+def _special(rng, shape, dtype):
+    """Normal values with NaN, +-inf and +-0 sprinkled in (floats)."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    if x.size >= 4:
+        flat = x.reshape(-1)
+        idx = rng.choice(flat.size, size=4, replace=False)
+        flat[idx] = [np.nan, np.inf, -np.inf, -0.0]
+    return jnp.asarray(x, dtype)
+
+
+def _mixed(a, b, c, d, e, n):
+    """Members with different numbers of inputs and outputs, shapes and dtypes;
+    a sum, a max and a (NaN-propagating) min beside pointwise work."""
+    return (a * 2.0 + 1.0,
+            jnp.maximum(b, c) - b * c, jnp.tanh(b),
+            jnp.sum(c), jnp.max(d, axis=-1),
+            jnp.where(e > 0, e, 0.5 * e), jnp.min(e),
+            n * 3 + 1, n // 2)
+
+
+def _mixed_args(rng, dtype):
+    return (_special(rng, (1,), dtype), _special(rng, (37, 5), dtype), _special(rng, (37, 5), dtype),
+            _special(rng, (9, 300), dtype), _special(rng, (3001,), dtype),
+            jnp.asarray(rng.integers(-50, 50, (13,)), jnp.int32))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, BF16])
+def test_mixed_members_match_jax_jit(dtype, rng):
+    args = _mixed_args(rng, dtype)
+    e = pallaskit.explain(_mixed, *args)
+    assert _combos(e), [k.name for k in e.kernels]
+    assert max(len(k.members) for k in _combos(e)) >= 4
+    got, want = pallaskit.jit(_mixed)(*args), jax.jit(_mixed)(*args)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        assert_close(g, w, dtype)
+
+
+def test_size_one_and_empty_arrays(rng):
+    def f(a, b, c, d):
+        return a + 1.0, b * 2.0, jnp.sum(c), d - 1, jnp.sum(b)
+
+    args = (jnp.zeros((0,), jnp.float32), jnp.asarray(rng.standard_normal((1, 1)), jnp.float32),
+            jnp.asarray(rng.standard_normal((1,)), BF16), jnp.asarray([7], jnp.int32))
+    got, want = pallaskit.jit(f)(*args), jax.jit(f)(*args)
+    for g, w in zip(got, want):
+        assert_close(g, w, w.dtype)
+    assert _combos(pallaskit.explain(f, *args))
+
+
+def test_option_off_gives_separate_kernels_and_the_same_results(rng):
+    args = _mixed_args(rng, jnp.float32)
+    on = pallaskit.explain(_mixed, *args)
+    with pallaskit.config.override(combo_kernels=False):
+        off = pallaskit.explain(_mixed, *args)
+    assert not _combos(off)
+    assert len(on.kernels) < len(off.kernels)
+    members = sorted(m.name for k in on.kernels for m in (k.members or [k]))
+    assert members == sorted(k.name for k in off.kernels)
+    assert "combo_kernels" in pallaskit.config.help()
+    assert CompileOptions().combo_kernels
+
+
+# --------------------------------------------------------------------------- #
+# Optimizers over pytrees
+# --------------------------------------------------------------------------- #
+LR, B1, B2, EPS, WD = 1e-3, 0.9, 0.999, 1e-8, 1e-2
+
+
+def sgd_momentum(params, grads, mom):
+    mom = jax.tree.map(lambda m, g: 0.9 * m + g, mom, grads)
+    return jax.tree.map(lambda p, m: p - LR * m, params, mom), mom
+
+
+def adam(params, grads, mu, nu, count, weight_decay=0.0):
+    count = count + 1
+    mu = jax.tree.map(lambda m, g: B1 * m + (1 - B1) * g, mu, grads)
+    nu = jax.tree.map(lambda v, g: B2 * v + (1 - B2) * jnp.square(g), nu, grads)
+    c = count.astype(jnp.float32)
+    bc1, bc2 = 1 - B1 ** c, 1 - B2 ** c
+    new = jax.tree.map(lambda p, m, v: p - LR * ((m / bc1) / (jnp.sqrt(v / bc2) + EPS) + weight_decay * p),
+                       params, mu, nu)
+    return new, mu, nu, count
+
+
+def adamw(params, grads, mu, nu, count):
+    return adam(params, grads, mu, nu, count, weight_decay=WD)
+
+
+def lion(params, grads, mu):
+    upd = jax.tree.map(lambda m, g: jnp.sign(B1 * m + (1 - B1) * g), mu, grads)
+    mu = jax.tree.map(lambda m, g: 0.99 * m + 0.01 * g, mu, grads)
+    return jax.tree.map(lambda p, u: p - LR * (u + WD * p), params, upd), mu
+
+
+def clipped_adamw(params, grads, mu, nu, count, max_norm=1.0):
+    norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
+    grads = jax.tree.map(lambda g: jnp.where(norm < max_norm, g, g / norm * max_norm), grads)
+    return adamw(params, grads, mu, nu, count)
+
+
+SMALL = [(64,), (3, 5), (2500, 3), (1,), (8, 8, 4)]  # the optimizers run in interpret mode: fewer arrays
+
+
+def _tree(rng, shapes, positive=False):
+    out = {}
+    for i, s in enumerate(shapes):
+        x = rng.standard_normal(s).astype(np.float32)
+        out[f"w{i}"] = jnp.asarray(np.abs(x) if positive else x)
+    return out
+
+
+OPTIMIZERS = {
+    "sgd_momentum": (sgd_momentum, lambda r: (_tree(r, SMALL), _tree(r, SMALL), _tree(r, SMALL))),
+    "adam": (adam, lambda r: (_tree(r, SMALL), _tree(r, SMALL), _tree(r, SMALL), _tree(r, SMALL, True),
+                              jnp.asarray(4, jnp.int32))),
+    "adamw": (adamw, lambda r: (_tree(r, SHAPES), _tree(r, SHAPES), _tree(r, SHAPES), _tree(r, SHAPES, True),
+                                jnp.asarray(4, jnp.int32))),
+    "lion": (lion, lambda r: (_tree(r, SMALL), _tree(r, SMALL), _tree(r, SMALL))),
+    "clipped_adamw": (clipped_adamw, lambda r: (_tree(r, SHAPES), _tree(r, SHAPES), _tree(r, SHAPES),
+                                                _tree(r, SHAPES, True), jnp.asarray(4, jnp.int32))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_optimizer_updates_over_a_pytree(name, rng):
+    fn, make = OPTIMIZERS[name]
+    args = make(rng)
+    e = pallaskit.explain(fn, *args)
+    # 7 arrays of 7 shapes: a kernel per shape (and level) alone, a handful of launches as combos.
+    assert len(e.kernels) <= (4 if name == "clipped_adamw" else 2), [k.name for k in e.kernels]
+    assert sum(len(k.members) for k in _combos(e)) >= len(jax.tree.leaves(args[0]))
+    if name == "sgd_momentum":  # the parameter update reads the new momentum from the value it stores, no reload
+        assert len(e.kernels) == 1, [k.name for k in e.kernels]
+    got, want = pallaskit.jit(fn)(*args), jax.jit(fn)(*args)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=1e-6)
+
+
+def test_global_norm_is_one_reduction_launch_and_its_finisher(rng):
+    """Sums of squares of every gradient: one launch of row reductions (each
+    member's programs write its partial sums), one launch that finishes them."""
+    shapes = [(300, 300), (70000,), (64,), (3, 5), (1,), (1000, 17)]  # the two large ones split into partials
+    grads = [jnp.asarray(rng.standard_normal(s), jnp.float32) for s in shapes]
+
+    def global_norm(*gs):
+        return jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in gs))
+
+    e = pallaskit.explain(global_norm, *grads)
+    reductions = [k for k in e.kernels if k.kind in ("reduction", "combo")]
+    assert len(reductions) <= 3, str(e).split("schedule:")[0]
+    first = _combos(e)[0]  # the (1,) gradient's square needs no reduction
+    assert len(first.members) == len(shapes) - 1 and all(m.kind == "reduction" for m in first.members)
+    assert_close(pallaskit.jit(global_norm)(*grads), jax.jit(global_norm)(*grads), jnp.float32)
+
+
+def test_300_array_adamw_compiles_to_at_most_4_kernels():
+    """Rendered only: running 300 arrays in interpret mode is slow, the small
+    pytree tests above check the values."""
+    from benchmarks.compile_time import SHAPES as CT_SHAPES, adamw as ct_adamw
+
+    n = 300
+    tree = [jnp.zeros(CT_SHAPES[i % len(CT_SHAPES)], jnp.float32) for i in range(n)]
+    e = pallaskit.explain(ct_adamw, tree, tree, tree, tree, jnp.asarray(0, jnp.int32))
+    assert len(e.kernels) <= 4, [(k.name, len(k.members)) for k in e.kernels]
+    assert sum(len(k.members) or 1 for k in e.kernels) >= 8
+
+
+# --------------------------------------------------------------------------- #
+# Legality
+# --------------------------------------------------------------------------- #
+def test_dependent_kernels_stay_apart(rng):
+    """A reduction and the kernel reading it are at different levels; so are
+    two kernels joined only through an XLA op between them."""
+    def f(x, y, z):
+        s = jnp.sum(x)  # level 0
+        a = y * s  # level 1: reads s
+        b = jnp.sort(z * 2.0)  # z * 2 at level 0, the sort (XLA) at 1
+        return a, b + 1.0, jnp.tanh(z)  # b + 1 at level 2
+
+    args = (jnp.asarray(rng.standard_normal((50, 3)), jnp.float32), jnp.asarray(rng.standard_normal((7,)), jnp.float32),
+            jnp.asarray(rng.standard_normal((11,)), jnp.float32))
+    e = pallaskit.explain(f, *args)
+    for k in _combos(e):
+        names = {m for ks in k.members for m in ks.equations}
+        assert not any("sort" in eq for eq in names)
+    sched = pallaskit.api.JitFunction(f).lower_to_result(*args).result.schedule
+    steps = sched.steps
+    levels = combo.levels(steps)
+    for s, lvl in zip(steps, levels):  # every dependency of a step lies in a lower level, and before it
+        for t, tl in zip(steps, levels):
+            if t is s:
+                break
+            writes = {m.name for m in t.members} if hasattr(t, "members") else set(t.outputs)
+            reads = set(s.reads) if hasattr(s, "members") else set(s.reads())
+            if writes & reads:
+                assert tl < lvl
+    got, want = pallaskit.jit(f)(*args), jax.jit(f)(*args)
+    for g, w in zip(got, want):
+        assert_close(g, w)
+
+
+def test_levels_respect_effects_and_chains():
+    k = lambda name, reads, writes: type("S", (), {"reads": lambda self: reads, "name": name,  # noqa: E731
+                                                     "outputs": writes, "effectful": name.startswith("fx")})()
+    steps = [k("a", [], ["a"]), k("fx1", [], []), k("b", ["a"], ["b"]), k("fx2", [], []), k("c", [], ["c"])]
+    assert combo.levels(steps) == [0, 0, 1, 1, 0]
+
+
+def test_generated_source_names_each_members_equations(rng):
+    args = _mixed_args(rng, jnp.float32)
+    e = pallaskit.explain(_mixed, *args)
+    k = _combos(e)[0]
+    assert "pl.when(" in k.source
+    for i, m in enumerate(k.members):
+        assert f"# member {i}: {m.name}" in k.source
+        assert f"def {k.name}_part{i}(pid" in k.source
+        assert m.equations and all(f"#   {eq}" in k.source for eq in m.equations)
+    text = str(e)
+    assert "member 0:" in text and "combo" in text
+
+
+# --------------------------------------------------------------------------- #
+# The raw Triton renderer (Triton's interpreter on the CPU)
+# --------------------------------------------------------------------------- #
+def _triton_run(fn, args):
+    pytest.importorskip("triton")
+    from lowering.codegen import triton as triton_codegen
+    from pallaskit.api import JitFunction, compile_options
+    from pallaskit.runtime.eager import EagerProgram
+
+    sched = JitFunction(fn).lower_to_result(*args).result.schedule
+    assert any(k.kind == "combo" for k in sched.kernels)
+    prog = triton_codegen.render(sched, compile_options())
+    run = EagerProgram(prog.source, [(k.name, k.num_warps, k.num_stages) for k in prog.kernels], True, ())
+    return prog, run(*jax.tree.leaves(args))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, BF16])
+def test_triton_renderer_runs_combos(dtype, rng):
+    def f(a, b, c, d, n):
+        return (a * 2.0 + 1.0, jnp.maximum(b, c) - b * c, jnp.sum(c), jnp.max(d, axis=-1),
+                jnp.where(a > 0, a, -a), n * 3 + 1)
+
+    args = (_special(rng, (3001,), dtype), _special(rng, (37, 5), dtype), _special(rng, (37, 5), dtype),
+            _special(rng, (9, 300), dtype), jnp.asarray(rng.integers(-50, 50, (13,)), jnp.int32))
+    prog, got = _triton_run(f, args)
+    assert "elif pid <" in prog.source and "@triton.jit\ndef combo_" in prog.source
+    for g, w in zip(got, jax.jit(f)(*args)):
+        assert_close(np.asarray(g).reshape(w.shape), w, dtype)
+
+
+def test_triton_renderer_runs_a_clipped_update(rng):
+    def upd(ps, gs, ms):
+        norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in gs))
+        gs = [jnp.where(norm < 1.0, g, g / norm) for g in gs]
+        ms = [0.9 * m + 0.1 * g for m, g in zip(ms, gs)]
+        return [p - 1e-2 * (m + 0.1 * p) for p, m in zip(ps, ms)], ms
+
+    trees = [[jnp.asarray(rng.standard_normal(s), jnp.float32) for s in SHAPES] for _ in range(3)]
+    _, got = _triton_run(upd, tuple(trees))
+    for g, w in zip(got, jax.tree.leaves(jax.jit(upd)(*trees))):
+        np.testing.assert_allclose(np.asarray(g).reshape(w.shape), w, rtol=2e-5, atol=1e-6)
+
+
+def test_combo_is_a_kernel_of_the_schedule():
+    """A combo keeps the Kernel interface the wrapper, metrics and loops read."""
+    x = ir.InputNode("x", (3,), np.dtype(np.float32))
+    assert combo.ComboKernel("c", "combo", 1, 3, [], [], []).parts == []
+    assert not combo.can_join(x)
