@@ -114,4 +114,4 @@ def accuracy_markdown(runs) -> str:
     return "\n".join(lines) + "\n"
 
 
-from lowering.rules import matmul, pointwise, reductions, views  # noqa: E402,F401  (registration)
+from lowering.rules import gather, matmul, pointwise, reductions, views  # noqa: E402,F401  (registration)
