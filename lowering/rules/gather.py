@@ -42,10 +42,11 @@ def _mode(params) -> str:
     return name.rsplit(".", 1)[-1].upper()
 
 
-def _static(*shapes):
-    for s in shapes:
-        if sizes.is_symbolic(tuple(s)):
-            raise NotImplementedError("indirect indexing over symbolic sizes")
+def _int(n) -> int:
+    """A bound that becomes a constant of the kernel: symbolic ones run through XLA."""
+    if sizes.is_symbolic(n):
+        raise NotImplementedError("an indexed dimension of symbolic size")
+    return int(n)
 
 
 def _const(v, dt) -> ir.Const:
@@ -114,7 +115,6 @@ def _gather(ctx, eqn, operand, indices):
     slice_sizes = tuple(eqn.params["slice_sizes"])
     op_shape, idx_shape = tuple(eqn.invars[0].aval.shape), tuple(eqn.invars[1].aval.shape)
     aval = eqn.outvars[0].aval
-    _static(op_shape, idx_shape, aval.shape)
     if isinstance(indices, ir.Const) or not idx_shape:
         raise NotImplementedError("gather with literal or 0-d indices")
     mode = _mode(eqn.params)
@@ -137,7 +137,7 @@ def _gather(ctx, eqn, operand, indices):
             index.append(o)
             continue
         v = _as_index(ctx.load(indices, tuple(batch) + (start_map.index(d),)))
-        hi = op_shape[d] - slice_sizes[d]
+        hi = _int(op_shape[d] - slice_sizes[d])
         index.append(ir.indirect_index(_clamped(v, hi)) + o)
         if mode == "FILL_OR_DROP":
             oks.append(_in_range(v, hi))
@@ -164,13 +164,12 @@ def _start(ctx, s, hi: int):
 def _dynamic_slice(ctx, eqn, x, *starts):
     shape = tuple(eqn.invars[0].aval.shape)
     aval = eqn.outvars[0].aval
-    _static(shape, aval.shape)
     if len(starts) != len(shape):
         raise NotImplementedError("dynamic_slice with dynamic sizes")
     out = ctx.symbols(len(shape))
     index = []
     for o, s, n, k in zip(out, starts, shape, eqn.params["slice_sizes"]):
-        st = _start(ctx, s, n - k)
+        st = _start(ctx, s, _int(n - k))
         index.append(o + (st if isinstance(st, int) else ir.indirect_index(st)))
     return [ctx.pointwise(aval, ctx.load(x, tuple(index)))]
 
@@ -179,11 +178,11 @@ def _dynamic_slice(ctx, eqn, x, *starts):
 def _dynamic_update_slice(ctx, eqn, x, update, *starts):
     shape, ushape = tuple(eqn.invars[0].aval.shape), tuple(eqn.invars[1].aval.shape)
     aval = eqn.outvars[0].aval
-    _static(shape, ushape)
     out = ctx.symbols(len(shape))
     index, conds, masks = [], [], []
     for o, s, n, u in zip(out, starts, shape, ushape):
-        st = _start(ctx, s, n - u)
+        st = _start(ctx, s, _int(n - u))
+        u = _int(u)
         if isinstance(st, int):  # a literal start: a static window, as pad's
             index.append(o - st)
             masks += [sympy.Ge(o, st), sympy.Lt(o, st + u)]
@@ -224,7 +223,6 @@ def _scatter_add(ctx, eqn, operand, indices, updates):
     op_shape, idx_shape = tuple(eqn.invars[0].aval.shape), tuple(eqn.invars[1].aval.shape)
     upd_shape = tuple(eqn.invars[2].aval.shape)
     aval = eqn.outvars[0].aval
-    _static(op_shape, idx_shape, upd_shape)
     if isinstance(indices, ir.Const) or not idx_shape or eqn.params.get("update_consts"):
         raise NotImplementedError("scatter with literal or 0-d indices")
     combine = _combiner(eqn)
@@ -238,7 +236,7 @@ def _scatter_add(ctx, eqn, operand, indices, updates):
     window_operand_dims = [d for d in range(len(op_shape)) if d not in inserted and d not in op_batch]
     window_size = {d: upd_shape[p] for d, p in zip(window_operand_dims, window_dims)}
     free = [j for j in range(len(idx_shape) - 1) if j not in idx_batch_dims]
-    terms = math.prod(idx_shape[j] for j in free)
+    terms = _int(math.prod(idx_shape[j] for j in free))
     if terms > MAX_SCATTER_TERMS:
         raise NotImplementedError(f"scatter-add with {terms} updates per element")
     out = ctx.symbols(len(op_shape))
@@ -253,8 +251,8 @@ def _scatter_add(ctx, eqn, operand, indices, updates):
         for d in range(len(op_shape)):
             if d in op_batch:
                 continue
-            w = window_size.get(d, 1)
-            hi = op_shape[d] - w
+            w = _int(window_size.get(d, 1))
+            hi = _int(op_shape[d] - w)
             if d in to_operand:
                 v = _as_index(ctx.load(indices, tuple(jidx) + (to_operand.index(d),)))
                 if mode != "CLIP":  # XLA drops a window whose start is out of bounds
