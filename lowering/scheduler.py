@@ -415,7 +415,7 @@ def matmul_operand_buffers(graph: ir.Graph, node: ir.Matmul, keep: set[str]) -> 
         while buf not in keep:
             producer = graph.nodes.get(buf)
             if not (isinstance(producer, ir.Pointwise) and isinstance(producer.body, ir.Load)
-                    and producer.body.mask is None):
+                    and producer.body.mask is None and not producer.body.children()):  # a gather computes
                 break
             buf = producer.body.buffer
         out.add(buf)

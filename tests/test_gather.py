@@ -94,6 +94,18 @@ def test_multi_dim_gather(rng):
     _check(lambda x, i: x[:, i, 2:5], x, i, kernels=None)
 
 
+def test_gather_around_matmul(rng):
+    # a gathered operand is materialized (the template's K loop loads plain views only);
+    # a gather in the epilogue and of the product stay right
+    pallaskit.config.update(matmul_template="fused")
+    x, w = _values(rng, (16, 32), jnp.float32), _values(rng, (32, 48), jnp.float32) * 0.1
+    x, w = jnp.nan_to_num(x), jnp.nan_to_num(w)
+    b, ids = jnp.nan_to_num(_values(rng, (5, 48), jnp.float32)), _indices(rng, (16,), 5)
+    _check(lambda x, i, w: x[i] @ w, x, ids, w, kernels=2)
+    _check(lambda x, i, w, b: jnp.tanh(x @ w + b[i]), x, ids, w, b, kernels=1)
+    _check(lambda x, i, w: jnp.take_along_axis(x @ w, i[:, None] * 9, axis=1), x, ids, w)
+
+
 def test_gather_from_a_reduction(rng):
     # the operand is materialized by one kernel, gathered by the next
     x = _values(rng, (9, 11), jnp.float32)
