@@ -124,6 +124,16 @@ def test_scatter_add_repeated_indices(rng, dtype, mode):
     _check(lambda x, i, v: x.at[i].add(v, mode=mode), x, idx, v, kernels=1)
 
 
+@pytest.mark.parametrize("op,dtype", [("set", jnp.bool_), ("set", BF16), ("mul", jnp.float32), ("min", jnp.int8),
+                                      ("max", jnp.float32)])
+def test_other_scatters(rng, op, dtype):
+    x = _values(rng, (7, 5), dtype)
+    unique = op == "set"  # a set's winner among repeated indices is unspecified: unique ones (and out of bounds)
+    idx = jnp.asarray([4, 0, 9, -2] if unique else [2, 2, -1, 9, 2, -9], jnp.int32)
+    v = _values(rng, (len(idx), 5), dtype)
+    _check(lambda x, i, v: getattr(x.at[i], op)(v), x, idx, v, kernels=1)
+
+
 def test_scatter_add_take_along_axis_grad(rng):
     x = _values(rng, (5, 37), jnp.float32)
     idx = _indices(rng, (5, 2), 37)

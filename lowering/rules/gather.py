@@ -11,9 +11,10 @@ of bounds (XLA's scatter semantics), as jax does. dynamic_slice and
 dynamic_update_slice clamp their starts so the slice fits. Negative indices are
 normalised by jnp in the jaxpr, before the primitive.
 
-Scatter-add is written densely: each output element sums the updates that land
-on it, in update order, over the update positions that can reach it; only when
-there are few of those (``MAX_SCATTER_TERMS``: the gradient of
+Scatters (add, mul, min, max, set) are written densely: each output element
+applies the updates that land on it, in update order, over the update
+positions that can reach it (deterministic; a set's last update wins); only
+when there are few of those (``MAX_SCATTER_TERMS``: the gradient of
 ``take_along_axis`` has one per element) is it lowered. Other scatters run
 through XLA.
 """
@@ -31,7 +32,7 @@ from lowering.rules import register_lowering
 I32 = np.dtype(np.int32)
 BOOL = np.dtype(bool)
 
-# A dense scatter-add unrolls one select per update position that can reach an
+# A dense scatter unrolls one select per update position that can reach an
 # output element; past this many it runs through XLA.
 MAX_SCATTER_TERMS = 8
 
@@ -200,25 +201,37 @@ def _dynamic_update_slice(ctx, eqn, x, update, *starts):
 
 
 # --------------------------------------------------------------------------- #
-# scatter-add
+# scatter-add, scatter-mul, scatter-min, scatter-max, scatter
 # --------------------------------------------------------------------------- #
-def _combiner(eqn) -> str:
-    """The update computation's one binary op (add; ``or`` for bool)."""
+_COMBINE = {"scatter-add": "add", "scatter_add": "add", "scatter-mul": "mul", "scatter_mul": "mul",
+            "scatter-min": "min", "scatter_min": "min", "scatter-max": "max", "scatter_max": "max", "scatter": None}
+
+
+def _combiner(eqn) -> str | None:
+    """How an update meets the element: the op of the primitive (None: replaces
+    it). An update computation other than that op (``lax.scatter_apply``) runs
+    through XLA."""
+    op = _COMBINE[eqn.primitive.name]
     jaxpr = eqn.params.get("update_jaxpr")
+    if jaxpr is None:
+        if op is None:
+            return None
+        raise NotImplementedError("scatter without its update computation")
     eqns = getattr(jaxpr, "eqns", None)
-    if eqns is None or len(eqns) != 1 or len(jaxpr.invars) != 2:
-        raise NotImplementedError("scatter with an update computation other than one op")
+    if op is None or eqns is None or len(eqns) != 1 or len(jaxpr.invars) != 2:
+        raise NotImplementedError("scatter with an update computation of its own")
     name = eqns[0].primitive.name
-    if name in ("add", "add_any"):
-        return "add"
-    if name == "or":
-        return "or"
-    raise NotImplementedError(f"scatter combining with {name}")
+    if name == "add_any":
+        name = "add"
+    if name != op or list(eqns[0].invars) != list(jaxpr.invars):
+        raise NotImplementedError(f"scatter combining with {name}")
+    return op
 
 
-@register_lowering("scatter-add", "scatter_add", kind="pointwise",
-                   note="dense: each element adds the few updates that can reach it, in order (else XLA)")
-def _scatter_add(ctx, eqn, operand, indices, updates):
+@register_lowering("scatter-add", "scatter_add", "scatter-mul", "scatter_mul", "scatter-min", "scatter_min",
+                   "scatter-max", "scatter_max", "scatter", kind="pointwise",
+                   note="dense: each element applies the few updates that can reach it, in order (else XLA)")
+def _scatter(ctx, eqn, operand, indices, updates):
     dn = eqn.params["dimension_numbers"]
     op_shape, idx_shape = tuple(eqn.invars[0].aval.shape), tuple(eqn.invars[1].aval.shape)
     upd_shape = tuple(eqn.invars[2].aval.shape)
@@ -238,7 +251,7 @@ def _scatter_add(ctx, eqn, operand, indices, updates):
     free = [j for j in range(len(idx_shape) - 1) if j not in idx_batch_dims]
     terms = _int(math.prod(idx_shape[j] for j in free))
     if terms > MAX_SCATTER_TERMS:
-        raise NotImplementedError(f"scatter-add with {terms} updates per element")
+        raise NotImplementedError(f"{eqn.primitive.name} with {terms} updates per element")
     out = ctx.symbols(len(op_shape))
     dt = np.dtype(aval.dtype)
     acc = ctx.load(operand, out)
@@ -270,6 +283,6 @@ def _scatter_add(ctx, eqn, operand, indices, updates):
         for d, p in zip(window_operand_dims, window_dims):
             uidx[p] = win[d]
         u = ctx.load(updates, tuple(uidx))
-        summed = ir.Op(combine, (acc, u), dt)
-        acc = ir.Op("select_n", (_all(hits), acc, summed), dt)
+        new = u if combine is None else ir.Op(combine, (acc, u), dt)
+        acc = ir.Op("select_n", (_all(hits), acc, new), dt)
     return [ctx.pointwise(aval, acc)]
