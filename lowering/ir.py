@@ -339,7 +339,7 @@ def indirect_index(value: Expr):
         return sizes.simplify(value.expr)
     args = sorted(_index_free_symbols(value), key=lambda s: s.name)
     template = substitute_index(value, {a: _formal(k) for k, a in enumerate(args)})
-    name = "ind_" + hashlib.sha1(format_expr(template).encode()).hexdigest()[:12]
+    name = "ind_" + hashlib.sha1(repr(template).encode()).hexdigest()[:12]  # repr: dtypes too
     cls = _INDIRECT_CLASSES.get(name)
     if cls is None:
         cls = _INDIRECT_CLASSES[name] = type(name, (IndirectIndex,), {"value": template, "nargs_": len(args)})

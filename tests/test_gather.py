@@ -45,6 +45,26 @@ def _check(fn, *args, kernels=None, fallbacks=(), tol_dtype=None):
 
 
 # --------------------------------------------------------------------------- #
+# the IR: indirect index terms
+# --------------------------------------------------------------------------- #
+def test_indirect_index_substitutes_through_its_arguments():
+    from lowering import ir, sizes
+
+    i0, i1 = sizes.index_symbols("i", 2)
+    i32 = np.dtype(np.int32)
+    value = ir.Op("add", (ir.Load("ids", (i0, i1), i32), ir.IndexValue(i1, i32)), i32)
+    ld = ir.Load("table", (ir.indirect_index(value), i0), np.dtype(np.float32))
+    assert [c.buffer for c in ir.loads(ld)] == ["ids", "table"]  # the index buffer is read
+    swapped = ir.substitute_index(ld, {i0: i1, i1: i0})  # once, not twice
+    (v,) = swapped.children()
+    assert v.args[0].index == (i1, i0) and v.args[1].expr == i0 and swapped.index[1] == i1
+    # a rewrite reaches inside the value (inlining the index's producer) and makes a new term
+    inlined = ir.rewrite(ld, lambda e: ir.Const(3, i32) if isinstance(e, ir.Load) and e.buffer == "ids" else None)
+    assert inlined.children()[0].args[0] == ir.Const(3, i32)
+    assert ir.indirect_index(ir.Const(4, i32)) == 4
+
+
+# --------------------------------------------------------------------------- #
 # gather
 # --------------------------------------------------------------------------- #
 @pytest.mark.parametrize("dtype,mode", [(dt, None) for dt in DTYPES] + [(jnp.float32, "clip"), (jnp.int8, "fill")])
