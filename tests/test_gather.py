@@ -248,6 +248,17 @@ def test_cross_entropy_forward_and_grad(rng, cols, loss):
     assert_close(out, jax.grad(loss)(logits, labels), dt)
 
 
+def test_gather_with_dynamic_batch_dims_compiles_once(rng):
+    from pallaskit import metrics
+
+    fn = lambda x: x[:, :2] * 3.0  # noqa: E731  (a gather with slice sizes (n, 2))
+    f = pallaskit.jit(fn, dynamic={"x": {0: "n"}})
+    for n in (4, 6):
+        x = _values(rng, (n, 4), jnp.float32)
+        assert_close(f(x), fn(x))
+    assert metrics.counters.get("dynamic_fallbacks", 0) == 0
+
+
 def test_gather_in_triton_renderer(rng):
     pytest.importorskip("triton")
     from pallaskit import metrics
