@@ -203,8 +203,7 @@ def _dynamic_update_slice(ctx, eqn, x, update, *starts):
 # --------------------------------------------------------------------------- #
 # scatter-add, scatter-mul, scatter-min, scatter-max, scatter
 # --------------------------------------------------------------------------- #
-_COMBINE = {"scatter-add": "add", "scatter_add": "add", "scatter-mul": "mul", "scatter_mul": "mul",
-            "scatter-min": "min", "scatter_min": "min", "scatter-max": "max", "scatter_max": "max", "scatter": None}
+_COMBINE = {"scatter-add": "add", "scatter-mul": "mul", "scatter-min": "min", "scatter-max": "max", "scatter": None}
 
 
 def _combiner(eqn) -> str | None:
@@ -228,8 +227,7 @@ def _combiner(eqn) -> str | None:
     return op
 
 
-@register_lowering("scatter-add", "scatter_add", "scatter-mul", "scatter_mul", "scatter-min", "scatter_min",
-                   "scatter-max", "scatter_max", "scatter", kind="pointwise",
+@register_lowering("scatter-add", "scatter-mul", "scatter-min", "scatter-max", "scatter", kind="pointwise",
                    note="dense: each element applies the few updates that can reach it, in order (else XLA)")
 def _scatter(ctx, eqn, operand, indices, updates):
     dn = eqn.params["dimension_numbers"]
