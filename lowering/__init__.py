@@ -34,11 +34,12 @@ class CompileResult:
 
 def compile_jaxpr(closed_jaxpr, options: CompileOptions, title: str = "") -> CompileResult:
     from lowering.codegen import pallas
+    from lowering.combo import combine
     from lowering.lower import lower
     from lowering.scheduler import format_schedule, schedule
 
     lowered = lower(closed_jaxpr, options)
-    sched = schedule(lowered.graph, options)
+    sched = schedule(lowered.graph, options, combine=combine)
     program = pallas.render(sched, options, title)
     return CompileResult(program, sched, lowered.fallbacks, lowered.graph.format(), format_schedule(sched),
                          guards=list(program.guards), size_hints=options.size_hints)

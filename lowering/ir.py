@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 from typing import Callable, Iterator
 
 import numpy as np
@@ -103,6 +104,15 @@ class Load(Expr):
     dtype: np.dtype
     mask: object = None  # sympy boolean: where the load is valid (pad/concat); else 0
 
+    def children(self):
+        """The values of the indirect indices in ``index`` ([Note: indirect
+        indexing]): walked like operands, so their loads count as reads."""
+        out = self.__dict__.get("_indirect")
+        if out is None:
+            out = tuple(indirect_value(a) for a in indirect_atoms(self.index))
+            object.__setattr__(self, "_indirect", out)
+        return out
+
     def __str__(self):
         idx = ", ".join(sizes.text(i) for i in self.index)
         m = f" if {sizes.text(self.mask)}" if self.mask is not None else ""
@@ -171,8 +181,9 @@ class Op(Expr):
         return f"{self.op}({', '.join(str(a) for a in self.args)}{p})"
 
 
-def walk(expr: Expr) -> Iterator[Expr]:
-    """Every distinct sub-expression of ``expr``, children before parents."""
+def walk(expr: Expr, indirect: bool = True) -> Iterator[Expr]:
+    """Every distinct sub-expression of ``expr``, children before parents;
+    ``indirect``: the values of loads' indirect indices too."""
     seen = set()
     stack = [(expr, False)]
     while stack:
@@ -184,6 +195,8 @@ def walk(expr: Expr) -> Iterator[Expr]:
             continue
         seen.add(e)
         stack.append((e, True))
+        if not indirect and isinstance(e, Load):
+            continue
         for c in reversed(e.children()):
             if c not in seen:
                 stack.append((c, False))
@@ -199,14 +212,18 @@ def loads(expr: Expr) -> tuple[Load, ...]:
     return out
 
 
-def rewrite(expr: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
-    """Bottom-up rewrite; ``fn`` returns a replacement or None to keep the node."""
+def rewrite(expr: Expr, fn: Callable[[Expr], Expr | None], indirect: bool = True) -> Expr:
+    """Bottom-up rewrite; ``fn`` returns a replacement or None to keep the node.
+    ``indirect``: ``fn`` also rewrites the values of loads' indirect indices
+    (inlining a producer into them, masks), which then get new index functions."""
     memo: dict[Expr, Expr] = {}
-    for e in walk(expr):
+    for e in walk(expr, indirect):
         if isinstance(e, Op):
             args = tuple(memo[a] for a in e.args)
             # identity, not ==: equality of deep bodies recurses once per level
             new = e if all(x is y for x, y in zip(args, e.args)) else dataclasses.replace(e, args=args)
+        elif indirect and isinstance(e, Load) and e.children():
+            new = _rewrite_indirect(e, memo)
         else:
             new = e
         out = fn(new)
@@ -239,7 +256,8 @@ def _substitute(expr: Expr, items: tuple) -> Expr:
             return dataclasses.replace(e, expr=sizes.simplify(ex) if not isinstance(ex, sympy.logic.boolalg.Boolean) else ex)
         return None
 
-    return rewrite(expr, sub)
+    # Indirect indices substitute through their arguments (xreplace), not their values.
+    return rewrite(expr, sub, indirect=False)
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -259,6 +277,120 @@ def _substitute_one(index, items: tuple):
 @functools.lru_cache(maxsize=1 << 14)
 def _xreplace(expr, items: tuple):
     return expr.xreplace(dict(items))
+
+
+# --------------------------------------------------------------------------- #
+# Indirect indices
+# --------------------------------------------------------------------------- #
+# [Note: indirect indexing]
+# A gather reads its operand at positions that are values loaded at run time
+# (``table[ids[i]]``). As Inductor's ``ops.indirect_indexing`` does, such a
+# value enters an index expression as an opaque sympy term, so the index
+# machinery (ravel, FloorDiv, substitution, simplification) never looks inside
+# it: an ``IndirectIndex`` function application ``ind_<hash>(a0, a1, ...)``,
+# a non-negative integer. Its class holds the value as a body expression
+# (``Expr``, int32) over formal symbols ``_a0, _a1, ...``; the application's
+# arguments are the index expressions the formals stand for (the symbols the
+# value depends on, e.g. ``i0`` in ``ids[i0]``). So substituting coordinates
+# into an index substitutes the arguments (plain sympy), and inlining a view
+# of the index into a consumer carries the value along. Rules put the value's
+# bounds handling (clamping, per the primitive's mode) into the value itself:
+# it is always inside the dimension it indexes, so loads through it need no
+# mask. ``Load.children`` are the values of its indirect indices (with the
+# arguments substituted), so ``walk``/``loads``/``reads`` see the index
+# buffers, and ``rewrite`` rewrites inside them; the renderers emit each value
+# and print its variable in the offset (``_KernelEmitter.index``). The class
+# name is a hash of the value's text: equal values are one function, in every
+# graph and process, and the table below is a pure memo.
+class IndirectIndex(sympy.Function):
+    """``ind_<hash>(args)``: an index value loaded at run time (see the Note)."""
+
+    is_integer = True
+    is_nonnegative = True
+    value: Expr = None  # over the formal symbols _a0.._a{n-1}
+    nargs_: int = 0
+
+
+_INDIRECT_CLASSES: dict[str, type] = {}
+
+
+def _formal(k: int):
+    return sizes.symbol(f"_a{k}")
+
+
+def _index_free_symbols(expr: Expr) -> set:
+    """The index symbols (not dim symbols) a body expression depends on."""
+    out = set()
+    for e in walk(expr, indirect=False):
+        if isinstance(e, Load):
+            for i in e.index + ((e.mask,) if e.mask is not None else ()):
+                out |= getattr(sympy.sympify(i), "free_symbols", set())
+        elif isinstance(e, IndexValue):
+            out |= getattr(e.expr, "free_symbols", set())
+    return {s for s in out if not s.is_positive}
+
+
+def indirect_index(value: Expr):
+    """The index term whose value at run time is ``value`` (an int32 body
+    expression over index symbols, already within the dimension it indexes)."""
+    if isinstance(value, Const):
+        return sympy.Integer(int(value.value))
+    if isinstance(value, IndexValue) and not isinstance(value.expr, sympy.logic.boolalg.Boolean):
+        return sizes.simplify(value.expr)
+    args = sorted(_index_free_symbols(value), key=lambda s: s.name)
+    template = substitute_index(value, {a: _formal(k) for k, a in enumerate(args)})
+    name = "ind_" + hashlib.sha1(repr(template).encode()).hexdigest()[:12]  # repr: dtypes too
+    cls = _INDIRECT_CLASSES.get(name)
+    if cls is None:
+        cls = _INDIRECT_CLASSES[name] = type(name, (IndirectIndex,), {"value": template, "nargs_": len(args)})
+    return cls(*args)
+
+
+def indirect_atoms(index) -> list:
+    """The indirect index applications in a tuple of index expressions, outermost only."""
+    out = []
+    for i in index:
+        if isinstance(i, sympy.Basic) and i.has(IndirectIndex):
+            for a in sympy.preorder_traversal(i):
+                if isinstance(a, IndirectIndex) and a not in out:
+                    out.append(a)
+    return out
+
+
+def has_indirect(expr: Expr) -> bool:
+    return any(e.children() for e in walk(expr, indirect=False) if isinstance(e, Load))
+
+
+def indirect_value(app) -> Expr:
+    """The body expression an application stands for, its arguments substituted."""
+    return substitute_index(type(app).value, {_formal(k): a for k, a in enumerate(app.args)})
+
+
+def _rewrite_indirect(e: Load, memo: dict) -> Load:
+    """``e`` with each indirect index whose value the rewrite changed replaced."""
+    swap = {}
+    for app, v in zip(indirect_atoms(e.index), e.children()):
+        nv = memo.get(v, v)
+        if nv is not v:
+            swap[app] = indirect_index(nv)
+    if not swap:
+        return e
+    return dataclasses.replace(e, index=tuple(sizes.simplify(sympy.sympify(i).xreplace(swap)) for i in e.index))
+
+
+def indirect_definitions(exprs) -> list[str]:
+    """Text of the indirect index functions the expressions use (for Graph.format)."""
+    seen, lines = set(), []
+    for expr in exprs:
+        for e in walk(expr):
+            if isinstance(e, Load):
+                for app in indirect_atoms(e.index):
+                    cls = type(app)
+                    if cls.__name__ not in seen:
+                        seen.add(cls.__name__)
+                        formals = ", ".join(str(_formal(k)) for k in range(cls.nargs_))
+                        lines.append(f"{cls.__name__}({formals}) = {format_expr(cls.value)}")
+    return sorted(lines)
 
 
 def format_expr(expr: Expr) -> str:
@@ -474,6 +606,7 @@ class Graph:
     def format(self) -> str:
         lines = [f"inputs: {', '.join(self.inputs)}"]
         lines += [n.format() for n in self.nodes.values() if not isinstance(n, InputNode)]
+        lines += indirect_definitions([n.body for n in self.nodes.values() if getattr(n, "body", None) is not None])
         lines.append("outputs: " + ", ".join(o if isinstance(o, str) else str(o) for o in self.outputs))
         return "\n".join(lines)
 

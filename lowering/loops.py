@@ -177,6 +177,7 @@ def _body(ctx, name, closed, bound, fallbacks) -> Body:
     """Lower and schedule one sub-jaxpr. ``bound``: per invar of the jaxpr, the
     outer value it takes from the enclosing program (a loop constant: read by
     closure, or folded in where it is a literal), or None for a parameter."""
+    from lowering.combo import combine
     from lowering.scheduler import schedule
 
     if isinstance(closed, jex_core.ClosedJaxpr):
@@ -215,7 +216,7 @@ def _body(ctx, name, closed, bound, fallbacks) -> Body:
         ctx.inputs.append(cname)
         closure.append(cname)
     graph = ir.Graph(inputs=list(sub.inputs), nodes=sub.nodes, outputs=list(outs), constants={})
-    sched = schedule(graph, ctx.options, loop_body=True)
+    sched = schedule(graph, ctx.options, loop_body=True, combine=combine)
     for k in sched.kernels:
         k.name = f"{name}_{k.name}"
     return Body(name, sched, params, closure)

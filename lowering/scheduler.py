@@ -431,7 +431,7 @@ def matmul_operand_buffers(graph: ir.Graph, node: ir.Matmul, keep: set[str]) -> 
         while buf not in keep:
             producer = graph.nodes.get(buf)
             if not (isinstance(producer, ir.Pointwise) and isinstance(producer.body, ir.Load)
-                    and producer.body.mask is None):
+                    and producer.body.mask is None and not producer.body.children()):  # a gather computes
                 break
             buf = producer.body.buffer
         out.add(buf)
@@ -923,7 +923,10 @@ class _FusionLoop:
 # --------------------------------------------------------------------------- #
 # 4. Order
 # --------------------------------------------------------------------------- #
-def schedule(graph: ir.Graph, options: CompileOptions, loop_body: bool = False) -> Schedule:
+def schedule(graph: ir.Graph, options: CompileOptions, loop_body: bool = False, combine=None) -> Schedule:
+    """The graph's kernels and externs in program order. ``combine``: the combo
+    pass (``lowering.combo.combine``, which builds on this module's Kernel), run
+    over the fused kernels."""
     n_before = sum(1 for n in graph.nodes.values() if not isinstance(n, ir.InputNode))
     graph = split_reductions(graph, options)
     live = live_nodes(graph)
@@ -950,9 +953,8 @@ def schedule(graph: ir.Graph, options: CompileOptions, loop_body: bool = False) 
             kernels.append(_to_kernel(step, k, graph, keep))
         else:
             kernels.append(step)
-    from lowering.combo import combine  # it builds on this module's Kernel
-
-    kernels = combine(kernels, graph, options, loop_body)
+    if combine is not None:
+        kernels = combine(kernels, graph, options, loop_body)
     stored = set(graph.inputs)
     for s in kernels:
         stored.update(s.stores if isinstance(s, Kernel) else s.outputs)

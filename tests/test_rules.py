@@ -342,6 +342,42 @@ op("pad_literal_value", "pad", lambda x: lax.pad(x, jnp.asarray(-7, x.dtype), _P
    tol="exact")
 
 
+
+# -- indexing by run-time values (lowering/rules/gather.py; more in tests/test_gather.py) --
+def _ints(lo, hi, shape_of):
+    return lambda rng, s, d: np.asarray(rng.integers(lo(s), hi(s), size=shape_of(s)), np.int32)
+
+
+def _with(*leaves):
+    def g(rng, shape, dtype):
+        return [leaf(rng, shape, dtype) for leaf in leaves]
+    return g
+
+
+_IDX_LAST = _ints(lambda s: -s[-1] - 2, lambda s: s[-1] + 2, lambda s: s[:-1] + (4,))  # negative, out of bounds
+_IDX_ROWS = _ints(lambda s: -s[0] - 2, lambda s: s[0] + 2, lambda s: (3,))
+_ROW_UPDATES = lambda rng, s, d: normal(2.0)(rng, (3,) + s[1:], d)  # noqa: E731
+_STARTS = _ints(lambda s: -3, lambda s: max(s) + 3, lambda s: (len(s),))
+_HALF = lambda s: tuple(max(1, d // 2) for d in s)  # noqa: E731
+op("take_along_axis", "gather", lambda x, i: jnp.take_along_axis(x, i, axis=-1, mode="clip"),
+   _with(normal(2.0), _IDX_LAST), _VIEW, tol="exact")
+op("dynamic_slice", "dynamic_slice", lambda x, s: lax.dynamic_slice(x, tuple(s[k] for k in range(x.ndim)), _HALF(x.shape)),
+   _with(normal(2.0), _STARTS), _VIEW, tol="exact")
+op("dynamic_update_slice", "dynamic_update_slice",
+   lambda x, u, s: lax.dynamic_update_slice(x, u, tuple(s[k] for k in range(x.ndim))),
+   _with(normal(2.0), lambda rng, s, d: normal(2.0)(rng, _HALF(s), d), _STARTS), _VIEW, tol="exact")
+op("scatter_add_repeated", "scatter-add", lambda x, i, u: x.at[i].add(u), _with(normal(2.0), _IDX_ROWS, _ROW_UPDATES),
+   NUM, tol="sum")
+op("scatter_mul", "scatter-mul", lambda x, i, u: x.at[i].mul(u, mode="clip"),
+   _with(normal(2.0), _IDX_ROWS, _ROW_UPDATES), NUM, tol="sum")
+op("scatter_min", "scatter-min", lambda x, i, u: x.at[i].min(u), _with(normal(2.0), _IDX_ROWS, _ROW_UPDATES), NUM,
+   tol="exact")
+op("scatter_max", "scatter-max", lambda x, i, u: x.at[i].max(u), _with(normal(2.0), _IDX_ROWS, _ROW_UPDATES), NUM,
+   tol="exact")
+op("scatter_set_unique", "scatter", lambda x, i, u: x.at[i].set(u),
+   _with(normal(2.0), lambda rng, s, d: np.asarray([0, s[0] - 1, s[0] + 5], np.int32), _ROW_UPDATES), NUM, tol="exact")
+
+
 def _pieces(axis, sizes=(5, 1, 17)):
     def g(rng, s, d):
         out = []

@@ -736,8 +736,60 @@ def op_matmul(b: Builder):
     return out
 
 
+def op_index(b: Builder):
+    """Indexing by run-time values: gathers, scatters, dynamic slices at traced starts.
+    Index inputs are int inputs (values around 0 and, as specials, the int's extremes: out
+    of bounds both ways)."""
+    d = b.draw
+    v = b.pick(lambda v: len(v.shape) >= 1)
+    if v is None:
+        return None
+    shape, r = v.shape, len(v.shape)
+    ax = d(integers(0, r - 1))
+    kind = d(sampled_from(["take_along_axis", "take", "getitem", "scatter", "dynamic_slice", "dynamic_update_slice"]))
+    mode = d(sampled_from(["None", "'clip'", "'fill'"]))
+    if kind == "take_along_axis":
+        ishape = shape[:ax] + (d(sampled_from([1, 2, 5])),) + shape[ax + 1:]
+        if numel(ishape) > b.max_elems:
+            return None
+        idx = b.new_input(ishape, "int32")
+        return b.emit(f"jnp.take_along_axis({v.name}, {idx.name}, axis={ax}, mode={mode})", [v, idx], ishape,
+                      v.dtype, v.exact, "gather")
+    if kind == "take":
+        k = d(sampled_from([1, 3, 7]))
+        idx = b.new_input((k,), d(sampled_from(["int32", "int8", "uint8"])))
+        return b.emit(f"jnp.take({v.name}, {idx.name}, axis={ax}, mode={mode})", [v, idx],
+                      shape[:ax] + (k,) + shape[ax + 1:], v.dtype, v.exact, "gather")
+    if kind == "getitem":
+        ishape = d(sampled_from([(2, 3), (1,), (4,)]))
+        out = ishape + shape[1:]
+        if numel(out) > b.max_elems:
+            return None
+        idx = b.new_input(ishape, "int32")
+        return b.emit(f"{v.name}[{idx.name}]", [v, idx], out, v.dtype, v.exact, "gather")
+    if kind == "scatter":
+        if v.dtype == "bool":
+            return None
+        k = d(sampled_from([1, 2, 3, 9]))  # 9: past the dense scatter's unroll (XLA's scatter)
+        idx = b.new_input((k,), "int32")
+        upd = b.new_input((k,) + shape[1:], v.dtype)
+        op = d(sampled_from(["add", "add", "max", "min", "mul"]))
+        smode = d(sampled_from(["None", "'clip'", "'drop'"]))
+        exact = v.exact and upd.exact and (op in ("max", "min") or v.dtype not in FLOATS)
+        return b.emit(f"{v.name}.at[{idx.name}].{op}({upd.name}, mode={smode})", [v, idx, upd], shape, v.dtype,
+                      exact, f"scatter_{op}")
+    size = d(integers(1, shape[ax]))
+    start = b.new_input((), d(sampled_from(["int32", "int8"])))
+    if kind == "dynamic_slice":
+        return b.emit(f"lax.dynamic_slice_in_dim({v.name}, {start.name}, {size}, axis={ax})", [v, start],
+                      shape[:ax] + (size,) + shape[ax + 1:], v.dtype, v.exact, "dynamic_slice")
+    upd = b.new_input(shape[:ax] + (size,) + shape[ax + 1:], v.dtype)
+    return b.emit(f"lax.dynamic_update_slice_in_dim({v.name}, {upd.name}, {start.name}, axis={ax})", [v, upd, start],
+                  shape, v.dtype, v.exact and upd.exact, "dynamic_update_slice")
+
+
 OPS = [("unary", op_unary), ("binary", op_binary), ("reduce", op_reduce), ("view", op_view),
-       ("cast", op_cast), ("multi_reduce", op_multi_reduce), ("matmul", op_matmul)]
+       ("cast", op_cast), ("multi_reduce", op_multi_reduce), ("matmul", op_matmul), ("index", op_index)]
 
 
 def programs(exclude=frozenset(), max_ops=8, long_rows=True):

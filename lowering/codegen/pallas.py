@@ -403,10 +403,33 @@ class _KernelEmitter:
 
     def index(self, expr) -> tuple[str, frozenset]:
         expr = sizes.simplify(sympy.sympify(expr))
+        if expr.has(ir.IndirectIndex):
+            return self.indirect_index(expr)
         ext = self.extent_of(expr)
         if not ext:
             return self.bind(("index", expr), self.full_text(sizes.to_source(expr), self.index_dtype), ext, "idx")
         return self.bind(("index", expr), sizes.to_source(expr), ext, "idx")
+
+    def indirect_index(self, expr) -> tuple[str, frozenset]:
+        """An index holding run-time values ([Note: indirect indexing] in ir.py):
+        each value emitted and cast to the index dtype, its variable printed in
+        its place."""
+        found = self.lookup(("index", expr))
+        if found is not None:
+            return found
+        swap, ext = {}, frozenset()
+        for app in ir.indirect_atoms((expr,)):
+            var, vext = self.value(ir.indirect_value(app))
+            var = self.bind(("idxcast", var), self.cast_text(var, self.index_dtype_np), vext)[0]
+            swap[app] = sympy.Symbol(var, integer=True)
+            ext = ext | vext
+        direct = expr.xreplace(swap)
+        ext = ext | self.extent_of(direct)  # a (1, 1) value's variable is an array: the text is one too
+        return self.bind(("index", expr), sizes.to_source(direct), ext, "idx")
+
+    @property
+    def index_dtype_np(self):
+        return np.dtype(np.int64) if self.index_dtype.endswith("int64") else np.dtype(np.int32)
 
     def condition(self, cond) -> tuple[str, frozenset]:
         ext = self.extent_of(cond)

@@ -1,0 +1,286 @@
+"""Indexing by run-time values: gather, scatter-add, dynamic_slice,
+dynamic_update_slice. Each is a ``Pointwise`` node whose loads read at indices
+holding loaded values ([Note: indirect indexing] in ir.py), so it fuses with
+its producers and consumers like a view.
+
+Out-of-bounds indices follow the primitive's ``mode`` (``GatherScatterMode``):
+``CLIP`` and ``PROMISE_IN_BOUNDS`` clamp each start into the operand, as XLA
+does; ``FILL_OR_DROP`` gives a gather's ``fill_value`` for a slice whose start
+is out of bounds, and drops a scatter's whole update window whose start is out
+of bounds (XLA's scatter semantics), as jax does. dynamic_slice and
+dynamic_update_slice clamp their starts so the slice fits. Negative indices are
+normalised by jnp in the jaxpr, before the primitive.
+
+Scatters (add, mul, min, max, set) are written densely: each output element
+applies the updates that land on it, in update order, over the update
+positions that can reach it (deterministic; a set's last update wins); only
+when there are few of those (``MAX_SCATTER_TERMS``: the gradient of
+``take_along_axis`` has one per element) is it lowered. Other scatters run
+through XLA.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import sympy
+
+from lowering import ir, sizes
+from lowering.rules.registry import register_lowering
+
+I32 = np.dtype(np.int32)
+BOOL = np.dtype(bool)
+
+# A dense scatter unrolls one select per update position that can reach an
+# output element; past this many it runs through XLA.
+MAX_SCATTER_TERMS = 8
+
+
+def _mode(params) -> str:
+    m = params.get("mode")
+    name = getattr(m, "name", str(m))
+    return name.rsplit(".", 1)[-1].upper()
+
+
+def _int(n) -> int:
+    """A bound that becomes a constant of the kernel: symbolic ones run through XLA."""
+    if sizes.is_symbolic(n):
+        raise NotImplementedError("an indexed dimension of symbolic size")
+    return int(n)
+
+
+def _const(v, dt) -> ir.Const:
+    return ir.Const(int(v), np.dtype(dt))
+
+
+def _as_index(v: ir.Expr) -> ir.Expr:
+    """An integer index value in a dtype that holds every bound below (int32
+    for narrow ints; 32- and 64-bit ones keep theirs, so a huge uint32 or int64
+    is not wrapped before it is compared)."""
+    dt = np.dtype(v.dtype)
+    if dt == BOOL or dt.itemsize < 4:
+        return ir.Op("convert_element_type", (v,), I32, (("new_dtype", I32),))
+    if dt.kind not in "iu":
+        raise NotImplementedError(f"index dtype {dt}")
+    return v
+
+
+def _to_i32(v: ir.Expr) -> ir.Expr:
+    return v if v.dtype == I32 else ir.Op("convert_element_type", (v,), I32, (("new_dtype", I32),))
+
+
+def _clamped(v: ir.Expr, hi: int) -> ir.Expr:
+    """``v`` clamped into [0, hi], as int32."""
+    dt = np.dtype(v.dtype)
+    return _to_i32(ir.Op("clamp", (_const(0, dt), v, _const(hi, dt)), dt))
+
+
+def _in_range(v: ir.Expr, hi: int) -> ir.Expr:
+    """0 <= v <= hi, as a bool value."""
+    dt = np.dtype(v.dtype)
+    le = ir.Op("le", (v, _const(hi, dt)), BOOL)
+    if dt.kind == "u":
+        return le
+    return ir.Op("and", (ir.Op("ge", (v, _const(0, dt)), BOOL), le), BOOL)
+
+
+def _all(conds):
+    out = None
+    for c in conds:
+        out = c if out is None else ir.Op("and", (out, c), BOOL)
+    return out
+
+
+def _default_fill(dt):
+    """jax's fill for an out-of-bounds gather when ``fill_value`` is None."""
+    dt = np.dtype(dt)
+    if dt == BOOL:
+        return True
+    if dt.kind == "f" or dt.name == "bfloat16":
+        return float("nan")
+    if dt.kind == "i":
+        return int(np.iinfo(dt).min)
+    if dt.kind == "u":
+        return int(np.iinfo(dt).max)
+    raise NotImplementedError(f"gather fill of {dt}")
+
+
+# --------------------------------------------------------------------------- #
+# gather
+# --------------------------------------------------------------------------- #
+@register_lowering("gather", kind="view",
+                   note="loads at run-time indices (take_along_axis, table[ids], x[idx], take); modes clip / fill")
+def _gather(ctx, eqn, operand, indices):
+    dn = eqn.params["dimension_numbers"]
+    slice_sizes = tuple(eqn.params["slice_sizes"])
+    op_shape, idx_shape = tuple(eqn.invars[0].aval.shape), tuple(eqn.invars[1].aval.shape)
+    aval = eqn.outvars[0].aval
+    if isinstance(indices, ir.Const) or not idx_shape:
+        raise NotImplementedError("gather with literal or 0-d indices")
+    mode = _mode(eqn.params)
+    offset_dims = tuple(dn.offset_dims)
+    collapsed = tuple(dn.collapsed_slice_dims)
+    start_map = tuple(dn.start_index_map)
+    op_batch = tuple(getattr(dn, "operand_batching_dims", ()))
+    idx_batch_dims = tuple(getattr(dn, "start_indices_batching_dims", ()))
+    out = ctx.symbols(len(aval.shape))
+    batch = [out[p] for p in range(len(aval.shape)) if p not in offset_dims]  # one per indices dim but the last
+    offset_of = dict(zip([d for d in range(len(op_shape)) if d not in collapsed and d not in op_batch],
+                         [out[p] for p in offset_dims]))
+    index, oks = [], []
+    for d in range(len(op_shape)):
+        if d in op_batch:
+            index.append(batch[idx_batch_dims[op_batch.index(d)]])
+            continue
+        o = offset_of.get(d, sympy.Integer(0))
+        if d not in start_map:
+            index.append(o)
+            continue
+        v = _as_index(ctx.load(indices, tuple(batch) + (start_map.index(d),)))
+        hi = _int(op_shape[d] - slice_sizes[d])
+        index.append(ir.indirect_index(_clamped(v, hi)) + o)
+        if mode == "FILL_OR_DROP":
+            oks.append(_in_range(v, hi))
+    body = ctx.load(operand, tuple(index))
+    if oks:
+        fill = eqn.params.get("fill_value")
+        fill = _default_fill(body.dtype) if fill is None else fill
+        fill = ir.Const(bool(fill) if body.dtype == BOOL else fill, body.dtype)
+        body = ir.Op("select_n", (_all(oks), fill, body), body.dtype)
+    return [ctx.pointwise(aval, body)]
+
+
+# --------------------------------------------------------------------------- #
+# dynamic_slice / dynamic_update_slice
+# --------------------------------------------------------------------------- #
+def _start(ctx, s, hi: int):
+    """A start index clamped into [0, hi]: an int, or an int32 value."""
+    if isinstance(s, ir.Const):
+        return min(max(int(s.value), 0), hi)
+    return _clamped(_as_index(ctx.load(s, ())), hi)
+
+
+@register_lowering("dynamic_slice", kind="view", note="loads at clamped run-time starts")
+def _dynamic_slice(ctx, eqn, x, *starts):
+    shape = tuple(eqn.invars[0].aval.shape)
+    aval = eqn.outvars[0].aval
+    if len(starts) != len(shape):
+        raise NotImplementedError("dynamic_slice with dynamic sizes")
+    out = ctx.symbols(len(shape))
+    index = []
+    for o, s, n, k in zip(out, starts, shape, eqn.params["slice_sizes"]):
+        st = _start(ctx, s, _int(n - k))
+        index.append(o + (st if isinstance(st, int) else ir.indirect_index(st)))
+    return [ctx.pointwise(aval, ctx.load(x, tuple(index)))]
+
+
+@register_lowering("dynamic_update_slice", kind="pointwise", note="select between operand and update at clamped starts")
+def _dynamic_update_slice(ctx, eqn, x, update, *starts):
+    shape, ushape = tuple(eqn.invars[0].aval.shape), tuple(eqn.invars[1].aval.shape)
+    aval = eqn.outvars[0].aval
+    out = ctx.symbols(len(shape))
+    index, conds, masks = [], [], []
+    for o, s, n, u in zip(out, starts, shape, ushape):
+        st = _start(ctx, s, _int(n - u))
+        u = _int(u)
+        if isinstance(st, int):  # a literal start: a static window, as pad's
+            index.append(o - st)
+            masks += [sympy.Ge(o, st), sympy.Lt(o, st + u)]
+            continue
+        rel = ir.Op("sub", (ir.IndexValue(o, I32), st), I32)
+        conds.append(_in_range(rel, u - 1))
+        index.append(ir.indirect_index(_clamped(rel, u - 1)))
+    mask = sympy.And(*masks)
+    upd = ctx.load(update, tuple(index), mask=None if mask is sympy.true else mask)
+    if mask is not sympy.true:
+        conds.append(ir.IndexValue(mask, BOOL))
+    cond = _all(conds)
+    body = upd if cond is None else ir.Op("select_n", (cond, ctx.load(x, out), upd), upd.dtype)
+    return [ctx.pointwise(aval, body)]
+
+
+# --------------------------------------------------------------------------- #
+# scatter-add, scatter-mul, scatter-min, scatter-max, scatter
+# --------------------------------------------------------------------------- #
+_COMBINE = {"scatter-add": "add", "scatter-mul": "mul", "scatter-min": "min", "scatter-max": "max", "scatter": None}
+
+
+def _combiner(eqn) -> str | None:
+    """How an update meets the element: the op of the primitive (None: replaces
+    it). An update computation other than that op (``lax.scatter_apply``) runs
+    through XLA."""
+    op = _COMBINE[eqn.primitive.name]
+    jaxpr = eqn.params.get("update_jaxpr")
+    if jaxpr is None:
+        if op is None:
+            return None
+        raise NotImplementedError("scatter without its update computation")
+    eqns = getattr(jaxpr, "eqns", None)
+    if op is None or eqns is None or len(eqns) != 1 or len(jaxpr.invars) != 2:
+        raise NotImplementedError("scatter with an update computation of its own")
+    name = eqns[0].primitive.name
+    if name == "add_any":
+        name = "add"
+    if name != op or list(eqns[0].invars) != list(jaxpr.invars):
+        raise NotImplementedError(f"scatter combining with {name}")
+    return op
+
+
+@register_lowering("scatter-add", "scatter-mul", "scatter-min", "scatter-max", "scatter", kind="pointwise",
+                   note="dense: each element applies the few updates that can reach it, in order (else XLA)")
+def _scatter(ctx, eqn, operand, indices, updates):
+    dn = eqn.params["dimension_numbers"]
+    op_shape, idx_shape = tuple(eqn.invars[0].aval.shape), tuple(eqn.invars[1].aval.shape)
+    upd_shape = tuple(eqn.invars[2].aval.shape)
+    aval = eqn.outvars[0].aval
+    if isinstance(indices, ir.Const) or not idx_shape or eqn.params.get("update_consts"):
+        raise NotImplementedError("scatter with literal or 0-d indices")
+    combine = _combiner(eqn)
+    mode = _mode(eqn.params)
+    window_dims = tuple(dn.update_window_dims)
+    inserted = tuple(dn.inserted_window_dims)
+    to_operand = tuple(dn.scatter_dims_to_operand_dims)
+    op_batch = tuple(getattr(dn, "operand_batching_dims", ()))
+    idx_batch_dims = tuple(getattr(dn, "scatter_indices_batching_dims", ()))
+    scatter_upd_dims = [p for p in range(len(upd_shape)) if p not in window_dims]  # one per indices dim but the last
+    window_operand_dims = [d for d in range(len(op_shape)) if d not in inserted and d not in op_batch]
+    window_size = {d: upd_shape[p] for d, p in zip(window_operand_dims, window_dims)}
+    free = [j for j in range(len(idx_shape) - 1) if j not in idx_batch_dims]
+    terms = _int(math.prod(idx_shape[j] for j in free))
+    if terms > MAX_SCATTER_TERMS:
+        raise NotImplementedError(f"{eqn.primitive.name} with {terms} updates per element")
+    out = ctx.symbols(len(op_shape))
+    dt = np.dtype(aval.dtype)
+    acc = ctx.load(operand, out)
+    for combo in itertools.product(*[range(idx_shape[j]) for j in free]):
+        at = dict(zip(free, combo))
+        jidx = []  # the indices' batch coordinate of this term
+        for j in range(len(idx_shape) - 1):
+            jidx.append(out[op_batch[idx_batch_dims.index(j)]] if j in idx_batch_dims else sympy.Integer(at[j]))
+        hits, win = [], {}
+        for d in range(len(op_shape)):
+            if d in op_batch:
+                continue
+            w = _int(window_size.get(d, 1))
+            hi = _int(op_shape[d] - w)
+            if d in to_operand:
+                v = _as_index(ctx.load(indices, tuple(jidx) + (to_operand.index(d),)))
+                if mode != "CLIP":  # XLA drops a window whose start is out of bounds
+                    hits.append(_in_range(v, hi))
+                start = _clamped(v, hi)
+            else:
+                start = ir.Const(0, I32)
+            rel = ir.Op("sub", (ir.IndexValue(out[d], I32), start), I32)
+            hits.append(_in_range(rel, w - 1))
+            if d in window_size:
+                win[d] = ir.indirect_index(_clamped(rel, w - 1))
+        uidx = [None] * len(upd_shape)
+        for j, p in enumerate(scatter_upd_dims):
+            uidx[p] = jidx[j]
+        for d, p in zip(window_operand_dims, window_dims):
+            uidx[p] = win[d]
+        u = ctx.load(updates, tuple(uidx))
+        new = u if combine is None else ir.Op(combine, (acc, u), dt)
+        acc = ir.Op("select_n", (_all(hits), acc, new), dt)
+    return [ctx.pointwise(aval, acc)]
