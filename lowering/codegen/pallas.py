@@ -555,10 +555,16 @@ def kernel_config(kernel: Kernel, schedule: Schedule, options: CompileOptions) -
         inner = _reduction_is_inner(kernel, schedule)
         prod = any(m.role == "reduction" and m.node.op == "prod" for m in kernel.members)
         cfg = heuristics.reduction_config(kernel.rows, kernel.cols, max_persistent_cols=options.max_persistent_cols,
-                                          inner_contiguous=inner, force_width_one=prod)
+                                          inner_contiguous=inner, force_width_one=prod,
+                                          long_rows=options.long_rows, itemsize=_widest_read(kernel, schedule))
     if options.num_warps:
         cfg = dataclasses.replace(cfg, num_warps=options.num_warps)
     return cfg
+
+
+def _widest_read(kernel: Kernel, schedule: Schedule) -> int:
+    """The largest itemsize among the buffers a kernel reads (4 if none)."""
+    return max([np.dtype(schedule.graph.buffer_aval(b)[1]).itemsize for b in kernel.reads] or [4])
 
 
 def _symbolic_config(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> heuristics.TileConfig:
