@@ -161,3 +161,20 @@ def test_small_max_persistent_cols_loops_online(rng):
     with pallaskit.config.override(max_persistent_cols=64, cache=False):
         got = pallaskit.jit(_softmaxes)(x)
     _same(got, jax.jit(_softmaxes)(x))
+
+
+def test_sums_over_one_row_share_accumulators(rng):
+    """softmax, log_softmax and logsumexp of x (three maxes, three sums over the
+    same values) and the user's own max of x: one set of online accumulators, every
+    max read off it (no max accumulator in the loop)."""
+    def fn(x):
+        return _softmaxes(x) + (jnp.max(x, -1),)
+
+    x = np.asarray(_rows(rng, 8193, jnp.float32))
+    x[3] = rng.standard_normal(8193)  # no NaN: jax.jit's CPU max drops it from long rows
+    x = jnp.asarray(x)
+    (src,) = _kernel_sources(fn, x, long_rows="looped")
+    assert src.count("_m = jnp.full((BLOCK_R, 1)") == 1 and "acc0_" not in src, src
+    with pallaskit.config.override(long_rows="looped", cache=False):
+        got = pallaskit.jit(fn)(x)
+    _same(got, jax.jit(fn)(x))

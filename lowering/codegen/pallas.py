@@ -969,9 +969,15 @@ def _combine_text(em, op, acc, v, acc_dt) -> str:
 def _render_loop(em, kernel, bodies, reds, rowwise, p, cfg, online=None):
     w = em.w
     accs, carried = [], []
-    online = online or {}  # sum member -> _Online: folded into this loop with its max ([Note: online softmax])
-    derived = {plan.max for plan in online.values() if plan.derive_max}
-    onl = [(f"onl{p}_{i}", m, online[m.name]) for i, m in enumerate(reds) if m.name in online]
+    # [Note: online softmax]: sums folded into this loop, one set of accumulators per
+    # distinct A; a float max over exactly A is read off them.
+    online = online or {}
+    groups: dict = {}  # A -> accumulator name
+    for m in reds:
+        if m.name in online:
+            groups.setdefault(online[m.name].shifted, f"onl{p}_{len(groups)}")
+    derived = {m.name: groups[bodies[m.name]] for m in reds
+               if m.node.op == "max" and is_float(m.body.dtype) and bodies[m.name] in groups}
     for i, m in enumerate(r for r in reds if r.name not in online and r.name not in derived):
         acc_dt = _acc_dtype(m.node.op, m.body.dtype)
         ident = _reduction_identity(m.node.op, m.body.dtype)
@@ -982,8 +988,8 @@ def _render_loop(em, kernel, bodies, reds, rowwise, p, cfg, online=None):
             w.line(f"{name}_i = jnp.zeros((BLOCK_R, BLOCK_C), {dtype_source(m.node.dtype)})")
             carried.append(f"{name}_i")
         accs.append((name, acc_dt, m))
-    for name, m, plan in onl:
-        carried += _online_init(em, name, plan)
+    for a, name in groups.items():
+        carried += _online_init(em, name, a)
     carry = ", ".join(carried) + ("," if len(carried) == 1 else "")
     w.line(f"def phase{p}(chunk, carry):")
     with w.indent():
@@ -1003,8 +1009,8 @@ def _render_loop(em, kernel, bodies, reds, rowwise, p, cfg, online=None):
                 outs += _arg_combine(em, name, masked, m.node.op, acc_dt, m.node.dtype)
             else:
                 outs.append(_combine_text(em, m.node.op, name, masked, acc_dt))
-        for name, m, plan in onl:
-            outs += _online_step(em, name, plan)
+        for a, name in groups.items():
+            outs += _online_step(em, name, a)
         for m in rowwise:
             em.store(m, *em.value(bodies[m.name]))
         em.scopes.pop()
@@ -1020,8 +1026,14 @@ def _render_loop(em, kernel, bodies, reds, rowwise, p, cfg, online=None):
         else:
             text = f"{_reduce_text(em, m.node.op, name, acc_dt, 1)}.astype({dtype_source(m.node.dtype)})"
         em.row_values[m.name] = em.bind(("reduce", m.name), text, frozenset("r"), "red")[0]
-    for name, m, plan in onl:
-        _online_finish(em, kernel, name, m, plan)
+    for name in groups.values():
+        _online_flags(em, name)
+    for m in reds:
+        if m.name in derived:
+            _online_max(em, derived[m.name], m)
+    for m in reds:
+        if m.name in online:
+            _online_sum(em, groups[online[m.name].shifted], m, online[m.name])
 
 
 # --------------------------------------------------------------------------- #
@@ -1046,7 +1058,6 @@ class _Online:
     max: str  # the max reduction member M
     shifted: ir.Expr  # A, in kernel coordinates
     shift: ir.Expr  # T(M), a row value
-    derive_max: bool  # M's body is A: M comes from the online accumulators
 
 
 def _row_only(expr: ir.Expr) -> bool:
@@ -1067,10 +1078,12 @@ def _online_plans(kernel: Kernel, bodies) -> dict:
     """Sum members of ``kernel`` of the form ``sum(exp(A - T(M)))`` (float
     converts around the exp allowed) with M a float max member of the kernel,
     T(M) a row value and A free of M: sum name -> ``_Online``."""
-    members = {m.name: m for m in kernel.members}
+    # T(M) may read reductions only: those of earlier phases are final when the
+    # loop ends, where a row member may be written after it (write_ready_row_values).
+    members = {m.name: m for m in kernel.members if m.role == "reduction"}
     maxes = {m.name for m in kernel.members
              if m.role == "reduction" and m.node.op == "max" and is_float(m.body.dtype)}
-    plans, derived = {}, set()
+    plans = {}
     if not maxes:
         return plans
     for m in kernel.members:
@@ -1092,10 +1105,7 @@ def _online_plans(kernel: Kernel, bodies) -> dict:
         (mx,) = found
         if any(ld.buffer == mx for ld in ir.loads(a)):
             continue
-        derive = bodies[mx] == a and mx not in derived
-        if derive:
-            derived.add(mx)
-        plans[m.name] = _Online(mx, a, t, derive)
+        plans[m.name] = _Online(mx, a, t)
     return plans
 
 
@@ -1122,24 +1132,24 @@ def _online_acc_dtype(e: ir.Expr):
     return np.dtype(np.float32) if np.dtype(e.dtype).itemsize < 4 else np.dtype(e.dtype)
 
 
-def _online_init(em, name: str, plan: _Online) -> list[str]:
+def _online_init(em, name: str, a: ir.Expr) -> list[str]:
     w = em.w
-    acc = dtype_source(_online_acc_dtype(plan.shifted))
+    acc = dtype_source(_online_acc_dtype(a))
     w.line(f"{name}_m = jnp.full((BLOCK_R, 1), float('-inf'), {acc})")
     w.line(f"{name}_s = jnp.zeros((BLOCK_R, BLOCK_C), {acc})")
     w.line(f"{name}_f = jnp.zeros((BLOCK_R, BLOCK_C), jnp.int32)")
     return [f"{name}_m", f"{name}_s", f"{name}_f"]
 
 
-def _online_step(em, name: str, plan: _Online) -> list[str]:
-    """One chunk of the online sum inside the loop; returns the new carry values."""
+def _online_step(em, name: str, shifted: ir.Expr) -> list[str]:
+    """One chunk of the online sum of exp(A) inside the loop; returns the new carry values."""
     w = em.w
     full = frozenset("rc")
-    var, ext = em.value(plan.shifted)
-    acc_dt = _online_acc_dtype(plan.shifted)
-    if _is_16bit_float(plan.shifted.dtype):
+    var, ext = em.value(shifted)
+    acc_dt = _online_acc_dtype(shifted)
+    if _is_16bit_float(shifted.dtype):
         var = em._widen(var, ext)
-    elif np.dtype(plan.shifted.dtype) != acc_dt:
+    elif np.dtype(shifted.dtype) != acc_dt:
         var = em.bind(("cast", var, acc_dt), f"{var}.astype({dtype_source(acc_dt)})", ext)[0]
     a = em.broadcast(var, ext, full)
     n = f"{name}_{em.counter}"
@@ -1155,28 +1165,34 @@ def _online_step(em, name: str, plan: _Online) -> list[str]:
     return [f"{n}m", f"{n}s", f"lax.bitwise_or({name}_f, {n}bits)"]
 
 
-def _online_finish(em, kernel: Kernel, name: str, m: Member, plan: _Online) -> None:
-    """After the loop: the max (if read off these accumulators), then the sum."""
-    w = em.w
-    acc = dtype_source(_online_acc_dtype(plan.shifted))
+def _online_flags(em, name: str) -> None:
+    """After the loop: does each row hold a NaN, a +inf, a -inf (any lane's bits)?"""
     for bit, flag in ((1, "nan"), (2, "pinf"), (4, "ninf")):
-        w.line(f"{name}_{flag} = jnp.max(lax.bitwise_and({name}_f, {bit}), axis=1, keepdims=True) > 0")
-    if plan.derive_max:
-        mx = next(x for x in kernel.members if x.name == plan.max)
-        text = (f"jnp.where({name}_nan, float('nan'), jnp.where({name}_pinf, float('inf'), {name}_m))"
-                f".astype({dtype_source(mx.node.dtype)})")
-        em.row_values[mx.name] = em.bind(("reduce", mx.name), text, frozenset("r"), "red")[0]
+        em.w.line(f"{name}_{flag} = jnp.max(lax.bitwise_and({name}_f, {bit}), axis=1, keepdims=True) > 0")
+
+
+def _online_max(em, name: str, mx: Member) -> None:
+    """A float max over exactly A: NaN if A holds one, else +inf if it holds one,
+    else the running max of its finite values (-inf if none)."""
+    text = (f"jnp.where({name}_nan, float('nan'), jnp.where({name}_pinf, float('inf'), {name}_m))"
+            f".astype({dtype_source(mx.node.dtype)})")
+    em.row_values[mx.name] = em.bind(("reduce", mx.name), text, frozenset("r"), "red")[0]
+
+
+def _online_sum(em, name: str, m: Member, plan: _Online) -> None:
+    """After the loop (the max final): S = sum(exp(A - T(M))) from the accumulators."""
+    acc = dtype_source(_online_acc_dtype(plan.shifted))
     tvar, text_ = em.value(plan.shift)
     if _is_16bit_float(plan.shift.dtype):
         tvar = em._widen(tvar, text_)
     t = em.bind(("cast", tvar, acc), f"{tvar}.astype({acc})", text_)[0]
     t = em.broadcast(t, text_, frozenset("r"))
-    w.line(f"{name}_fast = jnp.where({name}_m == float('-inf'), 0.0, "
-           f"jnp.sum({name}_s, axis=1, keepdims=True) * lax.exp({name}_m - {t}))")
+    fast = em.bind(("online_fast", name, t), f"jnp.where({name}_m == float('-inf'), 0.0, "
+                   f"jnp.sum({name}_s, axis=1, keepdims=True) * lax.exp({name}_m - {t}))", frozenset("r"))[0]
     text = (f"jnp.where({name}_nan | ({t} != {t}), float('nan'), "
             f"jnp.where({t} == float('inf'), jnp.where({name}_pinf, float('nan'), 0.0), "
             f"jnp.where({t} == float('-inf'), jnp.where({name}_ninf, float('nan'), float('inf')), "
-            f"jnp.where({name}_pinf, float('inf'), {name}_fast)))).astype({dtype_source(m.node.dtype)})")
+            f"jnp.where({name}_pinf, float('inf'), {fast})))).astype({dtype_source(m.node.dtype)})")
     em.row_values[m.name] = em.bind(("reduce", m.name), text, frozenset("r"), "red")[0]
 
 
