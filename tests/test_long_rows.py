@@ -170,7 +170,7 @@ def test_sums_over_one_row_share_accumulators(rng):
     def fn(x):
         return _softmaxes(x) + (jnp.max(x, -1),)
 
-    x = np.asarray(_rows(rng, 8193, jnp.float32))
+    x = np.array(_rows(rng, 8193, jnp.float32))
     x[3] = rng.standard_normal(8193)  # no NaN: jax.jit's CPU max drops it from long rows
     x = jnp.asarray(x)
     (src,) = _kernel_sources(fn, x, long_rows="looped")
