@@ -66,7 +66,8 @@ def reduction_config(rows: int, cols: int, *, max_persistent_cols: int, inner_co
         warps = 4 if br * width <= 2048 else 8
         return TileConfig(br, width, warps, True)
     if inner_contiguous:
-        return TileConfig(1 if rows < 1024 else 2, 4096, 8, False)
+        one_row = rows < 1024 or cols * itemsize >= LOOPED_ONE_ROW_BYTES
+        return TileConfig(1 if one_row else 2, 4096, 8, False)
     return TileConfig(min(next_power_of_2(rows), 64), 64, 4, False)
 
 
@@ -83,6 +84,12 @@ def reduction_config(rows: int, cols: int, *, max_persistent_cols: int, inner_co
 # goes up to LONG_ROW_MAX_COLS for the benchmarks to compare
 # (benchmarks/long_rows.py).
 LONG_ROW_PERSISTENT_BYTES = 128 * 1024
+# Looped rows of at least LOOPED_ONE_ROW_BYTES take one row a program: a kernel
+# that sweeps a row twice (online softmax, then the outputs) finds it in L2 the
+# second time only while the rows in flight fit there (132 SMs x 2 programs x
+# a 100 KB bf16 vocabulary row is 26 MB of the H100's 50 MB; two rows a program
+# would be all of it).
+LOOPED_ONE_ROW_BYTES = 64 * 1024
 LONG_ROW_MAX_COLS = 65536
 LONG_ROW_MAX_WARPS = 32
 DEFAULT_MAX_PERSISTENT_COLS = 8192  # lowering.options' default: a smaller value asks for loops

@@ -151,6 +151,8 @@ def test_long_row_heuristics():
     assert not p(8193, 4, "looped", 8192)
     assert not p(8193, 4, "auto", 64)  # a small max_persistent_cols asks for loops
     assert heuristics.long_row_warps(16384) == 16 and heuristics.long_row_warps(50257) == 32
+    looped = heuristics.reduction_config(8192, 50257, max_persistent_cols=8192, inner_contiguous=True, itemsize=2)
+    assert (looped.block_rows, looped.block_cols, looped.persistent) == (1, 4096, False)  # one 100 KB row a program
 
 
 def test_small_max_persistent_cols_loops_online(rng):
