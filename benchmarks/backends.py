@@ -278,6 +278,7 @@ def _torch_compile_dynamic(backend, workload, hint, ctx):
 
 # -- the registry -------------------------------------------------------------------
 NORM_BWD = frozenset({"norm_bwd"})
+LONG_ROWS = frozenset({"long_rows"})  # rows past one tile: softmax over a vocabulary, cross-entropy
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in [
     Backend("pallaskit", JAX, "pallaskit.jit, default options", _build_pallaskit, hinted=True),
@@ -296,6 +297,14 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in [
     Backend("pallaskit_dynamic_variant_tier", JAX, "pallaskit.jit, dynamic axis 0, dynamic_tier_up='variant' (a "
             "recurring size compiles its multi-kernel variant, not its own static program)", _build_pallaskit_dynamic,
             options=(("dynamic_tier_up", "variant"),), tags=frozenset({"dynamic"}), default=False),
+    Backend("pallaskit_long_rows_persistent", JAX, "pallaskit.jit, long_rows='persistent' (a row past "
+            "max_persistent_cols in one tile, up to 65536)", _build_pallaskit,
+            options=(("long_rows", "persistent"),), tags=LONG_ROWS, default=False),
+    Backend("pallaskit_long_rows_looped", JAX, "pallaskit.jit, long_rows='looped' (column chunks, online softmax)",
+            _build_pallaskit, options=(("long_rows", "looped"),), tags=LONG_ROWS, default=False),
+    Backend("pallaskit_online_softmax_off", JAX, "pallaskit.jit, long_rows='looped', online_softmax=False (max, "
+            "then sum, each a sweep of the row)", _build_pallaskit,
+            options=(("long_rows", "looped"), ("online_softmax", False)), tags=LONG_ROWS, default=False),
     Backend("xla", JAX, "jax.jit", _build_xla),
     Backend("torch_eager", TORCH, "torch eager", _build_torch_eager, compiles=False),
     Backend("torch_compile", TORCH, "torch.compile, default options", _build_torch_compile, hinted=True),

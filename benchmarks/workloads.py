@@ -356,6 +356,10 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
              "ten pointwise ops on x, y"),
     Workload("softmax", STEADY, softmax, _whole(_t_softmax), _rows_and_vectors(0),
              {"full": (32768, 4096), "smoke": (17, 300)}, "softmax over the last axis, in float32"),
+    Workload("softmax_long", STEADY, softmax, _whole(_t_softmax), _rows_and_vectors(0),
+             {"full": (8192, 50257), "smoke": (5, 8500)},
+             "softmax over rows of a GPT-2 vocabulary (past one tile), in float32", tags=frozenset({"long_rows"}),
+             dtypes=("bfloat16", "float32")),
     Workload("rmsnorm_fwd", STEADY, rmsnorm, _whole(_t_rmsnorm), _rows_and_vectors(1), ROWS_384,
              "RMSNorm forward"),
     Workload("layernorm_fwd", STEADY, layernorm, _whole(_t_layernorm), _rows_and_vectors(2), ROWS_384,
@@ -399,6 +403,11 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in [
 from benchmarks.models import MODEL_SPECS  # noqa: E402
 
 WORKLOADS.update((spec["name"], Workload(kind=STEADY, **spec)) for spec in MODEL_SPECS)
+# The cross-entropy heads reduce rows of a vocabulary: the long-row backend variants apply.
+for _name in ("xent_take_along_axis", "xent_one_hot"):
+    WORKLOADS[_name] = dataclasses.replace(WORKLOADS[_name], tags=WORKLOADS[_name].tags | {"long_rows"})
+# Other names --workloads takes for a workload.
+ALIASES = {"xent_take": "xent_take_along_axis", "xent_onehot": "xent_one_hot"}
 FAMILIES = tuple(dict.fromkeys(w.family for w in WORKLOADS.values()))
 
 
@@ -407,7 +416,7 @@ def family_members(names) -> list[str]:
     out = []
     for name in names:
         name = name.strip()
-        out += [w.name for w in WORKLOADS.values() if w.family == name] or [name]
+        out += [w.name for w in WORKLOADS.values() if w.family == name] or [ALIASES.get(name, name)]
     return out
 
 

@@ -72,7 +72,7 @@ def transpose_config(rows: int, cols: int) -> TileConfig:
 
 
 def reduction_config(rows: int, cols: int, *, max_persistent_cols: int, inner_contiguous: bool,
-                     force_width_one: bool = False) -> TileConfig:
+                     force_width_one: bool = False, long_rows: str = "looped", itemsize: int = 4) -> TileConfig:
     """Persistent when the row fits; else loop over column chunks.
 
     ``inner_contiguous``: the reduced index is the fastest-moving one in memory
@@ -81,17 +81,62 @@ def reduction_config(rows: int, cols: int, *, max_persistent_cols: int, inner_co
     ``force_width_one``: reductions that only combine in a loop (prod).
     A persistent tile holds up to 4096 elements (several rows when they are
     short): one row per program loses to scheduling overhead (RESULTS.md,
-    "Heuristics: pointwise and reduction tiles")."""
+    "Heuristics: pointwise and reduction tiles"). ``long_rows``, ``itemsize``: see
+    ``long_row_persistent``."""
     if force_width_one:
         return TileConfig(min(next_power_of_2(rows), 128), 1, 4, False)
     width = next_power_of_2(cols)
+    if inner_contiguous and long_row_persistent(cols, itemsize, long_rows, max_persistent_cols):
+        return TileConfig(1, width, long_row_warps(cols), True)
     if width <= max_persistent_cols:
         br = max(1, min(next_power_of_2(rows), 4096 // width, 64))
         warps = 4 if br * width <= 2048 else 8
         return TileConfig(br, width, warps, True)
     if inner_contiguous:
-        return TileConfig(1 if rows < 1024 else 2, 4096, 8, False)
+        one_row = rows < 1024 or cols * itemsize >= LOOPED_ONE_ROW_BYTES
+        return TileConfig(1 if one_row else 2, 4096, 8, False)
     return TileConfig(min(next_power_of_2(rows), 64), 64, 4, False)
+
+
+# Rows past max_persistent_cols (a 50,257-token vocabulary's logits). Looped, a
+# kernel reads the row once per sweep: two with online softmax (max and sum, then
+# the outputs), the second mostly from L2 when each program owns one row.
+# Persistent, one program holds the row in registers and reads it once. Triton
+# keeps a tile's values in 32-bit registers whatever the input dtype (16-bit
+# floats are computed in float32): at the most warps (32, 1024 threads) a
+# 32768-wide float32 or bf16 tile is 32 values a thread per live array, as the
+# 8192-wide tiles of 8 warps are; wider, a few live arrays fill the 64K registers
+# and spill. So "auto" keeps rows up to LONG_ROW_PERSISTENT_BYTES (4-byte
+# values, 8-byte for float64) persistent, and "persistent" (option long_rows)
+# goes up to LONG_ROW_MAX_COLS for the benchmarks to compare
+# (benchmarks/long_rows.py).
+LONG_ROW_PERSISTENT_BYTES = 128 * 1024
+# Looped rows of at least LOOPED_ONE_ROW_BYTES take one row a program: a kernel
+# that sweeps a row twice (online softmax, then the outputs) finds it in L2 the
+# second time only while the rows in flight fit there (132 SMs x 2 programs x
+# a 100 KB bf16 vocabulary row is 26 MB of the H100's 50 MB; two rows a program
+# would be all of it).
+LOOPED_ONE_ROW_BYTES = 64 * 1024
+LONG_ROW_MAX_COLS = 65536
+LONG_ROW_MAX_WARPS = 32
+DEFAULT_MAX_PERSISTENT_COLS = 8192  # lowering.options' default: a smaller value asks for loops
+
+
+def long_row_persistent(cols: int, itemsize: int, mode: str, max_persistent_cols: int) -> bool:
+    """Is a row reduction over ``cols`` (past ``max_persistent_cols``) kept in
+    one tile? ``mode``: option long_rows; ``itemsize``: its widest operand's."""
+    width = next_power_of_2(cols)
+    if width <= max_persistent_cols or mode == "looped":
+        return False
+    if mode == "persistent":
+        return width <= LONG_ROW_MAX_COLS
+    return (max_persistent_cols >= DEFAULT_MAX_PERSISTENT_COLS
+            and width * max(4, itemsize) <= LONG_ROW_PERSISTENT_BYTES)
+
+
+def long_row_warps(cols: int) -> int:
+    """Warps of a persistent long row: one per 1024 columns, 8 to 32."""
+    return max(8, min(LONG_ROW_MAX_WARPS, next_power_of_2(cols) // 1024))
 
 
 # --------------------------------------------------------------------------- #

@@ -10,6 +10,10 @@ class CompileOptions:
     interpret: bool = False  # render Pallas calls with interpret=True (CPU)
     fusion: bool = True  # greedy fusion of materialized groups
     max_persistent_cols: int = 8192  # larger reductions loop over column chunks
+    online_softmax: bool = True  # a looped max and sum(exp(x - max)) share one sweep ([Note: online softmax])
+    # Row reductions past max_persistent_cols: "auto" (heuristics.long_row_persistent),
+    # "persistent" (whole rows in one tile up to heuristics.LONG_ROW_MAX_COLS), "looped".
+    long_rows: str = "auto"
     num_warps: int = 0  # 0: from the heuristics
     mix_order_reduction: bool = True  # row and column reductions of one input in one kernel
     split_reductions: bool = True  # long reductions with few outputs run in two stages

@@ -76,6 +76,12 @@ def _check_interpret(v):
     raise ValueError(f"expected 'auto', True or False, got {v!r}")
 
 
+def _check_long_rows(v):
+    if isinstance(v, str) and v.strip().lower() in ("auto", "persistent", "looped"):
+        return v.strip().lower()
+    raise ValueError(f"expected 'auto', 'persistent' or 'looped', got {v!r}")
+
+
 def _check_nonneg_int(v):
     if isinstance(v, str):
         v = int(v)
@@ -171,6 +177,12 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("fusion", True, "Fuse materialized nodes into shared kernels.", _parse_bool, _check_bool, "true, false"),
     Option("max_persistent_cols", 8192, "Largest reduced extent kept in one tile; larger reductions loop.",
            int, _check_nonneg_int, "an int >= 0"),
+    Option("online_softmax", True, "In a reduction that loops over column chunks, compute a row's max and its "
+           "sum of exp(x - max) in one sweep (running max, rescaled sum) instead of two.", _parse_bool, _check_bool,
+           "true, false"),
+    Option("long_rows", "auto", "Row reductions longer than max_persistent_cols: 'auto' (the heuristics decide), "
+           "'persistent' (a whole row in one tile, read once, up to 65536 columns), 'looped' (column chunks).",
+           str, _check_long_rows, "'auto', 'persistent', 'looped'"),
     Option("num_warps", 0, "Force the warps of every kernel (0: the heuristics decide).", int, _check_nonneg_int,
            "an int >= 0"),
     Option("debug_dir", "", "If set, write the jaxpr, the IR before and after fusion and the generated source "

@@ -315,6 +315,7 @@ class _KernelEmitter:
         self.scopes: list[dict] = [{}]  # CSE: key -> (var, extent)
         self.counter = 0
         self.hints = options.size_hints
+        self.online_softmax = getattr(options, "online_softmax", True)
         self.guards: list = []  # symbolic kernels: what the int32 index choice assumes
         self.index_dtype = "jnp.int64" if self._needs_int64() else "jnp.int32"
 
@@ -588,10 +589,16 @@ def kernel_config(kernel: Kernel, schedule: Schedule, options: CompileOptions) -
         inner = _reduction_is_inner(kernel, schedule)
         prod = any(m.role == "reduction" and m.node.op == "prod" for m in kernel.members)
         cfg = heuristics.reduction_config(kernel.rows, kernel.cols, max_persistent_cols=options.max_persistent_cols,
-                                          inner_contiguous=inner, force_width_one=prod)
+                                          inner_contiguous=inner, force_width_one=prod,
+                                          long_rows=options.long_rows, itemsize=_widest_read(kernel, schedule))
     if options.num_warps:
         cfg = dataclasses.replace(cfg, num_warps=options.num_warps)
     return cfg
+
+
+def _widest_read(kernel: Kernel, schedule: Schedule) -> int:
+    """The largest itemsize among the buffers a kernel reads (4 if none)."""
+    return max([np.dtype(schedule.graph.buffer_aval(b)[1]).itemsize for b in kernel.reads] or [4])
 
 
 def _symbolic_config(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> heuristics.TileConfig:
@@ -782,7 +789,8 @@ def _render_reduction(em: _KernelEmitter, kernel: Kernel, bodies, cfg, *, row_bl
     w = em.w
     w.line(f"xr = {row_block} * BLOCK_R + lax.broadcasted_iota(IDX, (BLOCK_R, 1), 0)")
     w.line("rmask = xr < ROWS")
-    phase = _phases(kernel)
+    online = _online_plans(kernel, bodies) if not cfg.persistent and em.online_softmax else {}
+    phase, online = _online_phases(kernel, online) if online else (_phases(kernel), {})
     n_phases = max(phase.values()) + 1
     for p in range(n_phases):
         reds = [m for m in kernel.members if m.role == "reduction" and phase[m.name] == p]
@@ -801,7 +809,8 @@ def _render_reduction(em: _KernelEmitter, kernel: Kernel, bodies, cfg, *, row_bl
                 for m in reds:
                     em.row_values[m.name] = results[m.name]
             else:
-                _render_loop(em, kernel, bodies, reds, rowwise, p, cfg)
+                _render_loop(em, kernel, bodies, reds, rowwise, p, cfg,
+                             online={m.name: online[m.name] for m in reds if m.name in online})
         write_ready_row_values(em, kernel, bodies)
     store_reductions(em, kernel)
 
@@ -991,10 +1000,19 @@ def _combine_text(em, op, acc, v, acc_dt) -> str:
     return _COMBINE[op].format(a=acc, v=v)
 
 
-def _render_loop(em, kernel, bodies, reds, rowwise, p, cfg):
+def _render_loop(em, kernel, bodies, reds, rowwise, p, cfg, online=None):
     w = em.w
     accs, carried = [], []
-    for i, m in enumerate(reds):
+    # [Note: online softmax]: sums folded into this loop, one set of accumulators per
+    # distinct A; a float max over exactly A is read off them.
+    online = online or {}
+    groups: dict = {}  # A -> accumulator name
+    for m in reds:
+        if m.name in online:
+            groups.setdefault(online[m.name].shifted, f"onl{p}_{len(groups)}")
+    derived = {m.name: groups[bodies[m.name]] for m in reds
+               if m.node.op == "max" and is_float(m.body.dtype) and bodies[m.name] in groups}
+    for i, m in enumerate(r for r in reds if r.name not in online and r.name not in derived):
         acc_dt = _acc_dtype(m.node.op, m.body.dtype)
         ident = _reduction_identity(m.node.op, m.body.dtype)
         name = f"acc{p}_{i}"
@@ -1004,6 +1022,8 @@ def _render_loop(em, kernel, bodies, reds, rowwise, p, cfg):
             w.line(f"{name}_i = jnp.zeros((BLOCK_R, BLOCK_C), {dtype_source(m.node.dtype)})")
             carried.append(f"{name}_i")
         accs.append((name, acc_dt, m))
+    for a, name in groups.items():
+        carried += _online_init(em, name, a)
     carry = ", ".join(carried) + ("," if len(carried) == 1 else "")
     w.line(f"def phase{p}(chunk, carry):")
     with w.indent():
@@ -1023,12 +1043,14 @@ def _render_loop(em, kernel, bodies, reds, rowwise, p, cfg):
                 outs += _arg_combine(em, name, masked, m.node.op, acc_dt, m.node.dtype)
             else:
                 outs.append(_combine_text(em, m.node.op, name, masked, acc_dt))
+        for a, name in groups.items():
+            outs += _online_step(em, name, a)
         for m in rowwise:
             em.store(m, *em.value(bodies[m.name]))
         em.scopes.pop()
         w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})" if outs else "return carry")
     n_chunks = _cdiv_source(kernel.cols, cfg.block_cols, "COLS", "BLOCK_C")
-    init = f"({carry})" if accs else "0"
+    init = f"({carry})" if carried else "0"
     w.line(f"{carry or '_'} = lax.fori_loop(0, {n_chunks}, phase{p}, {init})")
     for name, acc_dt, m in accs:
         if m.node.op in ("argmax", "argmin"):
@@ -1038,6 +1060,174 @@ def _render_loop(em, kernel, bodies, reds, rowwise, p, cfg):
         else:
             text = f"{_reduce_text(em, m.node.op, name, acc_dt, 1)}.astype({dtype_source(m.node.dtype)})"
         em.row_values[m.name] = em.bind(("reduce", m.name), text, frozenset("r"), "red")[0]
+    for name in groups.values():
+        _online_flags(em, name)
+    for m in reds:
+        if m.name in derived:
+            _online_max(em, derived[m.name], m)
+    for m in reds:
+        if m.name in online:
+            _online_sum(em, groups[online[m.name].shifted], m, online[m.name])
+
+
+# --------------------------------------------------------------------------- #
+# Online softmax
+# --------------------------------------------------------------------------- #
+# [Note: online softmax]
+# A looped kernel that reduces ``M = max(row)`` and then ``S = sum(exp(A - T(M)))``
+# (softmax, log_softmax, logsumexp, a cross-entropy's normalizer; ``T`` a row-level
+# function of M such as jax's ``max(-inf, M)`` or logsumexp's ``M if finite else 0``)
+# would read the row once per reduction. Here both share one sweep: the loop keeps,
+# per row, ``m`` the running max of the finite values of A seen so far, and per lane
+# ``s = sum(exp(a - m))``, rescaled by ``exp(m_old - m_new)`` when m grows (one exp
+# per row per chunk; the lanes' sum is one exp per element). After the loop
+# ``S = sum(s) * exp(m - T(M))``. Non-finite values of A never enter m or s: each
+# lane ORs flags (1 NaN, 2 +inf, 4 -inf), and the special cases are what the direct
+# sum gives: NaN if A or T(M) holds a NaN; with T(M) = +inf, NaN if A holds +inf else
+# 0; with T(M) = -inf (a row of -inf under softmax), NaN if A holds -inf else +inf;
+# else +inf if A holds +inf. When M's own body is A (the usual case), M is read off
+# the same accumulators (NaN flag, +inf flag, else m) and costs no loop carry.
+@dataclasses.dataclass(frozen=True)
+class _Online:
+    max: str  # the max reduction member M
+    shifted: ir.Expr  # A, in kernel coordinates
+    shift: ir.Expr  # T(M), a row value
+
+
+def _row_only(expr: ir.Expr) -> bool:
+    """Does ``expr`` (kernel coordinates) take one value per row (no ``xc``)?"""
+    for e in ir.walk(expr):
+        if isinstance(e, ir.IndexValue) and XC in sympy.sympify(e.expr).free_symbols:
+            return False
+        if isinstance(e, ir.Load):
+            syms = set().union(*[sympy.sympify(i).free_symbols for i in e.index]) if e.index else set()
+            if e.mask is not None:
+                syms |= e.mask.free_symbols
+            if XC in syms:
+                return False
+    return True
+
+
+def _online_plans(kernel: Kernel, bodies) -> dict:
+    """Sum members of ``kernel`` of the form ``sum(exp(A - T(M)))`` (float
+    converts around the exp allowed) with M a float max member of the kernel,
+    T(M) a row value and A free of M: sum name -> ``_Online``."""
+    # T(M) may read reductions only: those of earlier phases are final when the
+    # loop ends, where a row member may be written after it (write_ready_row_values).
+    members = {m.name: m for m in kernel.members if m.role == "reduction"}
+    maxes = {m.name for m in kernel.members
+             if m.role == "reduction" and m.node.op == "max" and is_float(m.body.dtype)}
+    plans = {}
+    if not maxes:
+        return plans
+    for m in kernel.members:
+        if m.role != "reduction" or m.node.op != "sum" or not is_float(m.body.dtype):
+            continue
+        e = bodies[m.name]
+        while (isinstance(e, ir.Op) and e.op == "convert_element_type" and is_float(e.dtype)
+               and is_float(e.args[0].dtype)):
+            e = e.args[0]
+        if not (isinstance(e, ir.Op) and e.op == "exp" and isinstance(e.args[0], ir.Op) and e.args[0].op == "sub"):
+            continue
+        a, t = e.args[0].args
+        if not (is_float(a.dtype) and is_float(t.dtype)):
+            continue
+        t_reads = {ld.buffer for ld in ir.loads(t)}
+        found = t_reads & maxes
+        if len(found) != 1 or not t_reads <= set(members) or not _row_only(t):
+            continue
+        (mx,) = found
+        if any(ld.buffer == mx for ld in ir.loads(a)):
+            continue
+        plans[m.name] = _Online(mx, a, t)
+    return plans
+
+
+def _online_phases(kernel: Kernel, plans: dict):
+    """``_phases`` with each planned sum in its max's phase (same loop) where
+    everything else it reads is final by then; returns (phase, plans kept)."""
+    names = {m.name for m in kernel.members}
+    phase, kept = {}, {}
+    for m in kernel.members:
+        deps = [ld.buffer for ld in ir.loads(m.body) if ld.buffer in names]
+        plan = plans.get(m.name)
+        if plan is not None:
+            other = max((phase[d] + (1 if _is_reduction(kernel, d) else 0) for d in deps if d != plan.max),
+                        default=0)
+            if other <= phase[plan.max]:
+                phase[m.name] = phase[plan.max]
+                kept[m.name] = plan
+                continue
+        phase[m.name] = max((phase[d] + (1 if _is_reduction(kernel, d) else 0) for d in deps), default=0)
+    return phase, kept
+
+
+def _online_acc_dtype(e: ir.Expr):
+    return np.dtype(np.float32) if np.dtype(e.dtype).itemsize < 4 else np.dtype(e.dtype)
+
+
+def _online_init(em, name: str, a: ir.Expr) -> list[str]:
+    w = em.w
+    acc = dtype_source(_online_acc_dtype(a))
+    w.line(f"{name}_m = jnp.full((BLOCK_R, 1), float('-inf'), {acc})")
+    w.line(f"{name}_s = jnp.zeros((BLOCK_R, BLOCK_C), {acc})")
+    w.line(f"{name}_f = jnp.zeros((BLOCK_R, BLOCK_C), jnp.int32)")
+    return [f"{name}_m", f"{name}_s", f"{name}_f"]
+
+
+def _online_step(em, name: str, shifted: ir.Expr) -> list[str]:
+    """One chunk of the online sum of exp(A) inside the loop; returns the new carry values."""
+    w = em.w
+    full = frozenset("rc")
+    var, ext = em.value(shifted)
+    acc_dt = _online_acc_dtype(shifted)
+    if _is_16bit_float(shifted.dtype):
+        var = em._widen(var, ext)
+    elif np.dtype(shifted.dtype) != acc_dt:
+        var = em.bind(("cast", var, acc_dt), f"{var}.astype({dtype_source(acc_dt)})", ext)[0]
+    a = em.broadcast(var, ext, full)
+    n = f"{name}_{em.counter}"
+    em.counter += 1
+    w.line(f"{n}x = jnp.where(cmask, {a}, float('-inf'))")
+    w.line(f"{n}fin = lax.is_finite({n}x)")
+    w.line(f"{n}c = jnp.where({n}fin, {n}x, float('-inf'))  # finite values only")
+    w.line(f"{n}bits = jnp.where({n}fin, 0, jnp.where(cmask, jnp.where({n}x != {n}x, 1, "
+           f"jnp.where({n}x > 0, 2, 4)), 0)).astype(jnp.int32)")
+    w.line(f"{n}m = jnp.maximum({name}_m, jnp.max({n}c, axis=1, keepdims=True))")
+    w.line(f"{n}z = jnp.where({n}m == float('-inf'), 0.0, {n}m).astype({n}m.dtype)  # rows with no finite value yet")
+    w.line(f"{n}s = {name}_s * lax.exp({name}_m - {n}z) + lax.exp({n}c - {n}z)")
+    return [f"{n}m", f"{n}s", f"lax.bitwise_or({name}_f, {n}bits)"]
+
+
+def _online_flags(em, name: str) -> None:
+    """After the loop: does each row hold a NaN, a +inf, a -inf (any lane's bits)?"""
+    for bit, flag in ((1, "nan"), (2, "pinf"), (4, "ninf")):
+        em.w.line(f"{name}_{flag} = jnp.max(lax.bitwise_and({name}_f, {bit}), axis=1, keepdims=True) > 0")
+
+
+def _online_max(em, name: str, mx: Member) -> None:
+    """A float max over exactly A: NaN if A holds one, else +inf if it holds one,
+    else the running max of its finite values (-inf if none)."""
+    text = (f"jnp.where({name}_nan, float('nan'), jnp.where({name}_pinf, float('inf'), {name}_m))"
+            f".astype({dtype_source(mx.node.dtype)})")
+    em.row_values[mx.name] = em.bind(("reduce", mx.name), text, frozenset("r"), "red")[0]
+
+
+def _online_sum(em, name: str, m: Member, plan: _Online) -> None:
+    """After the loop (the max final): S = sum(exp(A - T(M))) from the accumulators."""
+    acc = dtype_source(_online_acc_dtype(plan.shifted))
+    tvar, text_ = em.value(plan.shift)
+    if _is_16bit_float(plan.shift.dtype):
+        tvar = em._widen(tvar, text_)
+    t = em.bind(("cast", tvar, acc), f"{tvar}.astype({acc})", text_)[0]
+    t = em.broadcast(t, text_, frozenset("r"))
+    fast = em.bind(("online_fast", name, t), f"jnp.where({name}_m == float('-inf'), 0.0, "
+                   f"jnp.sum({name}_s, axis=1, keepdims=True) * lax.exp({name}_m - {t}))", frozenset("r"))[0]
+    text = (f"jnp.where({name}_nan | ({t} != {t}), float('nan'), "
+            f"jnp.where({t} == float('inf'), jnp.where({name}_pinf, float('nan'), 0.0), "
+            f"jnp.where({t} == float('-inf'), jnp.where({name}_ninf, float('nan'), float('inf')), "
+            f"jnp.where({name}_pinf, float('inf'), {fast})))).astype({dtype_source(m.node.dtype)})")
+    em.row_values[m.name] = em.bind(("reduce", m.name), text, frozenset("r"), "red")[0]
 
 
 def _arg_combine(em, name, v, op, acc_dt, idx_dt) -> list[str]:
