@@ -75,11 +75,19 @@ if DISABLE_PALLAS_TRITON:
     _disable_pallas_triton_lowering()
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "pallas_source: the test inspects Pallas kernels (kernel_backend='pallas')")
+
+
 @pytest.fixture(autouse=True)
 def _fresh_state(request):
     pallaskit.metrics.reset()
     pallaskit.config.reset()
     pallaskit.config.update(cache_dir=os.path.join(_CACHE_ROOT, f"{zlib.crc32(request.node.nodeid.encode()):08x}"))
+    if request.node.get_closest_marker("pallas_source"):
+        # The test reads the Pallas renderer's source (or its lowering): on a GPU, where
+        # kernel_backend='auto' means raw Triton, it asks for Pallas.
+        pallaskit.config.update(kernel_backend="pallas")
     yield
     pallaskit.wait_compiles()  # background tier-up compiles (runtime/eager.py) end with their test
     pallaskit.config.reset()

@@ -228,6 +228,7 @@ def test_explain_takes_shapes_and_a_call_does_not():
         pallaskit.jit(f)(spec)
 
 
+@pytest.mark.pallas_source
 def test_debug_dump(tmp_path, rng):
     x = jnp.asarray(rng.standard_normal((3, 4)), jnp.float32)
     with pallaskit.config.override(debug_dir=str(tmp_path)):
@@ -238,6 +239,7 @@ def test_debug_dump(tmp_path, rng):
     assert "pallas_call" in (folder / "program.py").read_text()
 
 
+@pytest.mark.pallas_source
 def test_debug_dump_on_a_cache_hit(tmp_path, rng):
     """A program loaded from the disk cache still gets its folder: the jaxpr,
     the program source kept in the entry, and a note on the missing IR."""

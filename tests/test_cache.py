@@ -295,6 +295,7 @@ def test_eviction_caps_eager_programs_and_compiled_kernels_in_one_pool(tmp_path)
     assert cache.evict(max_bytes=0) == 2 and not any(os.path.exists(p) for p in paths.values())
 
 
+@pytest.mark.pallas_source
 def test_unserializable_executable_caches_the_source(tmp_path, rng, monkeypatch, caplog):
     pallaskit.config.update(cache_dir=str(tmp_path))
     monkeypatch.setattr(cache, "serialize", lambda compiled: (None, None, None, "ValueError: not today"))

@@ -382,6 +382,7 @@ def test_disk_cache_never_serves_a_symbolic_graph_for_a_static_signature(rng):
     assert dyn2.lower_to_result(y).result.program.symbols == ["n"]
 
 
+@pytest.mark.pallas_source
 def test_symbolic_program_lowers_to_triton_for_each_size():
     """Exporting for CUDA runs Pallas' Triton lowering on the CPU: the runtime
     size operand (``dims_ptr[0]``) and the wrapper-computed grid lower for any
@@ -433,6 +434,7 @@ def test_norm_backward_over_dynamic_rows_keeps_split_and_mix(num_sms, kinds, dty
         assert [k.kind for k in pallaskit.explain(f, x, w, dy).kernels] == kinds
 
 
+@pytest.mark.pallas_source
 def test_dynamic_rows_mix_kernel_lowers_to_triton_for_each_size():
     """The mix kernel's runtime row-block count lowers through Pallas' Triton
     lowering (on the CPU; PTX and the launch are not run here)."""

@@ -74,6 +74,7 @@ def test_pointwise_iteration_follows_broadcast_operands(rng, dtype, case):
     ((0, 3, 1, 2), (2, 5, 7, 3), (2 * 3, 5 * 7)),  # NHWC -> NCHW
     ((1, 0, 2), (6, 1, 9), (1, 6 * 9)),  # moves a size-1 dim only: nothing transposed
 ])
+@pytest.mark.pallas_source
 def test_transposed_output_is_a_tiled_transpose(rng, dtype, perm, shape, iteration):
     """A kernel whose store order differs from its load order iterates rows
     (the load's contiguous dim) x columns (the store's) on a square tile."""
@@ -111,6 +112,7 @@ def test_layernorm_forward_is_one_kernel(rng, dtype, shape):
     assert len(e.kernels) == 1
 
 
+@pytest.mark.pallas_source
 def test_mean_and_variance_take_one_pass(rng):
     x = jnp.asarray(rng.standard_normal((20, 300)) + 1.0, jnp.float32)
     e = _check(lambda a: (jnp.mean(a, axis=1), jnp.var(a, axis=1)), x)
@@ -129,6 +131,7 @@ def test_jax_nn_layer_norm_style_and_gelu(rng):
     assert len(e.kernels) == 1
 
 
+@pytest.mark.pallas_source
 def test_looped_reduction_matches(rng):
     x = jnp.asarray(rng.standard_normal((3, 5000)), jnp.float32)
     with pallaskit.config.override(max_persistent_cols=1024):

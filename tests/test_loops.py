@@ -303,6 +303,7 @@ def _pallas_calls(e, scope_prefix):
     return [k for k in _body_kernels(e, scope_prefix) if "pl.pallas_call(" in k.source]
 
 
+@pytest.mark.pallas_source
 def test_scalar_loop_counters_are_plain_jnp_not_kernels(rng):
     """A fori_loop's ``i + 1`` and a while condition's ``i < n`` run as jnp code
     XLA fuses with the loop's bookkeeping, not as one-element kernels."""
@@ -321,6 +322,7 @@ def test_scalar_loop_counters_are_plain_jnp_not_kernels(rng):
     assert "_inline(" in e.source and e.fallbacks == []
 
 
+@pytest.mark.pallas_source
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int32, jnp.bool_])
 def test_scalar_carries_of_several_dtypes_inline(rng, dtype):
     """Scalar carries updated by pointwise math next to a vector carry: values

@@ -122,6 +122,7 @@ def test_float16(rng):
     assert [k.kind for k in pallaskit.explain(lambda a, b: jnp.tanh(a @ b), x, w).kernels] == ["matmul"]
 
 
+@pytest.mark.pallas_source
 def test_precision_highest_is_honoured(rng):
     x, w = _operands(rng, F32, (37, 50), (50, 24), k=50)
     e = check(lambda a, b: jnp.dot(a, b, precision=lax.Precision.HIGHEST), x, w, kernels=1)
@@ -340,6 +341,7 @@ def test_small_m_fills_the_gpu():
 # --------------------------------------------------------------------------- #
 # the GPU lowering, on the CPU
 # --------------------------------------------------------------------------- #
+@pytest.mark.pallas_source
 def test_template_lowers_to_triton_ir():
     """Exporting for CUDA runs Pallas' Triton lowering (jaxpr -> Triton IR)
     without a GPU: unsupported primitives or shape errors in the template show
@@ -418,6 +420,7 @@ def test_dynamic_m_auto_mode_decides_at_the_hint(rng):
             assert [k.kind for k in pallaskit.explain(f, x, w).kernels] == kinds
 
 
+@pytest.mark.pallas_source
 def test_dynamic_m_template_lowers_to_triton_ir_for_each_size():
     """Pallas' Triton lowering of the dynamic-M template (runtime M from
     ``dims_ptr``, the grid from the wrapper), on the CPU for two sizes."""

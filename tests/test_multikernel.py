@@ -297,6 +297,7 @@ def test_empty_hints_keep_one_variant_at_the_first_call(rng):
     assert entry.result.size_hints == (("n", 70),)
 
 
+@pytest.mark.pallas_source
 def test_debug_dir_has_a_folder_per_variant(rng, tmp_path):
     pallaskit.config.update(multi_kernel_hints="64,4096", debug_dir=str(tmp_path))
     _jit()(*_args(70, rng))

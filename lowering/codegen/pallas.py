@@ -1496,8 +1496,8 @@ def _render_triton_xla(kernel: Kernel, schedule: Schedule, options: CompileOptio
     scalars = f"scalars=({', '.join(r.dims)}{',' if len(r.dims) == 1 else ''}), " if r.dims else ""
     w.line(f"def {kernel.name}({', '.join(params)}):")
     with w.indent():
-        w.line(f"return TRITON_CALL({kernel.name}_kernel, {r.grid}, ({', '.join(out_shapes)},), "
-               f"{', '.join(a + '.reshape(-1)' for a in args)},")
+        operands = "".join(f"{a}.reshape(-1), " for a in args)  # none for a kernel of constants
+        w.line(f"return TRITON_CALL({kernel.name}_kernel, {r.grid}, ({', '.join(out_shapes)},), {operands}")
         w.line(f"                   {scalars}num_warps={r.num_warps}, num_stages={r.num_stages}, "
                f"interpret=INTERPRET, {constexprs})")
     rk = RenderedKernel(kernel.name, w.source(), list(kernel.origin), r.config, list(r.dims), list(r.guards),

@@ -183,6 +183,10 @@ class _TritonEmitter(pallas._KernelEmitter):
         return _TL_DTYPES[name]
 
     def full_text(self, value, dtype=None) -> str:
+        if value == "-0.0" and dtype in ("tl.float32", "tl.bfloat16", "tl.float16"):
+            # Triton folds the literal -0.0 to 0.0: a float32 with only the sign bit set.
+            zero = "tl.full((1, 1), -2147483648, tl.int32).to(tl.float32, bitcast=True)"
+            return zero if dtype == "tl.float32" else f"{zero}.to({dtype})"
         if dtype in ("tl.bfloat16", "tl.float16"):  # the interpreter has no 16-bit constants: round one
             return f"tl.full((1, 1), {value}, tl.float32).to({dtype})"
         return f"tl.full((1, 1), {value}, {dtype or 'tl.int1'})"
@@ -259,6 +263,13 @@ _REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min", "and": "tl.min", "
 _COMBINE = {"sum": "({a} + {v})", "max": "tl.maximum({a}, {v}, propagate_nan=tl.PropagateNan.ALL)",
             "min": "tl.minimum({a}, {v}, propagate_nan=tl.PropagateNan.ALL)",
             "and": "tl.minimum({a}, {v})", "or": "tl.maximum({a}, {v})"}
+
+
+def _column_acc_dtype(m):
+    """A column accumulator's dtype: float32 for 16-bit floats (the loop carries
+    one type, and XLA sums 16-bit floats in float32 too)."""
+    dt = np.dtype(m.node.dtype)
+    return np.dtype(np.float32) if pallas._is_16bit_float(dt) else dt
 
 
 def _reduce_text(em, op, var, acc_dt, axis) -> str:
@@ -408,7 +419,7 @@ def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _
     accs = []
     for i, m in enumerate(columns):
         ident = pallas._reduction_identity(m.node.op, m.node.dtype)
-        w.line(f"acc{i} = tl.full((BLOCK_R, BLOCK_C), {ident}, {em.dtype_text(m.node.dtype)})")
+        w.line(f"acc{i} = tl.full((BLOCK_R, BLOCK_C), {ident}, {em.dtype_text(_column_acc_dtype(m))})")
         accs.append((f"acc{i}", m))
     # Blocks that every program has in full come first: their accumulator update
     # needs no select (a lane past the last column is never stored, and the
@@ -429,8 +440,8 @@ def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _
             for name, m in accs:
                 var, ext = em.value(bodies[m.name])
                 v = em.broadcast(var, ext, full)
-                if m.node.dtype != m.body.dtype:
-                    v = em.bind(("cast", v, m.node.dtype), em.cast_text(v, m.node.dtype), full)[0]
+                if _column_acc_dtype(m) != m.body.dtype:
+                    v = em.bind(("cast", v, _column_acc_dtype(m)), em.cast_text(v, _column_acc_dtype(m)), full)[0]
                 if start == full_steps and not (m.node.op == "sum" and _zero_where_masked(em, bodies[m.name], full)):
                     edge = em.edge_mask(full)[0]
                     ident = pallas._reduction_identity(m.node.op, m.node.dtype)
@@ -438,7 +449,9 @@ def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _
                 w.line(f"{name} = {_COMBINE[m.node.op].format(a=name, v=v)}")
             em.scopes.pop()
     for name, m in accs:
-        total = _reduce_text(em, m.node.op, name, m.node.dtype, 0)
+        total = _reduce_text(em, m.node.op, name, _column_acc_dtype(m), 0)
+        if _column_acc_dtype(m) != m.node.dtype:
+            total = em.cast_text(f"({total})", m.node.dtype)
         w.line(f"tl.store({em.out_refs[m.name]} + pid * COLS + xc, {total}, mask=cmask)")
     extents = [f"ROWS = {int(kernel.rows)}", f"COLS = {int(kernel.cols)}"]
     header = (f"# kernel {kernel.name}: mix (raw Triton), {kernel.rows} x {kernel.cols}, block {cfg.block_rows} x "
@@ -479,7 +492,7 @@ def render_column(kernel: Kernel, schedule: Schedule, options: CompileOptions) -
     accs = []
     for i, m in enumerate(columns):
         ident = pallas._reduction_identity(m.node.op, m.node.dtype)
-        w.line(f"acc{i} = tl.full((BLOCK_R, BLOCK_C), {ident}, {em.dtype_text(m.node.dtype)})")
+        w.line(f"acc{i} = tl.full((BLOCK_R, BLOCK_C), {ident}, {em.dtype_text(_column_acc_dtype(m))})")
         accs.append((f"acc{i}", m))
     w.line(f"for step in range(0, {steps}):")
     with w.indent():
@@ -493,15 +506,17 @@ def render_column(kernel: Kernel, schedule: Schedule, options: CompileOptions) -
         for name, m in accs:
             var, ext = em.value(bodies[m.name])
             v = em.broadcast(var, ext, full)
-            if m.node.dtype != m.body.dtype:
-                v = em.bind(("cast", v, m.node.dtype), em.cast_text(v, m.node.dtype), full)[0]
+            if _column_acc_dtype(m) != m.body.dtype:
+                v = em.bind(("cast", v, _column_acc_dtype(m)), em.cast_text(v, _column_acc_dtype(m)), full)[0]
             edge = em.edge_mask(full)[0]
             ident = pallas._reduction_identity(m.node.op, m.node.dtype)
             v = em.bind(("masked", v, edge, ident), f"tl.where({edge}, {v}, {ident})", full)[0]
             w.line(f"{name} = {_COMBINE[m.node.op].format(a=name, v=v)}")
         em.scopes.pop()
     for name, m in accs:
-        total = _reduce_text(em, m.node.op, name, m.node.dtype, 0)
+        total = _reduce_text(em, m.node.op, name, _column_acc_dtype(m), 0)
+        if _column_acc_dtype(m) != m.node.dtype:
+            total = em.cast_text(f"({total})", m.node.dtype)
         w.line(f"tl.store({em.out_refs[m.name]} + program * COLS + xc, {total}, mask=cmask)")
     extents = [f"ROWS = {int(kernel.rows)}", f"COLS = {int(kernel.cols)}"]
     header = (f"# kernel {kernel.name}: column tiles (raw Triton), {kernel.rows} x {kernel.cols}, block "
