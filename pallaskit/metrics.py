@@ -44,6 +44,7 @@ COUNTER_NAMES = (
     "eager_cache_hits",  # symbolic signatures whose eager program came from the on-disk cache (no compiler run)
     "bucket_compiles",  # XLA executables built for a size bucket of a symbolic program (runtime/buckets.py)
     "bucket_calls",  # calls of a symbolic program served by a bucket's executable
+    "per_shard_graphs",  # sharded signatures compiled at local shapes under shard_map (pallaskit/per_shard.py)
     "cache_hits",  # graphs served by the on-disk cache
     "cache_misses",  # graphs compiled with the cache on and no valid entry
     "compile_seconds",  # wall time spent in pallaskit's compile path (trace, key, load or compile)
