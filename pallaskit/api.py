@@ -641,8 +641,7 @@ class JitFunction:
             if placement is not None:
                 xla = (xla or xla_args.XlaArgs()).with_placement(
                     placement, self._flat_fn(treedef, static_pos, static_kw, n_args), avals)
-                build = per_shard.attach(xla.placed, closed, avals, build, config.shard_kernels, options.interpret,
-                                         title)
+                build = per_shard.attach(xla.placed, closed, avals, build, options, config.shard_kernels, title)
             served = cache.serve(closed, avals, static_pos + static_kw, options, title, build, t0, xla=xla)
             if served.result is None and config.debug_dir:  # a cache hit: what the entry keeps
                 _dump(config.debug_dir, title, closed, None, served.source)

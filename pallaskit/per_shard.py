@@ -47,7 +47,6 @@ also in interpret mode (tests); 'spmd' never.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import math
 from typing import Any, Callable
@@ -134,10 +133,12 @@ def _whole(ndim: int) -> Spec:
 
 
 class _Val:
-    __slots__ = ("x", "spec")
+    __slots__ = ("x", "spec", "bcast")
 
-    def __init__(self, x, spec: Spec):
-        self.x, self.spec = x, spec
+    def __init__(self, x, spec: Spec, bcast=None):
+        # bcast: (operand, equation) of a broadcast_in_dim, rebound at a split's
+        # local shape rather than sliced from the whole broadcast
+        self.x, self.spec, self.bcast = x, spec, bcast
 
 
 class _Interpreter:
@@ -166,6 +167,14 @@ class _Interpreter:
 
     def slice_to(self, v: _Val, want: Spec) -> _Val:
         """``v`` (whole or split as ``want`` along each dim) split as ``want``."""
+        if v.bcast is not None and v.spec != want:
+            operand, eqn = v.bcast
+            dims, opshape = eqn.params["broadcast_dimensions"], eqn.invars[0].aval.shape
+            if all(not axes or have == axes or d not in dims or opshape[dims.index(d)] == 1
+                   for d, (have, axes) in enumerate(zip(v.spec, want))):
+                params = {"sharding": None} if "sharding" in eqn.params else {}
+                (x,) = self.bind(eqn, [operand.x], shape=self.local_shape(eqn.params["shape"], want), **params)
+                return _Val(x, want)
         x = v.x
         for d, (have, axes) in enumerate(zip(v.spec, want)):
             if have == axes or not axes:
@@ -288,7 +297,7 @@ class _Interpreter:
         params = dict(shape=self.local_shape(shape, spec))
         if "sharding" in eqn.params:
             params["sharding"] = None
-        return [_Val(o, spec) for o in self.bind(eqn, [v.x], **params)]
+        return [_Val(o, spec, (v, eqn)) for o in self.bind(eqn, [v.x], **params)]
 
     def _convert_element_type(self, eqn, ins):
         params = {"sharding": None} if "sharding" in eqn.params else {}
@@ -514,11 +523,12 @@ def _all_eqns(jaxpr):
                     yield from _all_eqns(inner)
 
 
-def attach(placed, closed, avals, build, mode: str, interpret: bool, title: str):
+def attach(placed, closed, avals, build, options, mode: str, title: str):
     """Plan a sharded signature per shard when option ``shard_kernels``
     (``mode``) asks for it: sets ``placed.per_shard`` and returns ``build``
-    compiling the local jaxpr; else ``build`` unchanged (the SPMD path)."""
-    if not (mode == "per_shard" or (mode == "auto" and not interpret)):
+    compiling the local jaxpr; else ``build`` unchanged (the SPMD path).
+    ``build(options, jaxpr=None)``: api.py's compile of one signature."""
+    if not (mode == "per_shard" or (mode == "auto" and not options.interpret)):
         return build
     try:
         placed.per_shard = plan(closed, placed.placement, avals)
@@ -531,4 +541,12 @@ def attach(placed, closed, avals, build, mode: str, interpret: bool, title: str)
     metrics.counters["per_shard_graphs"] += 1
     log.debug("pallaskit: %s per shard over %s: %d collective(s), %d value(s) gathered", title,
               dict(p.mesh.shape), p.collectives, len(p.gathers))
-    return functools.partial(build, jaxpr=p.local)
+    def build_local(options=options):
+        try:
+            return build(options, jaxpr=p.local)
+        except AssertionError as e:  # the scheduler's cycle check on some local programs: unfused is right
+            log.warning("pallaskit: %s: the per-shard program does not schedule fused (%s); compiling it unfused",
+                        title, e)
+            return build(dataclasses.replace(options, fusion=False), jaxpr=p.local)
+
+    return build_local
