@@ -541,12 +541,4 @@ def attach(placed, closed, avals, build, options, mode: str, title: str):
     metrics.counters["per_shard_graphs"] += 1
     log.debug("pallaskit: %s per shard over %s: %d collective(s), %d value(s) gathered", title,
               dict(p.mesh.shape), p.collectives, len(p.gathers))
-    def build_local(options=options):
-        try:
-            return build(options, jaxpr=p.local)
-        except AssertionError as e:  # the scheduler's cycle check on some local programs: unfused is right
-            log.warning("pallaskit: %s: the per-shard program does not schedule fused (%s); compiling it unfused",
-                        title, e)
-            return build(dataclasses.replace(options, fusion=False), jaxpr=p.local)
-
-    return build_local
+    return lambda options=options: build(options, jaxpr=p.local)
