@@ -507,6 +507,10 @@ def plan(closed, placement, avals) -> Plan:
                                           check_vma=False))(*structs)
     (eqn,) = [e for e in traced.jaxpr.eqns if e.primitive.name == "shard_map"]
     inner = eqn.params["jaxpr"]
+    if isinstance(inner, jax.extend.core.ClosedJaxpr):
+        if inner.consts:
+            raise NoPlan("the per-shard body closes over constants")
+        inner = inner.jaxpr
     if inner.constvars or traced.consts or list(eqn.invars) != list(traced.jaxpr.invars):
         raise NoPlan("the per-shard body closes over constants")
     local = jax.extend.core.ClosedJaxpr(inner, ())
@@ -534,6 +538,11 @@ def attach(placed, closed, avals, build, options, mode: str, title: str):
         placed.per_shard = plan(closed, placed.placement, avals)
     except NoPlan as e:
         log.info("pallaskit: %s runs through SPMD partitioning, not per shard: %s", title, e)
+        return build
+    except Exception as e:  # noqa: BLE001  (a rule this jaxpr breaks: the SPMD path is still right)
+        log.warning("pallaskit: %s runs through SPMD partitioning, not per shard: planning failed: %s: %s", title,
+                    type(e).__name__, e)
+        placed.per_shard = None
         return build
     p = placed.per_shard
     from pallaskit import metrics
