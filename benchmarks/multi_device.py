@@ -17,7 +17,9 @@ shard (option ``shard_kernels=per_shard``, [Note: per-shard kernels] in
 pallaskit/per_shard.py) and through XLA's SPMD partitioner
 (``shard_kernels=spmd``). Every row is checked against jax.jit (values
 norm-wise, output shardings) before it is timed. Reported: steady-state step
-time, cold compile (the first call, with pallaskit's disk cache off) and, for
+time, cold compile (the first call, with pallaskit's disk cache off; jax.jit's
+in-memory cache serves a signature it compiled before, e.g. fsdp on one device
+after dp) and, for
 ``dp`` and ``fsdp``, scaling efficiency from 1 to N devices at a fixed batch
 per device (weak scaling: ms on 1 device / ms on N; n/a with one device).
 torch DDP / FSDP are left out: they need one process per GPU (torchrun).
@@ -51,7 +53,8 @@ from benchmarks.timing import time_ms  # noqa: E402
 FAMILY = "multi_device"
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("smoke", False, "8 simulated CPU devices, tiny sizes, float32, interpret mode")
-flags.DEFINE_list("workloads", ["gpt2_block_train", "llama_block_train"], "models training steps to run")
+flags.DEFINE_list("workloads", None, "models training steps to run (default: gpt2_block_train and "
+                  "llama_block_train; --smoke: gpt2_block_train)")
 flags.DEFINE_list("layouts", ["dp", "fsdp", "tp"], "layouts to run")
 flags.DEFINE_list("backends", ["jax.jit", "pallaskit per_shard", "pallaskit spmd"], "backends to run")
 flags.DEFINE_string("dtype", "bfloat16", "compute dtype (float32 in --smoke)")
@@ -237,7 +240,8 @@ def main(argv):
     del argv
     dtype = jnp.dtype("float32" if FLAGS.smoke else FLAGS.dtype)
     rounds = 3 if FLAGS.smoke else FLAGS.rounds
-    rows = run(FLAGS.workloads, FLAGS.layouts, FLAGS.backends, dtype, rounds, FLAGS.smoke)
+    workloads = FLAGS.workloads or (["gpt2_block_train"] if FLAGS.smoke else ["gpt2_block_train", "llama_block_train"])
+    rows = run(workloads, FLAGS.layouts, FLAGS.backends, dtype, rounds, FLAGS.smoke)
     text = report(rows, dtype.name)
     print(text)
     os.makedirs(FLAGS.output, exist_ok=True)
