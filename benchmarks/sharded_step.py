@@ -166,6 +166,7 @@ def run_layout(mesh, layout, size, dtype, rounds):
     ref = None
     for name, fn in backends.items():
         t0 = time.perf_counter()
+        before = pallaskit.metrics.counters["per_shard_graphs"]
         try:
             out = jax.block_until_ready(fn(*args))
         except Exception as e:  # noqa: BLE001  (a failing backend is a row, not the end of the run)
@@ -178,6 +179,9 @@ def run_layout(mesh, layout, size, dtype, rounds):
             ms = time_ms(lambda: jax.block_until_ready(fn(*args)), jax.block_until_ready, rounds, min_round_s=0.0)
         else:
             ms = time_ms(lambda: fn(*args), jax.block_until_ready, rounds)
+        if name.endswith("per_shard") and pallaskit.metrics.counters["per_shard_graphs"] == before:
+            rows.append(dict(layout=layout, backend=name, error="did not run per shard (no plan: see the log)"))
+            continue
         rows.append(dict(layout=layout, backend=name, ms=ms, first_call_s=first_s,
                          max_rel_err=_max_rel_err(out, ref), shardings_agree=_shardings_agree(out, ref)))
     return rows
