@@ -29,9 +29,11 @@ for its shard's shape and runs on that shard alone:
    - anything else (gathers, scatters, loops, sorts...) runs on whole values:
      its split operands are all-gathered and its outputs are whole, as the
      partitioner does for an opaque op; ``gathers`` counts those values.
-   A mesh primitive in the jaxpr (``shard_map``, a reshard) or an argument
-   that is not a ``NamedSharding`` of the one mesh, or whose split dims do
-   not divide evenly: no plan, and the call takes the SPMD path.
+   Sharding constraints and reshards are layouts, not values: they pass
+   their operand on (the outputs get jax.jit's shardings at the end). A
+   ``shard_map`` or a collective in the jaxpr, or an argument that is not a
+   ``NamedSharding`` of the one mesh or whose split dims do not divide
+   evenly: no plan, and the call takes the SPMD path.
 2. The body's jaxpr (local shapes, collectives as ordinary primitives) is
    what pallaskit compiles: its kernels see local shapes, its collectives are
    externs run through XLA.
@@ -280,7 +282,8 @@ class _Interpreter:
             gshape = eqn.invars[i].aval.shape
             want = tuple(a if g == n else () for a, g, n in zip(spec, gshape, shape))
             vals[i] = self.to(ins[i], want).x
-        return [_Val(o, spec) for o in self.bind(eqn, vals)]
+        params = {"sharding": None} if "sharding" in eqn.params else {}  # convert_element_type's
+        return [_Val(o, spec) for o in self.bind(eqn, vals, **params)]
 
     def _broadcast_in_dim(self, eqn, ins):
         if len(ins) != 1:
@@ -298,10 +301,6 @@ class _Interpreter:
         if "sharding" in eqn.params:
             params["sharding"] = None
         return [_Val(o, spec, (v, eqn)) for o in self.bind(eqn, [v.x], **params)]
-
-    def _convert_element_type(self, eqn, ins):
-        params = {"sharding": None} if "sharding" in eqn.params else {}
-        return [_Val(o, ins[0].spec) for o in self.bind(eqn, [ins[0].x], **params)]
 
     def _transpose(self, eqn, ins):
         (v,) = ins
@@ -448,7 +447,7 @@ class _Interpreter:
         spec = tuple([lspec[d] for d in lb] + [lspec[d] for d in lfree] + [rspec[d] for d in rfree])
         return [_Val(out, spec)]
 
-    _RULES = {n: "_" + n for n in ("broadcast_in_dim", "convert_element_type", "transpose", "squeeze", "reshape",
+    _RULES = {n: "_" + n for n in ("broadcast_in_dim", "transpose", "squeeze", "reshape",
                                    "argmax", "argmin", "split", "iota", "slice", "pad", "concatenate", "dot_general")}
 
 
