@@ -49,6 +49,7 @@ also in interpret mode (tests); 'spmd' never.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 from typing import Any, Callable
@@ -57,14 +58,13 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from lowering.rules.pointwise import ELEMENTWISE, IDENTITY
-from lowering.trace import inlined_body
-
 log = logging.getLogger("pallaskit")
 
 Spec = tuple  # per dim: a tuple of mesh axis names (major to minor); () for a whole dim
 
-_POINTWISE = frozenset(ELEMENTWISE) | frozenset(IDENTITY) | frozenset({
+# With lowering.rules.pointwise's ELEMENTWISE and IDENTITY (``_pointwise_names``): the compiler
+# (sympy) is imported on first planning only, not by a warm process that loads executables.
+_MORE_POINTWISE = frozenset({
     "add_any", "one_minus_square", "reduce_precision", "real", "imag", "conj", "lgamma", "digamma",
     "igamma", "igammac", "igamma_grad_a", "random_gamma_grad", "bessel_i0e", "bessel_i1e", "polygamma", "zeta",
     "tan", "logistic", "erf_inv", "square", "exp2"})
@@ -73,6 +73,13 @@ _CUMULATIVE = frozenset({"cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"
 _LAYOUT = frozenset({"sharding_constraint", "reshard", "mesh_cast"})  # same values, another layout
 _NO_PLAN = frozenset({"shard_map", "psum", "pmax", "pmin", "all_gather", "all_to_all",
                       "ppermute", "axis_index", "psum_scatter", "reduce_scatter", "pbroadcast", "pvary", "pcast"})
+
+
+@functools.lru_cache(maxsize=None)
+def _pointwise_names() -> frozenset:
+    from lowering.rules.pointwise import ELEMENTWISE, IDENTITY
+
+    return frozenset(ELEMENTWISE) | frozenset(IDENTITY) | _MORE_POINTWISE
 
 
 class NoPlan(Exception):
@@ -234,6 +241,8 @@ class _Interpreter:
         name = self.current = eqn.primitive.name
         if name in _NO_PLAN:
             raise NoPlan(f"the jaxpr holds {name}")
+        from lowering.trace import inlined_body
+
         body = inlined_body(eqn)
         if body is not None:
             jaxpr, consts = body
@@ -242,7 +251,7 @@ class _Interpreter:
             return ins
         rule = self._RULES.get(name)
         rule = None if rule is None else getattr(self, rule)
-        if name in _POINTWISE:
+        if name in _pointwise_names():
             rule = self._pointwise
         elif name in _REDUCE:
             rule = self._reduce
