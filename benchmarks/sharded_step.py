@@ -15,13 +15,17 @@ Layouts on a (data, model) mesh:
   per-shard grads of a pallaskit loss, ``lax.pmean`` of the grads.
 
 Backends: ``jax.jit(step)``; ``pallaskit.jit(step)`` (the whole step one
-pallaskit graph, SPMD-partitioned by XLA); ``jax.jit`` of the step with
+pallaskit graph) compiled per shard (option ``shard_kernels=per_shard``: the
+program at local shapes under ``shard_map``, [Note: per-shard kernels]) and
+SPMD-partitioned by XLA (``shard_kernels=spmd``: on a GPU its kernels run on
+gathered operands); ``jax.jit`` of the step with
 ``jax.value_and_grad(pallaskit.jit(loss))`` inside (staged pallaskit calls,
 custom_vjp halves). Every row is checked against ``jax.jit`` (values and
 output shardings) before it is timed.
 
     python -m benchmarks.sharded_step --smoke   # 8 simulated CPU devices, tiny sizes
     python -m benchmarks.sharded_step           # every GPU of the machine, bf16
+    python -m benchmarks.sharded_step --mesh 1,1   # one GPU: per shard vs SPMD on a 1-device mesh
 """
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ from absl import app, flags  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import pallaskit  # noqa: E402
+from benchmarks.timing import time_ms  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("smoke", False, "8 simulated CPU devices, tiny sizes, interpret mode")
@@ -69,24 +74,6 @@ def loss(x, w, w1, w2):  # benchmarks/training_step.py's block
     return jnp.mean(jnp.square(y.astype(jnp.float32)))
 
 
-def time_ms(step, sync, rounds, min_round_s=0.05):
-    """Median over rounds of the time per call (benchmarks/training_step.py's clock)."""
-    for _ in range(3):
-        sync(step())
-    t0 = time.perf_counter()
-    sync(step())
-    iters = max(1, int(min_round_s / max(time.perf_counter() - t0, 1e-6)))
-    samples = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        out = None
-        for _ in range(iters):
-            out = step()
-        sync(out)
-        samples.append((time.perf_counter() - t0) * 1e3 / iters)
-    return float(np.median(samples))
-
-
 def step(x, w, w1, w2):
     value, grads = jax.value_and_grad(loss, argnums=(1, 2, 3))(x, w, w1, w2)
     return value, tuple(p - LR * g.astype(p.dtype) for p, g in zip((w, w1, w2), grads))
@@ -110,6 +97,21 @@ def shard_map_step(mesh, loss_fn):
 
     return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(axes), P(), P(), P()),
                                  out_specs=(P(), (P(), P(), P()))))
+
+
+def compiled_with(mode: str, fn):
+    """``fn`` whose first call (its compile) runs under option ``shard_kernels=mode``."""
+    done = []
+
+    def call(*args):
+        if done:
+            return fn(*args)
+        with pallaskit.config.override(shard_kernels=mode):
+            out = fn(*args)
+        done.append(True)
+        return out
+
+    return call
 
 
 def make_mesh(spec: str) -> Mesh:
@@ -156,12 +158,15 @@ def run_layout(mesh, layout, size, dtype, rounds):
         backends = {"jax.jit": shard_map_step(mesh, loss),
                     "shard_map(grad(pallaskit.jit(loss)))": shard_map_step(mesh, pallaskit.jit(loss))}
     else:
-        backends = {"jax.jit": jax.jit(step), "pallaskit.jit(step)": pallaskit.jit(step),
+        backends = {"jax.jit": jax.jit(step),
+                    "pallaskit.jit(step) per_shard": compiled_with("per_shard", pallaskit.jit(step)),
+                    "pallaskit.jit(step) spmd": compiled_with("spmd", pallaskit.jit(step)),
                     "jax.jit(grad(pallaskit.jit(loss)))": jax.jit(step_with(pallaskit.jit(loss)))}
     rows = []
     ref = None
     for name, fn in backends.items():
         t0 = time.perf_counter()
+        before = pallaskit.metrics.counters["per_shard_graphs"]
         try:
             out = jax.block_until_ready(fn(*args))
         except Exception as e:  # noqa: BLE001  (a failing backend is a row, not the end of the run)
@@ -174,6 +179,9 @@ def run_layout(mesh, layout, size, dtype, rounds):
             ms = time_ms(lambda: jax.block_until_ready(fn(*args)), jax.block_until_ready, rounds, min_round_s=0.0)
         else:
             ms = time_ms(lambda: fn(*args), jax.block_until_ready, rounds)
+        if name.endswith("per_shard") and pallaskit.metrics.counters["per_shard_graphs"] == before:
+            rows.append(dict(layout=layout, backend=name, error="did not run per shard (no plan: see the log)"))
+            continue
         rows.append(dict(layout=layout, backend=name, ms=ms, first_call_s=first_s,
                          max_rel_err=_max_rel_err(out, ref), shardings_agree=_shardings_agree(out, ref)))
     return rows

@@ -118,3 +118,23 @@ def first_result_s(fn: Callable[[], Any], sync: Callable[[Any], None]) -> tuple[
     out = fn()
     sync(out)
     return out, time.perf_counter() - t0
+
+
+def time_ms(step: Callable[[], Any], sync: Callable[[Any], None], rounds: int, min_round_s: float = 0.05) -> float:
+    """The training-step scripts' clock (benchmarks/training_step.py, sharded_step.py, multi_device.py):
+    median over rounds of the time per call; each round runs enough calls back to back to take about
+    ``min_round_s`` and waits once at its end."""
+    for _ in range(3):
+        sync(step())
+    t0 = time.perf_counter()
+    sync(step())
+    iters = max(1, int(min_round_s / max(time.perf_counter() - t0, 1e-6)))
+    samples = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        out = None
+        for _ in range(iters):
+            out = step()
+        sync(out)
+        samples.append((time.perf_counter() - t0) * 1e3 / iters)
+    return float(np.median(samples))

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pallaskit
+from benchmarks.timing import time_ms
 from pallaskit import autodiff
 
 FLAGS = flags.FLAGS
@@ -73,25 +74,6 @@ def inputs(rows, hidden, mlp, dtype, key=0):
 
 
 # -- timing ---------------------------------------------------------------------------
-def time_ms(step, sync, rounds, min_round_s=0.05):
-    """Median over rounds of the time per call; each round runs enough calls
-    back to back to take about ``min_round_s`` and waits once at its end."""
-    for _ in range(3):
-        sync(step())
-    t0 = time.perf_counter()
-    sync(step())
-    iters = max(1, int(min_round_s / max(time.perf_counter() - t0, 1e-6)))
-    samples = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        out = None
-        for _ in range(iters):
-            out = step()
-        sync(out)
-        samples.append((time.perf_counter() - t0) * 1e3 / iters)
-    return float(np.median(samples))
-
-
 def _max_rel_err(a, b):
     errs = []
     for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):

@@ -107,6 +107,8 @@ class LoweringContext:
             # slice sizes, a broadcast's shape): no shape-generic program.
             raise symbolic.SymbolicUnsupported(f"{eqn.primitive.name} runs through XLA with a symbolic shape parameter")
         names = [self.new_name() for _ in eqn.outvars]
+        # A collective's NamedAxisEffect names the mesh axis it runs over, not a
+        # side effect: it may be dropped when dead and needs no program order.
         out_avals = tuple(symbolic.aval_view(v.aval) for v in eqn.outvars)
         if out_avals:
             name, shape, dtype = names[0], tuple(getattr(out_avals[0], "shape", ())), _safe_dtype(out_avals[0])
@@ -115,7 +117,7 @@ class LoweringContext:
         node = ir.Extern(name, shape, dtype, (self.current_eqn,),
                          primitive=eqn.primitive, params=dict(eqn.params), inputs=tuple(args),
                          outputs=tuple(names), out_avals=out_avals,
-                         effectful=bool(eqn.effects))
+                         effectful=any(type(e).__name__ != "NamedAxisEffect" for e in eqn.effects))
         self._add(node)
         return names
 

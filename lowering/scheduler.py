@@ -612,6 +612,20 @@ class Fuser:
                 self.step_of[name] = g
         pending = [b for g in self.groups for b in g.reads()]
         done = set(self.step_of)
+        # Effectful externs run in program order (``_topological`` chains
+        # them): the cycle check walks those edges too, through a token each
+        # one produces and the next one reads.
+        token = None
+        for node in sorted((n for n in self.graph.nodes.values() if isinstance(n, ir.Extern) and n.effectful),
+                           key=lambda n: self.order[n.name]):
+            mark = f"{node.name}#effect"
+            step = _Step(node.name, set(node.reads()) | ({token} if token else set()), set(node.outputs) | {mark})
+            steps.append(step)
+            for o in step.produces():
+                self.step_of[o] = step
+                done.add(o)
+            pending.extend(node.reads())
+            token = mark
         while pending:
             buf = pending.pop()
             if buf in done:

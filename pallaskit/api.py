@@ -22,7 +22,7 @@ from lowering import executors
 from lowering.options import CompileOptions
 from pallaskit import cache, metrics
 from pallaskit import autodiff
-from pallaskit import sharding, signature
+from pallaskit import per_shard, sharding, signature
 from pallaskit.config import config
 from pallaskit.runtime import eager, loader, multikernel, xla_args
 
@@ -535,8 +535,8 @@ class JitFunction:
         metrics.counters["trace_seconds"] += time.perf_counter() - t0
         title = getattr(self.fn, "__qualname__", "fn")
 
-        def build(options=options):
-            result = lowering.compile_jaxpr(closed, options, title)
+        def build(options=options, jaxpr=None):  # jaxpr: a per-shard plan's local one ([Note: per-shard kernels])
+            result = lowering.compile_jaxpr(jaxpr or closed, options, title)
             call = loader.load_lazily(result.program)
             constants = [result.schedule.graph.constants[n] for n in result.schedule.graph.inputs
                          if n in result.schedule.graph.constants]
@@ -639,6 +639,7 @@ class JitFunction:
             if placement is not None:
                 xla = (xla or xla_args.XlaArgs()).with_placement(
                     placement, signature.flat_function(self.fn, treedef, static_pos, static_kw, n_args), avals)
+                build = per_shard.attach(xla.placed, closed, avals, build, options, config.shard_kernels, title)
             served = cache.serve(closed, avals, static_pos + static_kw, options, title, build, t0, xla=xla,
                                  load_program=loader.load)
             if served.result is None and config.debug_dir:  # a cache hit: what the entry keeps

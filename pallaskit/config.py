@@ -65,6 +65,12 @@ def _check_kernel_backend(v):
     raise ValueError(f"expected 'auto', 'pallas' or 'triton', got {v!r}")
 
 
+def _check_shard_kernels(v):
+    if isinstance(v, str) and v.strip().lower() in ("auto", "per_shard", "spmd"):
+        return v.strip().lower()
+    raise ValueError(f"expected 'auto', 'per_shard' or 'spmd', got {v!r}")
+
+
 def _check_interpret(v):
     if isinstance(v, str):
         v = v.strip().lower()
@@ -262,6 +268,12 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "programs under 5 kernels as separate launches): one graph launch per call, less host time "
            "([Note: command buffers] in pallaskit/cache). XLA_FLAGS that turn command buffers off still do.",
            _parse_bool, _check_bool, "true, false"),
+    Option("shard_kernels", "auto", "Sharded calls: 'per_shard' compiles the program at each shard's shapes and "
+           "runs it under jax.shard_map, collectives where a reduction or a matmul crosses shards ([Note: "
+           "per-shard kernels] in pallaskit/per_shard.py); 'spmd' compiles it at global shapes and leaves it to "
+           "XLA's SPMD partitioner, which gathers the operands of every opaque kernel (GPU); 'auto': per_shard "
+           "where kernels are opaque (not interpret mode), else spmd. Calls per_shard cannot take go spmd.",
+           str, _check_shard_kernels, "'auto', 'per_shard', 'spmd'"),
     # -- graph cache and metric tables (pallaskit/cache, pallaskit/metrics.py) --
     Option("cache", True, "Keep compiled graphs (generated source and the compiled executable) in an on-disk "
            "cache, so that a new process running the same function compiles nothing.", _parse_bool, _check_bool,

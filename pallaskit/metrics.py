@@ -44,6 +44,7 @@ COUNTER_NAMES = (
     "multi_kernel_choices",  # multi-kernel variants chosen for a new size (any method but the in-memory dict)
     "eager_launches",  # calls of a symbolic program run as raw Triton outside XLA (runtime/eager.py)
     "eager_cache_hits",  # symbolic signatures whose eager program came from the on-disk cache (no compiler run)
+    "per_shard_graphs",  # sharded signatures compiled at local shapes under shard_map (pallaskit/per_shard.py)
     "cache_hits",  # graphs served by the on-disk cache
     "cache_misses",  # graphs compiled with the cache on and no valid entry
     "compile_seconds",  # wall time spent in pallaskit's compile path (trace, key, load or compile)

@@ -23,7 +23,11 @@ through XLA, with one log line.
 Kernels under the partitioner: in interpret mode (the CPU) a Pallas kernel is
 ordinary HLO, which SPMD partitions like any other; on the GPU a Triton custom
 call is opaque to the partitioner, which gathers its operands and runs it on
-every device: correct, but not yet per shard.
+every device: correct, but not per shard.
+
+Kernels per shard instead: option ``shard_kernels`` ([Note: per-shard kernels]
+in pallaskit/per_shard.py) compiles the program at local shapes and runs it
+under ``jax.shard_map`` (``Placed.per_shard``, the plan), where a call allows.
 
 Under ``jax.shard_map`` (manual axes, ``check_vma=True``) the function is
 traced with its arguments' varying manual axes (``manual_axis_type``), so
@@ -170,6 +174,7 @@ class Placed:
         self.placement = tuple(placement_)
         self._flat_fn, self._avals = flat_fn, avals
         self._reference = None
+        self.per_shard = None  # a per_shard.Plan when the program runs per shard ([Note: per-shard kernels])
 
     def _compiled(self):
         if self._reference is None:
@@ -214,7 +219,8 @@ class Placed:
 
     def key_text(self) -> list:
         """The shardings and their devices as text, for the graph cache's key."""
-        return [None if s is None else [repr(s), [d.id for d in _assignment(s)]] for s in self.placement]
+        text = [None if s is None else [repr(s), [d.id for d in _assignment(s)]] for s in self.placement]
+        return text + ([self.per_shard.key_text()] if self.per_shard is not None else [])
 
 
 # --------------------------------------------------------------------------- #

@@ -500,3 +500,22 @@ def test_clz_population_count_narrow_ints(dtype, rng):
     if np.dtype(dtype).itemsize < 4 or np.dtype(dtype).kind == "u":  # Triton's math.ctlz fallback fails on these
         source, _ = _sources(fn, jnp.asarray(x))
         assert "lax.clz(" in source and ("jnp.int32) & " in source or "bitcast_convert_type" in source), source
+
+
+def test_fusion_sees_the_program_order_of_effects(capsys):
+    """Two scalar groups, one read by a debug print and one reading an
+    ordered callback after it: merged, the effects' program order made a
+    cycle the fusion's cycle check did not see ('cycle in schedule')."""
+
+    def f(x, y):
+        a = jnp.sin(x) * 2
+        jax.debug.print("a={}", a)
+        c = io_callback(lambda v: np.float32(v + 1), jax.ShapeDtypeStruct((), jnp.float32), y, ordered=True)
+        return a, jnp.cos(c) * 3
+
+    x, y = jnp.float32(0.5), jnp.float32(1.5)
+    got = pallaskit.jit(f)(x, y)
+    want = jax.jit(f)(x, y)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6)
+    assert capsys.readouterr().out.count("a=") == 2

@@ -368,3 +368,130 @@ def test_in_shardings_with_sharded_argument(rng):
         jax.jit(f, in_shardings=(rep, rep))(jax.device_put(x0, rows), jnp.asarray(y0))
     with pytest.raises(ValueError, match="does not match the sharding"):
         pallaskit.jit(f, in_shardings=(rep, rep))(jax.device_put(x0, rows), jnp.asarray(y0))
+
+
+# --------------------------------------------------------------------------- #
+# kernels per shard ([Note: per-shard kernels] in pallaskit/per_shard.py)
+# --------------------------------------------------------------------------- #
+@pytest.fixture
+def per_shard():
+    """Option shard_kernels='per_shard': interpret-mode kernels take the GPU's
+    path (the program compiled at local shapes under shard_map)."""
+    pallaskit.config.update(shard_kernels="per_shard")
+
+
+PER_SHARD_LAYOUTS = [(n, s) for n, s in LAYOUTS if n in ("1d_rows", "2d_cols", "explicit_2d", "gspmd")]
+
+
+@needs8
+@pytest.mark.parametrize("layout", [s for _, s in PER_SHARD_LAYOUTS], ids=[n for n, _ in PER_SHARD_LAYOUTS])
+def test_per_shard_pointwise_and_reductions(layout, rng, per_shard):
+    """Pointwise, a row reduction over a split axis (a psum), a column max
+    (pmax) and a full mean: jax.jit's values and shardings. A device-3 or
+    GSPMD sharding has no mesh to shard_map over: the SPMD path."""
+    def f(x, y):
+        z = jnp.tanh(x) * 2 + y
+        return z, jnp.sum(z * z, axis=1), jnp.max(y, axis=0), jnp.mean(jnp.abs(x))
+
+    s = layout()
+    x = jax.device_put(_special(rng, (16, 24), np.float32), s)
+    y = jax.device_put(rng.standard_normal((16, 24)).astype(np.float32), s)
+    _check(pallaskit.jit(f)(x, y), jax.jit(f)(x, y))
+    named = isinstance(s, NamedSharding)
+    assert pallaskit.metrics.counters["per_shard_graphs"] == (1 if named else 0)
+
+
+@needs8
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, np.int32, np.bool_])
+def test_per_shard_dtypes(dtype, rng, per_shard):
+    def f(x):
+        if x.dtype == np.bool_:  # any over a split axis: no rule, gathered whole
+            return jnp.logical_not(x), jnp.any(x, axis=0)
+        return x * 3 - 1, jnp.sum(x, axis=1), jnp.max(jnp.nan_to_num(x))
+
+    s = NamedSharding(_mesh((2, 4), ("a", "b")), P("b", "a"))
+    x = jax.device_put(jnp.asarray(_special(rng, (12, 6), dtype), dtype), s)
+    _check(pallaskit.jit(f)(x), jax.jit(f)(x), dtype)
+    assert pallaskit.metrics.counters["per_shard_graphs"] == 1
+
+
+@needs8
+def test_per_shard_data_parallel_kernels_see_local_shapes(rng, per_shard):
+    """A data-parallel pointwise + row-reduction program: no collective at
+    all in the executable, and every kernel is rendered for an 8 x 24 shard
+    (the SPMD path renders them for the whole 64 x 24)."""
+    import re
+
+    mesh = _mesh((8,), ("d",))
+
+    def f(x, w):
+        z = jnp.tanh(x) * w
+        return z, z / (1 + jnp.sum(z * z, axis=1, keepdims=True))
+
+    x = jax.device_put(_special(rng, (64, 24), np.float32), NamedSharding(mesh, P("d")))
+    w = jax.device_put(rng.standard_normal((24,)).astype(np.float32), NamedSharding(mesh, P()))
+    jf = pallaskit.jit(f)
+    _check(jf(x, w), jax.jit(f)(x, w))
+    (entry,) = jf._cache.values()
+    text = entry.executable.as_text()
+    assert "all-gather" not in text and "all-reduce" not in text and "all-to-all" not in text
+    shapes = re.findall(r"out_shape=\(jax\.ShapeDtypeStruct\(\((\d+),\)", entry.result.program.source)
+    assert len(shapes) == len(entry.result.program.kernels) >= 1
+    assert set(shapes) == {str(8 * 24)}, shapes
+
+
+@needs8
+@pytest.mark.parametrize("layout", ["dp", "fsdp", "tp"])
+def test_per_shard_mlp_training_step(layout, rng, per_shard):
+    """value_and_grad + SGD as one graph, per shard: DP all-reduces the
+    gradients, FSDP gathers the split parameters for use, TP's second
+    matmul is a local product and a psum."""
+    _, params, x, y = _mlp_args(rng, layout, (4, 2) if layout == "fsdp" else (2, 4))
+    jf = pallaskit.jit(_sgd_step)
+    _check(jf(params, x, y), jax.jit(_sgd_step)(params, x, y))
+    assert pallaskit.metrics.counters["per_shard_graphs"] == 1
+    if layout == "dp":  # batch-split activations are never gathered
+        assert "all-gather" not in next(iter(jf._cache.values())).executable.as_text()
+
+
+@needs8
+@pytest.mark.parametrize("layout", ["tp"])
+def test_per_shard_grad_of_pallaskit_loss(layout, rng, per_shard):
+    """jax.value_and_grad of a pallaskit loss: both custom_vjp halves run per shard."""
+    _, params, x, y = _mlp_args(rng, layout)
+    loss_fn = pallaskit.jit(_mlp_loss)
+    _check(jax.value_and_grad(loss_fn)(params, x, y), jax.jit(jax.value_and_grad(_mlp_loss))(params, x, y))
+    assert pallaskit.metrics.counters["per_shard_graphs"] == 2
+
+
+@needs8
+def test_per_shard_constraint_and_shard_map(rng, per_shard):
+    """A sharding constraint is a layout (values per shard, jax.jit's output
+    shardings); a shard_map in the jaxpr takes the SPMD path."""
+    mesh = _mesh((2, 4), ("a", "b"))
+
+    def f(x):
+        y = jax.lax.with_sharding_constraint(jnp.tanh(x), NamedSharding(mesh, P("b", "a")))
+        return y * 2 + 1, jnp.sum(y, axis=0)
+
+    x = jax.device_put(rng.standard_normal((8, 16)).astype(np.float32), NamedSharding(mesh, P("a")))
+    _check(pallaskit.jit(f)(x), jax.jit(f)(x))
+    assert pallaskit.metrics.counters["per_shard_graphs"] == 1
+    g = jax.shard_map(lambda x: jax.lax.psum(jnp.tanh(x), "a") * 2, mesh=mesh, in_specs=P("a", "b"),
+                      out_specs=P(None, "b"))
+    _check(pallaskit.jit(g)(x), jax.jit(g)(x))
+    assert pallaskit.metrics.counters["per_shard_graphs"] == 1
+
+
+@needs8
+def test_scheduler_fuses_per_shard_fsdp_program(rng):
+    """The FSDP step's per-shard program fused: its collectives' NamedAxisEffect
+    once chained them in program order, which the fusion's cycle check did not
+    see ('cycle in schedule')."""
+    import lowering
+
+    _, params, x, y = _mlp_args(rng, "fsdp", (4, 2))
+    leaves, tree = jax.tree_util.tree_flatten((params, x, y))
+    closed = jax.make_jaxpr(lambda *a: _sgd_step(*jax.tree_util.tree_unflatten(tree, a)))(*leaves)
+    plan = pallaskit.per_shard.plan(closed, [a.sharding for a in leaves], [a.aval for a in leaves])
+    lowering.compile_jaxpr(plan.local, pallaskit.api.compile_options(), "fsdp_step")

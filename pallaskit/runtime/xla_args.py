@@ -158,6 +158,8 @@ def lower(call: Callable, structs, constants, xla: XlaArgs | None):
     if placed is None:
         return jit(call, xla, len(constants)).lower(*structs, *constants)
     kw = xla.jit_kwargs(len(constants))
+    if placed.per_shard is not None:  # [Note: per-shard kernels] in pallaskit/per_shard.py
+        call = placed.per_shard.wrap(call, len(constants))
     if "out_shardings" not in kw:
         kw["out_shardings"] = placed.out_shardings()  # jax.jit's, for these input shardings
     replicated = placed.replicated()
