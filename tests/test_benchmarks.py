@@ -19,7 +19,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(*args, timeout=170):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PALLASKIT_")}, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO}
     return subprocess.run([sys.executable, "-m", "benchmarks.run", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
@@ -204,7 +204,7 @@ def test_every_workload_has_a_torch_twin_and_smoke_size():
 
 def test_compile_time_smoke_writes_json_and_plot(tmp_path):
     """benchmarks/compile_time.py --smoke: every workload, both backends, a result each."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PALLASKIT_")}, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO}
     proc = subprocess.run([sys.executable, "-m", "benchmarks.compile_time", "--smoke", f"--output={tmp_path}"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=170)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

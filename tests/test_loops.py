@@ -14,6 +14,14 @@ from conftest import assert_close
 B, H, T, I = 4, 24, 5, 7
 
 
+@pytest.fixture(autouse=True)
+def _bodies_compiled():
+    """Bodies compile by default only in interpret mode (option loop_bodies):
+    on a GPU these tests check the compiled bodies too."""
+    with pallaskit.config.override(loop_bodies="on"):
+        yield
+
+
 def _check(fn, *args, tol_dtype=None):
     """``tol_dtype``: a program with 16-bit float inputs rounds at other points
     than XLA (allow_excess_precision), so its float32 results get that dtype's tolerance."""

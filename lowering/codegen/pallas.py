@@ -317,6 +317,15 @@ def _acc_dtype(op, dt):
 # --------------------------------------------------------------------------- #
 # Kernel bodies
 # --------------------------------------------------------------------------- #
+def _select_n_template(cases: int) -> str:
+    """``select_n`` over an int32 index or more than two cases as nested
+    two-way selects: Pallas' Triton lowering takes a bool and two cases only."""
+    text = "{%d}" % cases
+    for k in range(cases - 2, -1, -1):
+        text = f"jnp.where({{0}} == {k}, {{{k + 1}}}, {text})"
+    return text
+
+
 class _KernelEmitter:
     def __init__(self, kernel: Kernel, schedule: Schedule, cfg: heuristics.TileConfig, options: CompileOptions):
         self.k, self.schedule, self.cfg = kernel, schedule, cfg
@@ -378,6 +387,8 @@ class _KernelEmitter:
             return _bit_count_template(e.op, e.dtype) or OPS[e.op]
         if e.op in ("div", "rem") and np.dtype(e.dtype).kind in "iu":  # by 0, INT_MIN / -1: undefined in Triton
             return f"_i{e.op}({{0}}, {{1}})"
+        if e.op == "select_n" and not (len(e.args) == 3 and e.args[0].dtype == np.bool_):
+            return _select_n_template(len(e.args) - 1)
         return OPS[e.op]
 
     def load_text(self, ref: str, off: str, mask_arg: str) -> str:
