@@ -106,3 +106,61 @@ def test_oracle_reference_keeps_nan_of_max(exact):
     if not np.isnan(want[0]).all():  # a finite answer where the reference says NaN still fails
         assert oracle.compare(want, want, [exact], ref) is None  # (agreeing with jax.jit passes)
         assert oracle.compare([np.full(3, 7.0, np.float32)], want, [exact], ref) is not None
+
+
+def test_bf16_result_converted_to_float32_is_unrounded():
+    """fuzzlong 010 (and gpu3 003): bf16 log then .astype(f32). XLA computes the bf16 op in float32
+    and, with excess precision, drops the f32 -> bf16 -> f32 convert pair: jax.jit's float32 is the
+    unrounded log (-2.0717), where pallaskit gave the bf16-rounded one (-2.078)."""
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.uniform(0.05, 4.0, (7, 37)), jnp.bfloat16)
+    y = jnp.asarray(rng.uniform(0.05, 4.0, (7, 37)), jnp.bfloat16)
+
+    def f(x, y):
+        return jnp.log(x).astype(jnp.float32), (x + y).astype(jnp.float32), (x * y).astype(jnp.float32) * 2
+
+    got, want = pallaskit.jit(f)(x, y), jax.jit(f)(x, y)
+    for g, w in zip(got, want):  # bf16 rounding is ~4e-3 relative: far outside this
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)
+    # rounded as written when excess precision is off, as XLA then
+    strict = jax.jit(f).lower(x, y).compile(compiler_options={"xla_allow_excess_precision": False})(x, y)
+    with pallaskit.config.override(allow_excess_precision=False):
+        got = pallaskit.jit(f)(x, y)
+    for g, w in zip(got, strict):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("act", ["gelu", "scale"])
+def test_float16_matmul_overflow_reaches_epilogue(act):
+    """fuzzlong 009: a float16 product past float16's range is inf in jax.jit (its dot writes
+    float16) and its epilogue sees inf (gelu(-inf) = NaN); the template fed the epilogue the
+    finite float32 accumulator (gelu -> -0.0)."""
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((37, 20)).astype(np.float16)
+    a[:5] = 300.0  # rows whose products reach +-90000 (> 65504)
+    b = (np.sign(rng.standard_normal((1, 33))) * np.full((20, 33), 15.0)).astype(np.float16)  # +-inf columns
+    bias = rng.standard_normal(33).astype(np.float16)
+    fn = {"gelu": lambda a, b, c: jax.nn.gelu(a @ b + c), "scale": lambda a, b, c: (a @ b) * 0.5 + c}[act]
+    with pallaskit.config.override(matmul_template="fused"):
+        got = np.asarray(pallaskit.jit(fn)(a, b, bias), np.float32)
+    want = np.asarray(jax.jit(fn)(a, b, bias), np.float32)
+    assert not np.isfinite(want[:5]).all()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    fin = np.isfinite(want)
+    np.testing.assert_allclose(got[fin], want[fin], rtol=4e-3, atol=4e-3)
+
+
+def test_oracle_gpu_rules():
+    """gpu3 001: a float32 matvec epilogue, TF32 in the template, full float32 in XLA (1.1684 vs
+    1.1677); gpu3 004: jax.jit's argmin on the GPU picks the third NaN (33), pallaskit and the
+    reference the first (9). Both rules apply only where the GPU's run asks for them."""
+    w = [np.array([1.167669, 0.5], np.float32)]
+    g = [np.array([1.1683879, 0.5], np.float32)]
+    assert oracle.compare(g, w, [False]) is not None
+    assert oracle.compare(g, w, [False], tf32=True) is None
+    assert oracle.compare([np.array([1.19, 0.5], np.float32)], w, [False], tf32=True) is not None
+    ref = [np.array(9, np.int32)]
+    assert oracle.compare([np.array(9, np.int32)], [np.array(33, np.int32)], [True], ref) is not None
+    assert oracle.compare([np.array(9, np.int32)], [np.array(33, np.int32)], [True], ref, arg_outputs=(0,)) is None
+    assert oracle.compare([np.array(12, np.int32)], [np.array(33, np.int32)], [True], ref, arg_outputs=(0,)) is not None

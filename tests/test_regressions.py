@@ -519,3 +519,54 @@ def test_fusion_sees_the_program_order_of_effects(capsys):
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6)
     assert capsys.readouterr().out.count("a=") == 2
+
+
+# --------------------------------------------------------------------------- #
+# 7. Integer division and remainder by zero, and INT_MIN / -1
+# --------------------------------------------------------------------------- #
+# Undefined in Triton / PTX (the GPU fuzzer: uint8 x % 0 gave 255); XLA defines
+# x / 0 = -1 (all ones), x % 0 = x, INT_MIN / -1 = INT_MIN, INT_MIN % -1 = 0.
+# Pallas' interpret mode computes with XLA, so its value test checks the GPU
+# only; the source test and the Triton interpreter check the CPU.
+_INT_DTYPES = [jnp.int8, jnp.uint8, jnp.int16, jnp.uint16, jnp.int32, jnp.uint32]
+
+
+def _div_operands(dtype, rng, shape=(5, 37)):
+    info = np.iinfo(dtype)
+    x = rng.integers(info.min, info.max, size=shape, endpoint=True).astype(dtype)
+    y = rng.integers(max(info.min, -4), 5, size=shape).astype(dtype)  # many zeros (and -1s)
+    x[0, :6] = [info.min, info.min, info.max, 0, 7, info.min]
+    y[0, :6] = [0, -1 if info.min else 1, 0, 0, 0, 1]
+    return jnp.asarray(x), jnp.asarray(y)
+
+
+def _div_rem(x, y):
+    return jax.lax.div(x, y), jax.lax.rem(x, y), jax.lax.rem(x, y) * 3 + jax.lax.div(x, jax.lax.rev(y, (0,)))
+
+
+@pytest.mark.parametrize("dtype", _INT_DTYPES, ids=lambda d: np.dtype(d).name)
+def test_int_div_rem_by_zero(dtype, rng):
+    x, y = _div_operands(dtype, rng)
+    assert (np.asarray(y) == 0).any()
+    with pallaskit.config.override(cache=False):
+        got = pallaskit.jit(_div_rem)(x, y)
+    _same(got, jax.jit(_div_rem)(x, y))
+    pallas_source, triton_source = _sources(_div_rem, x, y)
+    assert "_idiv(" in pallas_source and "_irem(" in pallas_source and "lax.div(" not in pallas_source.split(
+        "def _irem")[-1].split("def ")[0], pallas_source
+    if triton_source is not None:
+        assert "_idiv(" in triton_source and "_irem(" in triton_source, triton_source
+
+
+@pytest.mark.parametrize("dtype", _INT_DTYPES, ids=lambda d: np.dtype(d).name)
+def test_triton_renderer_int_div_rem_by_zero(dtype, rng):
+    """Eager raw-Triton launches (Triton's interpreter on the CPU: numpy gives 0 for x // 0)."""
+    pytest.importorskip("triton")
+    pallaskit.config.update(dynamic_launch="on")
+    f = pallaskit.jit(_div_rem, dynamic={"x": {1: "n"}, "y": {1: "n"}})
+    for n in (37, 6):
+        x, y = _div_operands(dtype, rng, (5, n))
+        before = metrics.counters["eager_launches"]
+        got = f(x, y)
+        assert metrics.counters["eager_launches"] == before + 1
+        _same(got, jax.jit(_div_rem)(x, y))

@@ -177,6 +177,8 @@ def _hypothesis_round(programs, judge, record, found, exclude, args, seed, deadl
               phases=(Phase.generate, Phase.shrink))
     @given(programs.programs(exclude, args.max_ops, not args.no_long_rows))
     def round_test(program):
+        if time.time() >= deadline:
+            return  # the run's time is up: hypothesis's remaining examples pass at once
         if shrinking and time.time() - shrinking[0] > args.shrink_seconds and program.snippet() not in failing:
             return  # shrinking past its budget: only known failures (hypothesis's final replay) still fail
         v = judge(program, shrinking=bool(shrinking))

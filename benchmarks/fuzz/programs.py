@@ -158,6 +158,7 @@ class Line:
     code: str  # its right-hand side
     uses: tuple  # names it reads
     op: str  # op kind, for signatures
+    dtype: str = ""  # of the value it defines
 
 
 @dataclasses.dataclass
@@ -322,6 +323,7 @@ REDUCTIONS = [("sum", "jnp.sum"), ("max", "jnp.max"), ("min", "jnp.min"), ("prod
               ("argmax", "jnp.argmax"), ("argmin", "jnp.argmin"), ("any", "jnp.any"), ("all", "jnp.all"),
               ("mean", "jnp.mean"), ("var", "jnp.var"), ("logsumexp", "jax.nn.logsumexp"),
               ("softmax", "jax.nn.softmax"), ("lse_manual", None), ("cumsum", "jnp.cumsum"),
+              ("log_softmax", "jax.nn.log_softmax"),
               ("cummax", "lax.cummax"), ("cumprod", "jnp.cumprod")]
 
 
@@ -352,6 +354,7 @@ class Builder:
         self.reduced: dict = {}  # (operand name, axes) -> reduction ops already applied
         self.max_elems = 1 << 17
         self.force_out: list[Value] = []
+        self.long_rows = True  # softmax-family rows longer than one tile (op_long_row)
 
     def allowed(self, feature):
         return feature not in self.exclude
@@ -370,7 +373,7 @@ class Builder:
 
     def emit(self, code, uses, shape, dtype, exact, op):
         name = f"v{len(self.lines)}"
-        self.lines.append(Line(name, code, tuple(u.name for u in uses), op))
+        self.lines.append(Line(name, code, tuple(u.name for u in uses), op, dtype))
         v = Value(name, tuple(shape), dtype, exact)
         self.values.append(v)
         return v
@@ -531,7 +534,7 @@ def _reduce_code(name, fn, v, axis, keep):
         return f"{fn}({v}, axis={axis}{kd})"
     if name in ("cumsum", "cumprod", "cummax"):
         return f"{fn}({v}, axis={axis})"
-    if name == "softmax":
+    if name in ("softmax", "log_softmax"):
         return f"{fn}({v}, axis={_fmt_axis(axis)})"
     if name == "lse_manual":
         ax = _fmt_axis(axis)
@@ -561,7 +564,7 @@ def op_reduce(b: Builder, v=None, axis=None, taken=()):
             return None  # discontinuous on a rounded value
     if v.dtype == "bool" and name not in ("any", "all", "argmax", "argmin", "max", "min"):
         return None
-    if v.dtype not in FLOATS and name in ("var", "logsumexp", "softmax", "lse_manual", "mean"):
+    if v.dtype not in FLOATS and name in ("var", "logsumexp", "softmax", "log_softmax", "lse_manual", "mean"):
         return None
     if v.dtype == "uint8" and name == "cumprod":
         return None
@@ -572,10 +575,11 @@ def op_reduce(b: Builder, v=None, axis=None, taken=()):
         axis = -1
     if name == "cummax" and axis is not None:
         axis = axis % len(v.shape)  # lax.cummax takes no negative axis
-    if name in ("argmax", "argmin", "cumsum", "cumprod", "cummax", "softmax") and isinstance(axis, tuple):
+    if name in ("argmax", "argmin", "cumsum", "cumprod", "cummax", "softmax", "log_softmax") and isinstance(axis, tuple):
         axis = axis[0]
-    keep = d(booleans()) if name not in ("cumsum", "cumprod", "cummax", "softmax") else True
-    shape = v.shape if name in ("cumsum", "cumprod", "cummax", "softmax") else _reduced_shape(v.shape, axis, keep)
+    keep = d(booleans()) if name not in ("cumsum", "cumprod", "cummax", "softmax", "log_softmax") else True
+    shape = (v.shape if name in ("cumsum", "cumprod", "cummax", "softmax", "log_softmax")
+             else _reduced_shape(v.shape, axis, keep))
     if name in ("argmax", "argmin"):
         dtype = "int32"
     elif name in ("any", "all"):
@@ -736,7 +740,7 @@ def op_matmul(b: Builder):
     return out
 
 
-def op_index(b: Builder):
+def op_index_modes(b: Builder):
     """Indexing by run-time values: gathers, scatters, dynamic slices at traced starts.
     Index inputs are int inputs (values around 0 and, as specials, the int's extremes: out
     of bounds both ways)."""
@@ -788,8 +792,105 @@ def op_index(b: Builder):
                   shape, v.dtype, v.exact and upd.exact, "dynamic_update_slice")
 
 
+
+def _index_input(b: Builder, shape, extent):
+    """An int32 index input: in range, negative (from the end) and out of bounds (clamped,
+    filled or dropped, as each op says), and, with special values, int32's extremes."""
+    d = b.draw
+    name = f"x{len(b.inputs)}"
+    special = d(sampled_from([0.0, 0.1]))
+    scale = 1.0
+    b.inputs.append(Input(name, tuple(shape), "int32", d(integers(0, 2**16)), special, scale))
+    v = Value(name, tuple(shape), "int32", True)
+    b.values.append(v)
+    if extent > 9 and d(booleans()):  # make_input's ints are in [-9, 9]: spread over the extent
+        return b.emit(f"{name} * {max(1, extent // 9)}", [v], shape, "int32", True, "mul")
+    return v
+
+
+def op_index(b: Builder):
+    """Gathers and scatters: take_along_axis, x[idx], table[ids], x.at[idx].add(u) with repeated
+    indices, dynamic_slice with traced starts, dynamic_update_slice, one_hot."""
+    d = b.draw
+    kind = d(sampled_from(["index", "take_along", "table", "scatter_add", "dus", "dyn_slice", "one_hot"]))
+    if kind == "table":
+        vocab, dim = d(sampled_from([5, 37, 100])), d(sampled_from([1, 3, 16, 33]))
+        table = b.new_input((vocab, dim), d(sampled_from(["float32", "bfloat16", "int32"])))
+        ids = b.pick(lambda v: v.dtype in INTS and len(v.shape) <= 2 and numel(v.shape) * dim <= b.max_elems)
+        if ids is None or d(booleans()):
+            ids = _index_input(b, (d(sampled_from(SMALL_DIMS[:8])),), vocab)
+        return b.emit(f"{table.name}[{ids.name}]", [table, ids], ids.shape + (dim,), table.dtype, True, "gather")
+    if kind == "one_hot":
+        v = b.pick(lambda v: v.dtype in INTS and numel(v.shape) * 37 <= b.max_elems)
+        if v is None:
+            return None
+        n = d(sampled_from([1, 3, 10, 37]))
+        dt = d(sampled_from(["float32", "bfloat16", "int32"]))
+        return b.emit(f"jax.nn.one_hot({v.name}, {n}, dtype={DT_NAME[dt]})", [v], v.shape + (n,), dt, True, "one_hot")
+    v = b.pick(lambda v: len(v.shape) >= 1)
+    shape, r = v.shape, len(v.shape)
+    if kind == "index":
+        k = d(sampled_from(SMALL_DIMS[:8]))
+        new = (k,) + shape[1:]
+        if numel(new) > b.max_elems:
+            return None
+        idx = _index_input(b, (k,), shape[0])
+        return b.emit(f"{v.name}[{idx.name}]", [v, idx], new, v.dtype, v.exact, "gather")
+    if kind == "take_along":
+        ax = d(integers(0, r - 1))
+        k = d(sampled_from(SMALL_DIMS[:8]))
+        new = tuple(k if i == ax else s for i, s in enumerate(shape))
+        if numel(new) > b.max_elems:
+            return None
+        idx = _index_input(b, new, shape[ax])
+        return b.emit(f"jnp.take_along_axis({v.name}, {idx.name}, axis={ax})", [v, idx], new, v.dtype, v.exact,
+                      "take_along_axis")
+    if kind == "scatter_add":
+        if v.dtype == "bool":
+            return None
+        k = d(sampled_from(SMALL_DIMS[:8]))
+        idx = _index_input(b, (k,), shape[0])
+        upd = b.new_input((k,) + shape[1:], v.dtype)
+        # repeated indices add up: in any order for floats (inexact), exactly (wrapping) for ints
+        return b.emit(f"{v.name}.at[{idx.name}].add({upd.name})", [v, idx, upd], shape, v.dtype,
+                      v.exact and v.dtype not in FLOATS, "scatter_add")
+    traced = d(booleans())
+    starts = [d(integers(0, s + 2)) for s in shape]  # past the end: clamped
+    uses = [v]
+    if traced:  # starts the kernel reads at run time
+        st_in = _index_input(b, (r,), max(shape))
+        uses.append(st_in)
+        start_code = "(" + "".join(f"{st_in.name}[{i}], " for i in range(r)) + ")"
+    else:
+        start_code = repr(tuple(starts))
+    if kind == "dyn_slice":
+        sizes_ = tuple(d(integers(1, s)) for s in shape)
+        return b.emit(f"lax.dynamic_slice({v.name}, {start_code}, {sizes_!r})", uses, sizes_, v.dtype, v.exact,
+                      "dynamic_slice")
+    u = b.pick(lambda u: u.dtype == v.dtype and len(u.shape) == r and all(a <= c for a, c in zip(u.shape, shape)))
+    if u is None or u is v and d(booleans()):
+        u = b.new_input(tuple(d(integers(1, s)) for s in shape), v.dtype)
+    return b.emit(f"lax.dynamic_update_slice({v.name}, {u.name}, {start_code})", uses + [u], shape, v.dtype,
+                  v.exact and u.exact, "dynamic_update_slice")
+
+
+def op_long_row(b: Builder):
+    """softmax / log_softmax / logsumexp over a row longer than one tile (long runs only)."""
+    d = b.draw
+    if not b.long_rows:
+        return None
+    shape = (d(sampled_from([1, 2, 3])), d(sampled_from(LONG_ROWS)))
+    x = b.new_input(shape, d(sampled_from(FLOATS)))
+    name, fn = d(sampled_from([("softmax", "jax.nn.softmax"), ("log_softmax", "jax.nn.log_softmax"),
+                               ("logsumexp", "jax.nn.logsumexp")]))
+    if name == "logsumexp":
+        return b.emit(f"{fn}({x.name}, axis=-1)", [x], shape[:1], x.dtype, False, name)
+    return b.emit(f"{fn}({x.name}, axis=-1)", [x], shape, x.dtype, False, name)
+
+
 OPS = [("unary", op_unary), ("binary", op_binary), ("reduce", op_reduce), ("view", op_view),
-       ("cast", op_cast), ("multi_reduce", op_multi_reduce), ("matmul", op_matmul), ("index", op_index)]
+       ("cast", op_cast), ("multi_reduce", op_multi_reduce), ("matmul", op_matmul), ("index", op_index), ("index_modes", op_index_modes),
+       ("long_row", op_long_row)]
 
 
 def programs(exclude=frozenset(), max_ops=8, long_rows=True):
@@ -819,6 +920,7 @@ def build(draw, exclude=frozenset(), max_ops=8, long_rows=True):
     if draw(integers(0, 4)) == 4:
         options["matmul_template"] = "fused"
     b = Builder(draw, exclude, options)
+    b.long_rows = long_rows
     base = _shape(draw, long_rows)
     b.new_input(base, _dtype(draw))
     if draw(booleans()):

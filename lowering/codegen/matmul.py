@@ -164,7 +164,8 @@ def write_epilogue(em, kernel: Kernel, mm) -> None:
     if node.dtype != np.float32:
         em.w.line(f"mm = {em.cast_text('acc', node.dtype)}")
         tile_var = "mm"
-        em.wide_of["mm"] = "acc"  # a 16-bit product feeds its epilogue unrounded (allow_excess_precision)
+        if node.dtype.name == "bfloat16":  # (float16 rounds: jax.jit's f16 product overflows to inf, as it does here)
+            em.wide_of["mm"] = "acc"  # a bf16 product feeds its epilogue unrounded (allow_excess_precision)
     em.tile_values[node.name] = (tile_var, full)
     if mm.store:
         em.store(mm, tile_var, full)

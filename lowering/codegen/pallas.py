@@ -167,6 +167,31 @@ def _farg(x, axis, largest):
     i = lax.broadcasted_iota(jnp.int32, x.shape, axis)
     return jnp.min(jnp.where(hit, i, x.shape[axis]), axis=axis, keepdims=True)
 '''
+HELPERS["_idiv"] = '''
+def _idiv(x, y):
+    """Integer lax.div with XLA's results where the hardware's are undefined:
+    x / 0 is -1 (all ones), INT_MIN / -1 is INT_MIN (-x, wrapped)."""
+    zero = y == 0
+    odd = zero
+    if jnp.issubdtype(x.dtype, jnp.signedinteger):
+        neg1 = y == -1
+        odd = zero | neg1
+    q = lax.div(x, jnp.where(odd, jnp.ones_like(y), y))
+    if jnp.issubdtype(x.dtype, jnp.signedinteger):
+        q = jnp.where(neg1, -x, q)
+    return jnp.where(zero, ~jnp.zeros_like(x), q)
+'''
+HELPERS["_irem"] = '''
+def _irem(x, y):
+    """Integer lax.rem with XLA's results where the hardware's are undefined:
+    x % 0 is x, INT_MIN % -1 is 0 (so is every x % -1)."""
+    zero = y == 0
+    odd = zero
+    if jnp.issubdtype(x.dtype, jnp.signedinteger):
+        odd = zero | (y == -1)
+    r = lax.rem(x, jnp.where(odd, jnp.ones_like(y), y))
+    return jnp.where(zero, x, r)
+'''
 _HELPER_DEPS = {}
 
 _PRELUDE = '''\
@@ -359,6 +384,8 @@ class _KernelEmitter:
                 return "_fmin(_fmax({1}, {0}), {2})"
         if e.op in ("clz", "population_count"):
             return _bit_count_template(e.op, e.dtype) or OPS[e.op]
+        if e.op in ("div", "rem") and np.dtype(e.dtype).kind in "iu":  # by 0, INT_MIN / -1: undefined in Triton
+            return f"_i{e.op}({{0}}, {{1}})"
         if e.op == "select_n" and not (len(e.args) == 3 and e.args[0].dtype == np.bool_):
             return _select_n_template(len(e.args) - 1)
         return OPS[e.op]
@@ -475,6 +502,11 @@ class _KernelEmitter:
         args = [memo[a] for a in e.args]
         extent = frozenset().union(*[x for _, x in args]) if args else frozenset()
         names = [self.broadcast(v, x, extent) for v, x in args]
+        if (e.op == "convert_element_type" and self.excess_precision and e.dtype == np.float32
+                and np.dtype(e.args[0].dtype).name == "bfloat16" and names[0] in self.wide_of):
+            # XLA computes bf16 ops in float32 and, with excess precision, drops the
+            # f32 -> bf16 -> f32 convert pair: the float32 result is the unrounded one.
+            return self.wide_of[names[0]], extent
         if e.op in UPCAST_16BIT and any(_is_16bit_float(a.dtype) for a in e.args):
             # Computed in float32. An operand that is itself a rounded float32
             # result is used unrounded (XLA's allow_excess_precision does the

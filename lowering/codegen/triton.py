@@ -136,6 +136,34 @@ def _erfc(x):
     big = tl.where(x < 0.0, 2.0 - big, big)
     return tl.where(ax < 1.0, small, big)
 ''',
+    "_idiv": '''
+@triton.jit
+def _idiv(x, y):
+    """Integer lax.div (Triton's // truncates) with XLA's results where the
+    hardware's are undefined: x / 0 is -1 (all ones), INT_MIN / -1 is INT_MIN."""
+    zero = y == 0
+    one = (y ^ y) + 1
+    if x.dtype.is_int_signed():
+        neg1 = y == -1
+        q = x // tl.where(zero | neg1, one, y)
+        q = tl.where(neg1, (x ^ x) - x, q)
+    else:
+        q = x // tl.where(zero, one, y)
+    return tl.where(zero, (x ^ x) - 1, q)  # all ones (~ xors with a -1 constant: not for unsigned)
+''',
+    "_irem": '''
+@triton.jit
+def _irem(x, y):
+    """Integer lax.rem (C's srem / urem) with XLA's results where the hardware's
+    are undefined: x % 0 is x, INT_MIN % -1 is 0."""
+    zero = y == 0
+    one = (y ^ y) + 1
+    if x.dtype.is_int_signed():
+        r = x % tl.where(zero | (y == -1), one, y)
+    else:
+        r = x % tl.where(zero, one, y)
+    return tl.where(zero, x, r)
+''',
 }
 
 for _op in ("max", "min"):
@@ -213,6 +241,8 @@ class _TritonEmitter(pallas._KernelEmitter):
         float_op = pallas.is_float(e.dtype) or any(pallas.is_float(a.dtype) for a in e.args)
         if e.op in ("max", "min"):
             return (_NAN_MAX if e.op == "max" else _NAN_MIN) if float_op else f"tl.{e.op}imum({{0}}, {{1}})"
+        if e.op in ("div", "rem") and not float_op:  # by 0, INT_MIN / -1: undefined in Triton (PTX)
+            return f"_i{e.op}({{0}}, {{1}})"
         if e.op == "div":
             return "({0} / {1})" if float_op else "({0} // {1})"  # Triton's // truncates, like lax.div
         if e.op == "rem" and float_op and not self.triton_interpret:  # the interpreter's % is np.fmod
