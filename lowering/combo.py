@@ -127,6 +127,10 @@ def combine(steps: list, graph: ir.Graph, options: CompileOptions, loop_body: bo
     """``steps`` with independent kernels of one level joined into combo kernels."""
     if not options.combo_kernels:
         return steps
+    if any(sizes.dim_symbols(graph.buffer_aval(name)[0]) for name in graph.inputs):
+        # A symbolic program's kernels read its dims (as sizes and as values, x.shape[0] * 2):
+        # the launcher passes them, a combo's parts do not.
+        return steps
     level = levels(steps)
     by_level: dict[int, list[int]] = {}
     for i, s in enumerate(steps):

@@ -228,6 +228,7 @@ def test_levels_respect_effects_and_chains():
     assert combo.levels(steps) == [0, 0, 1, 1, 0]
 
 
+@pytest.mark.pallas_source
 def test_generated_source_names_each_members_equations(rng):
     args = _mixed_args(rng, jnp.float32)
     e = pallaskit.explain(_mixed, *args)
@@ -257,6 +258,7 @@ def _triton_run(fn, args):
     return prog, run(*jax.tree.leaves(args))
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="Triton's interpreter runs these on the CPU")
 @pytest.mark.parametrize("dtype", [jnp.float32, BF16])
 def test_triton_renderer_runs_combos(dtype, rng):
     def f(a, b, c, d, n):
@@ -271,6 +273,7 @@ def test_triton_renderer_runs_combos(dtype, rng):
         assert_close(np.asarray(g).reshape(w.shape), w, dtype)
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="Triton's interpreter runs these on the CPU")
 def test_triton_renderer_runs_a_clipped_update(rng):
     def upd(ps, gs, ms):
         norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in gs))

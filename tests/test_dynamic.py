@@ -131,6 +131,7 @@ def test_keyword_call_negative_axis_and_steady_state(rng):
     assert delta(before, "graphs_compiled") == 2  # one per calling convention (keyword / positional y), as jax.jit
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="compile counts of interpret mode; on a GPU eager launches and tier-up compiles add graphs (values: the other dynamic tests)")
 def test_automatic_dynamic_recompiles_once(rng, caplog):
     f = pallaskit.jit(lambda a, b: jnp.exp(a) * b + 1.0)
     before = counters()
@@ -159,6 +160,7 @@ def test_automatic_dynamic_off_compiles_every_size(rng):
     assert delta(before, "graphs_compiled") == 4
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="compile counts of interpret mode; on a GPU eager launches and tier-up compiles add graphs (values: the other dynamic tests)")
 def test_automatic_dynamic_keeps_unequal_axes_apart(rng):
     """Axes that varied together share a symbol; axes that did not get their own."""
     f = pallaskit.jit(lambda a, b: (a * 2.0, b.sum(-1)))
@@ -174,6 +176,7 @@ def test_automatic_dynamic_keeps_unequal_axes_apart(rng):
     assert delta(before, "graphs_compiled") == 3
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="compile counts of interpret mode; on a GPU eager launches and tier-up compiles add graphs (values: the other dynamic tests)")
 @pytest.mark.parametrize("dtype", [jnp.float32, BF16])
 def test_automatic_dynamic_is_on_by_default(rng, dtype):
     """The second size of an axis makes it dynamic: one more compile serves every
@@ -195,6 +198,7 @@ def test_automatic_dynamic_is_on_by_default(rng, dtype):
     assert delta(before, "dynamic_fallbacks") == 0
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="compile counts of interpret mode; on a GPU eager launches and tier-up compiles add graphs (values: the other dynamic tests)")
 def test_a_size_equality_in_the_trace_guards_that_size(rng):
     """jax's symbolic ``x.shape[0] == 1`` is False for every size; the size that
     makes it true compiles statically instead of taking the other branch."""
@@ -233,6 +237,7 @@ def test_what_cannot_trace_symbolically_compiles_per_size_and_is_remembered(rng,
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "dynamic" in r.getMessage()]
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="compile counts of interpret mode; on a GPU eager launches and tier-up compiles add graphs (values: the other dynamic tests)")
 def test_automatic_dynamic_without_fast_new_sizes_compiles_per_size(rng, monkeypatch):
     """Where a new size of the symbolic program would still wait for XLA and run
     size-hinted kernels (a GPU without eager launches), sizes compile statically."""

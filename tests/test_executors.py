@@ -24,7 +24,7 @@ CPU = CompileOptions(interpret=True, triton_available=True)
 # --------------------------------------------------------------------------- #
 # The choice
 # --------------------------------------------------------------------------- #
-@pytest.mark.parametrize("kind", ["pointwise", "reduction", "column", "mix", "matmul"])
+@pytest.mark.parametrize("kind", ["pointwise", "reduction", "column", "mix", "combo"])
 def test_auto_is_raw_triton_inside_xla_on_a_gpu_and_pallas_in_interpret_mode(kind):
     choice = executors.choose(kind, GPU)
     assert choice.executor == executors.TRITON_XLA and "deprecated" in choice.reason
@@ -42,7 +42,10 @@ def test_the_options_and_platform_facts_decide():
         missing = executors.choose("pointwise", dataclasses.replace(opts, kernel_backend="triton",
                                                                     triton_available=False))
         assert missing.executor == executors.PALLAS and "not installed" in missing.reason
-    # Figures decide a kind's default: two or more column sums measured faster in Pallas.
+    # Figures decide a kind's default: two or more column sums, and the matmul template,
+    # measured faster in Pallas.
+    matmul = executors.choose("matmul", GPU)
+    assert matmul.executor == executors.PALLAS and "measured" in matmul.reason
     two = executors.choose(executors.kernel_kind("mix", True, 2), GPU)
     assert two.executor == executors.PALLAS and "measured" in two.reason
     assert executors.choose(executors.kernel_kind("mix", True, 2),
@@ -95,7 +98,7 @@ def test_a_kernel_the_triton_renderer_refuses_falls_back_to_pallas(rng):
     """log1p has no tl form in the Triton renderer (TritonUnsupported): that
     kernel runs in Pallas, explain says why; the other kernel stays raw Triton."""
     x = jnp.asarray(rng.standard_normal((33, 65)), jnp.float32)
-    with pallaskit.config.override(kernel_backend="triton", fusion=False, cache=False):
+    with pallaskit.config.override(kernel_backend="triton", fusion=False, combo_kernels=False, cache=False):
         ex = pallaskit.explain(_log1p_then_sum, x)
         got = pallaskit.jit(_log1p_then_sum)(x)
     by_executor = {}
@@ -115,7 +118,7 @@ def test_triton_and_pallas_helpers_of_one_name_share_a_program(rng):
         return jax.scipy.special.erf(jnp.log1p(jnp.abs(x))), jnp.sum(jax.scipy.special.erf(x), axis=-1)
 
     x = jnp.asarray(rng.standard_normal((17, 40)), jnp.float32)
-    with pallaskit.config.override(kernel_backend="triton", fusion=False, cache=False):
+    with pallaskit.config.override(kernel_backend="triton", fusion=False, combo_kernels=False, cache=False):
         ex = pallaskit.explain(f, x)
         got = pallaskit.jit(f)(x)
     assert {k.executor for k in ex.kernels} == {"pallas", "triton_xla"}

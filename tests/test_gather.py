@@ -207,6 +207,7 @@ def test_dynamic_update_slice_clamped(rng, dtype):
 
 
 def test_dynamic_slice_in_fori_loop(rng):
+    pallaskit.config.update(loop_bodies="on")  # 'auto' compiles bodies in interpret mode only
     x = _values(rng, (16, 5), jnp.float32)
 
     def f(x):

@@ -61,6 +61,7 @@ def _rows(tmp_path):
         return list(csv.DictReader(fh))
 
 
+@pytest.mark.pallas_source
 def test_variants_differ_and_each_matches_jax_for_every_size(rng):
     pallaskit.config.update(multi_kernel_hints="64,4096")
     d = _dispatcher(_jit(), rng)

@@ -314,6 +314,19 @@ def _acc_dtype(op, dt):
 # --------------------------------------------------------------------------- #
 # Kernel bodies
 # --------------------------------------------------------------------------- #
+def _mul_by_converted_bool(e):
+    """``convert(pred) * x`` (a one-hot times values) as ``select(pred, x, 0)``, as
+    XLA's algebraic simplifier rewrites it: the one-hot's zeros then hide x's
+    NaN and infinities instead of making NaN of them (0 * inf). None otherwise."""
+    if not (isinstance(e, ir.Op) and e.op == "mul" and is_float(e.dtype)):
+        return None
+    for i, a in enumerate(e.args):
+        if (isinstance(a, ir.Op) and a.op == "convert_element_type" and np.dtype(a.args[0].dtype) == np.bool_
+                and np.dtype(e.args[1 - i].dtype) == np.dtype(e.dtype)):
+            return ir.Op("select_n", (a.args[0], ir.Const(0.0, np.dtype(e.dtype)), e.args[1 - i]), np.dtype(e.dtype))
+    return None
+
+
 def _select_n_template(cases: int) -> str:
     """``select_n`` over an int32 index or more than two cases as nested
     two-way selects: Pallas' Triton lowering takes a bool and two cases only."""
@@ -499,6 +512,11 @@ class _KernelEmitter:
         if isinstance(e, ir.Load):
             return self._load(e)
         # Op
+        masked = _mul_by_converted_bool(e)
+        if masked is not None:  # XLA's rewrite: convert(pred) * x is select(pred, x, 0)
+            zero = masked.args[1]
+            memo = {**memo, zero: self._emit(zero, memo)}
+            return self._emit(masked, memo)
         args = [memo[a] for a in e.args]
         extent = frozenset().union(*[x for _, x in args]) if args else frozenset()
         names = [self.broadcast(v, x, extent) for v, x in args]
