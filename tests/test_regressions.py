@@ -13,6 +13,8 @@ Every case compares with jax.jit on seeded data with special values; the
 Triton renderer's cases run in Triton's interpreter."""
 import contextlib
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -570,3 +572,23 @@ def test_triton_renderer_int_div_rem_by_zero(dtype, rng):
         got = f(x, y)
         assert metrics.counters["eager_launches"] == before + 1
         _same(got, jax.jit(_div_rem)(x, y))
+
+
+# --------------------------------------------------------------------------- #
+# 8. A one-hot times values: XLA rewrites convert(pred) * x as select(pred, x, 0)
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("kernel_backend", ["pallas", "triton"])
+def test_one_hot_times_infinite_values_is_a_select(kernel_backend):
+    """jax.jit gives 0 where the one-hot is 0, whatever x holds (inf, NaN);
+    computed as written, 0 * inf is NaN (the GPU's cross-entropy with one_hot
+    labels over a row with -inf logits). Triton's interpreter computes as written."""
+    if kernel_backend == "triton":
+        pytest.importorskip("triton")
+        if jax.default_backend() == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("Triton's interpreter is not on")
+    x = jnp.asarray([[np.inf, -np.inf, np.nan, 1.0], [2.0, np.inf, 3.0, np.nan]], jnp.float32)
+    labels = jnp.asarray([3, 0])
+    fn = lambda l, x: (jax.nn.one_hot(l, 4) * x, x * (l[:, None] == 1))  # noqa: E731
+    with pallaskit.config.override(kernel_backend=kernel_backend, cache=False):
+        got = pallaskit.jit(fn)(labels, x)
+    _same(got, jax.jit(fn)(labels, x))
