@@ -5,7 +5,7 @@ Importing the package loads only the options: the passes (and sympy, Pallas
 and the rule tables they import) load on the first ``compile_jaxpr``, so a
 process whose graphs all come from pallaskit's on-disk cache never imports them.
 The passes themselves: ``lowering.lower.lower``, ``lowering.scheduler.schedule``,
-``lowering.codegen.pallas.render``."""
+``lowering.codegen.program.render``."""
 from __future__ import annotations
 
 import dataclasses
@@ -33,14 +33,14 @@ class CompileResult:
 
 
 def compile_jaxpr(closed_jaxpr, options: CompileOptions, title: str = "") -> CompileResult:
-    from lowering.codegen import pallas
+    from lowering.codegen import program as codegen_program
     from lowering.combo import combine
     from lowering.lower import lower
     from lowering.scheduler import format_schedule, schedule
 
     lowered = lower(closed_jaxpr, options)
     sched = schedule(lowered.graph, options, combine=combine)
-    program = pallas.render(sched, options, title)
+    program = codegen_program.render(sched, options, title)
     return CompileResult(program, sched, lowered.fallbacks, lowered.graph.format(), format_schedule(sched),
                          guards=list(program.guards), size_hints=options.size_hints)
 

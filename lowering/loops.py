@@ -234,7 +234,7 @@ def scheduled_kernels(schedule, scope: str = ""):
 
 
 # --------------------------------------------------------------------------- #
-# Rendering (called by codegen.pallas.render)
+# Rendering (called by codegen.program.render)
 # --------------------------------------------------------------------------- #
 def _tuple(items) -> str:
     return f"({', '.join(items)}{',' if len(items) == 1 else ''})"

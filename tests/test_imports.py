@@ -14,13 +14,7 @@ PACKAGES = ("pallaskit", "lowering")
 
 # Cycles that exist today, each a set of modules forming one strongly connected
 # component. Nothing else may join one, and none may grow.
-ALLOWED = [
-    # The Triton renderer subclasses the Pallas renderer's kernel emitter and
-    # reuses the matmul template's pieces, while the Pallas renderer dispatches
-    # to both: to go when the shared emitter moves into a module of its own.
-    # Combo kernels' renderer (codegen/combo.py) writes its members with both emitters.
-    {"lowering.codegen.pallas", "lowering.codegen.matmul", "lowering.codegen.triton", "lowering.codegen.combo"},
-]
+ALLOWED: list = []  # none: the program module (codegen/program.py) imports the kernel renderers, not they it
 
 
 def _modules(root: str) -> dict[str, str]:

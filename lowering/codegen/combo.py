@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from lowering import heuristics
-from lowering.codegen import pallas
+from lowering.codegen import pallas, triton
 from lowering.codegen.writer import SourceWriter
 from lowering.options import CompileOptions
 from lowering.scheduler import Kernel, Schedule
@@ -147,8 +147,6 @@ def render_pallas(kernel, schedule: Schedule, options: CompileOptions):
 # --------------------------------------------------------------------------- #
 def render_triton(kernel, schedule: Schedule, options: CompileOptions):
     """A combo kernel for codegen/triton.py (its ``_Rendered``)."""
-    from lowering.codegen import triton
-
     parts = layout(kernel, schedule, options)
     cfg = combo_config(parts, options)
     ins, outs = _refs(kernel)
@@ -204,3 +202,5 @@ def render_triton(kernel, schedule: Schedule, options: CompileOptions):
 def is_combo(kernel) -> bool:
     return kernel.kind == "combo"
 
+
+triton.KIND_RENDERERS["combo"] = render_triton

@@ -697,15 +697,19 @@ def _wrap(kernel, schedule, em, header, extents, constexprs, grid, num_warps, nu
                      set(em.helpers), guards=list(em.guards))
 
 
+# Kernel kinds whose renderer lives in a module built on this one, registered
+# by it: codegen/combo.py's 'combo' ([Note: combo kernels]). This module does not
+# import them (no import cycle); the program module (codegen/program.py) does.
+KIND_RENDERERS: dict = {}
+
+
 def render_for_xla(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _Rendered:
     """One kernel of any kind as a ``@triton.jit`` kernel to run inside the XLA
     program (lowering/executors.py ``triton_xla``; the program wrapper in
-    codegen/pallas.py launches it through ``TRITON_CALL``). Raises
+    codegen/program.py launches it through ``TRITON_CALL``). Raises
     ``TritonUnsupported`` for what this renderer does not write."""
-    if kernel.kind == "combo":
-        from lowering.codegen.combo import render_triton as render_combo  # [Note: combo kernels]
-
-        return render_combo(kernel, schedule, options)
+    if kernel.kind in KIND_RENDERERS:
+        return KIND_RENDERERS[kernel.kind](kernel, schedule, options)
     if kernel.kind == "matmul":
         return dataclasses.replace(_render_matmul(kernel, schedule, options),
                                    config=matmul.matmul_kernel_config(kernel, options))
@@ -728,9 +732,7 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Trit
     for step in schedule.steps:
         if not isinstance(step, Kernel):
             raise TritonUnsupported(f"{step.primitive.name} runs through XLA")
-        fn = _render_matmul if step.kind == "matmul" else _render_kernel
-        if step.kind == "combo":
-            from lowering.codegen.combo import render_triton as fn  # [Note: combo kernels]
+        fn = KIND_RENDERERS.get(step.kind, _render_matmul if step.kind == "matmul" else _render_kernel)
         rendered.append(fn(step, schedule, options))
     dims = pallas.program_dims(schedule)
     w = SourceWriter()
