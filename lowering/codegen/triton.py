@@ -295,6 +295,32 @@ _COMBINE = {"sum": "({a} + {v})", "max": "tl.maximum({a}, {v}, propagate_nan=tl.
             "and": "tl.minimum({a}, {v})", "or": "tl.maximum({a}, {v})"}
 
 
+def _accumulate_columns(em, accs, bodies, masked) -> None:
+    """One row block's update of each column accumulator ``(name, member)``;
+    ``masked(member)``: the block may hold lanes past the edge, which then
+    combine the reduction's identity."""
+    full = frozenset("rc")
+    for name, m in accs:
+        var, ext = em.value(bodies[m.name])
+        v = em.broadcast(var, ext, full)
+        if _column_acc_dtype(m) != m.body.dtype:
+            v = em.bind(("cast", v, _column_acc_dtype(m)), em.cast_text(v, _column_acc_dtype(m)), full)[0]
+        if masked(m):
+            edge = em.edge_mask(full)[0]
+            ident = pallas._reduction_identity(m.node.op, m.node.dtype)
+            v = em.bind(("masked", v, edge, ident), f"tl.where({edge}, {v}, {ident})", full)[0]
+        em.w.line(f"{name} = {_COMBINE[m.node.op].format(a=name, v=v)}")
+
+
+def _store_columns(em, accs, row: str) -> None:
+    """Each column accumulator summed over its rows, stored as partial row ``row``."""
+    for name, m in accs:
+        total = _reduce_text(em, m.node.op, name, _column_acc_dtype(m), 0)
+        if _column_acc_dtype(m) != m.node.dtype:
+            total = em.cast_text(f"({total})", m.node.dtype)
+        em.w.line(f"tl.store({em.out_refs[m.name]} + {row} * COLS + xc, {total}, mask=cmask)")
+
+
 def _column_acc_dtype(m):
     """A column accumulator's dtype: float32 for 16-bit floats (the loop carries
     one type, and XLA sums 16-bit floats in float32 too)."""
@@ -467,22 +493,10 @@ def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _
             em.row_values = {}
             _render_reduction(em, kernel, bodies, cfg, row_block="(pid + step * PROGRAMS)", columns_ready=True)
             full = frozenset("rc")
-            for name, m in accs:
-                var, ext = em.value(bodies[m.name])
-                v = em.broadcast(var, ext, full)
-                if _column_acc_dtype(m) != m.body.dtype:
-                    v = em.bind(("cast", v, _column_acc_dtype(m)), em.cast_text(v, _column_acc_dtype(m)), full)[0]
-                if start == full_steps and not (m.node.op == "sum" and _zero_where_masked(em, bodies[m.name], full)):
-                    edge = em.edge_mask(full)[0]
-                    ident = pallas._reduction_identity(m.node.op, m.node.dtype)
-                    v = em.bind(("masked", v, edge, ident), f"tl.where({edge}, {v}, {ident})", full)[0]
-                w.line(f"{name} = {_COMBINE[m.node.op].format(a=name, v=v)}")
+            _accumulate_columns(em, accs, bodies, lambda m: start == full_steps and not (
+                m.node.op == "sum" and _zero_where_masked(em, bodies[m.name], full)))
             em.scopes.pop()
-    for name, m in accs:
-        total = _reduce_text(em, m.node.op, name, _column_acc_dtype(m), 0)
-        if _column_acc_dtype(m) != m.node.dtype:
-            total = em.cast_text(f"({total})", m.node.dtype)
-        w.line(f"tl.store({em.out_refs[m.name]} + pid * COLS + xc, {total}, mask=cmask)")
+    _store_columns(em, accs, "pid")
     extents = [f"ROWS = {int(kernel.rows)}", f"COLS = {int(kernel.cols)}"]
     header = (f"# kernel {kernel.name}: mix (raw Triton), {kernel.rows} x {kernel.cols}, block {cfg.block_rows} x "
               f"{cfg.block_cols}, {programs} programs x {steps} steps, {cfg.num_warps} warps, "
@@ -532,22 +546,9 @@ def render_column(kernel: Kernel, schedule: Schedule, options: CompileOptions) -
         for m in kernel.members:
             if m.role == "rowwise" and m.store:
                 em.store(m, *em.value(bodies[m.name]))
-        full = frozenset("rc")
-        for name, m in accs:
-            var, ext = em.value(bodies[m.name])
-            v = em.broadcast(var, ext, full)
-            if _column_acc_dtype(m) != m.body.dtype:
-                v = em.bind(("cast", v, _column_acc_dtype(m)), em.cast_text(v, _column_acc_dtype(m)), full)[0]
-            edge = em.edge_mask(full)[0]
-            ident = pallas._reduction_identity(m.node.op, m.node.dtype)
-            v = em.bind(("masked", v, edge, ident), f"tl.where({edge}, {v}, {ident})", full)[0]
-            w.line(f"{name} = {_COMBINE[m.node.op].format(a=name, v=v)}")
+        _accumulate_columns(em, accs, bodies, lambda m: True)
         em.scopes.pop()
-    for name, m in accs:
-        total = _reduce_text(em, m.node.op, name, _column_acc_dtype(m), 0)
-        if _column_acc_dtype(m) != m.node.dtype:
-            total = em.cast_text(f"({total})", m.node.dtype)
-        w.line(f"tl.store({em.out_refs[m.name]} + program * COLS + xc, {total}, mask=cmask)")
+    _store_columns(em, accs, "program")
     extents = [f"ROWS = {int(kernel.rows)}", f"COLS = {int(kernel.cols)}"]
     header = (f"# kernel {kernel.name}: column tiles (raw Triton), {kernel.rows} x {kernel.cols}, block "
               f"{cfg.block_rows} x {cfg.block_cols}, {programs} programs x {col_blocks} column blocks x {steps} "
