@@ -4,10 +4,11 @@ The workload is ``benchmarks/models.py``'s AdamW (``adamw_update`` /
 ``adamw_clip_update``) over GPT-2-like parameter shapes; ``--layers 6 --width
 1024`` is 93 arrays and 127M float32 parameters (the issue's ~100 arrays,
 ~120M). Each row: pallaskit with combo kernels on and off, and jax.jit, the
-kernels in the program, the time per call alone (benchmarks/timing.py, the
-host clock around a round; host-bound at these array counts: dispatching hundreds of
-arrays takes longer than the update) and per step of ten chained in one jax.jit
-(one dispatch, so device time) and the fraction of the memory
+kernels in the program, the time per call (benchmarks/timing.py, the host
+clock around a round; host-bound at these array counts: dispatching hundreds of
+arrays takes longer than the update), the device time of its kernels (on a GPU,
+``timing.kernel_ms``: CUPTI through torch's profiler) and its fraction of the memory
+floor; then torch.optim.AdamW(fused=True) over the same shapes (CUDA events) and the fraction of the memory
 floor (read params, grads, mu, nu; write params, mu, nu; clipping reads the
 gradients once more only if it cannot fuse across arrays, which the floor does
 not count).
@@ -31,19 +32,21 @@ def _inputs(layers, width, vocab, seed=0):
     return models._adamw_inputs((layers, width, vocab), "float32", jax.random.PRNGKey(seed))
 
 
-STEPS = 10  # optimizer steps chained inside one jax.jit for the device-time column
+def _torch_fused_ms(args, n: int, rounds: int) -> float | None:
+    """torch.optim.AdamW(fused=True).step() over the same shapes (the suite's
+    torch_eager row of adamw_update), CUDA events; None without CUDA torch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    from benchmarks import models, timing
 
-
-def _chained(f, n: int):
-    """``STEPS`` updates in one jax.jit, each step's params, mu and nu feeding
-    the next (one dispatch: the host clock around it measures the device)."""
-    def run(count, *state):
-        params, grads, mu, nu = state[:n], state[n:2 * n], state[2 * n:3 * n], state[3 * n:]
-        for i in range(STEPS):
-            out = f(count + i, *params, *grads, *mu, *nu)
-            params, mu, nu = out[:n], out[n:2 * n], out[2 * n:]
-        return out
-    return jax.jit(run)
+    state = [torch.tensor(np.asarray(a)).cuda() for a in args[1:]]
+    step = models._t_adamw_step(False)(lambda f: f)
+    count = torch.tensor(int(args[0]))
+    return timing.measure(lambda i: step(count, *state), timing.CudaEventClock(torch), rounds=rounds).ms
 
 
 def _kernels(fn, args) -> tuple[int, int]:
@@ -87,19 +90,23 @@ def main(argv=None):
                 err = max(float(np.max(np.abs(np.asarray(g) - np.asarray(w)) / (np.abs(np.asarray(w)) + 1e-6)))
                           for g, w in zip(got, want))
                 kernels = _kernels(fn, args) if combo is not None else ("", "")
-                clock = timing.HostClock(jax.block_until_ready)
-                t = timing.measure(lambda i: f(*args), clock, rounds=a.rounds)
-                chained = _chained(f, n)
-                dev = timing.measure(lambda i: chained(*args), clock, rounds=a.rounds).ms / STEPS
+                t = timing.measure(lambda i: f(*args), timing.HostClock(jax.block_until_ready), rounds=a.rounds)
+                dev = timing.kernel_ms(lambda: f(*args), jax.block_until_ready)
             row = dict(workload=models.adamw_step(clip).__name__, backend=name, arrays=n, params=params,
-                       ms=round(t.ms, 4), device_ms=round(dev, 4), floor_ms=round(floor, 4),
-                       of_floor=round(floor / dev, 3), host_bound=t.host_bound, kernels=kernels[0],
+                       ms=round(t.ms, 4), device_ms=dev and round(dev, 4), floor_ms=round(floor, 4),
+                       of_floor=dev and round(floor / dev, 3), host_bound=t.host_bound, kernels=kernels[0],
                        members=kernels[1], max_rel_err=err)
             rows.append(row)
             print(f"{row['workload']:18s} {name:30s} called alone {t.ms:8.3f} ms"
                   + (" (host-bound)" if t.host_bound else "")
-                  + f"; {STEPS} chained in one jit {dev:8.3f} ms a step, {100 * floor / dev:5.1f}% of floor  "
-                  f"kernels {kernels[0]!s:>3} (members {kernels[1]!s:>4})  max rel err {err:.1e}")
+                  + (f"; its kernels {dev:8.3f} ms on the device, {100 * floor / dev:5.1f}% of floor  " if dev else "  ")
+                  + f"kernels {kernels[0]!s:>3} (members {kernels[1]!s:>4})  max rel err {err:.1e}")
+    fused = _torch_fused_ms(args, n, a.rounds)
+    if fused is not None:
+        rows.append(dict(workload="adamw_update", backend="torch AdamW(fused=True)", arrays=n, params=params,
+                         device_ms=round(fused, 4), floor_ms=round(floor, 4), of_floor=round(floor / fused, 3)))
+        print(f"{'adamw_update':18s} {'torch AdamW(fused=True)':30s} {fused:8.3f} ms on the device (CUDA events), "
+              f"{100 * floor / fused:5.1f}% of floor")
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(rows, fh, indent=1)

@@ -94,7 +94,7 @@ def reduction_config(rows: int, cols: int, *, max_persistent_cols: int, inner_co
         return TileConfig(br, width, warps, True)
     if inner_contiguous:
         one_row = rows < 1024 or cols * itemsize >= LOOPED_ONE_ROW_BYTES
-        return TileConfig(1 if one_row else 2, 4096, 8, False)
+        return TileConfig(1, 4096, LOOPED_ONE_ROW_WARPS, False) if one_row else TileConfig(2, 4096, 8, False)
     return TileConfig(min(next_power_of_2(rows), 64), 64, 4, False)
 
 
@@ -117,6 +117,9 @@ LONG_ROW_PERSISTENT_BYTES = 128 * 1024
 # a 100 KB bf16 vocabulary row is 26 MB of the H100's 50 MB; two rows a program
 # would be all of it).
 LOOPED_ONE_ROW_BYTES = 64 * 1024
+# Warps of such a one-row program: 16 over 4096-wide chunks, the fastest raw-Triton
+# tile of the 50,257-vocabulary cross-entropy (RESULTS.md, "Session 17").
+LOOPED_ONE_ROW_WARPS = 16
 LONG_ROW_MAX_COLS = 65536
 LONG_ROW_MAX_WARPS = 32
 DEFAULT_MAX_PERSISTENT_COLS = 8192  # lowering.options' default: a smaller value asks for loops
