@@ -50,7 +50,7 @@ _TL_DTYPES = {"bool": "tl.int1", "int8": "tl.int8", "int16": "tl.int16", "int32"
 _NAN_MAX = "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"
 _NAN_MIN = "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"
 OPS = {
-    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "neg": "(-{0})",
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "neg": "(-{0})",  # ints; floats: op_template
     "square": "({0} * {0})", "abs": "tl.abs({0})",
     "exp": "tl.exp({0})", "exp2": "tl.exp2({0})", "log": "tl.log({0})", "tanh": "_tanh({0})",
     "logistic": "tl.sigmoid({0})", "sqrt": "tl.sqrt_rn({0})", "rsqrt": "(1.0 / tl.sqrt_rn({0}))",
@@ -254,7 +254,7 @@ def _atan2_64(y, x):
     r = _atan01_64(t)
     r = tl.where(ay > ax, 1.5707963267948966 - r, r)
     r = tl.where((x < 0.0) | ((x == 0.0) & (1.0 / tl.where(x == 0.0, x, 1.0) < 0.0)), 3.141592653589793 - r, r)
-    r = tl.where((y < 0.0) | ((y == 0.0) & (1.0 / tl.where(y == 0.0, y, 1.0) < 0.0)), -r, r)
+    r = tl.where((y < 0.0) | ((y == 0.0) & (1.0 / tl.where(y == 0.0, y, 1.0) < 0.0)), r * -1.0, r)
     return tl.where((x != x) | (y != y), x + y, r)
 """,
     "_tan64": """
@@ -285,7 +285,7 @@ def _sinh64(x):
     \"\"\"sinh from expm1 (no cancellation near 0): (s + s / (s + 1)) / 2, s = e^|x| - 1.\"\"\"
     s = _expm1_64(tl.abs(x))
     r = tl.where(s == float('inf'), s, 0.5 * (s + s / (s + 1.0)))
-    return tl.where(x < 0.0, -r, tl.where(x == 0.0, x, r))
+    return tl.where(x < 0.0, r * -1.0, tl.where(x == 0.0, x, r))
 """,
     "_cosh64": """
 @triton.jit
@@ -300,13 +300,14 @@ def _asinh64(x):
     a = tl.abs(x)
     r = _log1p64(a + a * a / (1.0 + tl.sqrt(1.0 + a * a)))
     r = tl.where(a > 1e18, tl.log(a) + 0.6931471805599453, r)
-    return tl.where(x < 0.0, -r, tl.where(x == 0.0, x, r))
+    return tl.where(x < 0.0, r * -1.0, tl.where(x == 0.0, x, r))
 """,
     "_acosh64": """
 @triton.jit
 def _acosh64(x):
     \"\"\"acosh: log1p((x - 1) + sqrt((x - 1)(x + 1))), log(x) + log(2) for huge x.\"\"\"
     r = _log1p64((x - 1.0) + tl.sqrt((x - 1.0) * (x + 1.0)))
+    r = tl.where(x < 1.0, float('nan'), r)
     return tl.where(x > 1e18, tl.log(x) + 0.6931471805599453, r)
 """,
     "_atanh64": """
@@ -319,7 +320,7 @@ def _atanh64(x):
 def _cbrt64(x):
     a = tl.abs(x)
     r = tl.exp2(tl.log2(a) * (1.0 / 3.0))
-    return tl.where(x < 0.0, -r, tl.where((x == 0.0) | (x != x), x, r))
+    return tl.where(x < 0.0, r * -1.0, tl.where((x == 0.0) | (x != x), x, r))
 """,
     "_pow64": """
 @triton.jit
@@ -331,7 +332,7 @@ def _pow64(x, y):
     yint = tl.floor(y) == y
     yodd = yint & (tl.floor(y * 0.5) * 2.0 != y)
     xneg = (x < 0.0) | ((x == 0.0) & (1.0 / tl.where(x == 0.0, x, 1.0) < 0.0))
-    r = tl.where(xneg & yodd, -r, r)
+    r = tl.where(xneg & yodd, r * -1.0, r)
     r = tl.where((x < 0.0) & (x > float('-inf')) & ~yint, float('nan'), r)
     one = (y == 0.0) | (x == 1.0) | ((x == -1.0) & (tl.abs(y) == float('inf')))
     return tl.where(one, 1.0, r)
@@ -375,7 +376,7 @@ def _rnd(x, EVEN: tl.constexpr):
         r = tl.where((frac > 0.5) | ((frac == 0.5) & odd), fl + 1.0, fl)
     else:
         r = tl.where(frac >= 0.5, fl + 1.0, fl)
-    return tl.where(x < 0.0, -r, tl.where(x > 0.0, r, x))
+    return tl.where(x < 0.0, r * -1.0, tl.where(x > 0.0, r, x))
 """,
 })
 
@@ -383,9 +384,12 @@ def _rnd(x, EVEN: tl.constexpr):
 # either is NaN, y if x == y, the smallest subnormal toward y from +-0, else
 # the bits of x one step toward y.
 for _bits in (16, 32, 64):
+    _wide = ".to(tl.float32)" if _bits == 16 else ""  # 16-bit floats compared in float32 (exact)
     HELPERS[f"_nextafter{_bits}"] = f"""
 @triton.jit
 def _nextafter{_bits}(x, y):
+    xf = x{_wide}
+    yf = y{_wide}
     xi = x.to(tl.int{_bits}, bitcast=True)
     yi = y.to(tl.int{_bits}, bitcast=True)
     sign = xi ^ xi | {-(1 << (_bits - 1))}
@@ -395,8 +399,8 @@ def _nextafter{_bits}(x, y):
     ys = yi & sign
     step = tl.where((xa > ya) | (xs != ys), xi - 1, xi + 1)
     r = tl.where(xa == 0, tl.where(ya == 0, yi, ys | 1), step)
-    r = tl.where(x == y, yi, r).to(tl.int{_bits})
-    return tl.where((x != x) | (y != y), x + y, r.to(x.dtype, bitcast=True))
+    r = tl.where(xf == yf, yi, r).to(tl.int{_bits})
+    return tl.where((xf != xf) | (yf != yf), (xf + yf).to(x.dtype), r.to(x.dtype, bitcast=True))
 """
 
 # Bit counts in the interpreter (no libdevice): SWAR population count, clz as
@@ -580,6 +584,8 @@ class _TritonEmitter(pallas._KernelEmitter):
         if e.op == "clamp":
             return ("tl.minimum(tl.maximum({1}, {0}, propagate_nan=tl.PropagateNan.ALL), {2}, "
                     "propagate_nan=tl.PropagateNan.ALL)" if float_op else "tl.minimum(tl.maximum({1}, {0}), {2})")
+        if e.op == "neg" and float_op:  # Triton's unary minus is 0 - x: +0.0 for +0.0, where XLA gives -0.0
+            return "({0} * -1.0)"
         if e.op == "is_finite":  # x - x is 0 for finite x, NaN for +-inf and NaN
             return "(({0} - {0}) == 0)"
         if e.op == "sign":  # 0, -0 and NaN are their own sign (integer floor division needs sign)
