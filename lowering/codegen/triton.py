@@ -20,9 +20,10 @@ and the program keeps its XLA path: mix kernels of symbolic programs (their
 loop trip count is a runtime value, which Triton's interpreter cannot run;
 static whole-row mix kernels are rendered by ``render_mix`` to run inside the
 XLA program, pallaskit/runtime/triton_call.py), reductions over a
-dynamic axis, argmax/argmin and products, XLA externs, and ops without a ``tl``
-form below. Triton's interpreter multiplies bfloat16 ``tl.dot`` operands
-wrongly, so in interpret mode the template widens them to float32 first.
+dynamic axis and XLA externs. Every op and row reduction of the Pallas
+renderer's table is written ([Note: Triton math]; tests/test_triton_ops.py
+checks the tables match). Triton's interpreter multiplies bfloat16 ``tl.dot``
+operands wrongly, so in interpret mode the template widens them to float32 first.
 """
 from __future__ import annotations
 
