@@ -7,7 +7,8 @@ runs every test file that way.
 
 - The Triton renderer writes every op and reduction of the Pallas renderer's table.
 - Special values (NaN, +-inf, +-0, domain edges, ties) per op, float32 and
-  bfloat16, and the int widths of the bit ops.
+  bfloat16, and the int widths of the bit ops (on a GPU: compiled, ULP bounds
+  at least GPU_FLOOR).
 - The GPU spelling (libdevice calls) compiles for sm_90 through Triton's own
   stages, which run without a GPU (a subprocess: Triton's interpreter is chosen
   at its import).
@@ -29,11 +30,15 @@ pytest.importorskip("triton")
 
 import lowering.executors  # noqa: E402
 import pallaskit  # noqa: E402
+from conftest import cpu_reference  # noqa: E402
 from lowering import ir  # noqa: E402
 from lowering.codegen import pallas, triton as triton_codegen  # noqa: E402
 
 BF16 = jnp.bfloat16
 GPU = jax.default_backend() != "cpu"
+# On a GPU the kernels compile for real: libdevice's functions, not XLA's, so every
+# ULP bound is at least this (as tests/test_accuracy.py); NaN / inf positions stay exact.
+GPU_FLOOR = 64
 
 # Triton's interpreter computes with numpy, which warns on inf and NaN inputs
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -110,7 +115,9 @@ def _ulps(got, want, dtype):
     eps, tiny = (2.0 ** -7, 2.0 ** -126) if np.dtype(dtype) == np.dtype(BF16) else (2.0 ** -23, 2.0 ** -126)
     same = (g == w) & (np.signbit(g) == np.signbit(w)) | (np.isnan(g) & np.isnan(w))
     finite = np.isfinite(g) & np.isfinite(w)
-    d = np.where(finite, np.abs(g - w) / (np.maximum(np.abs(w), tiny) * eps), np.inf)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        spacing = 2.0 ** np.floor(np.log2(np.maximum(np.abs(np.where(finite, w, 1.0)), tiny))) * eps
+        d = np.where(finite, np.abs(g - w) / spacing, np.inf)
     d = np.where((g == 0) & (w == 0), np.inf, d)  # zeros of opposite signs (equal zeros are ``same``)
     return np.where(same, 0.0, d)
 
@@ -126,8 +133,9 @@ FLOAT_OPS = {
     "asin": (jnp.arcsin, 2, 1),
     "acos": (jnp.arccos, 2, 1),
     "atan": (jnp.arctan, 2, 1),
-    "sinh": (jnp.sinh, 16, 1),  # jax.jit's float32 sinh and cosh are up to ~12 ULP off
-    "cosh": (jnp.cosh, 16, 1),
+    # jax.jit's float32 sinh and cosh (e^(x + log 1/2) in float32) are up to ~20 ULP off near overflow
+    "sinh": (jnp.sinh, 32, 1),
+    "cosh": (jnp.cosh, 32, 1),
     "asinh": (jnp.arcsinh, 2, 1),
     "acosh": (jnp.arccosh, 2, 1),
     "atanh": (jnp.arctanh, 2, 1),
@@ -143,25 +151,30 @@ FLOAT_OPS = {
 }
 
 
-@pytest.mark.skipif(GPU, reason="Triton's interpreter (the GPU run compiles them: test_the_gpu_spelling_compiles)")
 @pytest.mark.parametrize("dtype", [jnp.float32, BF16], ids=["float32", "bfloat16"])
-@pytest.mark.parametrize("name", list(FLOAT_OPS))
-def test_float_ops_with_special_values(name, dtype, rng, triton_only):
-    fn, bound32, bound16 = FLOAT_OPS[name]
+def test_float_ops_with_special_values(dtype, rng, triton_only):
+    """Every op of FLOAT_OPS in one program (its kernels all raw Triton), each
+    within its bound of jax.jit, NaN, +-inf and the sign of zeros exact."""
+    names = list(FLOAT_OPS)
+    fn = lambda x: tuple(FLOAT_OPS[n][0](x) for n in names)  # noqa: E731
     x = _float_input(rng, dtype)
-    got, want = pallaskit.jit(fn)(x), jax.jit(fn)(x)
-    assert got.dtype == want.dtype
-    err = _ulps(got, want, dtype)
-    worst = int(np.argmax(err))
-    bound = bound32 if dtype == jnp.float32 else bound16
-    assert err[worst] <= bound, (f"{name}({float(x[worst])}) = {float(got[worst])}, jax.jit: {float(want[worst])} "
-                                 f"({err[worst]:.3g} ULP > {bound})")
+    failures = []
+    for name, got, want in zip(names, pallaskit.jit(fn)(x), jax.jit(fn)(x)):
+        assert got.dtype == want.dtype, name
+        _, bound32, bound16 = FLOAT_OPS[name]
+        bound = bound32 if dtype == jnp.float32 else bound16
+        bound = max(bound, GPU_FLOOR) if GPU and bound else bound
+        err = _ulps(got, want, dtype)
+        worst = int(np.argmax(err))
+        if err[worst] > bound:
+            failures.append(f"{name}({float(x[worst])}) = {float(got[worst])}, jax.jit: {float(want[worst])} "
+                            f"({err[worst]:.3g} ULP > {bound})")
+    assert not failures, "\n".join(failures)
 
 
 INT_DTYPES = [jnp.int8, jnp.uint8, jnp.int16, jnp.uint16, jnp.int32, jnp.uint32]
 
 
-@pytest.mark.skipif(GPU, reason="Triton's interpreter")
 @pytest.mark.parametrize("dtype", INT_DTYPES, ids=lambda d: np.dtype(d).name)
 def test_bit_ops_every_width(dtype, rng, triton_only):
     """Shifts by amounts at and past the width (and negative ones, read as
@@ -212,7 +225,6 @@ def _reductions(x):
     return out
 
 
-@pytest.mark.skipif(GPU, reason="Triton's interpreter")
 @pytest.mark.parametrize("max_persistent_cols", [8192, 64], ids=["persistent", "looped"])
 @pytest.mark.parametrize("dtype", [jnp.float32, BF16, jnp.int32, jnp.int8, jnp.uint8, jnp.bool_],
                          ids=lambda d: np.dtype(d).name)
@@ -222,11 +234,13 @@ def test_prod_argmax_argmin(dtype, max_persistent_cols, rng, triton_only):
     x = _reduction_input(rng, (7, 150), dtype)
     with pallaskit.config.override(max_persistent_cols=max_persistent_cols):
         got = pallaskit.jit(_reductions)(x)
-    for g, w in zip(got, jax.jit(_reductions)(x)):
+    # the CPU's jax.jit: XLA:GPU's argmax returns any NaN's index (conftest.cpu_reference)
+    for g, w in zip(got, cpu_reference(_reductions, x)):
         assert g.dtype == w.dtype and g.shape == w.shape
         if jnp.issubdtype(w.dtype, jnp.floating):
             err = _ulps(g, w, w.dtype)
-            assert err.max() <= (4 if w.dtype == jnp.float32 else 1), (np.asarray(g), np.asarray(w))
+            bound = GPU_FLOOR if GPU else 4 if w.dtype == jnp.float32 else 1
+            assert err.max() <= bound, (np.asarray(g), np.asarray(w))
         else:
             np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 

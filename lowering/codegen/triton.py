@@ -184,6 +184,20 @@ def _{_op}_nan(a, b):
     return tl.{_op}imum(a, b, propagate_nan=tl.PropagateNan.ALL)
 '''
 
+HELPERS["_to_bf16"] = """
+@triton.jit
+def _to_bf16(x):
+    \"\"\"x rounded to bfloat16, to nearest even, as XLA and the GPU's cast round
+    (the interpreter's float32 -> bfloat16 cast truncates the mantissa).\"\"\"
+    if x.dtype == tl.bfloat16:
+        return x
+    f = x.to(tl.float32)
+    b = f.to(tl.uint32, bitcast=True)
+    r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    r = tl.where(f != f, 0x7FC0, r)
+    return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+"""
+
 HELPERS["_mul"] = """
 @triton.jit
 def _mul(a, b):
@@ -533,12 +547,18 @@ class _TritonEmitter(pallas._KernelEmitter):
             zero = "tl.full((1, 1), -2147483648, tl.int32).to(tl.float32, bitcast=True)"
             return zero if dtype == "tl.float32" else f"{zero}.to({dtype})"
         if dtype in ("tl.bfloat16", "tl.float16"):  # the interpreter has no 16-bit constants: round one
+            if dtype == "tl.bfloat16" and self.triton_interpret:
+                self.helpers.add("_to_bf16")
+                return f"_to_bf16(tl.full((1, 1), {value}, tl.float32))"
             return f"tl.full((1, 1), {value}, tl.float32).to({dtype})"
         return f"tl.full((1, 1), {value}, {dtype or 'tl.int1'})"
 
     def cast_text(self, var, dt) -> str:
         if np.dtype(dt) == np.bool_:
             return f"({var} != 0)"
+        if self.triton_interpret and np.dtype(dt).name == "bfloat16":  # the interpreter's own cast truncates
+            self.helpers.add("_to_bf16")
+            return f"_to_bf16({var})"
         return f"{var}.to({self.dtype_text(dt)})"
 
     def broadcast_text(self, var, shape) -> str:
@@ -588,6 +608,8 @@ class _TritonEmitter(pallas._KernelEmitter):
         if e.op == "neg" and float_op:  # Triton's unary minus is 0 - x: +0.0 for +0.0, where XLA gives -0.0
             return "({0} * -1.0)"
         if e.op == "is_finite":  # x - x is 0 for finite x, NaN for +-inf and NaN
+            if pallas._is_16bit_float(e.args[0].dtype):  # in float32 (exact): the interpreter's 16-bit math is not
+                return "(({0}.to(tl.float32) - {0}.to(tl.float32)) == 0)"
             return "(({0} - {0}) == 0)"
         if e.op == "sign":  # 0, -0 and NaN are their own sign (integer floor division needs sign)
             return self.cast_text("tl.where({0} > 0, 1, tl.where({0} < 0, -1, {0}))", e.dtype)
