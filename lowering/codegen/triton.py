@@ -206,12 +206,18 @@ def _mul(a, b):
 
 # [Note: Triton math]
 # On a GPU the transcendental functions are libdevice's, as Pallas's Triton
-# lowering and XLA:GPU take them (atan2, tan, log1p, expm1, pow, cbrt, the
-# inverse and hyperbolic functions); erf_inv is XLA's own single-precision
-# polynomial (Giles), rounding and nextafter XLA's exact bit-level forms. The
-# interpreter has no libdevice (extern calls raise), so there the helpers below
-# compute in float64 with numpy's exp / log / sin / cos and round once: within
-# an ULP of a correctly rounded float32, the accuracy jax.jit's XLA:CPU has.
+# lowering takes them (XLA:GPU calls libdevice for atan2, tan, log1p, expm1,
+# pow, cbrt and builds the inverse and hyperbolic functions from such calls:
+# a few ULP apart, tests/test_accuracy.py's GPU bounds); erf_inv is XLA's own
+# single-precision polynomial (Giles), rounding and nextafter XLA's exact
+# bit-level forms, shifts XLA's (every bit out past the width). The interpreter
+# has no libdevice (extern calls raise), so there the helpers below compute in
+# float64 with numpy's exp / log / sin / cos and round once: within an ULP of
+# a correctly rounded float32, as accurate as jax.jit's XLA:CPU or more.
+# Two Triton traps: unary minus is ``0 - x`` (+0.0 for +0.0: float neg is
+# written ``x * -1.0``), and the interpreter's bfloat16 is not IEEE (its
+# float32 -> bfloat16 cast truncates, its compares miss NaN): casts round
+# through ``_to_bf16`` there, and 16-bit compares are made in float32.
 HELPERS.update({
     "_log1p64": """
 @triton.jit
