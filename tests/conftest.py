@@ -10,10 +10,12 @@ if os.environ["JAX_PLATFORMS"] == "cpu" and "xla_force_host_platform_device_coun
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 if os.environ["JAX_PLATFORMS"] == "cpu":  # raw Triton kernels run in Triton's interpreter, chosen
     os.environ.setdefault("TRITON_INTERPRET", "1")  # when triton is first imported
-# TEST_DISABLE_PALLAS_TRITON=1 (GPU runs): Pallas's Triton lowering raises, and
-# kernel_backend defaults to 'triton', so every kernel must run as raw Triton
-# inside XLA (lowering/executors.py); one that falls back to Pallas fails. A test
-# that pins kernel_backend='pallas' is skipped where it reaches that lowering.
+# TEST_DISABLE_PALLAS_TRITON=1: kernel_backend defaults to 'triton', so every
+# kernel must run as raw Triton inside XLA (lowering/executors.py; on the CPU in
+# Triton's interpreter); a kernel the Triton renderer refuses (the one place that
+# records it, ``executors.fallback``) fails its test, on every platform. On a GPU
+# Pallas's Triton lowering also raises; a test that pins kernel_backend='pallas'
+# is skipped where it reaches that lowering.
 DISABLE_PALLAS_TRITON = os.environ.get("TEST_DISABLE_PALLAS_TRITON", "") not in ("", "0")
 if DISABLE_PALLAS_TRITON:
     os.environ.setdefault("PALLASKIT_KERNEL_BACKEND", "triton")
@@ -71,8 +73,22 @@ def _disable_pallas_triton_lowering():
             None, refuse_pallas_triton_lowering), "Pallas's Triton lowering moved: update tests/conftest.py"
 
 
+class TritonFallback(RuntimeError):
+    """The Triton renderer refused a kernel under TEST_DISABLE_PALLAS_TRITON."""
+
+
+def refuse_triton_fallback(reason):
+    """Stands in for ``lowering.executors.fallback``: the kernel would fall back to Pallas."""
+    raise TritonFallback(f"the Triton renderer does not write a kernel ({reason}); TEST_DISABLE_PALLAS_TRITON=1 "
+                         "allows no fallback to Pallas")
+
+
 if DISABLE_PALLAS_TRITON:
-    _disable_pallas_triton_lowering()
+    import lowering.executors  # noqa: E402
+
+    lowering.executors.fallback = refuse_triton_fallback
+    if os.environ["JAX_PLATFORMS"] != "cpu":
+        _disable_pallas_triton_lowering()
 
 
 def pytest_configure(config):

@@ -11,8 +11,8 @@ counted as the sweep counts them (``benchmarks.accuracy.compare``).
 
 ``pallas``: the Pallas renderer (interpret mode on the CPU). ``triton``: the
 raw-Triton renderer, run as an eager launch of a symbolic program (Triton's
-interpreter on the CPU); only the ops its table has, else the program would
-keep its XLA path (the test checks it ran eagerly).
+interpreter on the CPU); the functions with a bound for it (the test checks
+the program ran eagerly, not on its XLA path).
 """
 from __future__ import annotations
 
@@ -47,23 +47,25 @@ FUNCTIONS = {
     # rounded) up to 93 ULP with a finite 2**128: only float32 is checked
     "exp2": (lax.exp2, {(F32, "pallas"): 2, (F32, "triton"): 64}),
     "log": (lax.log, {**_EXACT, (F32, "triton"): 4, (BF16, "triton"): 2}),
-    "log1p": (lax.log1p, _EXACT),
-    "expm1": (lax.expm1, _EXACT),
+    # the Triton renderer's in the interpreter: float64 then rounded (within an ULP of the truth),
+    # so its distance to jax.jit is jax.jit's own error (expm1: 5 ULP at 0.0067)
+    "log1p": (lax.log1p, {**_EXACT, (F32, "triton"): 4, (BF16, "triton"): 2}),
+    "expm1": (lax.expm1, {**_EXACT, (F32, "triton"): 8, (BF16, "triton"): 2}),
     "tanh": (lax.tanh, {**_EXACT, (F32, "triton"): 6, (BF16, "triton"): 2}),
     "logistic": (lax.logistic, {**_EXACT, (F32, "triton"): 6, (BF16, "triton"): 4}),
     "sqrt": (lax.sqrt, {**_EXACT, (F32, "triton"): 1, (BF16, "triton"): 1}),
     "rsqrt": (lax.rsqrt, {**_EXACT, (F32, "triton"): 4, (BF16, "triton"): 2}),
     "sin": (lax.sin, {**_EXACT, (F32, "triton"): 2, (BF16, "triton"): 2}),
     "cos": (lax.cos, {**_EXACT, (F32, "triton"): 2, (BF16, "triton"): 2}),
-    "tan": (lax.tan, _EXACT),
-    "atan": (lax.atan, _EXACT),
-    "asinh": (lax.asinh, _EXACT),
-    "cbrt": (lax.cbrt, _EXACT),
+    "tan": (lax.tan, {**_EXACT, (F32, "triton"): 2, (BF16, "triton"): 2}),
+    "atan": (lax.atan, {**_EXACT, (F32, "triton"): 2, (BF16, "triton"): 2}),
+    "asinh": (lax.asinh, {**_EXACT, (F32, "triton"): 4, (BF16, "triton"): 4}),
+    "cbrt": (lax.cbrt, {**_EXACT, (F32, "triton"): 2, (BF16, "triton"): 2}),
     # erf and erfc are XLA's formulas in both renderers; Triton's interpreter does not fuse
     # multiply-adds into FMAs as XLA does, which moves a few ULP
     "erf": (lax.erf, {**_EXACT, (F32, "triton"): 8, (BF16, "triton"): 2}),
     "erfc": (lax.erfc, {**_EXACT, (F32, "triton"): 8, (BF16, "triton"): 2}),
-    "erf_inv": (lax.erf_inv, _EXACT),
+    "erf_inv": (lax.erf_inv, {**_EXACT, (F32, "triton"): 4, (BF16, "triton"): 2}),
     # not on the Triton path: where x*x is subnormal XLA flushes it (1/x^2 = inf), Triton's interpreter does not
     "integer_pow_m2": (lambda x: lax.integer_pow(x, -2), _EXACT),
     # log(1 - erfc(x)/2) for x in (0, 5]: a 1-ULP change of erfc moves it ~65 ULP (jax's formula)
@@ -155,7 +157,8 @@ def test_sweep_smoke(tmp_path, capsys):
     row = run["results"]["float32"]["erfc"]
     assert row["pallas"]["max_ulp"] <= (GPU_FLOOR if GPU else 2) and row["pallas"]["nonfinite_mismatch"] == 0
     assert row["triton"]["max_ulp"] <= (GPU_FLOOR if GPU else 8)
-    assert run["results"]["float32"]["atan2"]["triton"] == {"xla": True}  # not in the Triton renderer's table
+    atan2 = run["results"]["float32"]["atan2"]["triton"]  # the Triton renderer's atan2 ([Note: Triton math])
+    assert atan2["max_ulp"] <= (GPU_FLOOR if GPU else 2) and atan2["nonfinite_mismatch"] == 0, atan2
     out = capsys.readouterr().out
     assert "| `erfc` | " in out
     accuracy.main(["--tables", str(tmp_path / "accuracy.json")])

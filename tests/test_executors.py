@@ -13,7 +13,7 @@ import pallaskit
 from lowering import executors
 from lowering.options import CompileOptions
 
-from conftest import assert_close
+from conftest import DISABLE_PALLAS_TRITON, assert_close
 
 triton = pytest.importorskip("triton")
 
@@ -94,9 +94,30 @@ def _log1p_then_sum(x):
     return jnp.log1p(jnp.abs(x)) * 2, jnp.sum(x * x, axis=-1)
 
 
-def test_a_kernel_the_triton_renderer_refuses_falls_back_to_pallas(rng):
-    """log1p has no tl form in the Triton renderer (TritonUnsupported): that
-    kernel runs in Pallas, explain says why; the other kernel stays raw Triton."""
+# They check the fallback to Pallas, which TEST_DISABLE_PALLAS_TRITON=1 forbids.
+needs_fallback = pytest.mark.skipif(DISABLE_PALLAS_TRITON, reason="TEST_DISABLE_PALLAS_TRITON=1 allows no fallback")
+
+
+@pytest.fixture
+def triton_refuses_log1p(monkeypatch):
+    """The Triton renderer made to refuse log1p, as it refuses what it does not
+    write (it writes every op of the table: tests/test_triton_ops.py)."""
+    from lowering.codegen import triton as triton_codegen
+
+    original = triton_codegen._TritonEmitter.op_template
+
+    def op_template(self, e, names):
+        if e.op == "log1p":
+            raise triton_codegen.TritonUnsupported("op log1p")
+        return original(self, e, names)
+
+    monkeypatch.setattr(triton_codegen._TritonEmitter, "op_template", op_template)
+
+
+@needs_fallback
+def test_a_kernel_the_triton_renderer_refuses_falls_back_to_pallas(rng, triton_refuses_log1p):
+    """A kernel the Triton renderer refuses (TritonUnsupported) runs in Pallas,
+    explain says why; the other kernel stays raw Triton."""
     x = jnp.asarray(rng.standard_normal((33, 65)), jnp.float32)
     with pallaskit.config.override(kernel_backend="triton", fusion=False, combo_kernels=False, cache=False):
         ex = pallaskit.explain(_log1p_then_sum, x)
@@ -110,8 +131,9 @@ def test_a_kernel_the_triton_renderer_refuses_falls_back_to_pallas(rng):
         assert_close(a, e)
 
 
-def test_triton_and_pallas_helpers_of_one_name_share_a_program(rng):
-    """erf in a Pallas kernel (beside log1p, which Triton refuses) and in a raw
+@needs_fallback
+def test_triton_and_pallas_helpers_of_one_name_share_a_program(rng, triton_refuses_log1p):
+    """erf in a Pallas kernel (beside log1p, which Triton is made to refuse) and in a raw
     Triton kernel: both renderers have an ``_erf`` helper; the Triton one is
     written as ``_tl_erf``."""
     def f(x):

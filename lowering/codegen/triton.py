@@ -20,9 +20,10 @@ and the program keeps its XLA path: mix kernels of symbolic programs (their
 loop trip count is a runtime value, which Triton's interpreter cannot run;
 static whole-row mix kernels are rendered by ``render_mix`` to run inside the
 XLA program, pallaskit/runtime/triton_call.py), reductions over a
-dynamic axis, argmax/argmin and products, XLA externs, and ops without a ``tl``
-form below. Triton's interpreter multiplies bfloat16 ``tl.dot`` operands
-wrongly, so in interpret mode the template widens them to float32 first.
+dynamic axis and XLA externs. Every op and row reduction of the Pallas
+renderer's table is written ([Note: Triton math]; tests/test_triton_ops.py
+checks the tables match). Triton's interpreter multiplies bfloat16 ``tl.dot``
+operands wrongly, so in interpret mode the template widens them to float32 first.
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ _TL_DTYPES = {"bool": "tl.int1", "int8": "tl.int8", "int16": "tl.int16", "int32"
 _NAN_MAX = "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"
 _NAN_MIN = "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"
 OPS = {
-    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "neg": "(-{0})",
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "neg": "(-{0})",  # ints; floats: op_template
     "square": "({0} * {0})", "abs": "tl.abs({0})",
     "exp": "tl.exp({0})", "exp2": "tl.exp2({0})", "log": "tl.log({0})", "tanh": "_tanh({0})",
     "logistic": "tl.sigmoid({0})", "sqrt": "tl.sqrt_rn({0})", "rsqrt": "(1.0 / tl.sqrt_rn({0}))",
@@ -59,6 +60,16 @@ OPS = {
     "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
     "gt": "({0} > {1})", "ge": "({0} >= {1})",
     "and": "({0} & {1})", "or": "({0} | {1})", "xor": "({0} ^ {1})",
+}
+
+# Transcendentals ([Note: Triton math]): op -> (libdevice function on a GPU,
+# float64 helper in the interpreter).
+_MATH = {
+    "atan2": ("atan2", "_atan2_64"), "log1p": ("log1p", "_log1p64"), "expm1": ("expm1", "_expm1_64"),
+    "cbrt": ("cbrt", "_cbrt64"), "tan": ("tan", "_tan64"), "asin": ("asin", "_asin64"),
+    "acos": ("acos", "_acos64"), "atan": ("atan", "_atan64"), "sinh": ("sinh", "_sinh64"),
+    "cosh": ("cosh", "_cosh64"), "asinh": ("asinh", "_asinh64"), "acosh": ("acosh", "_acosh64"),
+    "atanh": ("atanh", "_atanh64"),
 }
 
 HELPERS = {
@@ -173,6 +184,331 @@ def _{_op}_nan(a, b):
     return tl.{_op}imum(a, b, propagate_nan=tl.PropagateNan.ALL)
 '''
 
+HELPERS["_to_bf16"] = """
+@triton.jit
+def _to_bf16(x):
+    \"\"\"x rounded to bfloat16, to nearest even, as XLA and the GPU's cast round
+    (the interpreter's float32 -> bfloat16 cast truncates the mantissa).\"\"\"
+    if x.dtype == tl.bfloat16:
+        return x
+    f = x.to(tl.float32)
+    b = f.to(tl.uint32, bitcast=True)
+    r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    r = tl.where(f != f, 0x7FC0, r)
+    return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
+"""
+
+HELPERS["_mul"] = """
+@triton.jit
+def _mul(a, b):
+    return a * b
+"""
+
+# [Note: Triton math]
+# On a GPU the transcendental functions are libdevice's, as Pallas's Triton
+# lowering takes them (XLA:GPU calls libdevice for atan2, tan, log1p, expm1,
+# pow, cbrt and builds the inverse and hyperbolic functions from such calls:
+# a few ULP apart, tests/test_accuracy.py's GPU bounds); erf_inv is XLA's own
+# single-precision polynomial (Giles), rounding and nextafter XLA's exact
+# bit-level forms, shifts XLA's (every bit out past the width). The interpreter
+# has no libdevice (extern calls raise), so there the helpers below compute in
+# float64 with numpy's exp / log / sin / cos and round once: within an ULP of
+# a correctly rounded float32, as accurate as jax.jit's XLA:CPU or more.
+# Two Triton traps: unary minus is ``0 - x`` (+0.0 for +0.0: float neg is
+# written ``x * -1.0``), and the interpreter's bfloat16 is not IEEE (its
+# float32 -> bfloat16 cast truncates, its compares miss NaN): casts round
+# through ``_to_bf16`` there, and 16-bit compares are made in float32.
+HELPERS.update({
+    "_log1p64": """
+@triton.jit
+def _log1p64(x):
+    \"\"\"log1p (float64 in the interpreter): log(u) * x / (u - 1) with u = 1 + x
+    rounded (Goldberg), x itself where u rounds to 1.\"\"\"
+    u = x + 1.0
+    d = u - 1.0
+    r = tl.log(u) * (x / tl.where(d == 0.0, 1.0, d))
+    r = tl.where(d == 0.0, x, r)
+    return tl.where(u == float('inf'), u, r)
+""",
+    "_expm1_64": """
+@triton.jit
+def _expm1_64(x):
+    \"\"\"expm1 (float64 in the interpreter): (u - 1) * x / log(u) with u = e^x
+    (Kahan), x where u rounds to 1, -1 where u - 1 does.\"\"\"
+    u = tl.exp(x)
+    lu = tl.log(u)
+    r = (u - 1.0) * (x / tl.where(lu == 0.0, 1.0, lu))
+    r = tl.where(u == 1.0, x, r)
+    r = tl.where(u - 1.0 == -1.0, -1.0, r)
+    return tl.where(u == float('inf'), u, r)
+""",
+    "_atan01_64": """
+@triton.jit
+def _atan01_64(t):
+    \"\"\"atan of t in [0, 1] in float64 (Cephes' atan: a rational function,
+    about pi/4 past 0.66).\"\"\"
+    big = t > 0.66
+    x = tl.where(big, (t - 1.0) / (t + 1.0), t)
+    z = x * x
+    p = z * -8.750608600031904122785e-01 + -1.615753718733365076637e+01
+    p = p * z + -7.500855792314704667340e+01
+    p = p * z + -1.228866684490136173410e+02
+    p = p * z + -6.485021904942025371773e+01
+    q = z + 2.485846490142306297962e+01
+    q = q * z + 1.650270098316988542046e+02
+    q = q * z + 4.328810604912902668951e+02
+    q = q * z + 4.853903996359136964868e+02
+    q = q * z + 1.945506571482613964425e+02
+    r = x + x * (z * p / q)
+    return tl.where(big, 0.7853981633974483 + r, r)
+""",
+    "_atan2_64": """
+@triton.jit
+def _atan2_64(y, x):
+    \"\"\"atan2 (float64 in the interpreter) with C's special cases: the signs of
+    zeros pick the quadrant, atan2(+-inf, +-inf) is an odd multiple of pi/4.\"\"\"
+    ax = tl.abs(x)
+    ay = tl.abs(y)
+    hi = tl.maximum(ax, ay)
+    t = tl.minimum(ax, ay) / tl.where(hi == 0.0, 1.0, hi)
+    t = tl.where((ax == float('inf')) & (ay == float('inf')), 1.0, t)
+    r = _atan01_64(t)
+    r = tl.where(ay > ax, 1.5707963267948966 - r, r)
+    r = tl.where((x < 0.0) | ((x == 0.0) & (1.0 / tl.where(x == 0.0, x, 1.0) < 0.0)), 3.141592653589793 - r, r)
+    r = tl.where((y < 0.0) | ((y == 0.0) & (1.0 / tl.where(y == 0.0, y, 1.0) < 0.0)), r * -1.0, r)
+    return tl.where((x != x) | (y != y), x + y, r)
+""",
+    "_tan64": """
+@triton.jit
+def _tan64(x):
+    return tl.sin(x) / tl.cos(x)
+""",
+    "_asin64": """
+@triton.jit
+def _asin64(x):
+    \"\"\"asin as XLA expands it: 2 atan2(x, 1 + sqrt(1 - x^2)).\"\"\"
+    return 2.0 * _atan2_64(x, 1.0 + tl.sqrt(1.0 - x * x))
+""",
+    "_acos64": """
+@triton.jit
+def _acos64(x):
+    \"\"\"acos as XLA expands it: 2 atan2(sqrt(1 - x^2), 1 + x), pi at -1.\"\"\"
+    return tl.where(x != -1.0, 2.0 * _atan2_64(tl.sqrt(1.0 - x * x), 1.0 + x), 3.141592653589793)
+""",
+    "_atan64": """
+@triton.jit
+def _atan64(x):
+    return _atan2_64(x, tl.full(x.shape, 1.0, x.dtype))
+""",
+    "_sinh64": """
+@triton.jit
+def _sinh64(x):
+    \"\"\"sinh from expm1 (no cancellation near 0): (s + s / (s + 1)) / 2, s = e^|x| - 1.\"\"\"
+    s = _expm1_64(tl.abs(x))
+    r = tl.where(s == float('inf'), s, 0.5 * (s + s / (s + 1.0)))
+    return tl.where(x < 0.0, r * -1.0, tl.where(x == 0.0, x, r))
+""",
+    "_cosh64": """
+@triton.jit
+def _cosh64(x):
+    return 0.5 * (tl.exp(x) + tl.exp(-x))
+""",
+    "_asinh64": """
+@triton.jit
+def _asinh64(x):
+    \"\"\"asinh as XLA expands it: log1p(|x| + x^2 / (1 + sqrt(1 + x^2))) with x's
+    sign, log(|x|) + log(2) for huge |x|.\"\"\"
+    a = tl.abs(x)
+    r = _log1p64(a + a * a / (1.0 + tl.sqrt(1.0 + a * a)))
+    r = tl.where(a > 1e18, tl.log(a) + 0.6931471805599453, r)
+    return tl.where(x < 0.0, r * -1.0, tl.where(x == 0.0, x, r))
+""",
+    "_acosh64": """
+@triton.jit
+def _acosh64(x):
+    \"\"\"acosh: log1p((x - 1) + sqrt((x - 1)(x + 1))), log(x) + log(2) for huge x.\"\"\"
+    r = _log1p64((x - 1.0) + tl.sqrt((x - 1.0) * (x + 1.0)))
+    r = tl.where(x < 1.0, float('nan'), r)
+    return tl.where(x > 1e18, tl.log(x) + 0.6931471805599453, r)
+""",
+    "_atanh64": """
+@triton.jit
+def _atanh64(x):
+    return 0.5 * _log1p64(2.0 * x / (1.0 - x))
+""",
+    "_cbrt64": """
+@triton.jit
+def _cbrt64(x):
+    a = tl.abs(x)
+    r = tl.exp2(tl.log2(a) * (1.0 / 3.0))
+    return tl.where(x < 0.0, r * -1.0, tl.where((x == 0.0) | (x != x), x, r))
+""",
+    "_pow64": """
+@triton.jit
+def _pow64(x, y):
+    \"\"\"C's pow (float64 in the interpreter): exp2(y log2|x|), the sign of an odd
+    integer power of a negative base (or -0), NaN for a non-integer one;
+    pow(x, 0) and pow(1, y) are 1, pow(-1, +-inf) too.\"\"\"
+    r = tl.exp2(y * tl.log2(tl.abs(x)))
+    yint = tl.floor(y) == y
+    yodd = yint & (tl.floor(y * 0.5) * 2.0 != y)
+    xneg = (x < 0.0) | ((x == 0.0) & (1.0 / tl.where(x == 0.0, x, 1.0) < 0.0))
+    r = tl.where(xneg & yodd, r * -1.0, r)
+    r = tl.where((x < 0.0) & (x > float('-inf')) & ~yint, float('nan'), r)
+    one = (y == 0.0) | (x == 1.0) | ((x == -1.0) & (tl.abs(y) == float('inf')))
+    return tl.where(one, 1.0, r)
+""",
+    "_erfinv": """
+@triton.jit
+def _erfinv(x, w):
+    \"\"\"erf_inv as XLA computes float32 erf_inv (Giles' polynomials in
+    w = -log1p(-x^2), given), +-inf at +-1.\"\"\"
+    lo = w - 2.5
+    p = lo * 2.81022636e-08 + 3.43273939e-07
+    p = p * lo + -3.5233877e-06
+    p = p * lo + -4.39150654e-06
+    p = p * lo + 0.00021858087
+    p = p * lo + -0.00125372503
+    p = p * lo + -0.00417768164
+    p = p * lo + 0.246640727
+    p = p * lo + 1.50140941
+    hi = tl.sqrt(w) - 3.0
+    q = hi * -0.000200214257 + 0.000100950558
+    q = q * hi + 0.00134934322
+    q = q * hi + -0.00367342844
+    q = q * hi + 0.00573950773
+    q = q * hi + -0.0076224613
+    q = q * hi + 0.00943887047
+    q = q * hi + 1.00167406
+    q = q * hi + 2.83297682
+    r = tl.where(w < 5.0, p, q) * x
+    return tl.where(tl.abs(x) == 1.0, x * float('inf'), r)
+""",
+    "_rnd": """
+@triton.jit
+def _rnd(x, EVEN: tl.constexpr):
+    \"\"\"lax.round of a float: half away from zero, or (EVEN) half to even;
+    -0, +-inf and NaN are their own rounding.\"\"\"
+    a = tl.abs(x)
+    fl = tl.floor(a)
+    frac = a - fl
+    if EVEN:
+        odd = (fl - 2.0 * tl.floor(fl * 0.5)) != 0.0
+        r = tl.where((frac > 0.5) | ((frac == 0.5) & odd), fl + 1.0, fl)
+    else:
+        r = tl.where(frac >= 0.5, fl + 1.0, fl)
+    return tl.where(x < 0.0, r * -1.0, tl.where(x > 0.0, r, x))
+""",
+})
+
+# nextafter on the float's bits as XLA's elemental emitter writes it: NaN if
+# either is NaN, y if x == y, the smallest subnormal toward y from +-0, else
+# the bits of x one step toward y.
+for _bits in (16, 32, 64):
+    _wide = ".to(tl.float32)" if _bits == 16 else ""  # 16-bit floats compared in float32 (exact)
+    HELPERS[f"_nextafter{_bits}"] = f"""
+@triton.jit
+def _nextafter{_bits}(x, y):
+    xf = x{_wide}
+    yf = y{_wide}
+    xi = x.to(tl.int{_bits}, bitcast=True)
+    yi = y.to(tl.int{_bits}, bitcast=True)
+    sign = xi ^ xi | {-(1 << (_bits - 1))}
+    xa = xi & ~sign
+    ya = yi & ~sign
+    xs = xi & sign
+    ys = yi & sign
+    step = tl.where((xa > ya) | (xs != ys), xi - 1, xi + 1)
+    r = tl.where(xa == 0, tl.where(ya == 0, yi, ys | 1), step)
+    r = tl.where(xf == yf, yi, r).to(tl.int{_bits})
+    return tl.where((xf != xf) | (yf != yf), (xf + yf).to(x.dtype), r.to(x.dtype, bitcast=True))
+"""
+
+# Bit counts in the interpreter (no libdevice): SWAR population count, clz as
+# the width less the population of the bits smeared right from the top one.
+for _bits, _u in ((32, "tl.uint32"), (64, "tl.uint64")):
+    _m1, _m2, _m4 = (int(("55", "33", "0f")[i] * (_bits // 8), 16) for i in range(3))
+    HELPERS[f"_popc{_bits}"] = f"""
+@triton.jit
+def _popc{_bits}(x):
+    v = x.to({_u}, bitcast=True)
+    v = v - ((v >> 1) & {_m1})
+    v = (v & {_m2}) + ((v >> 2) & {_m2})
+    v = (v + (v >> 4)) & {_m4}
+    v = v + (v >> 8)
+    v = v + (v >> 16)
+    {"v = v + (v >> 32)" if _bits == 64 else ""}
+    return (v & 127).to(x.dtype, bitcast=True)
+"""
+    _smear = "\n    ".join(f"v = v | (v >> {s})" for s in (1, 2, 4, 8, 16, 32) if s < _bits)
+    HELPERS[f"_clz{_bits}"] = f"""
+@triton.jit
+def _clz{_bits}(x):
+    v = x.to({_u}, bitcast=True)
+    {_smear}
+    return {_bits} - _popc{_bits}(v.to(x.dtype, bitcast=True))
+"""
+
+HELPERS.update({
+    "_arg_pick": """
+@triton.jit
+def _arg_pick(x, idx, LARGEST: tl.constexpr):
+    \"\"\"argmax / argmin along axis 1 (kept) of a float tile whose lane j holds
+    the candidate of index idx[j]: the first NaN, else the smallest index of the
+    best value (-0.0 and 0.0 equal), as jax picks.\"\"\"
+    nan = x != x
+    anynan = tl.max(nan.to(tl.int32), 1, keep_dims=True) > 0
+    if LARGEST:
+        best = tl.max(tl.where(nan, float('-inf'), x), 1, keep_dims=True)
+    else:
+        best = tl.min(tl.where(nan, float('inf'), x), 1, keep_dims=True)
+    hit = tl.where(anynan, nan, x == best)
+    return tl.min(tl.where(hit, idx, 2147483647), 1, keep_dims=True)
+""",
+    "_arg_pick_int": """
+@triton.jit
+def _arg_pick_int(x, idx, LARGEST: tl.constexpr):
+    \"\"\"_arg_pick of an int tile.\"\"\"
+    if LARGEST:
+        best = tl.max(x, 1, keep_dims=True)
+    else:
+        best = tl.min(x, 1, keep_dims=True)
+    return tl.min(tl.where(x == best, idx, 2147483647), 1, keep_dims=True)
+""",
+})
+
+
+def _helper_deps() -> dict:
+    """Each helper's helpers (called in its source), transitively."""
+    import re
+    direct = {h: {g for g in HELPERS if g != h and re.search(rf"(?<![\w.]){g}\(", src)} for h, src in HELPERS.items()}
+    closed = {}
+    for h in HELPERS:
+        seen, todo = set(), list(direct[h])
+        while todo:
+            g = todo.pop()
+            if g not in seen:
+                seen.add(g)
+                todo.extend(direct[g])
+        closed[h] = seen
+    return closed
+
+
+_HELPER_DEPS = _helper_deps()
+
+
+class _HelperSet(set):
+    """A kernel's helpers: adding one adds the helpers it calls."""
+
+    def add(self, h):
+        super().add(h)
+        super().update(_HELPER_DEPS.get(h, ()))
+
+    def update(self, *others):
+        for hs in others:
+            for h in hs:
+                self.add(h)
+
 _PRELUDE = '''\
 import numpy as np
 import triton
@@ -203,6 +539,7 @@ class _TritonEmitter(pallas._KernelEmitter):
         self.triton_interpret = self.interpret
         self.interpret = False  # the base's scatter-out-of-bounds trick is for Pallas' interpret mode
         self.index_dtype = "tl.int64" if self.index_dtype == "jnp.int64" else "tl.int32"
+        self.helpers = _HelperSet(self.helpers)
 
     def dtype_text(self, dt) -> str:
         name = np.dtype(dt).name
@@ -216,12 +553,18 @@ class _TritonEmitter(pallas._KernelEmitter):
             zero = "tl.full((1, 1), -2147483648, tl.int32).to(tl.float32, bitcast=True)"
             return zero if dtype == "tl.float32" else f"{zero}.to({dtype})"
         if dtype in ("tl.bfloat16", "tl.float16"):  # the interpreter has no 16-bit constants: round one
+            if dtype == "tl.bfloat16" and self.triton_interpret:
+                self.helpers.add("_to_bf16")
+                return f"_to_bf16(tl.full((1, 1), {value}, tl.float32))"
             return f"tl.full((1, 1), {value}, tl.float32).to({dtype})"
         return f"tl.full((1, 1), {value}, {dtype or 'tl.int1'})"
 
     def cast_text(self, var, dt) -> str:
         if np.dtype(dt) == np.bool_:
             return f"({var} != 0)"
+        if self.triton_interpret and np.dtype(dt).name == "bfloat16":  # the interpreter's own cast truncates
+            self.helpers.add("_to_bf16")
+            return f"_to_bf16({var})"
         return f"{var}.to({self.dtype_text(dt)})"
 
     def broadcast_text(self, var, shape) -> str:
@@ -251,10 +594,14 @@ class _TritonEmitter(pallas._KernelEmitter):
             return "libdevice.fmod({0}, {1})"
         if e.op == "rem":
             return "({0} % {1})"  # C's remainder (srem), like lax.rem
+        if e.op in _MATH or e.op in ("pow", "erf_inv", "round", "nextafter"):
+            return self.math_template(e)
+        if e.op in ("shift_left", "shift_right_logical", "shift_right_arithmetic", "clz", "population_count"):
+            return self.bits_template(e)
         if e.op == "integer_pow":
             y = int(params["y"])
-            if y == 0:
-                raise TritonUnsupported("integer_pow with y=0")
+            if y == 0:  # 1 everywhere, NaN included
+                return f"tl.full({{0}}.shape, 1, {self.dtype_text(e.dtype)})"
             product = "(" + " * ".join(["{0}"] * abs(y)) + ")"
             return product if y > 0 else f"(1.0 / {product})"
         if e.op == "select_n" and len(e.args) == 3 and e.args[0].dtype == np.bool_:
@@ -264,7 +611,11 @@ class _TritonEmitter(pallas._KernelEmitter):
         if e.op == "clamp":
             return ("tl.minimum(tl.maximum({1}, {0}, propagate_nan=tl.PropagateNan.ALL), {2}, "
                     "propagate_nan=tl.PropagateNan.ALL)" if float_op else "tl.minimum(tl.maximum({1}, {0}), {2})")
+        if e.op == "neg" and float_op:  # Triton's unary minus is 0 - x: +0.0 for +0.0, where XLA gives -0.0
+            return "({0} * -1.0)"
         if e.op == "is_finite":  # x - x is 0 for finite x, NaN for +-inf and NaN
+            if pallas._is_16bit_float(e.args[0].dtype):  # in float32 (exact): the interpreter's 16-bit math is not
+                return "(({0}.to(tl.float32) - {0}.to(tl.float32)) == 0)"
             return "(({0} - {0}) == 0)"
         if e.op == "sign":  # 0, -0 and NaN are their own sign (integer floor division needs sign)
             return self.cast_text("tl.where({0} > 0, 1, tl.where({0} < 0, -1, {0}))", e.dtype)
@@ -278,6 +629,63 @@ class _TritonEmitter(pallas._KernelEmitter):
             return self.cast_text(OPS[e.op].format("{0}.to(tl.float32)"), e.dtype)
         return OPS[e.op]
 
+    def math_template(self, e) -> str:
+        """A transcendental, pow, erf_inv, round or nextafter ([Note: Triton math]).
+        16-bit operands arrive as float32 (pallas.UPCAST_16BIT), except for
+        round and nextafter, which are exact in their own width."""
+        dt = self.dtype_text(e.dtype)
+        if e.op == "round":
+            method = int(dict(e.params)["rounding_method"])
+            if pallas._is_16bit_float(e.dtype):
+                return f"_rnd({{0}}.to(tl.float32), {method == 1}).to({dt})"
+            return f"_rnd({{0}}, {method == 1})"
+        if e.op == "nextafter":
+            return f"_nextafter{8 * np.dtype(e.dtype).itemsize}({{0}}, {{1}})"
+        if e.op == "pow":  # XLA converts an integer exponent to the base's type
+            y = "{1}" if np.dtype(e.args[1].dtype) == np.dtype(e.dtype) else f"{{1}}.to({dt})"
+            if not self.triton_interpret:
+                return f"libdevice.pow({{0}}, {y})"
+            return f"_pow64({{0}}.to(tl.float64), {y}.to(tl.float64)).to({dt})"
+        if e.op == "erf_inv":
+            if not self.triton_interpret:
+                return "_erfinv({0}, -libdevice.log1p(-({0} * {0})))"
+            return f"_erfinv({{0}}, -_log1p64((-({{0}} * {{0}})).to(tl.float64)).to({dt}))"
+        name, helper = _MATH[e.op]
+        if not self.triton_interpret:
+            return f"libdevice.{name}({', '.join('{%d}' % i for i in range(len(e.args)))})"
+        args = ", ".join("{%d}.to(tl.float64)" % i for i in range(len(e.args)))
+        return f"{helper}({args}).to({dt})"
+
+    def bits_template(self, e) -> str:
+        """Shifts (XLA's: an amount past the width, or negative, shifts every bit
+        out) and clz / population_count (libdevice's on a GPU, 32- or 64-bit:
+        narrow ints on their zero-extended int32 bits, unsigned ones on the signed
+        int of their width, as pallas._bit_count_template)."""
+        dt = np.dtype(e.dtype)
+        bits = 8 * dt.itemsize
+        t, st, ut = self.dtype_text(dt), f"tl.int{bits}", f"tl.uint{bits}"
+        if e.op.startswith("shift"):  # on the unsigned bits, the amount read as unsigned
+            ux = f"{{0}}.to({ut}, bitcast=True)" if dt.kind == "i" else "{0}"
+            ua = f"{{1}}.to({ut}, bitcast=True)" if dt.kind == "i" else "{1}"
+            out = f"({ua} >= {bits})"
+            if e.op == "shift_right_arithmetic":
+                sx = f"{{0}}.to({st}, bitcast=True)" if dt.kind == "u" else "{0}"
+                amount = f"tl.where({out}, {bits - 1}, {ua}).to({ut}).to({st}, bitcast=True)"
+                return f"({sx} >> {amount}).to({st}).to({t}, bitcast=True)"
+            shift = "<<" if e.op == "shift_left" else ">>"
+            amount = f"tl.where({out}, 0, {ua}).to({ut})"
+            return f"tl.where({out}, 0, {ux} {shift} {amount}).to({ut}).to({t}, bitcast=True)"
+        fn = ("libdevice.clz" if e.op == "clz" else "libdevice.popc") if not self.triton_interpret else None
+        if dt.kind in "iu" and bits < 32:
+            wide = f"({{0}}.to(tl.int32) & {(1 << bits) - 1})"
+            text = f"{fn or ('_clz32' if e.op == 'clz' else '_popc32')}({wide})"
+            if e.op == "clz":
+                text = f"({text} - {32 - bits})"
+            return f"{text}.to({t})"
+        x = f"{{0}}.to({st}, bitcast=True)" if dt.kind == "u" else "{0}"
+        text = f"{fn or ('_clz' if e.op == 'clz' else '_popc') + str(bits)}({x})"
+        return f"{text}.to({t}, bitcast=True)" if dt.kind == "u" else f"{text}.to({t})"
+
     def load_text(self, ref, off, mask_arg) -> str:
         return f"tl.load({ref} + {off}{mask_arg})"
 
@@ -289,10 +697,12 @@ class _TritonMatmulEmitter(matmul._MatmulEmitter, _TritonEmitter):
     """Reads the accumulator tile from ``tile_values`` (matmul's emitter), writes Triton."""
 
 
-_REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min", "and": "tl.min", "or": "tl.max"}
+# Row reductions this renderer writes; prod, argmax and argmin through helpers (``_reduce_text``).
+_REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min", "and": "tl.min", "or": "tl.max",
+           "prod": None, "argmax": None, "argmin": None}
 _COMBINE = {"sum": "({a} + {v})", "max": "tl.maximum({a}, {v}, propagate_nan=tl.PropagateNan.ALL)",
             "min": "tl.minimum({a}, {v}, propagate_nan=tl.PropagateNan.ALL)",
-            "and": "tl.minimum({a}, {v})", "or": "tl.maximum({a}, {v})"}
+            "and": "tl.minimum({a}, {v})", "or": "tl.maximum({a}, {v})", "prod": "({a} * {v})"}
 
 
 def _accumulate_columns(em, accs, bodies, masked) -> None:
@@ -328,10 +738,19 @@ def _column_acc_dtype(m):
     return np.dtype(np.float32) if pallas._is_16bit_float(dt) else dt
 
 
-def _reduce_text(em, op, var, acc_dt, axis) -> str:
+def _reduce_text(em, op, var, acc_dt, axis, index="xc") -> str:
     """``var`` reduced along ``axis`` (kept). A float max / min reduces with a
     NaN-propagating combine: tl.max / tl.min combine with tl.maximum's default,
-    which drops NaN on the GPU (the interpreter's numpy keeps it)."""
+    which drops NaN on the GPU (the interpreter's numpy keeps it). argmax /
+    argmin (along axis 1): ``index`` holds each lane's column index (``xc``, or
+    a looped reduction's index accumulator)."""
+    if op in ("argmax", "argmin"):
+        helper = "_arg_pick" if pallas.is_float(acc_dt) else "_arg_pick_int"
+        em.helpers.add(helper)
+        return f"{helper}({var}, {index}, {op == 'argmax'})"
+    if op == "prod":
+        em.helpers.add("_mul")
+        return f"tl.reduce({var}, {axis}, _mul, keep_dims=True)"
     if op in ("max", "min") and pallas.is_float(acc_dt):
         em.helpers.add(f"_{op}_nan")
         return f"tl.reduce({var}, {axis}, _{op}_nan, keep_dims=True)"
@@ -411,6 +830,8 @@ def _render_reduction(em: _TritonEmitter, kernel: Kernel, bodies, cfg, *, row_bl
                     acc_dt = pallas._acc_dtype(m.node.op, m.body.dtype)
                     ident = pallas._reduction_identity(m.node.op, m.body.dtype)
                     w.line(f"{name} = tl.full((BLOCK_R, BLOCK_C), {ident}, {em.dtype_text(acc_dt)})")
+                    if m.node.op in ("argmax", "argmin"):  # each lane also carries its best value's index
+                        w.line(f"{name}_i = tl.zeros((BLOCK_R, BLOCK_C), {em.index_dtype})")
                     accs.append((name, m))
                 w.line(f"for chunk in range(0, {-(-int(kernel.cols) // cfg.block_cols)}):")
                 with w.indent():
@@ -420,16 +841,36 @@ def _render_reduction(em: _TritonEmitter, kernel: Kernel, bodies, cfg, *, row_bl
                     for name, m in accs:
                         var, ext = em.value(bodies[m.name])
                         masked = _masked_operand(em, m, var, ext, bodies[m.name])
-                        w.line(f"{name} = {_COMBINE[m.node.op].format(a=name, v=masked)}")
+                        if m.node.op in ("argmax", "argmin"):
+                            _arg_combine(em, name, masked, m.node.op, pallas._acc_dtype(m.node.op, m.body.dtype))
+                        else:
+                            w.line(f"{name} = {_COMBINE[m.node.op].format(a=name, v=masked)}")
                     for m in rowwise:
                         em.store(m, *em.value(bodies[m.name]))
                     em.scopes.pop()
                 for name, m in accs:
-                    text = _reduce_text(em, m.node.op, name, pallas._acc_dtype(m.node.op, m.body.dtype), 1)
+                    text = _reduce_text(em, m.node.op, name, pallas._acc_dtype(m.node.op, m.body.dtype), 1,
+                                        index=f"{name}_i")
                     em.row_values[m.name] = em.bind(("reduce", m.name), em.cast_text(text, m.node.dtype),
                                                     frozenset("r"), "red")[0]
         pallas.write_ready_row_values(em, kernel, bodies)
     pallas.store_reductions(em, kernel)
+
+
+def _arg_combine(em, name, v, op, acc_dt) -> None:
+    """One chunk of a looped argmax / argmin (as pallas._arg_combine): a lane
+    keeps its best value so far and that value's column; it sees its columns in
+    increasing order, so a later value replaces the kept one only if strictly
+    better, or if it is the first NaN; in the first chunk every lane takes its value."""
+    better = ">" if op == "argmax" else "<"
+    pick = f"({v} {better} {name}) | (chunk == 0)"
+    if pallas.is_float(acc_dt):
+        pick += f" | (({v} != {v}) & ({name} == {name}))"
+    n = em.counter
+    em.counter += 1
+    em.w.line(f"pick{n} = {pick}")
+    em.w.line(f"{name} = tl.where(pick{n}, {v}, {name})")
+    em.w.line(f"{name}_i = tl.where(pick{n}, tl.broadcast_to(xc, (BLOCK_R, BLOCK_C)), {name}_i)")
 
 
 def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _Rendered:
