@@ -94,9 +94,29 @@ def _log1p_then_sum(x):
     return jnp.log1p(jnp.abs(x)) * 2, jnp.sum(x * x, axis=-1)
 
 
-def test_a_kernel_the_triton_renderer_refuses_falls_back_to_pallas(rng):
-    """log1p has no tl form in the Triton renderer (TritonUnsupported): that
-    kernel runs in Pallas, explain says why; the other kernel stays raw Triton."""
+@pytest.fixture
+def refuse_log1p(monkeypatch):
+    """The Triton renderer refuses log1p (``TritonUnsupported``), whatever its op
+    table holds. A test of the Pallas fallback needs Pallas's Triton lowering,
+    which TEST_DISABLE_PALLAS_TRITON=1 turns off (tests/conftest.py)."""
+    from conftest import DISABLE_PALLAS_TRITON
+    from lowering.codegen import triton as triton_codegen
+
+    if DISABLE_PALLAS_TRITON and jax.default_backend() != "cpu":
+        pytest.skip("tests the Pallas fallback; Pallas's Triton lowering is disabled")
+    template = triton_codegen._TritonEmitter.op_template
+
+    def op_template(self, e, names):
+        if e.op == "log1p":
+            raise triton_codegen.TritonUnsupported("op log1p")
+        return template(self, e, names)
+
+    monkeypatch.setattr(triton_codegen._TritonEmitter, "op_template", op_template)
+
+
+def test_a_kernel_the_triton_renderer_refuses_falls_back_to_pallas(rng, refuse_log1p):
+    """A kernel the Triton renderer refuses (here log1p: TritonUnsupported) runs
+    in Pallas, explain says why; the other kernel stays raw Triton."""
     x = jnp.asarray(rng.standard_normal((33, 65)), jnp.float32)
     with pallaskit.config.override(kernel_backend="triton", fusion=False, combo_kernels=False, cache=False):
         ex = pallaskit.explain(_log1p_then_sum, x)
@@ -110,7 +130,7 @@ def test_a_kernel_the_triton_renderer_refuses_falls_back_to_pallas(rng):
         assert_close(a, e)
 
 
-def test_triton_and_pallas_helpers_of_one_name_share_a_program(rng):
+def test_triton_and_pallas_helpers_of_one_name_share_a_program(rng, refuse_log1p):
     """erf in a Pallas kernel (beside log1p, which Triton refuses) and in a raw
     Triton kernel: both renderers have an ``_erf`` helper; the Triton one is
     written as ``_tl_erf``."""
@@ -244,11 +264,18 @@ def test_pallas_triton_lowering_can_be_disabled(monkeypatch):
         else:
             monkeypatch.setattr(where, key, refuse_pallas_triton_lowering)
     x = jnp.zeros((37, 129), jnp.float32)
-    with pallaskit.config.override(interpret=False, kernel_backend="auto", cache=False):
+    with pallaskit.config.override(interpret=False, kernel_backend="pallas", cache=False):
         res = pallaskit.jit(_softmax).lower_to_result(x).result
-    assert res.program.kernels[0].executor == "pallas"  # no triton on this CPU platform
+    assert res.program.kernels[0].executor == "pallas"
     with pytest.raises(PallasTritonDisabled, match="fell back to Pallas"):
         export.export(jax.jit(loader.load(res.program)), platforms=["cuda"])(x)
+    with pallaskit.config.override(interpret=False, kernel_backend="triton", cache=False):
+        res = pallaskit.jit(_softmax).lower_to_result(x).result
+    if res.program.kernels[0].executor == "triton_xla":  # a CUDA GPU with triton: compiles for it
+        export.export(jax.jit(loader.load(res.program)), platforms=["cuda"],
+                      disabled_checks=[export.DisabledSafetyCheck.custom_call("triton_kernel_call_ffi")])(x)
+    else:  # the CPU: raw Triton needs a CUDA GPU (or interpret mode)
+        assert "not a CUDA GPU" in res.program.kernels[0].reason
 
 
 def test_dynamic_rows_of_the_matmul_template_inside_xla(rng):

@@ -96,7 +96,36 @@ def _triton(interpret: bool | None = None):
             f"triton was imported {'without' if interpret else 'with'} TRITON_INTERPRET=1, so its kernels "
             f"{'cannot' if interpret else 'can only'} run in its interpreter: set it (or not) before "
             "triton is first imported")
+    if triton.knobs.runtime.interpret:
+        _patch_interpreter_index()
     return triton
+
+
+_index_patched = False
+
+
+def _patch_interpreter_index() -> None:
+    """Triton 3.6's interpreter holds a scalar kernel argument as a 1-element
+    array and converts it with ``int(array)``, which NumPy 2.4 refuses, so a
+    loop over a runtime trip count (``range(0, n)``: dynamic sizes) raises;
+    upstream's fix (triton-lang/triton#9171) squeezes the array first."""
+    global _index_patched
+    if _index_patched:
+        return
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None:  # a Triton whose interpreter moved: nothing to fix here
+        _index_patched = True
+        return
+
+    def patched(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0])
+                       if np.size(self.handle.data) == 1 else int(self.handle.data))
+
+    interpreter._patch_lang_tensor = patched
+    _index_patched = True
 
 
 class _Cuda:
