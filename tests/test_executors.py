@@ -249,6 +249,39 @@ def test_dynamic_sizes_inside_xla_take_the_sizes_as_kernel_arguments(rng):
     assert k.executor == "triton_xla" and "scalars=(n,)" in k.source
 
 
+@pytest.mark.parametrize("num_sms,cols", [(4, 96), (132, 96), (4, 2100)], ids=["mix", "column_tiles", "long_rows"])
+def test_dynamic_rows_and_axes_inside_xla_loop_runtime_counts(num_sms, cols, rng):
+    """Symbolic programs as raw Triton: the norm backward's mix kernel (num_sms=4:
+    one pass; rows of 2100 take one row a step), or its column-tile kernel (132:
+    dw split apart), with programs sized at the hint (4096 rows) and each walking
+    a runtime count of row blocks; and row reductions over a dynamic axis,
+    looping a runtime count of column chunks."""
+    def fn(x, w, dy, z):
+        return (*_rmsnorm_bwd(x, w, dy), z.sum(-1), z.max(-1))
+
+    f = pallaskit.jit(fn, dynamic={"x": {0: "n"}, "dy": {0: "n"}, "z": {1: "n"}})
+    w = jnp.asarray(1 + 0.1 * rng.standard_normal(cols), jnp.float32)
+    with pallaskit.config.override(kernel_backend="triton", num_sms=num_sms, multi_kernel_hints="4096",
+                                   dynamic_launch="off", automatic_dynamic=False, cache=False):
+        for n in (70, 7, 1):  # 70: row blocks every program has in full, then a masked one
+            x = _special(rng, (n, cols), jnp.float32)
+            dy = jnp.asarray(rng.standard_normal((n, cols)), jnp.float32)
+            z = _special(rng, (3, n), jnp.float32).at[0, 0].set(1.0)  # no NaN: XLA:CPU's max drops it
+            got, want = f(x, w, dy, z), jax.jit(fn)(x, w, dy, z)
+            assert_close(got[0], want[0])
+            for a, e in zip(got[1:], want[1:]):  # sums of n rows in another order
+                np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=0, atol=2e-6 * max(
+                    1.0, float(np.nanmax(np.abs(np.where(np.isfinite(e), e, 0))))))
+        ex = pallaskit.explain(f, x, w, dy, z)
+    assert pallaskit.metrics.counters["graphs_compiled"] == 1
+    assert all(k.executor == "triton_xla" for k in ex.kernels), [(k.name, k.reason) for k in ex.kernels]
+    mix = [k for k in ex.kernels if k.kind == "mix"]
+    assert len(mix) == 1 and "scalars=(n,)" in mix[0].source
+    assert "steps = ((ROWS + BLOCK_R - 1) // BLOCK_R + PROGRAMS - 1) // PROGRAMS" in mix[0].source
+    assert ("BLOCK_R=1," in mix[0].source) == (cols > 2048)
+    assert any("for chunk in range(0, (COLS + BLOCK_C - 1) // BLOCK_C)" in k.source for k in ex.kernels)
+
+
 def test_pallas_triton_lowering_can_be_disabled(monkeypatch):
     """What TEST_DISABLE_PALLAS_TRITON=1 does to a GPU run (tests/conftest.py),
     checked by exporting for CUDA on the CPU: a Pallas kernel's lowering raises,
