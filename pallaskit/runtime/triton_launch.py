@@ -108,7 +108,7 @@ def _patch_interpreter_index() -> None:
     """Triton 3.6's interpreter holds a scalar kernel argument as a 1-element
     array and converts it with ``int(array)``, which NumPy 2.4 refuses, so a
     loop over a runtime trip count (``range(0, n)``: dynamic sizes) raises;
-    upstream's fix (triton-lang/triton#9171) squeezes the array first."""
+    Triton's later interpreter squeezes the array first, as this does."""
     global _index_patched
     if _index_patched:
         return
