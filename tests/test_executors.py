@@ -327,3 +327,24 @@ def test_dynamic_rows_of_the_matmul_template_inside_xla(rng):
         ex = pallaskit.explain(jf, x, w, b)
     assert [(k.kind, k.executor) for k in ex.kernels] == [("matmul", "triton_xla")]
     assert "scalars=(n,)" in ex.kernels[0].source
+
+
+def test_bfloat16_casts_round_to_nearest_even(rng):
+    """float32 -> bfloat16 in a raw Triton kernel rounds to nearest even, as
+    jax.jit and the GPU do (Triton 3.6's interpreter truncates: patched in
+    pallaskit/runtime/triton_launch.py): ties both ways, values that round up
+    to the next binade or to inf, inf and NaN, bit for bit (NaN: any NaN).
+    No subnormals: the interpreter's host callback runs on an XLA:CPU thread,
+    which flushes them before any cast."""
+    ties = np.array([1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8, -(1 + 2.0 ** -8), 1 + 2.0 ** -8 + 2.0 ** -20,
+                     2 - 2.0 ** -9, 3.3895e38, -3.3895e38, np.inf, -np.inf, np.nan, 0.0, -0.0], np.float32)
+    x = np.concatenate([ties, rng.standard_normal(1000 - ties.size).astype(np.float32)]).reshape(8, 125)
+    f = lambda x: ((x * 1.0).astype(jnp.bfloat16), jnp.sum(x, -1).astype(jnp.bfloat16))  # noqa: E731
+    with pallaskit.config.override(kernel_backend="triton", cache=False):
+        ex = pallaskit.explain(f, jnp.asarray(x))
+        got = pallaskit.jit(f)(jnp.asarray(x))
+    assert all(k.executor == "triton_xla" for k in ex.kernels)
+    for a, e in zip(got, jax.jit(f)(jnp.asarray(x))):
+        a, e = np.asarray(a), np.asarray(e)
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(e))
+        np.testing.assert_array_equal(a.view(np.uint16)[~np.isnan(e)], e.view(np.uint16)[~np.isnan(e)])
