@@ -14,15 +14,16 @@ stored buffer at its own shape (``run.empty``: kernels index memory flat, so
 no reshape runs), launches each kernel with its grid and returns the outputs.
 
 Rendered today: pointwise kernels (flat, rows x columns, transposed tiles), row
-reductions whose reduced extent is static (persistent or looped), and the
-matmul template with its epilogue. Anything else raises ``TritonUnsupported``
-and the program keeps its XLA path: mix kernels of symbolic programs (their
-loop trip count is a runtime value, which Triton's interpreter cannot run;
-static whole-row mix kernels are rendered by ``render_mix`` to run inside the
-XLA program, pallaskit/runtime/triton_call.py), reductions over a
-dynamic axis, argmax/argmin and products, XLA externs, and ops without a ``tl``
-form below. Triton's interpreter multiplies bfloat16 ``tl.dot`` operands
-wrongly, so in interpret mode the template widens them to float32 first.
+reductions (persistent or looped; over a dynamic axis always looped, the chunk
+count a runtime value), mix kernels (``render_mix``: whole rows with column
+sums; ``render_column``: split column sums in column tiles; over dynamic rows
+the programs are sized at the hint and walk a runtime count of row blocks),
+and the matmul template with its epilogue (a dynamic M too). Anything else
+raises ``TritonUnsupported`` and the program keeps its XLA path (or, inside
+XLA, the kernel its Pallas form): XLA externs, and ops or reductions without a
+``tl`` form below. Triton's interpreter multiplies bfloat16 ``tl.dot`` operands
+wrongly, so in interpret mode the template widens them to float32 first; its
+other faults are patched in pallaskit/runtime/triton_launch.py.
 """
 from __future__ import annotations
 
@@ -448,8 +449,8 @@ def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _
     (heuristics.triton_mix_row_config). Dynamic rows: the partial buffer's
     rows (programs) were sized at the size hint, and the loops' trip counts
     are computed from ``ROWS`` in the kernel. Raises ``TritonUnsupported`` for
-    column tiles (no row reductions: ``render_column``), dynamic columns, rows
-    too long for one tile, and a partial buffer sized for the Pallas kernel."""
+    column tiles (no row reductions: ``render_column``), dynamic columns and
+    rows too long for one tile."""
     if kernel.kind != "mix" or not pallas._whole_rows(kernel):
         raise TritonUnsupported(f"kernel {kernel.name} is not a whole-row mix kernel")
     if sizes.is_symbolic(kernel.cols):
@@ -465,9 +466,9 @@ def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _
         if m.node.op not in _COMBINE:
             raise TritonUnsupported(f"{m.node.op} column reduction")
     dynamic = sizes.is_symbolic(kernel.rows)
-    rows = sizes.hint(kernel.rows, options.size_hints)
-    if kernel.programs != heuristics.triton_mix_programs(rows, options.num_sms):
-        raise TritonUnsupported(f"mix kernel {kernel.name}: its partial buffer was sized for the Pallas kernel")
+    # The grid is the partial buffer's rows: split.py sizes it for the executor that
+    # runs the kernel (heuristics.triton_mix_programs for this one); an eager launch
+    # of a program whose kernel XLA runs in Pallas takes Pallas's count.
     em = _TritonEmitter(kernel, schedule, cfg, options)
     w = em.w
     bodies = {m.name: pallas._kernel_coords_body(m) for m in kernel.members}
@@ -755,7 +756,10 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Trit
     for step in schedule.steps:
         if not isinstance(step, Kernel):
             raise TritonUnsupported(f"{step.primitive.name} runs through XLA")
-        fn = KIND_RENDERERS.get(step.kind, _render_matmul if step.kind == "matmul" else _render_kernel)
+        if step.kind == "mix":  # split column sums, alone (column tiles) or with the row work
+            fn = render_mix if pallas._whole_rows(step) else render_column
+        else:
+            fn = KIND_RENDERERS.get(step.kind, _render_matmul if step.kind == "matmul" else _render_kernel)
         rendered.append(fn(step, schedule, options))
     dims = pallas.program_dims(schedule)
     w = SourceWriter()
