@@ -10,7 +10,9 @@ its defaults and jax.jit, each checked against jax.jit. ``tiny`` (a pointwise
 kernel over 1024 elements) times a launch: the difference between the Pallas
 and the raw-Triton row there is the per-kernel cost of jaxlib's Triton custom
 call against XLA's own Triton fusion, which weighs on the 512-row MLP (two
-kernels in ~0.08 ms) and not on LayerNorm (one kernel in ~0.7 ms).
+kernels in ~0.08 ms) and not on LayerNorm (one kernel in ~0.7 ms);
+``tiny_chain`` (small dependent kernels) shows whether that cost grows per
+launch (e.g. a custom call that XLA's command buffers do not take).
 
     JAX_PLATFORMS=cuda,cpu PALLASKIT_INTERPRET=0 PYTHONPATH=. python -m benchmarks.triton_variants [--output DIR]
     PYTHONPATH=. python -m benchmarks.triton_variants --smoke      # CPU: interpret mode, tiny sizes, no timing
@@ -59,7 +61,22 @@ CASES = [
     ("gelu_mlp_512", "gelu_mlp", (512, 1024, 4096, 1024), (24, 32, 64, 32)),
     ("gelu_mlp", "gelu_mlp", (8192, 1024, 4096, 1024), (24, 32, 64, 32)),
     ("tiny", "pointwise_chain", (1, 1024), (1, 100)),
+    ("tiny_chain", "tiny_chain", (64, 512), (8, 100)),
 ]
+
+
+def _tiny_chain(x):
+    """Small dependent kernels (a softmax over rows, then over columns): launch
+    costs and whether XLA's command buffers take every launch."""
+    y = jax.nn.softmax(x.astype(jnp.float32), axis=-1)
+    return (jax.nn.softmax(y, axis=0) * 2).astype(x.dtype)
+
+
+def _make(workload, size, dtype, sets):
+    if workload == "tiny_chain":
+        key = jax.random.key(0)
+        return [(jax.random.normal(jax.random.fold_in(key, i), size, dtype),) for i in range(sets)]
+    return bench._inputs(workload, size, dtype, sets, 0)
 
 # name -> (cases it applies to, heuristics constants, matmul tile change)
 MIX = ("layernorm_fwd_bwd", "rmsnorm_bwd")
@@ -128,11 +145,11 @@ def _tiles(f, args) -> list[str]:
 def run_case(label, workload, size, dtype, args) -> dict:
     import pallaskit
 
-    fn = bench._fn(workload)
-    sets = 1 if args.smoke else bench.hardware.input_sets(bench.bytes_moved(bench._inputs(workload, size, dtype, 1, 0)[0]))
-    inputs = bench._inputs(workload, size, dtype, sets, 0)
+    fn = _tiny_chain if workload == "tiny_chain" else bench._fn(workload)
+    sets = 1 if args.smoke else bench.hardware.input_sets(bench.bytes_moved(_make(workload, size, dtype, 1)[0]))
+    inputs = _make(workload, size, dtype, sets)
     want = jax.jit(fn)(*inputs[0])
-    tol = bench._tolerance(dtype, workload)
+    tol = bench._tolerance(dtype, "column_sum" if workload == "tiny_chain" else workload)
     runs = {"pallas": ("pallas", {}, {}), "triton": ("triton", {}, {})}
     runs.update({name: ("triton", consts, mm) for name, (cases, consts, mm) in VARIANTS.items() if label in cases})
     row = {"case": label, "size": list(size), "dtype": str(jnp.dtype(dtype)), "variants": {}}
