@@ -44,6 +44,11 @@ GPU_AUTO = {
     # (benchmarks/RESULTS.md, "Raw-Triton mix kernels"; benchmarks/executors.py).
     "mix_columns": (PALLAS, "kernel_backend='auto' on a GPU: a mix kernel with two or more column sums measured "
                     "faster in Pallas (benchmarks/executors.py)"),
+    # Whole-row mix kernels whose rows are too long for a raw-Triton tile of two
+    # rows (heuristics.triton_mix_config): Triton writes them one row a step,
+    # a tile not yet timed against Pallas's, so 'auto' keeps the Pallas kernel.
+    "mix_long_rows": (PALLAS, "kernel_backend='auto' on a GPU: a mix kernel over rows too long for a two-row raw "
+                      "Triton tile keeps Pallas's kernel (the one-row Triton tile is not measured yet)"),
     # The matmul template: raw Triton measured 3-14% slower than Pallas's on the H100's gelu MLP
     # (benchmarks/RESULTS.md, "Session 16"; benchmarks/executors.py).
     "matmul": (PALLAS, "kernel_backend='auto' on a GPU: the matmul template measured faster in Pallas "
@@ -52,15 +57,19 @@ GPU_AUTO = {
 }
 
 
-def kernel_kind(kind: str, whole_rows: bool = True, column_sums: int = 0) -> str:
+def kernel_kind(kind: str, whole_rows: bool = True, column_sums: int = 0, long_rows: bool = False) -> str:
     """The executors' kind of a scheduled kernel (``Kernel.kind`` 'pointwise',
     'reduction', 'mix', 'matmul'): a mix kernel without row work is a split
-    column reduction ('column'); one with two or more column sums is 'mix_columns'."""
+    column reduction ('column'); one with two or more column sums is
+    'mix_columns'; ``long_rows`` (rows too long for a two-row raw-Triton tile:
+    ``heuristics.triton_mix_config`` is None) makes it 'mix_long_rows'."""
     if kind != "mix":
         return kind
     if not whole_rows:
         return "column"
-    return "mix_columns" if column_sums >= 2 else "mix"
+    if column_sums >= 2:
+        return "mix_columns"
+    return "mix_long_rows" if long_rows else "mix"
 
 
 @dataclasses.dataclass(frozen=True)

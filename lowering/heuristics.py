@@ -292,6 +292,14 @@ def triton_mix_config(cols: int, columns: int = 1) -> TileConfig | None:
     return TileConfig(br, bc, TRITON_MIX_WARPS, True, num_stages=TRITON_MIX_STAGES)
 
 
+def triton_mix_row_config(cols: int) -> TileConfig:
+    """The raw-Triton mix tile where ``triton_mix_config`` has none (rows too
+    long for two a step): one row a step, TRITON_MIX_WARPS warps, pipelined as
+    the two-row tile (not timed yet: kernel_backend='auto' keeps Pallas's kernel
+    for it, lowering/executors.py)."""
+    return TileConfig(1, next_power_of_2(cols), TRITON_MIX_WARPS, True, num_stages=TRITON_MIX_STAGES)
+
+
 def triton_mix_programs(rows: int, num_sms: int) -> int:
     """Programs (= partial rows) of a raw-Triton mix kernel: a persistent grid
     of TRITON_MIX_PROGRAMS_PER_SM per SM, each with at least

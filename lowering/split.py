@@ -97,9 +97,9 @@ def _column(node: ir.Reduction, row_domains, columns: int, options: CompileOptio
     split = options.split_reductions and heuristics.column_reduction_underfilled(rows, cols, options.num_sms)
     if not (mix or split):
         return None
-    if (mix and executors.wants_triton(executors.kernel_kind("mix", True, columns), options)
-            and heuristics.triton_mix_config(cols, columns)
-            and not sizes.is_symbolic(node.domain)):  # codegen/triton.py render_mix writes that kernel
+    long_rows = heuristics.triton_mix_config(cols, columns) is None
+    if mix and executors.wants_triton(executors.kernel_kind("mix", True, columns, long_rows), options):
+        # codegen/triton.py render_mix writes that kernel (dynamic rows: programs at the hint)
         programs = heuristics.triton_mix_programs(rows, options.num_sms)
     else:
         programs = heuristics.partial_programs(rows, cols, options.num_sms, columns)

@@ -51,8 +51,10 @@ _CHILD = textwrap.dedent("""
 
 
 def _spawn(cache_dir, out):
+    # A CPU child: kernel_backend 'auto' (Pallas's interpreter), not a GPU run's 'triton'
+    # (TEST_DISABLE_PALLAS_TRITON), whose interpreter host callbacks no executable can serialize.
     env = dict(os.environ, PALLASKIT_CACHE_DIR=str(cache_dir), JAX_PLATFORMS="cpu", PALLASKIT_INTERPRET="auto",
-               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               PALLASKIT_KERNEL_BACKEND="auto", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.Popen([sys.executable, "-c", _CHILD, str(out)], env=env, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

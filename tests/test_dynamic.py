@@ -107,7 +107,7 @@ def test_reductions_over_the_dynamic_axis_loop_a_runtime_count(dtype, rng):
     assert delta(before, "graphs_compiled") == 1
     assert delta(before, "dynamic_fallbacks") == 0
     source = f.lower_to_result(x).result.program.source
-    assert "lax.fori_loop(0, (COLS + BLOCK_C - 1) // BLOCK_C" in source
+    assert "(COLS + BLOCK_C - 1) // BLOCK_C" in source  # the chunk count, in either renderer's loop
 
 
 def test_size_enters_kernels_as_a_runtime_value(rng):

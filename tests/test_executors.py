@@ -251,6 +251,39 @@ def test_dynamic_sizes_inside_xla_take_the_sizes_as_kernel_arguments(rng):
     assert k.executor == "triton_xla" and "scalars=(n,)" in k.source
 
 
+@pytest.mark.parametrize("num_sms,cols", [(4, 96), (132, 96), (4, 2100)], ids=["mix", "column_tiles", "long_rows"])
+def test_dynamic_rows_and_axes_inside_xla_loop_runtime_counts(num_sms, cols, rng):
+    """Symbolic programs as raw Triton: the norm backward's mix kernel (num_sms=4:
+    one pass; rows of 2100 take one row a step), or its column-tile kernel (132:
+    dw split apart), with programs sized at the hint (4096 rows) and each walking
+    a runtime count of row blocks; and row reductions over a dynamic axis,
+    looping a runtime count of column chunks."""
+    def fn(x, w, dy, z):
+        return (*_rmsnorm_bwd(x, w, dy), z.sum(-1), z.max(-1))
+
+    f = pallaskit.jit(fn, dynamic={"x": {0: "n"}, "dy": {0: "n"}, "z": {1: "n"}})
+    w = jnp.asarray(1 + 0.1 * rng.standard_normal(cols), jnp.float32)
+    with pallaskit.config.override(kernel_backend="triton", num_sms=num_sms, multi_kernel_hints="4096",
+                                   dynamic_launch="off", automatic_dynamic=False, cache=False):
+        for n in (70, 7, 1):  # 70: row blocks every program has in full, then a masked one
+            x = _special(rng, (n, cols), jnp.float32)
+            dy = jnp.asarray(rng.standard_normal((n, cols)), jnp.float32)
+            z = _special(rng, (3, n), jnp.float32).at[0, 0].set(1.0)  # no NaN: XLA:CPU's max drops it
+            got, want = f(x, w, dy, z), jax.jit(fn)(x, w, dy, z)
+            assert_close(got[0], want[0])
+            for a, e in zip(got[1:], want[1:]):  # sums of n rows in another order
+                np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=0, atol=2e-6 * max(
+                    1.0, float(np.nanmax(np.abs(np.where(np.isfinite(e), e, 0))))))
+        ex = pallaskit.explain(f, x, w, dy, z)
+    assert pallaskit.metrics.counters["graphs_compiled"] == 1
+    assert all(k.executor == "triton_xla" for k in ex.kernels), [(k.name, k.reason) for k in ex.kernels]
+    mix = [k for k in ex.kernels if k.kind == "mix"]
+    assert len(mix) == 1 and "scalars=(n,)" in mix[0].source
+    assert "steps = ((ROWS + BLOCK_R - 1) // BLOCK_R + PROGRAMS - 1) // PROGRAMS" in mix[0].source
+    assert ("BLOCK_R=1," in mix[0].source) == (cols > 2048)
+    assert any("for chunk in range(0, (COLS + BLOCK_C - 1) // BLOCK_C)" in k.source for k in ex.kernels)
+
+
 def test_pallas_triton_lowering_can_be_disabled(monkeypatch):
     """What TEST_DISABLE_PALLAS_TRITON=1 does to a GPU run (tests/conftest.py),
     checked by exporting for CUDA on the CPU: a Pallas kernel's lowering raises,
@@ -266,11 +299,18 @@ def test_pallas_triton_lowering_can_be_disabled(monkeypatch):
         else:
             monkeypatch.setattr(where, key, refuse_pallas_triton_lowering)
     x = jnp.zeros((37, 129), jnp.float32)
-    with pallaskit.config.override(interpret=False, kernel_backend="auto", cache=False):
+    with pallaskit.config.override(interpret=False, kernel_backend="pallas", cache=False):
         res = pallaskit.jit(_softmax).lower_to_result(x).result
-    assert res.program.kernels[0].executor == "pallas"  # no triton on this CPU platform
+    assert res.program.kernels[0].executor == "pallas"
     with pytest.raises(PallasTritonDisabled, match="fell back to Pallas"):
         export.export(jax.jit(loader.load(res.program)), platforms=["cuda"])(x)
+    with pallaskit.config.override(interpret=False, kernel_backend="triton", cache=False):
+        res = pallaskit.jit(_softmax).lower_to_result(x).result
+    if res.program.kernels[0].executor == "triton_xla":  # a CUDA GPU with triton: compiles for it
+        export.export(jax.jit(loader.load(res.program)), platforms=["cuda"],
+                      disabled_checks=[export.DisabledSafetyCheck.custom_call("triton_kernel_call_ffi")])(x)
+    else:  # the CPU: raw Triton needs a CUDA GPU (or interpret mode)
+        assert "not a CUDA GPU" in res.program.kernels[0].reason
 
 
 def test_dynamic_rows_of_the_matmul_template_inside_xla(rng):
@@ -289,3 +329,24 @@ def test_dynamic_rows_of_the_matmul_template_inside_xla(rng):
         ex = pallaskit.explain(jf, x, w, b)
     assert [(k.kind, k.executor) for k in ex.kernels] == [("matmul", "triton_xla")]
     assert "scalars=(n,)" in ex.kernels[0].source
+
+
+def test_bfloat16_casts_round_to_nearest_even(rng):
+    """float32 -> bfloat16 in a raw Triton kernel rounds to nearest even, as
+    jax.jit and the GPU do (Triton 3.6's interpreter truncates: patched in
+    pallaskit/runtime/triton_launch.py): ties both ways, values that round up
+    to the next binade or to inf, inf and NaN, bit for bit (NaN: any NaN).
+    No subnormals: the interpreter's host callback runs on an XLA:CPU thread,
+    which flushes them before any cast."""
+    ties = np.array([1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8, -(1 + 2.0 ** -8), 1 + 2.0 ** -8 + 2.0 ** -20,
+                     2 - 2.0 ** -9, 3.3895e38, -3.3895e38, np.inf, -np.inf, np.nan, 0.0, -0.0], np.float32)
+    x = np.concatenate([ties, rng.standard_normal(1000 - ties.size).astype(np.float32)]).reshape(8, 125)
+    f = lambda x: ((x * 1.0).astype(jnp.bfloat16), jnp.sum(x, -1).astype(jnp.bfloat16))  # noqa: E731
+    with pallaskit.config.override(kernel_backend="triton", cache=False):
+        ex = pallaskit.explain(f, jnp.asarray(x))
+        got = pallaskit.jit(f)(jnp.asarray(x))
+    assert all(k.executor == "triton_xla" for k in ex.kernels)
+    for a, e in zip(got, jax.jit(f)(jnp.asarray(x))):
+        a, e = np.asarray(a), np.asarray(e)
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(e))
+        np.testing.assert_array_equal(a.view(np.uint16)[~np.isnan(e)], e.view(np.uint16)[~np.isnan(e)])

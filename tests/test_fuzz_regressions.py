@@ -120,8 +120,19 @@ def test_bf16_result_converted_to_float32_is_unrounded():
         return jnp.log(x).astype(jnp.float32), (x + y).astype(jnp.float32), (x * y).astype(jnp.float32) * 2
 
     got, want = pallaskit.jit(f)(x, y), jax.jit(f)(x, y)
-    for g, w in zip(got, want):  # bf16 rounding is ~4e-3 relative: far outside this
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)
+    if jax.default_backend() == "cpu":
+        for g, w in zip(got, want):  # bf16 rounding is ~4e-3 relative: far outside this
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)
+    else:
+        # XLA:GPU computes the bf16 log in float32 inside its fusion and rounds it to bf16
+        # there (the H100 run: every jax.jit value bf16-representable), so no convert pair is
+        # left to drop; pallaskit keeps the unrounded float32 log (allow_excess_precision),
+        # one bf16 rounding away.
+        log = np.asarray(want[0])
+        assert (log == log.astype(jnp.bfloat16).astype(np.float32)).all()
+        np.testing.assert_allclose(np.asarray(got[0]), np.log(np.asarray(x, np.float32)), rtol=1e-6, atol=1e-6)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2.0 ** -8, atol=0)
     # rounded as written when excess precision is off, as XLA then
     strict = jax.jit(f).lower(x, y).compile(compiler_options={"xla_allow_excess_precision": False})(x, y)
     with pallaskit.config.override(allow_excess_precision=False):

@@ -50,6 +50,18 @@ def _long_rows(x):
     return jnp.sum(jnp.exp(x - 1.0), axis=-1), jnp.where(x > 0, x, 0.1 * x)
 
 
+def _column_sums(x):
+    return jnp.sum(x.astype(jnp.float32), axis=0), x * 2
+
+
+def _norm_backward(x, w, dy):
+    def rms(x, w):
+        xf = x.astype(jnp.float32)
+        return (xf * jax.lax.rsqrt(jnp.mean(xf * xf, -1, keepdims=True) + 1e-6) * w).astype(x.dtype)
+
+    return jax.vjp(rms, x, w)[1](dy)
+
+
 def _mlp(x, w1, b1, w2, r):
     return jax.nn.gelu(x @ w1 + b1) @ w2 + r
 
@@ -71,6 +83,10 @@ CASES = {
     "layernorm": (_layernorm, {"x": {0: "n"}},
                   lambda n, dt, r: (_normal(r, (n, 130), dt), _normal(r, (130,), dt), _normal(r, (130,), dt))),
     "long_rows": (_long_rows, {"x": {0: "n"}}, lambda n, dt, r: (_normal(r, (n, 5000), dt),)),
+    # column sums over the dynamic rows, split at the hint (test_eager_split_column_sums_and_mix_kernels)
+    "column_sums": (_column_sums, {"x": {0: "n"}}, lambda n, dt, r: (_normal(r, (n, 96), dt),)),
+    "norm_backward": (_norm_backward, {"x": {0: "n"}, "dy": {0: "n"}},
+                      lambda n, dt, r: (_normal(r, (n, 96), dt), _normal(r, (96,), dt), _normal(r, (n, 96), dt))),
     "mlp": (_mlp, {"x": {0: "n"}, "r": {0: "n"}},
             lambda n, dt, r: (_normal(r, (n, 40), dt), _normal(r, (40, 72), dt, 0.2), _normal(r, (72,), dt),
                               _normal(r, (72, 24), dt, 0.2), _normal(r, (n, 24), dt))),
@@ -105,10 +121,22 @@ def _check(name, dtype, rng, sizes=SIZES):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, BF16], ids=["f32", "bf16"])
-@pytest.mark.parametrize("name", [n for n in CASES if not n.startswith("mlp")])
+@pytest.mark.parametrize("name", [n for n in CASES if not n.startswith("mlp") and n not in ("column_sums",
+                                                                                          "norm_backward")])
 def test_eager_kernels_match_jax_jit(name, dtype, rng):
     pallaskit.config.update(dynamic_launch="on")
     _check(name, dtype, rng)
+
+
+@pytest.mark.parametrize("name,num_sms", [("column_sums", 132), ("norm_backward", 132), ("norm_backward", 4)])
+def test_eager_split_column_sums_and_mix_kernels(name, num_sms, rng):
+    """Column sums over the dynamic rows split at the hint (4096 rows): partial
+    sums in column tiles, or (num_sms=4) the norm backward's mix kernel; each
+    program walks a runtime count of row blocks."""
+    pallaskit.config.update(dynamic_launch="on", multi_kernel_hints="4096", num_sms=num_sms)
+    f = _check(name, jnp.float32, rng, sizes=(1, 7, 70))
+    kinds = [k.kind for k in pallaskit.explain(f, *CASES[name][2](7, jnp.float32, rng)).kernels]
+    assert "mix" in kinds, kinds
 
 
 @pytest.mark.parametrize("name", ["mlp", "mlp_erf"])

@@ -31,7 +31,8 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> pall
             helpers.update(hs)
             inline.append(rk)
             continue
-        choice = executors.choose(executors.kernel_kind(k.kind, pallas._whole_rows(k), pallas._columns(k)), options)
+        choice = executors.choose(executors.kernel_kind(k.kind, pallas._whole_rows(k), pallas._columns(k),
+                                                        triton_codegen.long_mix_rows(k)), options)
         rendered = None
         if choice.executor == executors.TRITON_XLA:
             rendered, choice = _render_triton_xla(k, ks, options, choice)

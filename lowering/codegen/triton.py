@@ -14,16 +14,17 @@ stored buffer at its own shape (``run.empty``: kernels index memory flat, so
 no reshape runs), launches each kernel with its grid and returns the outputs.
 
 Rendered today: pointwise kernels (flat, rows x columns, transposed tiles), row
-reductions whose reduced extent is static (persistent or looped), and the
-matmul template with its epilogue. Anything else raises ``TritonUnsupported``
-and the program keeps its XLA path: mix kernels of symbolic programs (their
-loop trip count is a runtime value, which Triton's interpreter cannot run;
-static whole-row mix kernels are rendered by ``render_mix`` to run inside the
-XLA program, pallaskit/runtime/triton_call.py), reductions over a
-dynamic axis and XLA externs. Every op and row reduction of the Pallas
-renderer's table is written ([Note: Triton math]; tests/test_triton_ops.py
-checks the tables match). Triton's interpreter multiplies bfloat16 ``tl.dot``
-operands wrongly, so in interpret mode the template widens them to float32 first.
+reductions (persistent or looped; over a dynamic axis always looped, the chunk
+count a runtime value), mix kernels (``render_mix``: whole rows with column
+sums; ``render_column``: split column sums in column tiles; over dynamic rows
+the programs are sized at the hint and walk a runtime count of row blocks),
+and the matmul template with its epilogue (a dynamic M too). Every op and row
+reduction of the Pallas renderer's table is written ([Note: Triton math];
+tests/test_triton_ops.py checks the tables match). Anything else raises
+``TritonUnsupported`` and the program keeps its XLA path (or, inside XLA, the
+kernel its Pallas form): XLA externs. Triton's interpreter multiplies bfloat16
+``tl.dot`` operands wrongly, so in interpret mode the template widens them to
+float32 first; its other faults are patched in pallaskit/runtime/triton_launch.py.
 """
 from __future__ import annotations
 
@@ -763,8 +764,6 @@ def _reduce_text(em, op, var, acc_dt, axis, index="xc") -> str:
 def _render_kernel(kernel: Kernel, schedule: Schedule, options: CompileOptions):
     if kernel.kind == "mix":
         raise TritonUnsupported(f"mix kernel {kernel.name}")
-    if kernel.kind == "reduction" and sizes.is_symbolic(kernel.cols):
-        raise TritonUnsupported(f"kernel {kernel.name} reduces over a dynamic axis")
     cfg = pallas.kernel_config(kernel, schedule, options)
     em = _TritonEmitter(kernel, schedule, cfg, options)
     w = em.w
@@ -833,7 +832,8 @@ def _render_reduction(em: _TritonEmitter, kernel: Kernel, bodies, cfg, *, row_bl
                     if m.node.op in ("argmax", "argmin"):  # each lane also carries its best value's index
                         w.line(f"{name}_i = tl.zeros((BLOCK_R, BLOCK_C), {em.index_dtype})")
                     accs.append((name, m))
-                w.line(f"for chunk in range(0, {-(-int(kernel.cols) // cfg.block_cols)}):")
+                # Over a dynamic axis the chunk count is a runtime value (the tile is always looped).
+                w.line(f"for chunk in range(0, {pallas._cdiv_source(kernel.cols, cfg.block_cols, 'COLS', 'BLOCK_C')}):")
                 with w.indent():
                     w.line(f"xc = chunk * BLOCK_C + {em.iota_text(1, 'BLOCK_C')}")
                     w.line("cmask = xc < COLS")
@@ -886,31 +886,43 @@ def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _
     float accumulator. At the end a program sums its accumulator over rows
     into its row of the partial buffer (``kernel.programs`` rows, sized by
     split.py with heuristics.triton_mix_programs), which the finishing kernel
-    sums. Raises ``TritonUnsupported`` for what the Pallas mix kernel keeps:
-    column tiles (no row reductions), dynamic sizes, two or more column sums,
-    tiles of fewer than 2 rows (heuristics.triton_mix_config)."""
+    sums. Rows too long for two a step take a one-row tile
+    (heuristics.triton_mix_row_config). Dynamic rows: the partial buffer's
+    rows (programs) were sized at the size hint, and the loops' trip counts
+    are computed from ``ROWS`` in the kernel. Raises ``TritonUnsupported`` for
+    column tiles (no row reductions: ``render_column``), dynamic columns and
+    rows too long for one tile."""
     if kernel.kind != "mix" or not pallas._whole_rows(kernel):
         raise TritonUnsupported(f"kernel {kernel.name} is not a whole-row mix kernel")
-    if sizes.is_symbolic((kernel.rows, kernel.cols)):
-        raise TritonUnsupported(f"mix kernel {kernel.name} has dynamic sizes")
+    if sizes.is_symbolic(kernel.cols):
+        raise TritonUnsupported(f"mix kernel {kernel.name} has dynamic columns")
     if not heuristics.fits_in_tile(kernel.cols, options.max_persistent_cols):
         raise TritonUnsupported(f"mix kernel {kernel.name}: rows too long for one tile")
     columns = [m for m in kernel.members if m.role == "column"]
-    cfg = heuristics.triton_mix_config(int(kernel.cols), len(columns))
-    if cfg is None:
-        raise TritonUnsupported(f"mix kernel {kernel.name}: {len(columns)} column sums over rows of {kernel.cols}")
+    cfg = (heuristics.triton_mix_config(int(kernel.cols), len(columns))
+           or heuristics.triton_mix_row_config(int(kernel.cols)))
+    if options.num_warps:
+        cfg = dataclasses.replace(cfg, num_warps=options.num_warps)
     for m in columns:
         if m.node.op not in _COMBINE:
             raise TritonUnsupported(f"{m.node.op} column reduction")
-    if kernel.programs != heuristics.triton_mix_programs(int(kernel.rows), options.num_sms):
-        raise TritonUnsupported(f"mix kernel {kernel.name}: its partial buffer was sized for the Pallas kernel")
+    dynamic = sizes.is_symbolic(kernel.rows)
+    # The grid is the partial buffer's rows: split.py sizes it for the executor that
+    # runs the kernel (heuristics.triton_mix_programs for this one); an eager launch
+    # of a program whose kernel XLA runs in Pallas takes Pallas's count.
     em = _TritonEmitter(kernel, schedule, cfg, options)
     w = em.w
     bodies = {m.name: pallas._kernel_coords_body(m) for m in kernel.members}
     programs = kernel.programs
-    steps = -(-(-(-int(kernel.rows) // cfg.block_rows)) // programs)
     w.line(em.pid_line())
     w.line(f"PROGRAMS = {programs}")
+    if dynamic:  # the row-block counts are runtime values
+        steps, full_steps = "steps", "full_steps"
+        w.line("steps = ((ROWS + BLOCK_R - 1) // BLOCK_R + PROGRAMS - 1) // PROGRAMS")
+        w.line("full_steps = (ROWS // BLOCK_R) // PROGRAMS")
+    else:
+        steps = -(-(-(-int(kernel.rows) // cfg.block_rows)) // programs)
+        full_steps = (int(kernel.rows) // cfg.block_rows) // programs
     w.line(f"xc = {em.iota_text(1, 'BLOCK_C')}")
     w.line("cmask = xc < COLS")
     accs = []
@@ -922,11 +934,10 @@ def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _
     # needs no select (a lane past the last column is never stored, and the
     # accumulator is summed over rows only); dropping it is measurable
     # (RESULTS.md, "Heuristics: raw-Triton mix kernels").
-    full_steps = (int(kernel.rows) // cfg.block_rows) // programs
     loops = [(0, full_steps, cfg.num_stages, "row blocks every program has in full"),
              (full_steps, steps, 1, "the last row blocks, rows past ROWS masked")]
     for start, stop, stages, what in loops:
-        if start >= stop:
+        if not dynamic and start >= stop:
             continue
         w.line(f"for step in tl.range({start}, {stop}, num_stages={stages}):  # {what}")
         with w.indent():
@@ -938,14 +949,23 @@ def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _
                 m.node.op == "sum" and _zero_where_masked(em, bodies[m.name], full)))
             em.scopes.pop()
     _store_columns(em, accs, "pid")
-    extents = [f"ROWS = {int(kernel.rows)}", f"COLS = {int(kernel.cols)}"]
+    extents = [f"ROWS = {sizes.to_source(kernel.rows)}", f"COLS = {int(kernel.cols)}"]
     header = (f"# kernel {kernel.name}: mix (raw Triton), {kernel.rows} x {kernel.cols}, block {cfg.block_rows} x "
-              f"{cfg.block_cols}, {programs} programs x {steps} steps, {cfg.num_warps} warps, "
+              f"{cfg.block_cols}, {programs} programs x {'a runtime count of' if dynamic else steps} steps, "
+              f"{cfg.num_warps} warps, "
               f"{cfg.num_stages} stages\n"
               "# from:\n" + "\n".join(f"#   {eq}" for eq in kernel.origin))
     rendered = _wrap(kernel, schedule, em, header, extents, {"BLOCK_R": cfg.block_rows, "BLOCK_C": cfg.block_cols},
                      str(programs), cfg.num_warps, cfg.num_stages)
     return dataclasses.replace(rendered, config=cfg)
+
+
+def long_mix_rows(kernel: Kernel) -> bool:
+    """Is ``kernel`` a whole-row mix kernel whose rows are too long for the
+    two-row raw-Triton tile (lowering/executors.py kind 'mix_long_rows')?"""
+    if kernel.kind != "mix" or not pallas._whole_rows(kernel) or sizes.is_symbolic(kernel.cols):
+        return False
+    return heuristics.triton_mix_config(int(kernel.cols), max(1, pallas._columns(kernel))) is None
 
 
 def render_column(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _Rendered:
@@ -957,8 +977,8 @@ def render_column(kernel: Kernel, schedule: Schedule, options: CompileOptions) -
     over rows as the program's partial row."""
     if kernel.kind != "mix" or pallas._whole_rows(kernel):
         raise TritonUnsupported(f"kernel {kernel.name} is not a column-tile mix kernel")
-    if sizes.is_symbolic((kernel.rows, kernel.cols)):
-        raise TritonUnsupported(f"mix kernel {kernel.name} has dynamic sizes")
+    if sizes.is_symbolic(kernel.cols):
+        raise TritonUnsupported(f"mix kernel {kernel.name} has dynamic columns")
     columns = [m for m in kernel.members if m.role == "column"]
     for m in columns:
         if m.node.op not in _COMBINE:
@@ -968,9 +988,12 @@ def render_column(kernel: Kernel, schedule: Schedule, options: CompileOptions) -
     w = em.w
     bodies = {m.name: pallas._kernel_coords_body(m) for m in kernel.members}
     programs, col_blocks = kernel.programs, -(-int(kernel.cols) // cfg.block_cols)
-    steps = -(-(-(-int(kernel.rows) // cfg.block_rows)) // programs)
+    dynamic = sizes.is_symbolic(kernel.rows)  # programs sized at the hint; the trip count a runtime value
+    steps = "steps" if dynamic else -(-(-(-int(kernel.rows) // cfg.block_rows)) // programs)
     w.line(em.pid_line())
     w.line(f"PROGRAMS = {programs}")
+    if dynamic:
+        w.line("steps = ((ROWS + BLOCK_R - 1) // BLOCK_R + PROGRAMS - 1) // PROGRAMS")
     w.line(f"program = pid // {col_blocks}")
     w.line(f"xc = (pid % {col_blocks}) * BLOCK_C + {em.iota_text(1, 'BLOCK_C')}")
     w.line("cmask = xc < COLS")
@@ -990,10 +1013,10 @@ def render_column(kernel: Kernel, schedule: Schedule, options: CompileOptions) -
         _accumulate_columns(em, accs, bodies, lambda m: True)
         em.scopes.pop()
     _store_columns(em, accs, "program")
-    extents = [f"ROWS = {int(kernel.rows)}", f"COLS = {int(kernel.cols)}"]
+    extents = [f"ROWS = {sizes.to_source(kernel.rows)}", f"COLS = {int(kernel.cols)}"]
     header = (f"# kernel {kernel.name}: column tiles (raw Triton), {kernel.rows} x {kernel.cols}, block "
-              f"{cfg.block_rows} x {cfg.block_cols}, {programs} programs x {col_blocks} column blocks x {steps} "
-              "steps\n# from:\n" + "\n".join(f"#   {eq}" for eq in kernel.origin))
+              f"{cfg.block_rows} x {cfg.block_cols}, {programs} programs x {col_blocks} column blocks x "
+              f"{'a runtime count of' if dynamic else steps} steps\n# from:\n" + "\n".join(f"#   {eq}" for eq in kernel.origin))
     rendered = _wrap(kernel, schedule, em, header, extents, {"BLOCK_R": cfg.block_rows, "BLOCK_C": cfg.block_cols},
                      str(programs * col_blocks), cfg.num_warps, cfg.num_stages)
     return dataclasses.replace(rendered, config=cfg)
@@ -1174,7 +1197,10 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Trit
     for step in schedule.steps:
         if not isinstance(step, Kernel):
             raise TritonUnsupported(f"{step.primitive.name} runs through XLA")
-        fn = KIND_RENDERERS.get(step.kind, _render_matmul if step.kind == "matmul" else _render_kernel)
+        if step.kind == "mix":  # split column sums, alone (column tiles) or with the row work
+            fn = render_mix if pallas._whole_rows(step) else render_column
+        else:
+            fn = KIND_RENDERERS.get(step.kind, _render_matmul if step.kind == "matmul" else _render_kernel)
         rendered.append(fn(step, schedule, options))
     dims = pallas.program_dims(schedule)
     w = SourceWriter()

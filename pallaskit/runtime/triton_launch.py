@@ -96,7 +96,56 @@ def _triton(interpret: bool | None = None):
             f"triton was imported {'without' if interpret else 'with'} TRITON_INTERPRET=1, so its kernels "
             f"{'cannot' if interpret else 'can only'} run in its interpreter: set it (or not) before "
             "triton is first imported")
+    if triton.knobs.runtime.interpret:
+        _patch_interpreter()
     return triton
+
+
+_interpreter_patched = False
+
+
+def _patch_interpreter() -> None:
+    """Two fixes to Triton 3.6's interpreter (CPU tests run raw Triton there).
+    It holds a scalar kernel argument as a 1-element array and converts it with
+    ``int(array)``, which NumPy 2.4 refuses, so a loop over a runtime trip count
+    (``range(0, n)``: dynamic sizes) raises; Triton's later interpreter squeezes
+    the array first, as this does. And its float32 -> bfloat16 cast truncates
+    (``_rounding_cast``). Where the interpreter's internals moved, nothing is patched."""
+    global _interpreter_patched
+    if _interpreter_patched:
+        return
+    _interpreter_patched = True
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is not None:
+        def patched(tensor, scope):
+            patch(tensor, scope)
+            scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0])
+                           if np.size(self.handle.data) == 1 else int(self.handle.data))
+
+        interpreter._patch_lang_tensor = patched
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    if builder is not None and hasattr(builder, "cast_impl") and hasattr(interpreter, "TensorHandle"):
+        builder.cast_impl = _rounding_cast(builder.cast_impl, interpreter)
+
+
+def _rounding_cast(cast_impl, interpreter):
+    """The interpreter's casts, float32 -> bfloat16 rounded to nearest even as
+    on the GPU (Triton 3.6's interpreter drops the low bits: one bf16 ulp off
+    for about half the values)."""
+    import triton.language as tl
+
+    def cast(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            x = np.ascontiguousarray(src.data, np.float32)
+            bits = x.view(np.uint32)
+            rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+            quiet = ((bits >> 16) | np.uint32(0x40)).astype(np.uint16)  # NaN stays NaN, its sign kept
+            return interpreter.TensorHandle(np.where(np.isnan(x), quiet, rounded), dst_type.scalar)
+        return cast_impl(self, src, dst_type)
+
+    return cast
 
 
 class _Cuda:
