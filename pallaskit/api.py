@@ -24,7 +24,7 @@ from pallaskit import cache, metrics
 from pallaskit import autodiff
 from pallaskit import per_shard, sharding, signature
 from pallaskit.config import config
-from pallaskit.runtime import eager, loader, multikernel, xla_args
+from pallaskit.runtime import eager, fastpath, loader, multikernel, xla_args
 
 log = logging.getLogger("pallaskit")
 
@@ -140,6 +140,11 @@ class JitFunction:
         self._cache: dict = {}
         self._fast: dict = {}  # _fast_key -> Compiled, filled by calls that went through _cache
         self._xla: dict = {}  # (treedef, n_args) -> XlaArgs
+        # jax.jit's C++ dispatch, with the Python call as its miss ([Note: the call fast
+        # path]); static arguments keep the Python call (pallaskit tells 1 from True, C++ does not).
+        self._cpp = None
+        if not self.static_argnums and not self.static_argnames:
+            self._cpp = fastpath.cpp_function(self._title(), _python_call(self), self._cache_miss)
         # updated=(): a function wrapping a JitFunction (jax.grad(f) of one) carries its
         # __dict__ (fn, _cache); copying that would make this one run the wrapped function.
         functools.update_wrapper(self, fn, updated=())
@@ -171,22 +176,38 @@ class JitFunction:
         return key, leaves, avals, treedef, static_pos, static_kw
 
     def __call__(self, *args, **kwargs):
+        cpp = self._cpp
+        if cpp is None:
+            return self._call(args, kwargs)[0]
+        return cpp(*args, **kwargs)  # [Note: the call fast path] in runtime/fastpath.py
+
+    def _cache_miss(self, *args, **kwargs):
+        """The C++ call's miss: the Python call, and the executable that C++ may
+        run itself for this signature from now on (None: come back here)."""
+        out, entry, outs = self._call(args, kwargs)
+        data = None
+        if entry is not None and not entry.constants and not entry.delete_after:
+            data = fastpath.fastpath_data(entry.executable, entry.out_tree, outs)
+        return out, data, False
+
+    def _call(self, args, kwargs):
+        """(result, the Compiled entry that ran or None, its flat outputs)."""
         fast = self._fast_key(args, kwargs)
         if fast is not None:
             entry = self._fast.get(fast[0])
-            if entry is not None:  # the steady state: a signature seen before, concrete arrays
+            if entry is not None:  # a signature seen before, concrete arrays
                 outs = entry.executable(*fast[1], *entry.constants)
                 if entry.delete_after:
                     xla_args.delete_donated(fast[1], entry.delete_after, outs)
-                return jax.tree_util.tree_unflatten(entry.out_tree, outs)
+                return jax.tree_util.tree_unflatten(entry.out_tree, outs), entry, outs
         key, leaves, avals, treedef, static_pos, static_kw = self._split(args, kwargs)
         why = sharding.xla_only(leaves, autodiff.transformed(leaves), compile_options)
         if why:  # [Note: sharding] in pallaskit/sharding.py
-            return autodiff.fallback(self, args, kwargs, why)
+            return autodiff.fallback(self, args, kwargs, why), None, None
         if autodiff.transformed(leaves):  # grad / jvp / vmap tracers: pallaskit/autodiff.py
-            return autodiff.call(self, args, kwargs)
+            return autodiff.call(self, args, kwargs), None, None
         if autodiff.staged(leaves):  # jax.jit tracers: the AOT executable takes none
-            return autodiff.call_staged(self, args, kwargs)
+            return autodiff.call_staged(self, args, kwargs), None, None
         if any(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
             raise TypeError("pallaskit.jit: a call needs arrays; jax.ShapeDtypeStruct arguments are for "
                             "pallaskit.explain and lower_to_result")
@@ -209,7 +230,7 @@ class JitFunction:
             metrics.counters["kernels_compiled"] += len(entry.result.program.kernels)
         if fast is not None:
             self._fast[fast[0]] = entry
-        return jax.tree_util.tree_unflatten(entry.out_tree, outs)
+        return jax.tree_util.tree_unflatten(entry.out_tree, outs), entry, outs
 
     def _fast_key(self, args, kwargs):
         """(key, leaves) of a call whose dynamic leaves are all concrete
@@ -766,6 +787,14 @@ def _eager_program(title: str, built: dict, options, first_sizes: dict):
         log.log(logging.WARNING if mode == "on" else logging.DEBUG,
                 "pallaskit: %s: no eager launches (%s: %s)", title, type(e).__name__, e)
         return None
+
+
+def _python_call(jf):
+    """What the C++ call runs where jit is disabled: the Python call."""
+    def python_call(*args, **kwargs):
+        return jf._call(args, kwargs)[0]
+
+    return python_call
 
 
 def jit(fn: Callable | None = None, *, in_shardings=xla_args.UNSET, out_shardings=xla_args.UNSET,
