@@ -134,3 +134,17 @@ def test_a_static_argument_function_keeps_the_python_call(rng):
     x = jnp.asarray(rng.standard_normal(4), jnp.float32)
     for s in (1, True, 1.0, 2):
         _close(f(x, x, scale=s), jax.jit(_step, static_argnames="scale")(x, x, scale=s))
+
+
+@needs_cpp
+def test_a_graph_cache_hit_is_served_by_cpp_too(rng, tmp_path):
+    """A deserialized executable (a second function, the same graph) takes the C++ path."""
+    pallaskit.config.update(cache_dir=str(tmp_path))
+    x = jnp.asarray(rng.standard_normal((2, 9)), jnp.float32)
+    fn = lambda x: jnp.tanh(x) * 2.0 + 1.0  # noqa: E731
+    pallaskit.jit(fn)(x)
+    g = pallaskit.jit(fn)
+    seen = _count_python_calls(g)
+    for _ in range(3):
+        _close(g(x), jnp.tanh(x) * 2.0 + 1.0)
+    assert pallaskit.metrics.counters["cache_hits"] == 1 and len(seen) == 1
