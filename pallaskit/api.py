@@ -16,6 +16,8 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import sys
+import threading
 from typing import Callable, Sequence
 
 import jax
@@ -27,6 +29,9 @@ from pallaskit.orchestrator import compile_options  # noqa: F401  (the public na
 from pallaskit.runtime import fastpath, xla_args
 
 log = logging.getLogger("pallaskit")
+
+# The last C++ miss's result, per thread (see JitFunction.__call__).
+_MISS = threading.local()
 
 
 class JitFunction:
@@ -102,7 +107,18 @@ class JitFunction:
         cpp = self._cpp
         if cpp is None:
             return self._call(args, kwargs)[0]
-        return cpp(*args, **kwargs)  # [Note: the call fast path] in runtime/fastpath.py
+        _MISS.out = _MISS  # [Note: the call fast path] in runtime/fastpath.py
+        try:
+            return cpp(*args, **kwargs)
+        except Exception:
+            out = _MISS.out
+            if out is _MISS:  # raised by the call itself (Python or the executable)
+                raise
+            # The Python call returned, and C++ could not take what it returned:
+            # this jax's fast path differs from the one fastpath.py knows.
+            fastpath.disable(sys.exc_info()[1])
+            self._cpp = None
+            return out
 
     def _cache_miss(self, *args, **kwargs):
         """The C++ call's miss: the Python call, and the executable that C++ may
@@ -111,6 +127,7 @@ class JitFunction:
         data = None
         if entry is not None and not entry.constants and not entry.delete_after:
             data = fastpath.fastpath_data(entry.executable, entry.out_tree, outs)
+        _MISS.out = out
         return out, data, False
 
     def _call(self, args, kwargs):

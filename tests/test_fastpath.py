@@ -148,3 +148,23 @@ def test_a_graph_cache_hit_is_served_by_cpp_too(rng, tmp_path):
     for _ in range(3):
         _close(g(x), jnp.tanh(x) * 2.0 + 1.0)
     assert pallaskit.metrics.counters["cache_hits"] == 1 and len(seen) == 1
+
+
+@needs_cpp
+def test_data_cpp_refuses_turns_the_fast_path_off_without_running_twice(rng, monkeypatch, caplog):
+    """Where C++ cannot take the fast-path data (another jax's layout), the call
+    returns what the Python call computed, once (a donated argument is consumed
+    once), and later calls take the Python path."""
+    monkeypatch.setattr(fastpath, "_DISABLED", [])
+    monkeypatch.setattr(fastpath, "fastpath_data", lambda *a: ("not", "fast-path data"))
+    f = pallaskit.jit(lambda p, g: p - 0.5 * g, donate_argnums=0)
+    g = jnp.asarray(rng.standard_normal(5), jnp.float32)
+    p0 = np.asarray(rng.standard_normal(5), np.float32)
+    p = jnp.asarray(p0)
+    with caplog.at_level("WARNING", logger="pallaskit"):
+        out = f(p, g)
+    np.testing.assert_allclose(np.asarray(out), p0 - 0.5 * np.asarray(g), rtol=1e-6)
+    assert f._cpp is None and not fastpath.available() and "refused" in caplog.text
+    out2 = f(out, g)
+    np.testing.assert_allclose(np.asarray(out2), p0 - np.asarray(g), rtol=1e-5, atol=1e-6)
+    assert pallaskit.jit(lambda x: x + 1)._cpp is None  # new functions too, in this process

@@ -24,7 +24,10 @@ signature always maps to the entry Python chose.
 
 These are jax internals (``_jax.pjit``, ``MeshExecutableFastpathData``): every
 access is checked once, and where this jax differs the JitFunction keeps its
-Python call (``available`` is False), which is correct and slower.
+Python call (``available`` is False), which is correct and slower. Should C++
+still refuse the data a miss returned, ``JitFunction.__call__`` returns the
+result the Python call computed (the call is not run twice: donated buffers
+are gone) and turns the fast path off for the process (``disable``).
 """
 from __future__ import annotations
 
@@ -58,8 +61,20 @@ def _internals():
         return None
 
 
+_DISABLED: list = []  # why C++ refused our data once: the Python call from then on, in this process
+
+
 def available() -> bool:
-    return _internals() is not None
+    return not _DISABLED and _internals() is not None
+
+
+def disable(error: BaseException) -> None:
+    """C++ could not take what the Python call returned (another jax's layout):
+    no fast path in this process from now on, with one warning."""
+    if not _DISABLED:
+        _DISABLED.append(error)
+        log.warning("pallaskit: jax.jit's C++ call path refused pallaskit's executable (%s: %s); calls take the "
+                    "Python path from now on", type(error).__name__, error)
 
 
 def cpp_function(name: str, python_call, cache_miss):
@@ -67,7 +82,7 @@ def cpp_function(name: str, python_call, cache_miss):
     ``(outputs, fastpath_data or None, False)``; ``python_call`` runs when jit
     is disabled. None where this jax has no such object."""
     internals = _internals()
-    if internals is None:
+    if internals is None or _DISABLED:
         return None
     pjit, tail = internals[0], internals[1]
     try:
@@ -83,7 +98,7 @@ def fastpath_data(compiled, out_tree, outs):
     signature, its outputs unflattened into ``out_tree``; None where it cannot
     (another executable, effects, outputs that are not plain arrays)."""
     internals = _internals()
-    if internals is None:
+    if internals is None or _DISABLED:
         return None
     _, _, Data, reflatten, physical, extended, MeshExecutable, ExecuteReplicated, ArrayImpl = internals
     executable = getattr(compiled, "_executable", None)
