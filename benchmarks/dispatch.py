@@ -4,7 +4,8 @@ The workload is ``benchmarks/models.py``'s AdamW over GPT-2-like shapes (``--lay
 arrays, 373 inputs, 279 outputs), a step whose device time is small enough that the host's
 dispatch decides the step time. Rows, each the median over ``--repeats`` rounds of ``--calls``
 back-to-back calls with the inputs ready (the clock stops after the last call's outputs are
-ready, so a row is the per-call time of a steady loop: host time where the host is the bound):
+ready, so a row is the per-call time of a steady loop: host time where the host is the bound),
+and ``host``: the median time for one call to return with the device idle (the dispatch alone):
 
 - ``jax.jit``: jax.jit(step)
 - ``pallaskit``: pallaskit.jit(step), jax.jit's C++ dispatch in front ([Note: the call fast
@@ -13,9 +14,13 @@ ready, so a row is the per-call time of a steady loop: host time where the host 
   Python call: every leaf's aval and sharding keyed in Python), what every call paid before
 - ``pallaskit executable``: pallaskit's compiled program called directly with the flat
   leaves (no signature lookup): the floor of what pallaskit's dispatch can reach
+- ``jax.jit executable``: jax.jit's own compiled program (``.lower(...).compile()``) called
+  directly: jax.jit's floor
 
-On the CPU (interpret mode) pallaskit's program is not jax.jit's, so compare the pallaskit
-rows with ``pallaskit executable``; on a GPU compare them with ``jax.jit`` too.
+The dispatch overhead is a row over its floor (``pallaskit`` / ``pallaskit executable``
+against ``jax.jit`` / ``jax.jit executable``). On the CPU (interpret mode) pallaskit's
+program is not jax.jit's, so only those ratios compare; on a GPU compare ``pallaskit`` with
+``jax.jit`` too (the rest of the gap is the executable's own launches).
 
     python -m benchmarks.dispatch --smoke            # the CPU: 93 tiny arrays
     python -m benchmarks.dispatch                    # a GPU: 93 arrays, width 1024 (127M parameters)
@@ -37,6 +42,21 @@ def _per_call_ms(fn, args, calls: int) -> float:
         out = fn(*args)
     jax.block_until_ready(out)
     return (time.perf_counter() - t0) / calls * 1e3
+
+
+def _host_ms(fn, args, calls: int) -> float:
+    """Median time for a call to return, the device idle and the inputs ready before
+    each: the host's dispatch alone (the device's work runs after it returns)."""
+    import jax
+
+    out, times = fn(*args), []
+    for _ in range(calls):
+        jax.block_until_ready(out)
+        t0 = time.perf_counter()
+        out = fn(*args)
+        times.append(time.perf_counter() - t0)
+    jax.block_until_ready(out)
+    return statistics.median(times) * 1e3
 
 
 def main(argv=None):
@@ -71,22 +91,48 @@ def main(argv=None):
     def bare(*_):
         return entry.executable(*leaves, *entry.constants)
 
-    rows = {"jax.jit": jitted, "pallaskit": fast, "pallaskit (python call)": slow, "pallaskit executable": bare}
+    jax_compiled = jitted.lower(*args).compile()
+    rows = {"jax.jit": jitted, "jax.jit executable": jax_compiled, "pallaskit": fast,
+            "pallaskit (python call)": slow, "pallaskit executable": bare}
     times: dict = {k: [] for k in rows}
+    host: dict = {k: [] for k in rows}
     for _ in range(a.repeats):  # interleaved, so a busy moment of the machine hits every row alike
         for name, fn in rows.items():
             times[name].append(_per_call_ms(fn, args, a.calls))
+            host[name].append(_host_ms(fn, args, a.calls))
     n_out = len(want)
     print(f"AdamW over {(len(args) - 1) // 4} arrays: {len(args)} inputs, {n_out} outputs; "
           f"device {jax.devices()[0].device_kind}; jax {jax.__version__}; median of {a.repeats} x {a.calls} calls")
     base, base_min = statistics.median(times["jax.jit"]), min(times["jax.jit"])
+    host_base = statistics.median(host["jax.jit"])
     out = []
     for name, ts in times.items():
-        ms, best = statistics.median(ts), min(ts)
+        ms, best, h = statistics.median(ts), min(ts), statistics.median(host[name])
         out.append(dict(row=name, ms=round(ms, 4), min_ms=round(best, 4), vs_jax_jit=round(ms / base, 3),
-                        min_vs_jax_jit=round(best / base_min, 3)))
+                        min_vs_jax_jit=round(best / base_min, 3), host_ms=round(h, 4),
+                        host_vs_jax_jit=round(h / host_base, 3)))
         print(f"  {name:26s} {ms:8.3f} ms/call  {ms / base:6.2f}x jax.jit   (min {best:.3f} ms, "
-              f"{best / base_min:.2f}x)")
+              f"{best / base_min:.2f}x)   host {h:.3f} ms/call {h / host_base:5.2f}x")
+    # The Python call's own work (flatten, key, lookup, unflatten): its executable
+    # replaced by one returning ready outputs, so no device time is in it.
+    import dataclasses
+    import timeit
+
+    ready = list(entry.executable(*leaves, *entry.constants))
+    stub = pallaskit.jit(step)
+    stub._cpp = None
+    stub(*args)
+    stubbed = dataclasses.replace(entry, executable=lambda *a: ready)
+    stub._fast = {k: stubbed for k in stub._fast}
+    python_ms = min(timeit.repeat(lambda: stub(*args), number=a.calls, repeat=a.repeats)) / a.calls * 1e3
+    print(f"  the Python call's own work per call (executable stubbed): {python_ms:.3f} ms "
+          "(what the C++ path does not run)")
+    out.append(dict(row="python call work (executable stubbed)", min_ms=round(python_ms, 4)))
+    med = {r["row"]: r["ms"] for r in out if "ms" in r}
+    low = {r["row"]: r["min_ms"] for r in out}
+    for name, floor in (("jax.jit", "jax.jit executable"), ("pallaskit", "pallaskit executable"),
+                        ("pallaskit (python call)", "pallaskit executable")):
+        print(f"  over its floor: {name:24s} median {med[name] / med[floor]:5.2f}x   min {low[name] / low[floor]:5.2f}x")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=1)
