@@ -109,9 +109,11 @@ class JitFunction:
             return self._call(args, kwargs)[0]
         _MISS.out = _MISS  # [Note: the call fast path] in runtime/fastpath.py
         try:
-            return cpp(*args, **kwargs)
+            result = cpp(*args, **kwargs)
+            _MISS.out = _MISS  # holds no outputs past the call
+            return result
         except Exception:
-            out = _MISS.out
+            out, _MISS.out = _MISS.out, _MISS
             if out is _MISS:  # raised by the call itself (Python or the executable)
                 raise
             # The Python call returned, and C++ could not take what it returned:
@@ -123,7 +125,11 @@ class JitFunction:
     def _cache_miss(self, *args, **kwargs):
         """The C++ call's miss: the Python call, and the executable that C++ may
         run itself for this signature from now on (None: come back here)."""
-        out, entry, outs = self._call(args, kwargs)
+        try:
+            out, entry, outs = self._call(args, kwargs)
+        except BaseException:
+            _MISS.out = _MISS  # a nested pallaskit call may have set it: this error is the call's own
+            raise
         data = None
         if entry is not None and not entry.constants and not entry.delete_after:
             data = fastpath.fastpath_data(entry.executable, entry.out_tree, outs)

@@ -168,3 +168,21 @@ def test_data_cpp_refuses_turns_the_fast_path_off_without_running_twice(rng, mon
     out2 = f(out, g)
     np.testing.assert_allclose(np.asarray(out2), p0 - np.asarray(g), rtol=1e-5, atol=1e-6)
     assert pallaskit.jit(lambda x: x + 1)._cpp is None  # new functions too, in this process
+
+
+def test_an_error_after_a_nested_pallaskit_call_is_raised(rng):
+    """A pallaskit function called while another one traces: an error the outer
+    function raises afterwards reaches the caller (the inner call's result is
+    never taken for the outer's)."""
+    inner = pallaskit.jit(lambda x: x * 2.0)
+    x = jnp.asarray(rng.standard_normal(3), jnp.float32)
+
+    @pallaskit.jit
+    def outer(x):
+        inner(x)
+        raise ValueError("boom from outer")
+
+    for _ in range(2):
+        with pytest.raises(ValueError, match="boom from outer"):
+            outer(x)
+    _close(inner(x), x * 2.0)
