@@ -12,7 +12,7 @@ hints of ``CompileOptions.size_hints`` (``sizes.hint``).
 Rules never see a jax dimension expression: ``eqn_view`` gives them an
 equation whose avals and params have sympy dims. What the symbolic path
 cannot take raises ``SymbolicUnsupported``; the runtime then compiles that
-signature per concrete size (``pallaskit/api.py``)."""
+signature per concrete size (``pallaskit/dynamic.py``)."""
 from __future__ import annotations
 
 import dataclasses

@@ -539,7 +539,8 @@ def attach(placed, closed, avals, build, options, mode: str, title: str):
     """Plan a sharded signature per shard when option ``shard_kernels``
     (``mode``) asks for it: sets ``placed.per_shard`` and returns ``build``
     compiling the local jaxpr; else ``build`` unchanged (the SPMD path).
-    ``build(options, jaxpr=None)``: api.py's compile of one signature."""
+    ``build(options, jaxpr=None)``: ``orchestrator.compile_signature``'s compile of one
+    signature."""
     if not (mode == "per_shard" or (mode == "auto" and not options.interpret)):
         return build
     try:

@@ -5,9 +5,11 @@ each other."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Callable
 
 import jax
+import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,3 +71,55 @@ class Signature:
             structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in self.avals]
             self._jaxpr = jax.make_jaxpr(self.flat)(*structs)
         return self._jaxpr
+
+
+# --------------------------------------------------------------------------- #
+# Leaves: their avals and their names in messages
+# --------------------------------------------------------------------------- #
+def describe(path, dyn_positions, sig) -> str:
+    """Human name of a leaf: the argument and the path inside it."""
+    first = path[0].idx if hasattr(path[0], "idx") else 0  # 0: args, 1: kwargs
+    rest = path[1:]
+    if first == 0 and rest:
+        pos = dyn_positions[rest[0].idx] if rest[0].idx < len(dyn_positions) else rest[0].idx
+        name = f"argument {pos}"
+        if sig is not None:
+            names = list(sig.parameters)
+            if pos < len(names) and sig.parameters[names[pos]].kind != inspect.Parameter.VAR_POSITIONAL:
+                name = f"argument {names[pos]!r}"
+        rest = rest[1:]
+    elif rest:
+        name = f"argument {rest[0].key!r}"
+        rest = rest[1:]
+    else:
+        name = "argument"
+    return name + jax.tree_util.keystr(tuple(rest))
+
+
+SCALARS = (bool, int, float, complex, np.generic)
+
+
+_ARRAY_TYPE: list = []  # [the concrete array type], once an argument showed it
+
+
+def array_type(leaves) -> type | None:
+    """The type of concrete arrays (``jax.Array`` is an abstract base that
+    tracers also pass), taken from the first argument that is one; None until
+    an argument was. Not ``type(jnp.zeros(()))``, an XLA compilation on the
+    first call of every process, nor a ``device_put``."""
+    if not _ARRAY_TYPE:
+        concrete = [type(x) for x in leaves if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)]
+        if not concrete:
+            return None
+        _ARRAY_TYPE.append(concrete[0])
+    return _ARRAY_TYPE[0]
+
+
+def abstractify(leaf, where: str):
+    # ShapeDtypeStruct: explain / lower_to_result need shapes only
+    if isinstance(leaf, (jax.Array, np.ndarray, jax.ShapeDtypeStruct)) or isinstance(leaf, SCALARS):
+        return jax.typeof(leaf) if hasattr(jax, "typeof") else jax.api_util.shaped_abstractify(leaf)
+    if hasattr(leaf, "__jax_array__"):
+        return jax.typeof(leaf.__jax_array__())
+    raise TypeError(f"pallaskit.jit: {where} is a {type(leaf).__name__}, not an array or scalar; "
+                    f"mark it static (static_argnums/static_argnames) or pass an array")

@@ -106,7 +106,7 @@ class Lowered(_Stage):
 
     def __init__(self, signature: _Signature, entry):
         self._s, self._entry = signature, entry
-        jitted = getattr(entry.executable, "top", entry.executable)  # cache._TopLevelJit: the options' jit
+        jitted = getattr(entry.executable, "top", entry.executable)  # executable._TopLevelJit: the options' jit
         self._lowered = jitted.lower(*_structs(signature.avals), *entry.constants)
 
     @property

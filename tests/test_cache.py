@@ -17,7 +17,7 @@ import pytest
 
 import lowering
 import pallaskit
-from pallaskit import cache
+from pallaskit import cache, executable, orchestrator
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -212,14 +212,14 @@ def test_version_option_and_constant_changes_miss(tmp_path, rng, monkeypatch):
 def test_command_buffers_are_a_gpu_compiler_option_in_the_key(tmp_path, rng, monkeypatch):
     """[Note: command buffers]: GPU executables get xla_gpu_graph_min_graph_size=1
     unless the option is off; the CPU gets nothing; the options are in the key."""
-    assert cache.compiler_options("gpu") == cache.GRAPH_OPTIONS == {"xla_gpu_graph_min_graph_size": 1}
-    assert cache.compiler_options("cpu") == {}
+    assert executable.compiler_options("gpu") == executable.GRAPH_OPTIONS == {"xla_gpu_graph_min_graph_size": 1}
+    assert executable.compiler_options("cpu") == {}
     with pallaskit.config.override(command_buffers=False):
-        assert cache.compiler_options("gpu") == {}
+        assert executable.compiler_options("gpu") == {}
     pallaskit.config.update(cache_dir=str(tmp_path))
     args = _args(rng)
-    for options in ({}, cache.GRAPH_OPTIONS):  # XLA's CPU compiler takes (and ignores) the GPU option
-        monkeypatch.setattr(cache, "compiler_options", lambda platform=None, options=options: dict(options))
+    for options in ({}, executable.GRAPH_OPTIONS):  # XLA's CPU compiler takes (and ignores) the GPU option
+        monkeypatch.setattr(executable, "compiler_options", lambda platform=None, options=options: dict(options))
         _run(_fn, *args)
     assert pallaskit.metrics.counters["cache_misses"] == 2 and len(_entries(tmp_path)) == 2
 
@@ -250,13 +250,13 @@ def _command_buffer_cases(rng):
 
 
 def test_compiler_options_stay_off_nested_jits(rng, monkeypatch):
-    monkeypatch.setattr(cache, "compiler_options", lambda platform=None: dict(cache.GRAPH_OPTIONS))
+    monkeypatch.setattr(executable, "compiler_options", lambda platform=None: dict(executable.GRAPH_OPTIONS))
     _command_buffer_cases(rng)
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="GPU only: XLA's command buffers")
 def test_command_buffers_on_the_gpu(rng):
-    assert cache.compiler_options() == cache.GRAPH_OPTIONS
+    assert executable.compiler_options() == executable.GRAPH_OPTIONS
     _command_buffer_cases(rng)
 
 
@@ -300,7 +300,7 @@ def test_eviction_caps_eager_programs_and_compiled_kernels_in_one_pool(tmp_path)
 @pytest.mark.pallas_source
 def test_unserializable_executable_caches_the_source(tmp_path, rng, monkeypatch, caplog):
     pallaskit.config.update(cache_dir=str(tmp_path))
-    monkeypatch.setattr(cache, "serialize", lambda compiled: (None, None, None, "ValueError: not today"))
+    monkeypatch.setattr(executable, "serialize", lambda compiled: (None, None, None, "ValueError: not today"))
     args = _args(rng)
     with caplog.at_level(logging.WARNING, logger="pallaskit"):
         expected = _run(_fn, *args)
@@ -461,7 +461,7 @@ def test_sources_changed_during_the_process_are_not_cached(tmp_path, rng, source
     """The key holds the hash made at this process's first key; a compiler
     imported (lazily) after an edit must not write under it."""
     pallaskit.config.update(cache_dir=str(tmp_path))
-    monkeypatch.setattr(cache, "_sources_changed", [])
+    monkeypatch.setattr(orchestrator, "_sources_changed", [])
     cache.environment()
     (sources / "lowering" / "b.py").write_text("B = 22\n")
     args = _args(rng)

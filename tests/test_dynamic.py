@@ -1,7 +1,7 @@
 """Dynamic dims (issue 4, parts 1 and 2): ``pallaskit.jit(dynamic=...)`` and
 automatic dynamic compile one shape-generic program per symbolic signature;
 each new size re-traces it under jax.jit only (no pallaskit compile, no new
-kernel). Guards, fallbacks and errors. [Note: dynamic dims] in pallaskit/api.py."""
+kernel). Guards, fallbacks and errors. [Note: dynamic dims] in pallaskit/dynamic.py."""
 import logging
 
 import jax
@@ -241,9 +241,9 @@ def test_what_cannot_trace_symbolically_compiles_per_size_and_is_remembered(rng,
 def test_automatic_dynamic_without_fast_new_sizes_compiles_per_size(rng, monkeypatch):
     """Where a new size of the symbolic program would still wait for XLA and run
     size-hinted kernels (a GPU without eager launches), sizes compile statically."""
-    from pallaskit import api
+    from pallaskit import dynamic
 
-    monkeypatch.setattr(api, "_serves_new_sizes_at_once", lambda entry: False)
+    monkeypatch.setattr(dynamic, "_serves_new_sizes_at_once", lambda entry: False)
     f = pallaskit.jit(lambda a: jnp.exp(a) + 1.0)
     for n in (3, 5, 7, 5):
         a = jnp.asarray(rng.standard_normal((n, 2)), jnp.float32)

@@ -46,6 +46,11 @@ entry's mtime, and the oldest mtimes are evicted first (LRU).
 
 Entries are pickles: like JAX's own executable cache, only point the cache at
 directories you trust.
+
+This package stores and loads (keys, the file format, locks, eviction); it
+never compiles. ``pallaskit/compile.py`` asks it for an entry (``load``) and
+gives it one to keep (``store``); ``pallaskit/executable.py`` turns an entry's
+bytes into an executable and back.
 """
 from __future__ import annotations
 
@@ -62,16 +67,14 @@ import re
 import sys
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any
 
 import filelock
 import jax
 import numpy as np
-from jax.experimental import serialize_executable
 
-from pallaskit import metrics
+from pallaskit import executable
 from pallaskit.config import config
-from pallaskit.runtime import xla_args
 
 log = logging.getLogger("pallaskit")
 
@@ -368,7 +371,7 @@ def key_parts(closed_jaxpr, avals, static_args, options) -> dict:
         "versions": versions(),
         "code": code_hash(),
         "device": device_info(),
-        "xla": {"XLA_FLAGS": os.environ.get("XLA_FLAGS", ""), "compiler_options": compiler_options(),
+        "xla": {"XLA_FLAGS": os.environ.get("XLA_FLAGS", ""), "compiler_options": executable.compiler_options(),
                 "matmul_precision": str(jax.config.jax_default_matmul_precision),
                 "x64": bool(jax.config.jax_enable_x64)},
     }
@@ -407,7 +410,7 @@ class BadEntry(Exception):
 _reported: set = set()  # (path, reason) already logged
 
 
-def _report(path: str, reason: str):
+def report(path: str, reason: str):
     if (path, reason) not in _reported:
         _reported.add((path, reason))
         log.warning("pallaskit cache: ignoring %s (%s); recompiling and overwriting it", path, reason)
@@ -468,12 +471,12 @@ def load(key: str, parts: dict | None = None) -> Entry | None:
     except FileNotFoundError:
         return None
     except OSError as e:
-        _report(path, f"unreadable: {e}")
+        report(path, f"unreadable: {e}")
         return None
     try:
         entry = decode(data, key, parts)
     except BadEntry as e:
-        _report(path, str(e))
+        report(path, str(e))
         return None
     try:
         os.utime(path)
@@ -488,7 +491,7 @@ def store(entry: Entry) -> bool:
     try:
         _write_atomic(entry_path(entry.key), encode(entry))
     except Exception as e:  # noqa: BLE001 - a cache that cannot write must not fail the user's call
-        _report(folder, f"cannot write an entry: {type(e).__name__}: {e}")
+        report(folder, f"cannot write an entry: {type(e).__name__}: {e}")
         return False
     evict()
     return True
@@ -618,217 +621,3 @@ def clear() -> int:
                     except FileNotFoundError:
                         pass
     return n
-
-
-# --------------------------------------------------------------------------- #
-# Serving a graph: hit, or compile and store
-# --------------------------------------------------------------------------- #
-@dataclasses.dataclass
-class Served:
-    """What the jit needs to run one signature."""
-
-    executable: Callable  # flat dynamic leaves, then constants -> flat outputs
-    constants: list
-    result: Any = None  # lowering.CompileResult; None when loaded from the cache
-    cache: str = "off"  # 'hit', 'miss' or 'off'
-    source: str = ""  # a hit's generated program source (debug_dir writes it)
-
-
-_serialize_failures: set = set()
-_sources_changed: list = []  # graphs compiled after this process's sources changed (logged once)
-
-
-def serialize(compiled) -> tuple[bytes | None, Any, Any, str]:
-    """(payload, in_tree, out_tree, error) of a ``jax.stages.Compiled``."""
-    try:
-        payload, in_tree, out_tree = serialize_executable.serialize(compiled)
-        pickle.dumps((in_tree, out_tree))
-        return payload, in_tree, out_tree, ""
-    except Exception as e:  # noqa: BLE001 - fall back to caching the source
-        return None, None, None, f"{type(e).__name__}: {e}"
-
-
-def _deserialize(entry: Entry, devices=None):
-    devices = devices or [jax.devices()[0]]
-    return serialize_executable.deserialize_and_load(entry.executable, entry.in_tree, entry.out_tree,
-                                                     backend=devices[0].client, execution_devices=devices)
-
-
-# [Note: command buffers]
-# A program pallaskit compiles has 1-3 kernels, often with XLA's library calls
-# (cuBLAS) between them. XLA runs a program of 5 or more kernels as a command
-# buffer (a CUDA graph: one launch per call), smaller ones as separate
-# launches. At the sizes where a call is host-bound (the dynamic MLP sweep
-# below ~2500 rows on the H100) one graph launch costs less host time than 2-3
-# launches: option ``command_buffers`` (default on) compiles every GPU
-# executable with ``xla_gpu_graph_min_graph_size=1`` (figures in
-# benchmarks/RESULTS.md, "Command buffers"). The options are in the cache key.
-GRAPH_OPTIONS = {"xla_gpu_graph_min_graph_size": 1}
-
-
-def compiler_options(platform: str | None = None) -> dict:
-    """XLA compiler options of pallaskit's executables for ``platform`` (default:
-    the default device's) under the current options ([Note: command buffers])."""
-    platform = platform or jax.devices()[0].platform
-    return dict(GRAPH_OPTIONS) if config.command_buffers and platform == "gpu" else {}
-
-
-def jit(call, xla=None, n_constants: int = 0):
-    """``jax.jit(call)`` with pallaskit's compiler options where it runs at top
-    level; traced inside another ``jax.jit`` (a staged call, a transformation),
-    the outer compilation's options apply: JAX takes ``compiler_options`` on a
-    top-level jit only. ``xla``: the signature's donation and shardings
-    ([Note: XLA arguments] in runtime/xla_args.py; ``n_constants`` trailing
-    inputs are hoisted constants)."""
-    options = compiler_options()
-    if options:
-        return _TopLevelJit(call, options, xla, n_constants)
-    return xla_args.jit(call, xla, n_constants)
-
-
-class _TopLevelJit:
-    """``call`` jitted twice: with ``options`` for concrete arguments, without
-    for tracers (see ``jit``)."""
-
-    def __init__(self, call, options: dict, xla=None, n_constants: int = 0):
-        self.top = xla_args.jit(call, xla, n_constants, compiler_options=options)
-        self.nested = xla_args.jit(call, xla, n_constants)
-
-    def __call__(self, *args):
-        if any(isinstance(a, jax.core.Tracer) for a in args):
-            return self.nested(*args)
-        return self.top(*args)
-
-
-def _aot_compile(call, structs, constants, xla=None):
-    """``xla``: the signature's donation and shardings, a sharded signature's
-    placement included ([Note: XLA arguments] in runtime/xla_args.py)."""
-    return xla_args.lower(call, structs, constants, xla).compile(compiler_options=compiler_options() or None)
-
-
-def _on_device(constants, where=None) -> list:
-    """Hoisted constants, put on the device once rather than at every call
-    (``where``: a sharded program's replicated sharding)."""
-    return [jax.device_put(np.asarray(c), where) for c in constants]
-
-
-class _Program:  # what runtime.loader.load reads from a RenderedProgram
-    def __init__(self, source):
-        self.source, self.externs = source, []
-
-
-def _serve_entry(entry: Entry, structs, xla=None, load_program=None) -> Served | None:
-    """Build the executable of a valid entry; None if it cannot be used.
-    ``load_program``: a RenderedProgram -> its ``call`` (runtime/loader.py's
-    ``load``), for an entry that holds source only; without it such an entry
-    is compiled again."""
-    placed = xla.placed if xla else None
-    where = placed.replicated() if placed is not None else None
-    if entry.executable is not None:
-        try:
-            devices = placed.devices() if placed is not None else None
-            return Served(_deserialize(entry, devices), _on_device(entry.constants, where), cache="hit",
-                          source=entry.source)
-        except Exception as e:  # noqa: BLE001 - an executable that does not load is a bad entry
-            _report(entry_path(entry.key), f"executable does not load: {type(e).__name__}: {e}")
-            return None
-    if entry.has_externs or load_program is None:
-        return None  # extern callables are rebuilt by the compiler: recompile
-    compiled = _aot_compile(load_program(_Program(entry.source)), structs, entry.constants, xla)
-    metrics.counters["kernels_compiled"] += entry.num_kernels
-    return Served(compiled, _on_device(entry.constants, where), cache="hit", source=entry.source)
-
-
-def serve(closed_jaxpr, avals, static_args, options, title: str,
-          build: Callable[[], tuple[Any, Callable, list]], started: float | None = None, xla=None,
-          load_program: Callable | None = None) -> Served:
-    """Serve one traced signature: from the cache when the option is on and a
-    valid entry exists, else by ``build()`` -> (CompileResult, call, constants),
-    an ahead-of-time XLA compilation, and a new entry. ``started``: when the
-    caller began (tracing included), for ``compile_seconds``. ``xla``: the
-    signature's donation and shardings (``runtime.xla_args.XlaArgs``; a sharded
-    signature's placement, [Note: sharding]), part of the key. ``load_program``:
-    see ``_serve_entry``."""
-    started = time.perf_counter() if started is None else started
-    if xla and xla.placed is not None:
-        structs = xla.placed.structs()
-    else:
-        structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
-    if not enabled():
-        return _compile(build, structs, title, started, "off", xla=xla)
-    t0 = time.perf_counter()
-    parts = key_parts(closed_jaxpr, avals, static_args, options)
-    if xla:
-        parts["xla_args"] = xla.key()
-    key = key_of(parts)
-    metrics.counters["cache_key_seconds"] += time.perf_counter() - t0
-    served = _try_hit(key, parts, structs, title, started, xla, load_program)
-    if served is not None:
-        return served
-    try:
-        lock = key_lock(key)
-        lock.acquire()
-    except (filelock.Timeout, OSError) as e:
-        log.warning("pallaskit cache: no lock for %s (%s); compiling without the cache", title, e)
-        return _compile(build, structs, title, started, "off", xla=xla)
-    try:
-        # Another process may have written the entry while this one waited.
-        served = _try_hit(key, parts, structs, title, started, xla, load_program)
-        if served is None:
-            metrics.counters["cache_misses"] += 1
-            served = _compile(build, structs, title, started, "miss", key=key, parts=parts, xla=xla)
-        return served
-    finally:
-        lock.release()
-
-
-def _try_hit(key, parts, structs, title, started, xla=None, load_program=None) -> Served | None:
-    t0 = time.perf_counter()
-    entry = load(key, parts)
-    t1 = time.perf_counter()
-    metrics.counters["cache_read_seconds"] += t1 - t0
-    if entry is None:
-        return None
-    served = _serve_entry(entry, structs, xla, load_program)
-    metrics.counters["cache_load_seconds"] += time.perf_counter() - t1
-    if served is not None:
-        metrics.counters["cache_hits"] += 1
-        _finish(served, title, started, entry.metric_deltas, None)
-    return served
-
-
-def _compile(build, structs, title, started, cache: str, key=None, parts=None, xla=None) -> Served:
-    result, call, constants = build()
-    where = xla.placed.replicated() if xla and xla.placed is not None else None
-    compiled = _aot_compile(call, structs, constants, xla)
-    metrics.counters["kernels_compiled"] += len(result.program.kernels)
-    served = Served(compiled, _on_device(constants, where), result, cache)
-    deltas, kernels = metrics.graph_deltas(result), metrics.kernel_stats(result)
-    if key is not None and stat_signature()[0] != environment()["sources"]:
-        # The key holds the hash of the sources as they were when this process
-        # first made a key; the compiler that just ran may have been imported since.
-        if not _sources_changed:
-            _sources_changed.append(title)
-            log.warning("pallaskit cache: pallaskit's sources changed while this process ran; "
-                        "not caching what it compiles from now on (first: %s)", title)
-        key = None
-    if key is not None:
-        payload, in_tree, out_tree, error = serialize(compiled)
-        if error and title not in _serialize_failures:
-            _serialize_failures.add(title)
-            log.warning("pallaskit cache: the executable of %s cannot be serialized (%s); caching its source only",
-                        title, error)
-        store(Entry(key=key, parts=parts, title=title, source=result.program.source,
-                    num_kernels=len(result.program.kernels), has_externs=bool(result.program.externs),
-                    constants=list(constants), executable=payload, in_tree=in_tree, out_tree=out_tree,
-                    executable_error=error, metric_deltas=deltas, kernels=kernels, created=time.time()))
-    _finish(served, title, started, deltas, kernels)
-    return served
-
-
-def _finish(served: Served, title, started, deltas, kernels):
-    """Counters and metric-table rows of one served graph."""
-    seconds = time.perf_counter() - started
-    metrics.apply_deltas(deltas)
-    metrics.counters["compile_seconds"] += seconds
-    metrics.record_graph(title, deltas, kernels, seconds, served.cache)

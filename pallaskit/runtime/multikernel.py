@@ -92,7 +92,8 @@ class Dispatcher:
     constants passed are the first variant's and are replaced by the chosen one's."""
 
     def __init__(self, title: str, symbols: list[str], positions: list[tuple[int, int]], n_leaves: int,
-                 variants: list[Variant], interpret: bool):
+                 variants: list[Variant], interpret: bool, *, eager=None, eager_constants=(), fallback=None,
+                 compile_static=None):
         self.title = title
         self.symbols = list(symbols)
         self.positions = list(positions)  # (leaf, axis) of each symbol
@@ -103,13 +104,14 @@ class Dispatcher:
         # variants are not run for timing. The renderer marks such externs "# effect:".
         self.effectful = any("# effect: " in v.source for v in variants)
         self.chosen: dict = {}  # shape key -> variant index
-        self.eager = None  # EagerProgram serving keys with no compiled variant yet ([Note: eager launches])
-        self.eager_constants: list = []
+        self.eager = eager  # EagerProgram serving keys with no compiled variant yet ([Note: eager launches])
+        self.eager_constants: list = list(eager_constants)
         self.sightings: dict = {}  # shape key -> eager calls so far
         self.tier_up_errors: dict = {}  # shape key -> why its background choice failed (it stays eager)
-        self.compile_static = None  # leaves -> (executable, constants) of their static program (option dynamic_tier_up)
+        # leaves -> (executable, constants) of their static program (option dynamic_tier_up)
+        self.compile_static = compile_static
         self.static: dict = {}  # shape key -> (executable, constants) compiled by compile_static
-        self.fallback = None  # () -> the symbolic graph's Compiled in full, when built without variants
+        self.fallback = fallback  # () -> the symbolic graph's Compiled in full, when built without variants
         self._fallback_entry = None
         self._eager_ran = False  # the eager program's kernels counted in kernels_compiled
         self.methods: dict = {}  # shape key -> how it was chosen (for tests and debugging)

@@ -1,0 +1,159 @@
+"""What runs one compiled signature.
+
+Every runnable thing pallaskit makes is called the same way,
+``executable(*flat_dynamic_leaves, *constants) -> flat outputs`` (the
+``Executable`` protocol), and kept in a ``Compiled`` record with what
+``explain`` and the stages read (the ``CompileResult``, the jaxpr, the output
+pytree, guards). Three kinds implement it:
+
+- a static XLA program: ``jax.stages.Compiled`` of the generated program
+  (``aot_compile``), or one loaded from the graph cache (``deserialize``,
+  ``from_entry``), or ``jit`` of it where it is compiled lazily (``explain``,
+  a symbolic graph with one variant);
+- the multi-kernel dispatcher of a symbolic graph (``runtime/multikernel.py``:
+  its variants, its eager program and background tier-up, all given to its
+  constructor);
+- the eager program of raw Triton launches (``runtime/eager.py``), which only
+  the dispatcher calls.
+
+``pallaskit/compile.py`` makes them; ``JitFunction`` calls them. This module
+imports neither, nor the cache: the cache stores bytes, this module turns
+them into executables and back.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pickle
+from typing import Any, Callable, Protocol
+
+import jax
+import numpy as np
+from jax.experimental import serialize_executable
+
+from pallaskit.config import config
+from pallaskit.runtime import xla_args
+
+
+class Executable(Protocol):
+    """``(*flat dynamic leaves, *constants) -> flat outputs``."""
+
+    def __call__(self, *flat_args) -> Any: ...
+
+
+@dataclasses.dataclass
+class Compiled:
+    """One compiled signature."""
+
+    result: Any  # lowering.CompileResult; None when served from a cache without running the compiler
+    jaxpr: Any
+    executable: Executable  # flat dynamic leaves, then constants -> flat outputs
+    constants: list
+    out_tree: Any
+    ran: bool = False
+    # A symbolic graph ([Note: dynamic dims]): checks of the dim values (code
+    # objects over the symbols' names), all true for the program to be right.
+    guards: list = dataclasses.field(default_factory=list)
+    # Donated leaves the executable does not donate itself (a dispatcher of
+    # variants, eager launches): deleted after each call, as jax.jit's donation does.
+    delete_after: tuple = ()
+    # A symbolic graph: the differences of the symbolic sizes the trace took as
+    # unequal; each must be nonzero at a call's sizes ([Note: shape equality guards]).
+    shape_guards: list = dataclasses.field(default_factory=list)
+
+
+# [Note: command buffers]
+# A program pallaskit compiles has 1-3 kernels, often with XLA's library calls
+# (cuBLAS) between them. XLA runs a program of 5 or more kernels as a command
+# buffer (a CUDA graph: one launch per call), smaller ones as separate
+# launches. At the sizes where a call is host-bound (the dynamic MLP sweep
+# below ~2500 rows on the H100) one graph launch costs less host time than 2-3
+# launches: option ``command_buffers`` (default on) compiles every GPU
+# executable with ``xla_gpu_graph_min_graph_size=1`` (figures in
+# benchmarks/RESULTS.md, "Command buffers"). The options are in the cache key.
+GRAPH_OPTIONS = {"xla_gpu_graph_min_graph_size": 1}
+
+
+def compiler_options(platform: str | None = None) -> dict:
+    """XLA compiler options of pallaskit's executables for ``platform`` (default:
+    the default device's) under the current options ([Note: command buffers])."""
+    platform = platform or jax.devices()[0].platform
+    return dict(GRAPH_OPTIONS) if config.command_buffers and platform == "gpu" else {}
+
+
+def jit(call, xla=None, n_constants: int = 0):
+    """``jax.jit(call)`` with pallaskit's compiler options where it runs at top
+    level; traced inside another ``jax.jit`` (a staged call, a transformation),
+    the outer compilation's options apply: JAX takes ``compiler_options`` on a
+    top-level jit only. ``xla``: the signature's donation and shardings
+    ([Note: XLA arguments] in runtime/xla_args.py; ``n_constants`` trailing
+    inputs are hoisted constants)."""
+    options = compiler_options()
+    if options:
+        return _TopLevelJit(call, options, xla, n_constants)
+    return xla_args.jit(call, xla, n_constants)
+
+
+class _TopLevelJit:
+    """``call`` jitted twice: with ``options`` for concrete arguments, without
+    for tracers (see ``jit``)."""
+
+    def __init__(self, call, options: dict, xla=None, n_constants: int = 0):
+        self.top = xla_args.jit(call, xla, n_constants, compiler_options=options)
+        self.nested = xla_args.jit(call, xla, n_constants)
+
+    def __call__(self, *args):
+        if any(isinstance(a, jax.core.Tracer) for a in args):
+            return self.nested(*args)
+        return self.top(*args)
+
+
+def aot_compile(call, structs, constants, xla=None):
+    """The generated program's ``call`` compiled by XLA now (a
+    ``jax.stages.Compiled``). ``xla``: the signature's donation and shardings,
+    a sharded signature's placement included ([Note: XLA arguments] in
+    runtime/xla_args.py)."""
+    return xla_args.lower(call, structs, constants, xla).compile(compiler_options=compiler_options() or None)
+
+
+def on_device(constants, where=None) -> list:
+    """Hoisted constants, put on the device once rather than at every call
+    (``where``: a sharded program's replicated sharding)."""
+    return [jax.device_put(np.asarray(c), where) for c in constants]
+
+
+def serialize(compiled) -> tuple[bytes | None, Any, Any, str]:
+    """(payload, in_tree, out_tree, error) of a ``jax.stages.Compiled``."""
+    try:
+        payload, in_tree, out_tree = serialize_executable.serialize(compiled)
+        pickle.dumps((in_tree, out_tree))
+        return payload, in_tree, out_tree, ""
+    except Exception as e:  # noqa: BLE001 - fall back to caching the source
+        return None, None, None, f"{type(e).__name__}: {e}"
+
+
+def deserialize(payload: bytes, in_tree, out_tree, devices=None):
+    devices = devices or [jax.devices()[0]]
+    return serialize_executable.deserialize_and_load(payload, in_tree, out_tree, backend=devices[0].client,
+                                                     execution_devices=devices)
+
+
+class _Program:  # what runtime.loader.load reads from a RenderedProgram
+    def __init__(self, source):
+        self.source, self.externs = source, []
+
+
+def from_entry(entry, structs, xla=None, load_program: Callable | None = None):
+    """(executable, constants on the device) of a graph cache entry, or None
+    where it holds source only and cannot be rebuilt without the compiler
+    (externs). Raises where its executable does not load (a bad entry).
+    ``load_program``: a RenderedProgram -> its ``call`` (runtime/loader.py's
+    ``load``) for a source-only entry, which XLA then compiles again."""
+    placed = xla.placed if xla else None
+    where = placed.replicated() if placed is not None else None
+    if entry.executable is not None:
+        devices = placed.devices() if placed is not None else None
+        return deserialize(entry.executable, entry.in_tree, entry.out_tree, devices), on_device(entry.constants, where)
+    if entry.has_externs or load_program is None:
+        return None  # extern callables are rebuilt by the compiler: recompile
+    compiled = aot_compile(load_program(_Program(entry.source)), structs, entry.constants, xla)
+    return compiled, on_device(entry.constants, where)

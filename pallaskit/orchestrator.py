@@ -1,0 +1,470 @@
+"""The orchestrator: one signature from its trace to an executable.
+
+``compile_signature`` is the one path of a cold call: trace the user's function
+(``trace``; ``trace_symbolic`` for dynamic dims) -> ``lowering.compile_jaxpr``
+(the compiler, a pure function of the jaxpr and ``CompileOptions``) -> an
+executable (``pallaskit/executable.py``: XLA's AOT compile of the generated
+program, or a multi-kernel dispatcher / eager program for a symbolic graph).
+A static signature asks the graph cache (``pallaskit/cache``, which only
+stores and loads) for an entry before compiling and gives it the new one
+after (``_serve``). ``JitFunction`` (api.py) calls in here; nothing in here
+calls back into it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import logging
+import os
+import time
+
+import filelock
+import jax
+
+import lowering
+from lowering import executors
+from lowering.options import CompileOptions
+from pallaskit import cache, executable, metrics, per_shard, shape_guards, sharding, signature
+from pallaskit.config import config
+from pallaskit.executable import Compiled
+from pallaskit.runtime import eager, loader, multikernel, xla_args
+
+log = logging.getLogger("pallaskit")
+
+
+# --------------------------------------------------------------------------- #
+# Options
+# --------------------------------------------------------------------------- #
+def compile_options() -> CompileOptions:
+    """The compiler's options from the effective configuration: every
+    ``CompileOptions`` field named like a config option takes its value."""
+    snap = config.snapshot()
+    values = {f.name: snap[f.name] for f in dataclasses.fields(CompileOptions) if f.name in snap}
+    if values.get("interpret") == "auto":
+        values["interpret"] = jax.default_backend() == "cpu"
+    values["num_sms"] = values.get("num_sms") or _num_sms()
+    values["kernel_backend"] = _kernel_backend(snap)
+    values["triton_available"] = (_triton_installed() if values["interpret"] else _cuda_with_triton())
+    loops = snap["loop_bodies"]
+    values["loop_bodies"] = loops == "on" or (loops == "auto" and values["interpret"])
+    return CompileOptions(**values)
+
+
+def _kernel_backend(snap: dict) -> str:
+    """Option ``kernel_backend``, or what the deprecated ``triton_mix_kernels`` asks for."""
+    old = snap["triton_mix_kernels"]
+    if snap["kernel_backend"] != "auto" or old == "auto":
+        return snap["kernel_backend"]
+    _warn_triton_mix_kernels()
+    return "triton" if old == "on" else "pallas"
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_triton_mix_kernels():
+    log.warning("pallaskit: option triton_mix_kernels is deprecated: use kernel_backend ('on' is 'triton', "
+                "'off' is 'pallas')")
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_with_triton() -> bool:
+    """Is the default device a CUDA GPU and the optional ``triton`` package
+    importable (checked without importing it)? Raw Triton kernels inside XLA
+    go through jaxlib's CUDA Triton custom call (runtime/triton_call.py)."""
+    device = jax.devices()[0]
+    try:
+        cuda = device.platform == "gpu" and "cuda" in device.client.platform_version.lower()
+    except AttributeError:
+        cuda = False
+    return cuda and _triton_installed()
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms() -> int:
+    """SMs of the default device (grid sizing); 4 on the CPU, where interpret
+    mode runs programs one after another."""
+    device = jax.devices()[0]
+    return int(getattr(device, "core_count", 0) or 132) if device.platform == "gpu" else 4
+
+
+# --------------------------------------------------------------------------- #
+# Trace
+# --------------------------------------------------------------------------- #
+def trace(jf, structs, treedef, static_pos, static_kw, n_args):
+    """(closed jaxpr of the flat dynamic leaves, output treedef) of the
+    function at ``structs`` (one per flat dynamic leaf). Traced by
+    ``jax.jit(fn).trace``, which keeps the function's signature: errors
+    raised by the user's code name the function and its arguments."""
+    full, kwargs = signature.full_args(structs, treedef, static_pos, static_kw, n_args)
+    traced = jf._tracer.trace(*full, **kwargs)
+    return traced.jaxpr, jax.tree_util.tree_structure(traced.out_info)
+
+
+def trace_symbolic(jf, structs, treedef, static_pos, static_kw, n_args):
+    """``_trace`` at symbolic shapes, also returning the shape guards
+    ([Note: shape equality guards]); raises when they cannot be recorded."""
+    if not shape_guards.install_eq_recorder():
+        raise lowering.SymbolicUnsupported("this jax's symbolic dims cannot be guarded")
+    shape_guards.EQ_RECORD.diffs = diffs = []
+    try:
+        closed, out_tree = trace(jf, structs, treedef, static_pos, static_kw, n_args)
+    finally:
+        shape_guards.EQ_RECORD.diffs = None
+    return closed, out_tree, list({str(d): d for d in diffs}.values())
+
+
+# --------------------------------------------------------------------------- #
+# Compile one signature
+# --------------------------------------------------------------------------- #
+def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=True, structs=None,
+                      size_hints=(), variants=None, positions=(), first_sizes=None, xla=None,
+                      traced=None, placement=None, compile_static=None) -> Compiled:
+    """Trace and compile one signature. ``aot``: compile the executable now,
+    through the on-disk graph cache (``pallaskit/cache``), where a hit skips
+    the compiler and XLA (``Compiled.result`` is then None); otherwise only
+    run the compiler and jit its program lazily (``explain``).
+    ``structs``: symbolic input shapes ([Note: dynamic dims]); the graph is
+    then compiled shape-generic, with ``size_hints`` for its heuristics,
+    or once per entry of ``variants`` (size-hint tuples; ``positions``:
+    (symbol, (leaf, axis)) of each symbol) behind a multi-kernel
+    dispatcher when their sources differ. ``xla``: the signature's
+    donation and shardings ([Note: XLA arguments]); ``traced``: (closed
+    jaxpr, output treedef) when the caller traced already; ``placement``:
+    the arguments' shardings ([Note: sharding] in pallaskit/sharding.py),
+    which join ``xla`` for the lowering; ``compile_static``: leaves -> (executable,
+    constants) of their size's static program, for an eager dispatcher's tier-up.
+
+    One path, no callbacks: trace -> the compiler (``build``) -> an executable
+    (pallaskit/executable.py); the graph cache is asked for an entry first and
+    given the new one after (``_serve``)."""
+    options = compile_options()
+    if size_hints:
+        options = dataclasses.replace(options, size_hints=tuple(size_hints))
+    t0 = time.perf_counter()
+    symbolic = structs is not None
+    if structs is None:
+        structs = [sharding.struct_of(a) for a in avals]  # keeps shard_map's varying axes
+    eq_guards = []
+    if traced is not None:
+        closed, out_tree = traced
+    elif symbolic:
+        closed, out_tree, eq_guards = trace_symbolic(jf, structs, treedef, static_pos, static_kw, n_args)
+    else:
+        with sharding.trace_context(placement):
+            closed, out_tree = trace(jf, structs, treedef, static_pos, static_kw, n_args)
+    out_tree_box = [out_tree]
+    metrics.counters["trace_seconds"] += time.perf_counter() - t0
+    title = jf._title()
+
+    def build(options=options, jaxpr=None):  # jaxpr: a per-shard plan's local one ([Note: per-shard kernels])
+        result = lowering.compile_jaxpr(jaxpr or closed, options, title)
+        call = loader.load_lazily(result.program)
+        constants = [result.schedule.graph.constants[n] for n in result.schedule.graph.inputs
+                     if n in result.schedule.graph.constants]
+        _log_fallbacks(result.fallbacks)
+        if config.debug_dir:  # multi-kernel variants: a folder each, named by the hint
+            hint = "_".join(f"{k}{v}" for k, v in options.size_hints) if variants and len(variants) > 1 else ""
+            _dump(config.debug_dir, title + (f"_hint_{hint}" if hint else ""), closed, result)
+        return result, call, constants
+
+    if symbolic:
+        # Not through the disk cache: a symbolic graph's executables are per
+        # concrete size (jax.jit of the shape-generic program), so an entry
+        # could hold only its source; this compiles it in-process instead.
+        built = {}  # source -> [result, call, constants, [hint tuples]]; first hint of a source kept
+        order = list(variants or [tuple(size_hints)])
+        # Eager launches with static tier-up use one variant: build the nearest
+        # first and stop at the first that renders to Triton ([Note: eager launches]).
+        lazy = bool(first_sizes) and _eager_wanted(options) and config.dynamic_tier_up == "static"
+        if lazy:
+            order.sort(key=lambda hints: multikernel.log_distance(hints, first_sizes))
+        symbols, where = [n for n, _ in positions], [p for _, p in positions]
+        # The eager program of a symbolic signature is kept on disk
+        # ([Note: eager program cache] in runtime/eager.py): a warm process runs
+        # no compiler for it.
+        eager_key = None
+        if lazy and cache.enabled() and not closed.consts:
+            parts = cache.key_parts(closed, [v.aval for v in closed.jaxpr.invars], static_pos + static_kw, options)
+            parts["eager"] = {"format": eager.CACHE_FORMAT, "hints": [list(map(list, h)) for h in order]}
+            eager_key = cache.key_of(parts)
+            hit = eager.load_cached(eager_key)
+            if hit is not None:
+                fallback = functools.partial(
+                    compile_signature, jf, avals, treedef, static_pos, static_kw, n_args, aot=False,
+                    structs=structs, size_hints=size_hints, variants=variants, positions=positions)
+                dispatcher = multikernel.Dispatcher(
+                    title, symbols, where, len(avals), [], options.interpret, eager=hit, fallback=fallback,
+                    compile_static=compile_static if config.dynamic_tier_up == "static" else None)
+                metrics.counters["eager_cache_hits"] += 1
+                metrics.counters["compile_seconds"] += time.perf_counter() - t0
+                return Compiled(None, closed, dispatcher, [], out_tree_box[-1], ran=True,
+                                guards=[compile(g, "<guard>", "eval") for g in hit.guards],
+                                delete_after=xla.donate if xla else (), shape_guards=eq_guards)
+        if lazy and not options.interpret:
+            from pallaskit.runtime import triton_launch
+
+            triton_launch.warm_up()  # overlaps this compile; its kernels compile after it
+        eager_program = None
+        for hints in order:
+            result, call, constants = build(dataclasses.replace(options, size_hints=tuple(hints)))
+            if not result.program.symbols:
+                raise lowering.SymbolicUnsupported("no dynamic size reaches the program")
+            entry = built.setdefault(result.program.source, [result, call, constants, []])
+            entry[3].append(tuple(hints))
+            if lazy and len(entry[3]) == 1:
+                eager_program = _eager_program(title, {result.program.source: entry}, options, first_sizes)
+                if eager_program is not None:
+                    break
+        if not lazy:
+            eager_program = _eager_program(title, built, options, first_sizes or {})
+        elif eager_program is not None and eager_key is not None:
+            eager_program[0].guards = list(dict.fromkeys(
+                g for b in built.values() for g in b[0].program.guard_source))
+            eager.store_cached(eager_key, eager_program[0])
+        result, call, constants, _ = next(iter(built.values()))
+        deltas = metrics.graph_deltas(result)
+        # The graph counts once; generated_kernel_count also counts the other
+        # variants' kernels whose source differs from every kernel before.
+        seen = {k.source for k in result.program.kernels}
+        for other in list(built.values())[1:]:
+            extra = {k.source for k in other[0].program.kernels} - seen
+            deltas["generated_kernel_count"] += len(extra)
+            seen |= extra
+        metrics.apply_deltas(deltas)
+        seconds = time.perf_counter() - t0
+        metrics.counters["compile_seconds"] += seconds
+        metrics.record_graph(title, deltas, metrics.kernel_stats(result), seconds, "off")
+        # Every variant's guards must hold (a size one variant's int32 indexing
+        # cannot take compiles statically for itself).
+        guard_source = list(dict.fromkeys(g for b in built.values() for g in b[0].program.guard_source))
+        guards = [compile(g, "<guard>", "eval") for g in guard_source]
+        log.debug("pallaskit compiled %s shape-generic over %s in %.3fs (%d variant(s))", title,
+                  ", ".join(result.program.symbols), seconds, len(built))
+
+        if len(built) == 1 and eager_program is None:
+            return Compiled(result, closed, executable.jit(call, xla, len(constants)), constants, out_tree_box[-1],
+                            guards=guards, shape_guards=eq_guards)
+        variants_ = [multikernel.Variant(b[3], executable.jit(b[1], None, len(constants)), b[2], src,
+                                         [k.source for k in b[0].program.kernels])
+                     for src, b in built.items()]
+        eager_kw = {}
+        if eager_program is not None:
+            eager_kw = dict(eager=eager_program[0], eager_constants=eager_program[1],
+                            compile_static=compile_static if config.dynamic_tier_up == "static" else None)
+        dispatcher = multikernel.Dispatcher(title, symbols, where, len(avals), variants_, options.interpret,
+                                            **eager_kw)
+        # ran=True: the dispatcher counts kernels_compiled (distinct kernels of all variants) on its first call.
+        # The dispatcher may run a size's variants on the arguments (timing), so no
+        # executable under it takes donation: the donated arrays are deleted after the call.
+        return Compiled(result, closed, dispatcher, constants, out_tree_box[-1], ran=True, guards=guards,
+                        delete_after=xla.donate if xla else (), shape_guards=eq_guards)
+    if aot:
+        if placement is None and sharding.mentions_mesh(closed):  # e.g. with_sharding_constraint
+            placement = (None,) * len(avals)
+        if placement is not None:
+            xla = (xla or xla_args.XlaArgs()).with_placement(
+                placement, signature.flat_function(jf.fn, treedef, static_pos, static_kw, n_args), avals)
+            build = per_shard.attach(xla.placed, closed, avals, build, options, config.shard_kernels, title)
+        served = _serve(closed, avals, static_pos + static_kw, options, title, build, t0, xla)
+        if served.result is None and config.debug_dir:  # a cache hit: what the entry keeps
+            _dump(config.debug_dir, title, closed, None, served.source)
+        log.debug("pallaskit served %s in %.3fs (cache: %s)", title, time.perf_counter() - t0, served.cache)
+        return Compiled(served.result, closed, served.executable, served.constants, out_tree_box[-1], ran=True)
+    result, call, constants = build()
+    metrics.apply_deltas(metrics.graph_deltas(result))
+    return Compiled(result, closed, executable.jit(call, xla, len(constants)), constants, out_tree_box[-1])
+
+
+# --------------------------------------------------------------------------- #
+# A static signature through the graph cache: get, else compile and put
+# --------------------------------------------------------------------------- #
+@dataclasses.dataclass
+class Served:
+    """What the jit needs to run one static signature."""
+
+    executable: executable.Executable  # flat dynamic leaves, then constants -> flat outputs
+    constants: list
+    result: object = None  # lowering.CompileResult; None when loaded from the cache
+    cache: str = "off"  # 'hit', 'miss' or 'off'
+    source: str = ""  # a hit's generated program source (debug_dir writes it)
+
+
+_serialize_failures: set = set()
+_sources_changed: list = []  # graphs compiled after this process's sources changed (logged once)
+
+
+def _serve(closed_jaxpr, avals, static_args, options, title: str, build, started: float, xla=None) -> Served:
+    """One traced static signature: from the graph cache when the option is on
+    and a valid entry exists, else ``build()`` -> (CompileResult, call,
+    constants), XLA's compile, and a new entry. ``started``: when the call began
+    (tracing included), for ``compile_seconds``. ``xla``: the signature's
+    donation and shardings (``runtime.xla_args.XlaArgs``; a sharded signature's
+    placement, [Note: sharding]), part of the key."""
+    if xla and xla.placed is not None:
+        structs = xla.placed.structs()
+    else:
+        structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+    if not cache.enabled():
+        return _compile_new(build, structs, title, started, "off", xla=xla)
+    t0 = time.perf_counter()
+    parts = cache.key_parts(closed_jaxpr, avals, static_args, options)
+    if xla:
+        parts["xla_args"] = xla.key()
+    key = cache.key_of(parts)
+    metrics.counters["cache_key_seconds"] += time.perf_counter() - t0
+    served = _from_cache(key, parts, structs, title, started, xla)
+    if served is not None:
+        return served
+    try:
+        lock = cache.key_lock(key)
+        lock.acquire()
+    except (filelock.Timeout, OSError) as e:
+        log.warning("pallaskit cache: no lock for %s (%s); compiling without the cache", title, e)
+        return _compile_new(build, structs, title, started, "off", xla=xla)
+    try:
+        # Another process may have written the entry while this one waited.
+        served = _from_cache(key, parts, structs, title, started, xla)
+        if served is None:
+            metrics.counters["cache_misses"] += 1
+            served = _compile_new(build, structs, title, started, "miss", key=key, parts=parts, xla=xla)
+        return served
+    finally:
+        lock.release()
+
+
+def _from_cache(key, parts, structs, title, started, xla=None) -> Served | None:
+    """The executable of the cache's entry of ``key``; None where there is none
+    usable (missing, bad, or source only with externs)."""
+    t0 = time.perf_counter()
+    entry = cache.load(key, parts)
+    t1 = time.perf_counter()
+    metrics.counters["cache_read_seconds"] += t1 - t0
+    if entry is None:
+        return None
+    try:
+        loaded = executable.from_entry(entry, structs, xla, load_program=loader.load)
+    except Exception as e:  # noqa: BLE001 - an executable that does not load is a bad entry
+        cache.report(cache.entry_path(entry.key), f"executable does not load: {type(e).__name__}: {e}")
+        return None
+    if loaded is None:
+        return None
+    if entry.executable is None:  # rebuilt from the entry's source: XLA compiled its kernels
+        metrics.counters["kernels_compiled"] += entry.num_kernels
+    served = Served(loaded[0], loaded[1], cache="hit", source=entry.source)
+    metrics.counters["cache_load_seconds"] += time.perf_counter() - t1
+    metrics.counters["cache_hits"] += 1
+    _finish(served, title, started, entry.metric_deltas, None)
+    return served
+
+
+def _compile_new(build, structs, title, started, how: str, key=None, parts=None, xla=None) -> Served:
+    """Run the compiler and XLA; with a ``key``, keep the result in the cache."""
+    result, call, constants = build()
+    where = xla.placed.replicated() if xla and xla.placed is not None else None
+    compiled = executable.aot_compile(call, structs, constants, xla)
+    metrics.counters["kernels_compiled"] += len(result.program.kernels)
+    served = Served(compiled, executable.on_device(constants, where), result, how)
+    deltas, kernels = metrics.graph_deltas(result), metrics.kernel_stats(result)
+    if key is not None and cache.stat_signature()[0] != cache.environment()["sources"]:
+        # The key holds the hash of the sources as they were when this process
+        # first made a key; the compiler that just ran may have been imported since.
+        if not _sources_changed:
+            _sources_changed.append(title)
+            log.warning("pallaskit cache: pallaskit's sources changed while this process ran; "
+                        "not caching what it compiles from now on (first: %s)", title)
+        key = None
+    if key is not None:
+        payload, in_tree, out_tree, error = executable.serialize(compiled)
+        if error and title not in _serialize_failures:
+            _serialize_failures.add(title)
+            log.warning("pallaskit cache: the executable of %s cannot be serialized (%s); caching its source only",
+                        title, error)
+        cache.store(cache.Entry(
+            key=key, parts=parts, title=title, source=result.program.source, num_kernels=len(result.program.kernels),
+            has_externs=bool(result.program.externs), constants=list(constants), executable=payload,
+            in_tree=in_tree, out_tree=out_tree, executable_error=error, metric_deltas=deltas, kernels=kernels,
+            created=time.time()))
+    _finish(served, title, started, deltas, kernels)
+    return served
+
+
+def _finish(served: Served, title, started, deltas, kernels):
+    """Counters and metric-table rows of one served graph."""
+    seconds = time.perf_counter() - started
+    metrics.apply_deltas(deltas)
+    metrics.counters["compile_seconds"] += seconds
+    metrics.record_graph(title, deltas, kernels, seconds, served.cache)
+
+
+def _eager_wanted(options) -> bool:
+    """Should a symbolic program run new sizes eagerly (option ``dynamic_launch``)?"""
+    return executors.eager(config.dynamic_launch, options).executor == executors.TRITON_EAGER
+
+
+def _eager_program(title: str, built: dict, options, first_sizes: dict):
+    """(EagerProgram, its constants) of the variant nearest ``first_sizes`` among
+    those whose kernels all render to raw Triton, or None ([Note: eager
+    launches] in runtime/eager.py; option ``dynamic_launch``)."""
+    if not _eager_wanted(options):
+        return None
+    mode = config.dynamic_launch
+    from lowering.codegen import triton as triton_codegen
+
+    renderable, why = [], []
+    for result, _, constants, hints in built.values():
+        try:
+            program = triton_codegen.render(result.schedule, dataclasses.replace(options, size_hints=hints[0]), title)
+        except triton_codegen.TritonUnsupported as e:
+            why.append(str(e))
+            continue
+        except Exception as e:  # noqa: BLE001  (a renderer bug must not cost the symbolic program)
+            log.warning("pallaskit: %s: the Triton renderer failed (%s: %s); no eager launches", title,
+                        type(e).__name__, e)
+            continue
+        renderable.append((multikernel.Variant(hints, None, constants, program.source, []), program))
+    if not renderable:
+        log.debug("pallaskit: %s: no eager launches (%s)", title, "; ".join(dict.fromkeys(why)))
+        return None
+    index = multikernel.nearest([v for v, _ in renderable], first_sizes) if first_sizes else 0
+    variant, program = renderable[index]
+    try:
+        kernels = [(k.name, k.num_warps, k.num_stages) for k in program.kernels]
+        return eager.EagerProgram(program.source, kernels, options.interpret, variant.hints[0]), variant.constants
+    except Exception as e:  # noqa: BLE001  (no triton, or imported without its interpreter: XLA path)
+        log.log(logging.WARNING if mode == "on" else logging.DEBUG,
+                "pallaskit: %s: no eager launches (%s: %s)", title, type(e).__name__, e)
+        return None
+
+
+def _log_fallbacks(prims):
+    if not config.log_fallbacks:
+        return
+    for p in prims:
+        if p not in metrics.logged_fallbacks:
+            metrics.logged_fallbacks.add(p)
+            log.warning("pallaskit: %s runs through XLA (no lowering rule, or the rule cannot take these operands)", p)
+
+
+def _dump(root, title, closed, result, source=None):
+    """``debug_dir``'s folder of one compiled function. ``result`` None: a disk
+    cache hit, where the compiler did not run: the jaxpr and the entry's
+    program source, and a note saying why the IR files are missing."""
+    safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in title)
+    folder = os.path.join(root, f"{safe}_{metrics.counters['graphs_compiled']:03d}")
+    os.makedirs(folder, exist_ok=True)
+    if result is not None:
+        files = {"jaxpr.txt": str(closed), "ir_before_fusion.txt": result.ir_before,
+                 "ir_after_fusion.txt": result.ir_after, "program.py": result.program.source}
+    else:
+        files = {"jaxpr.txt": str(closed), "program.py": source or "",
+                 "FROM_CACHE.txt": "Loaded from the on-disk graph cache: the compiler did not run, so there is no "
+                                   "IR before/after fusion. Run with the option cache off (PALLASKIT_CACHE=0) or "
+                                   "pallaskit.explain(fn, *args) to see them.\n"}
+    for name, text in files.items():
+        with open(os.path.join(folder, name), "w") as f:
+            f.write(text)

@@ -1,0 +1,79 @@
+"""Shape equality guards of symbolic traces ([Note: shape equality guards])."""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import jax
+
+
+# [Note: shape equality guards]
+# jax's symbolic dims answer ``==`` with False when they cannot decide it (its
+# ``__eq__`` may not raise: hashing uses it), so a trace at symbolic shapes
+# takes the user's ``if x.shape[0] == 1`` as false for every size, and the
+# symbolic program would be wrong at size 1. While pallaskit traces at symbolic
+# shapes, ``_DimExpr.__eq__`` also records the difference of each pair it
+# called unequal without deciding it, when the comparison comes from outside
+# jax (the user's code or a library's; jax's own code is written for symbolic
+# dims, where "not known equal" is what it asks, e.g. broadcasting's ``d == 1``);
+# a call whose sizes make any recorded difference zero compiles statically for
+# those sizes instead, as torch's guards do. Ordered comparisons (<, >=, ...)
+# raise when undecidable, and the trace then falls back to static compiles.
+# Recording is per thread.
+EQ_RECORD = threading.local()
+_JAX_DIR = os.path.dirname(jax.__file__) + os.sep
+
+
+def _asked_outside_jax() -> bool:
+    """Is the innermost frame outside jax's package (past ``__eq__``/``__ne__``
+    of the dims) one of the user's code or another library?"""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.endswith("shape_poly.py"):
+        frame = frame.f_back
+    return frame is not None and not frame.f_code.co_filename.startswith(_JAX_DIR)
+
+
+def install_eq_recorder() -> bool:
+    """Wrap ``_DimExpr.__eq__`` once; False where this jax's class is not there."""
+    try:
+        from jax._src.export import shape_poly
+        cls = shape_poly._DimExpr
+    except (ImportError, AttributeError):
+        return False
+    if getattr(cls.__eq__, "_pallaskit_recorder", False):
+        return True
+    original = cls.__eq__
+
+    def __eq__(self, other):
+        result = original(self, other)
+        diffs = getattr(EQ_RECORD, "diffs", None)
+        if (diffs is not None and result is False and not getattr(EQ_RECORD, "busy", False)
+                and _asked_outside_jax()):
+            EQ_RECORD.busy = True
+            try:
+                diff = self - other
+                if jax.export.is_symbolic_dim(diff):
+                    diffs.append(diff)
+            except Exception:  # noqa: BLE001  (another scope, a non-dim operand: decided, nothing to guard)
+                pass
+            finally:
+                EQ_RECORD.busy = False
+        return result
+
+    __eq__._pallaskit_recorder = True
+    cls.__eq__ = __eq__
+    return True
+
+
+def hold(entry, values: dict) -> bool:
+    """Does no shape guard's difference vanish at these sizes? (An expression
+    that cannot be evaluated counts as broken: a static compile is always right.)"""
+    for diff in entry.shape_guards:
+        try:
+            evaluate = getattr(diff, "_evaluate", None) or diff.evaluate
+            if int(evaluate(values)) == 0:
+                return False
+        except Exception:  # noqa: BLE001
+            return False
+    return True

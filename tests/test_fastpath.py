@@ -1,0 +1,188 @@
+"""The call fast path: jax.jit's C++ dispatch in front of pallaskit's Python call
+([Note: the call fast path] in pallaskit/runtime/fastpath.py). A signature C++
+serves must be exactly the one pallaskit compiled for: dtype, shape, weak type,
+pytree, donation; what C++ cannot serve comes back to Python."""
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallaskit
+from pallaskit.runtime import fastpath
+
+needs_cpp = pytest.mark.skipif(not fastpath.available(), reason="this jax has no C++ call object to reuse")
+
+
+def _count_python_calls(f):
+    """Wrap the Python call of a JitFunction; returns the list it appends to."""
+    seen, inner = [], f._call
+
+    def counted(args, kwargs):
+        seen.append(1)
+        return inner(args, kwargs)
+
+    f._call = counted
+    return seen
+
+
+def _close(got, want, dtype=np.float32):
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype, g.shape, w.shape)
+        tol = 2e-2 if g.dtype == jnp.bfloat16 else 1e-5
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=tol, atol=tol)
+
+
+def _step(x, y, *, scale):
+    return {"a": x * scale + y, "b": (jnp.sin(x), jnp.maximum(x, y))}
+
+
+@needs_cpp
+def test_steady_calls_do_not_enter_python(rng):
+    f = pallaskit.jit(_step)
+    seen = _count_python_calls(f)
+    x = jnp.asarray(rng.standard_normal((3, 7)), jnp.float32)
+    y = jnp.asarray(rng.standard_normal((3, 7)), jnp.float32)
+    for _ in range(5):
+        _close(f(x, y, scale=2.0), jax.jit(_step)(x, y, scale=2.0))
+    assert len(seen) == 1  # the first call compiled; C++ ran the other four
+
+
+@needs_cpp
+def test_the_python_call_alone_gives_the_same_results(rng):
+    f, g = pallaskit.jit(_step), pallaskit.jit(_step)
+    g._cpp = None
+    x = jnp.asarray(rng.standard_normal((1, 5)), jnp.float32)
+    y = jnp.asarray([[np.nan, np.inf, -np.inf, -0.0, 0.0]], jnp.float32)
+    for _ in range(3):
+        _close(f(x, y, scale=0.5), g(x, y, scale=0.5))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int32])
+def test_signatures_alternate_without_mixing_executables(rng, dtype):
+    """Shapes, dtypes, weak-typed Python scalars vs strong scalars, numpy
+    arrays, pytrees and keyword arguments, each called repeatedly in turn."""
+    f = pallaskit.jit(_step)
+    ref = jax.jit(_step)
+    a = jnp.asarray(rng.standard_normal((4, 3)) * 4, dtype)
+    b = jnp.asarray(rng.standard_normal((1, 3)) * 4, dtype)
+    cases = [(a, a, 2), (a, b, 2), (a[:1], b, 2), (a, 3.0, 2), (a, jnp.float32(3.0), 2),
+             (np.asarray(a), a, 2), (a, a, jnp.asarray(2, dtype)), (a.astype(jnp.float32), a, 2)]
+    for _ in range(3):
+        for x, y, s in cases:
+            _close(f(x, y, scale=s), ref(x, y, scale=s))
+
+
+def test_weak_scalar_after_a_strong_one_keeps_its_dtype(rng):
+    """bfloat16 * a Python float stays bfloat16; * a float32 array does not.
+    XLA's own argument check ignores weak types, so the C++ signature must not."""
+    f = pallaskit.jit(lambda x, s: x * s)
+    x = jnp.asarray(rng.standard_normal(6), jnp.bfloat16)
+    for _ in range(2):
+        assert f(x, jnp.float32(1.5)).dtype == jnp.float32
+        assert f(x, 1.5).dtype == jnp.bfloat16
+        assert f(x, jnp.float32(1.5)).dtype == jnp.float32
+
+
+def test_donated_arguments_are_consumed_on_every_call(rng):
+    f = pallaskit.jit(lambda p, g: (p - 0.1 * g, g * 2), donate_argnums=0)
+    g = jnp.asarray(rng.standard_normal(9), jnp.float32)
+    p0 = np.asarray(rng.standard_normal(9), np.float32)
+    p = jnp.asarray(p0)
+    for i in range(4):
+        old = p
+        p, g2 = f(p, g)
+        np.testing.assert_allclose(np.asarray(p), p0 - 0.1 * (i + 1) * np.asarray(g), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(g2), 2 * np.asarray(g))
+        assert old.is_deleted()
+    with pytest.raises(ValueError, match="deleted or donated"):
+        f(old, g)  # a deleted array is refused, as jax.jit refuses it
+
+
+def test_transformations_after_steady_calls(rng):
+    f = pallaskit.jit(lambda x: jnp.sum(jnp.tanh(x) ** 2))
+    x = jnp.asarray(rng.standard_normal(11), jnp.float32)
+    for _ in range(3):
+        f(x)
+    want = jax.grad(lambda x: jnp.sum(jnp.tanh(x) ** 2))(x)
+    _close(jax.grad(f)(x), want)
+    _close(jax.jit(jax.grad(f))(x), want)
+    _close(jax.vmap(f)(x[:, None]), jax.vmap(lambda v: jnp.sum(jnp.tanh(v) ** 2))(x[:, None]))
+    _close(f(x), jnp.sum(jnp.tanh(x) ** 2))
+
+
+def test_hoisted_constants_and_namedtuple_outputs(rng):
+    Out = collections.namedtuple("Out", "y z")
+    table = np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8)
+
+    def fn(x):
+        return Out(x @ table + 1.0, jnp.argmax(x, axis=-1))
+
+    f = pallaskit.jit(fn)
+    x = jnp.asarray(rng.standard_normal((3, 8)), jnp.float32)
+    for _ in range(3):
+        got = f(x)
+        assert isinstance(got, Out)
+        _close(got, jax.jit(fn)(x))
+
+
+def test_a_static_argument_function_keeps_the_python_call(rng):
+    f = pallaskit.jit(_step, static_argnames="scale")
+    assert f._cpp is None
+    x = jnp.asarray(rng.standard_normal(4), jnp.float32)
+    for s in (1, True, 1.0, 2):
+        _close(f(x, x, scale=s), jax.jit(_step, static_argnames="scale")(x, x, scale=s))
+
+
+@needs_cpp
+def test_a_graph_cache_hit_is_served_by_cpp_too(rng, tmp_path):
+    """A deserialized executable (a second function, the same graph) takes the C++ path."""
+    pallaskit.config.update(cache_dir=str(tmp_path))
+    x = jnp.asarray(rng.standard_normal((2, 9)), jnp.float32)
+    fn = lambda x: jnp.tanh(x) * 2.0 + 1.0  # noqa: E731
+    pallaskit.jit(fn)(x)
+    g = pallaskit.jit(fn)
+    seen = _count_python_calls(g)
+    for _ in range(3):
+        _close(g(x), jnp.tanh(x) * 2.0 + 1.0)
+    assert pallaskit.metrics.counters["cache_hits"] == 1 and len(seen) == 1
+
+
+@needs_cpp
+def test_data_cpp_refuses_turns_the_fast_path_off_without_running_twice(rng, monkeypatch, caplog):
+    """Where C++ cannot take the fast-path data (another jax's layout), the call
+    returns what the Python call computed, once (a donated argument is consumed
+    once), and later calls take the Python path."""
+    monkeypatch.setattr(fastpath, "_DISABLED", [])
+    monkeypatch.setattr(fastpath, "fastpath_data", lambda *a: ("not", "fast-path data"))
+    f = pallaskit.jit(lambda p, g: p - 0.5 * g, donate_argnums=0)
+    g = jnp.asarray(rng.standard_normal(5), jnp.float32)
+    p0 = np.asarray(rng.standard_normal(5), np.float32)
+    p = jnp.asarray(p0)
+    with caplog.at_level("WARNING", logger="pallaskit"):
+        out = f(p, g)
+    np.testing.assert_allclose(np.asarray(out), p0 - 0.5 * np.asarray(g), rtol=1e-6)
+    assert f._cpp is None and not fastpath.available() and "refused" in caplog.text
+    out2 = f(out, g)
+    np.testing.assert_allclose(np.asarray(out2), p0 - np.asarray(g), rtol=1e-5, atol=1e-6)
+    assert pallaskit.jit(lambda x: x + 1)._cpp is None  # new functions too, in this process
+
+
+def test_an_error_after_a_nested_pallaskit_call_is_raised(rng):
+    """A pallaskit function called while another one traces: an error the outer
+    function raises afterwards reaches the caller (the inner call's result is
+    never taken for the outer's)."""
+    inner = pallaskit.jit(lambda x: x * 2.0)
+    x = jnp.asarray(rng.standard_normal(3), jnp.float32)
+
+    @pallaskit.jit
+    def outer(x):
+        inner(x)
+        raise ValueError("boom from outer")
+
+    for _ in range(2):
+        with pytest.raises(ValueError, match="boom from outer"):
+            outer(x)
+    _close(inner(x), x * 2.0)
