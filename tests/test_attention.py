@@ -209,3 +209,15 @@ def test_dot_operands_in_gemm_order(rng, case, dtype, operands):
     with pallaskit.config.override(matmul_template="off"):
         _check(fn, a, b)
     assert not _dot_operands_in_gemm_order(_schedule(fn, a, b, matmul_template="off"))
+
+
+# -- the flash-attention prototype (benchmarks/attention.py) -------------------------
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_flash_prototype_smoke(dtype):
+    """The prototype's smoke run (Triton's interpreter, sequence 40 over blocks of 16,
+    3 heads): the raw Triton kernel inside the XLA program agrees with plain attention."""
+    from benchmarks import attention
+
+    rows = attention.main(["--smoke", "--dtype", dtype])  # raises SystemExit when a row disagrees
+    flash = [r for r in rows if r["backend"].startswith("triton flash")]
+    assert flash and all("error" not in r and r["max_err"] < (2e-2 if dtype == "bfloat16" else 1e-5) for r in flash)
