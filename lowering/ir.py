@@ -443,6 +443,10 @@ class InputNode(Node):
 @dataclasses.dataclass
 class Pointwise(Node):
     body: Expr = None
+    # A shape equation XLA can run on its own (reshape, transpose, squeeze,
+    # expand_dims): its (primitive, params). Between XLA ops it runs there
+    # (lowering/xla_views.py), where a copy kernel would cost a pass.
+    view: tuple | None = None
 
     @property
     def symbols(self):

@@ -13,6 +13,7 @@ from jax.extend import core as jex_core
 from lowering import ir, loops, sizes, symbolic, trace
 from lowering.options import CompileOptions
 from lowering.rules import RULES, PreferXLA
+from lowering.rules.matmul import gemm_operands
 
 log = logging.getLogger("pallaskit")
 
@@ -86,11 +87,12 @@ class LoweringContext:
         self.nodes[node.name] = node
         return node.name
 
-    def pointwise(self, aval, body) -> str:
+    def pointwise(self, aval, body, view=None) -> str:
         dtype = np.dtype(aval.dtype)
         if body.dtype != dtype:
             body = ir.Op("convert_element_type", (body,), dtype, (("new_dtype", dtype),))
-        return self._add(ir.Pointwise(self.new_name(), tuple(aval.shape), dtype, (self.current_eqn,), body=body))
+        return self._add(ir.Pointwise(self.new_name(), tuple(aval.shape), dtype, (self.current_eqn,), body=body,
+                                      view=view))
 
     def matmul(self, aval, body, **dims) -> str:
         return self._add(ir.Matmul(self.new_name(), tuple(aval.shape), np.dtype(aval.dtype), (self.current_eqn,),
@@ -101,7 +103,8 @@ class LoweringContext:
                             body=body, reduced=tuple(reduced), axes=tuple(axes), op=op)
         return self._add(node)
 
-    def extern(self, eqn, args) -> list[str]:
+    def extern(self, eqn, args, params=None) -> list[str]:
+        """``params``: the equation's, unless given (a dot_general with permuted operands)."""
         if symbolic.params_symbolic(eqn.params):
             # XLA would need the concrete size inside the parameter (a gather's
             # slice sizes, a broadcast's shape): no shape-generic program.
@@ -115,7 +118,8 @@ class LoweringContext:
         else:  # an effect with no results (debug_print, a callback returning nothing)
             name, shape, dtype = self.new_name("effect"), (), np.dtype("V")
         node = ir.Extern(name, shape, dtype, (self.current_eqn,),
-                         primitive=eqn.primitive, params=dict(eqn.params), inputs=tuple(args),
+                         primitive=eqn.primitive, params=dict(eqn.params if params is None else params),
+                         inputs=tuple(args),
                          outputs=tuple(names), out_avals=out_avals,
                          effectful=any(type(e).__name__ != "NamedAxisEffect" for e in eqn.effects))
         self._add(node)
@@ -250,10 +254,17 @@ def _lower_eqn(ctx, eqn, invals, fallbacks):
         try:
             return rule.fn(ctx, view, *invals)
         except PreferXLA:
-            return ctx.extern(eqn, invals)
+            return _extern(ctx, eqn, invals)
         except NotImplementedError:
             pass
     # Literal operands of an extern must be real arrays.
     if eqn.primitive.name not in fallbacks:
         fallbacks.append(eqn.primitive.name)
+    return _extern(ctx, eqn, invals)
+
+
+def _extern(ctx, eqn, invals):
+    if eqn.primitive.name == "dot_general" and not eqn.effects:
+        lhs, rhs, params = gemm_operands(ctx, eqn, *invals)
+        return ctx.extern(eqn, [lhs, rhs], params)
     return ctx.extern(eqn, invals)

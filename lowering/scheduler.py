@@ -28,6 +28,7 @@ import sympy
 
 from lowering import heuristics, ir, sizes
 from lowering.split import split_reductions
+from lowering.xla_views import run_views_in_xla
 from lowering.options import CompileOptions
 
 XR, XC = sizes.symbol("xr"), sizes.symbol("xc")
@@ -944,6 +945,7 @@ def schedule(graph: ir.Graph, options: CompileOptions, loop_body: bool = False, 
     n_before = sum(1 for n in graph.nodes.values() if not isinstance(n, ir.InputNode))
     graph = split_reductions(graph, options)
     live = live_nodes(graph)
+    graph = run_views_in_xla(graph, live)  # [Note: views between XLA ops]
     keep = materialized(graph, live)
     inliner = _Inliner(graph, keep)
     fuser = Fuser(graph, build_groups(graph, keep, live, inliner), options)

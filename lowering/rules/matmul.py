@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -143,3 +144,57 @@ def _dot_general(ctx, eqn, lhs, rhs):
                 and all(getattr(node, f) == v for f, v in dims.items())):
             return [node.name]
     return [ctx.matmul(out_aval, body, **dims)]
+
+
+def _gemm_order(shape, batch, free, contract, contract_first) -> tuple | None:
+    """The permutation that puts an operand in an order XLA's gemm reads as it
+    is (batch dims outermost in dimension-number order, then the free and the
+    contracting dims, each group contiguous), or None where it is in one
+    already. Size-1 dims sit anywhere."""
+    wide = [d for d in range(len(shape)) if shape[d] != 1]
+    b, f, c = ([d for d in g if shape[d] != 1] for g in (batch, free, contract))
+    if wide in (b + f + c, b + c + f):
+        return None
+    return tuple(batch) + (tuple(contract) + tuple(free) if contract_first else tuple(free) + tuple(contract))
+
+
+def gemm_operands(ctx, eqn, lhs, rhs):
+    """A dot_general left to XLA, with operands XLA's gemm reads in place:
+    (lhs, rhs, params).
+
+    XLA's gemm wants batch dims outermost and the free and contracting dims
+    each contiguous. A pallaskit kernel's output has the row-major layout the
+    custom call fixes, so an operand in another order (the heads of
+    ``einsum('bqhd,bkhd->bhqk', q, k)``) would cost XLA a copy after the kernel.
+    A transpose view in front of the extern is folded into the kernel that
+    computes the operand instead: it stores the operand permuted. Free dims
+    keep their order, so the product's layout does not change; an operand XLA
+    holds itself (an input, an extern's result) is permuted by XLA
+    (lowering/xla_views.py)."""
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    lc, rc, lb, rb = (tuple(int(d) for d in ds) for ds in (lc, rc, lb, rb))
+    lshape, rshape = tuple(eqn.invars[0].aval.shape), tuple(eqn.invars[1].aval.shape)
+    if any(isinstance(x, ir.Const) for x in (lhs, rhs)) or sizes.is_symbolic(lshape + rshape):
+        return lhs, rhs, eqn.params
+    pairs = sorted(zip(lc, rc))  # contracting dims in the lhs's order; the rhs's must follow
+    lc, rc = tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
+    out, dims = [], []
+    for x, v, shape, batch, contract in ((lhs, eqn.invars[0], lshape, lb, lc), (rhs, eqn.invars[1], rshape, rb, rc)):
+        free = tuple(d for d in range(len(shape)) if d not in batch and d not in contract)
+        rest = [d for d in range(len(shape)) if d not in batch and shape[d] != 1]
+        perm = _gemm_order(shape, batch, free, contract, contract_first=bool(rest) and rest[0] in contract)
+        if perm is None:
+            out.append(x)
+            dims.append((batch, contract))
+            continue
+        at = ctx.symbols(len(shape))
+        idx = [None] * len(shape)
+        for k, p in enumerate(perm):
+            idx[p] = at[k]
+        aval = jax.core.ShapedArray(tuple(shape[p] for p in perm), v.aval.dtype)
+        out.append(ctx.pointwise(aval, ctx.load(x, tuple(idx)), view=(lax.transpose_p, {"permutation": perm})))
+        dims.append((tuple(perm.index(d) for d in batch), tuple(perm.index(d) for d in contract)))
+    if out[0] is lhs and out[1] is rhs:
+        return lhs, rhs, eqn.params
+    (nlb, nlc), (nrb, nrc) = dims
+    return out[0], out[1], dict(eqn.params, dimension_numbers=((nlc, nrc), (nlb, nrb)))

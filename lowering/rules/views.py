@@ -6,17 +6,20 @@ from __future__ import annotations
 import numpy as np
 import sympy
 
-from lowering import ir, sizes
+from lowering import ir, sizes, symbolic
 from lowering.rules.registry import register_lowering
 
 
-def _view(ctx, eqn, x, in_index, mask=None, other=None):
+def _view(ctx, eqn, x, in_index, mask=None, other=None, xla=False):
+    """``xla``: a reshape or permutation XLA may run itself between XLA ops
+    (``ir.Pointwise.view``); not in a symbolic graph, whose params XLA can't take."""
     aval = eqn.outvars[0].aval
     body = ctx.load(x, tuple(in_index), mask=mask)
     if mask is not None:
         cond = ir.IndexValue(mask, np.dtype(bool))
         body = ir.Op("select_n", (cond, other, body), body.dtype)
-    return ctx.pointwise(aval, body)
+    view = (eqn.primitive, dict(eqn.params)) if xla and not isinstance(eqn, symbolic.EqnView) else None
+    return ctx.pointwise(aval, body, view=view)
 
 
 def _in_shape(eqn, k=0):
@@ -29,7 +32,7 @@ def _reshape(ctx, eqn, x):
         raise NotImplementedError("reshape with dimensions")
     out = ctx.symbols(len(eqn.outvars[0].aval.shape))
     linear = sizes.ravel(out, eqn.outvars[0].aval.shape)
-    return [_view(ctx, eqn, x, sizes.unravel(linear, _in_shape(eqn)))]
+    return [_view(ctx, eqn, x, sizes.unravel(linear, _in_shape(eqn)), xla=True)]
 
 
 @register_lowering("transpose", kind="view")
@@ -39,7 +42,7 @@ def _transpose(ctx, eqn, x):
     idx = [None] * len(perm)
     for k, p in enumerate(perm):
         idx[p] = out[k]
-    return [_view(ctx, eqn, x, idx)]
+    return [_view(ctx, eqn, x, idx, xla=True)]
 
 
 @register_lowering("broadcast_in_dim", kind="view")
@@ -58,7 +61,7 @@ def _squeeze(ctx, eqn, x):
     dims = {d % len(in_shape) for d in eqn.params["dimensions"]}
     out = iter(ctx.symbols(len(in_shape) - len(dims)))
     idx = [sympy.Integer(0) if k in dims else next(out) for k in range(len(in_shape))]
-    return [_view(ctx, eqn, x, idx)]
+    return [_view(ctx, eqn, x, idx, xla=True)]
 
 
 @register_lowering("expand_dims", kind="view")
@@ -66,7 +69,7 @@ def _expand_dims(ctx, eqn, x):
     out_shape = eqn.outvars[0].aval.shape
     dims = {d % len(out_shape) for d in eqn.params["dimensions"]}
     out = ctx.symbols(len(out_shape))
-    return [_view(ctx, eqn, x, [out[k] for k in range(len(out_shape)) if k not in dims])]
+    return [_view(ctx, eqn, x, [out[k] for k in range(len(out_shape)) if k not in dims], xla=True)]
 
 
 @register_lowering("slice", kind="view")
