@@ -139,7 +139,11 @@ class Const(Expr):
                 and _value_key(self.value) == _value_key(other.value))
 
     def __hash__(self):
-        return hash(("Const", _value_key(self.value), self.dtype))
+        h = self.__dict__.get("_hash")  # kept: every walk of a body hashes its constants
+        if h is None:
+            h = hash(("Const", _value_key(self.value), self.dtype))
+            object.__setattr__(self, "_hash", h)
+        return h
 
     def __str__(self):
         return f"{self.value!r}:{self.dtype.name}"
