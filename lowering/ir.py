@@ -86,7 +86,8 @@ def _canonical(e) -> bool:
         return all(_simplified(i) for i in e.index)
     if isinstance(e, IndexValue):
         return isinstance(e.expr, sympy.logic.boolalg.Boolean) or _simplified(e.expr)
-    return all(a.__dict__.get("_canonical", False) for a in e.children())
+    # A constant has no index to substitute (without it, a body holding one never took the fast path).
+    return all(isinstance(a, Const) or a.__dict__.get("_canonical", False) for a in e.children())
 
 
 def _simplified(i) -> bool:
