@@ -15,7 +15,8 @@ the on-disk cache), timed phase by phase:
   (``runtime/triton_call.py``, on compile threads, so they overlap):
   ``triton_sum_s`` (their sum), ``triton_max_s`` (the slowest), and per kernel
   its name, members and seconds (``--kernels`` prints them);
-- ``xla_compile_s``: XLA compiling the executable;
+- ``xla_compile_s``: XLA compiling the executable (Pallas kernels on a GPU compile
+  their Triton here: jax hands Pallas's Triton module to XLA);
 - ``first_run_s``: the first execution (PTX assembly of Triton kernels, autotuning).
 
 jax.jit runs the same stages (``trace_s``, ``jax_lower_s``, ``xla_compile_s``,
