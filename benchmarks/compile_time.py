@@ -21,6 +21,9 @@ the Pallas interpreter) and XLA.
     python -m benchmarks.compile_time                # every point (minutes on the CPU)
     python -m benchmarks.compile_time --smoke        # tiny points, one process per backend, < 30 s
     python -m benchmarks.compile_time --output DIR   # compile_time.json, compile_time.png there
+    python -m benchmarks.compile_time --passes-only --workloads adamw,momentum
+        # pallaskit's own time alone (trace, compiler passes, loading the module; no
+        # JAX lowering, XLA or run), each point in a fresh process: seconds in a minute
 """
 from __future__ import annotations
 
@@ -112,12 +115,37 @@ def make(workload: str, n: int, seed: int = 0):
 # --------------------------------------------------------------------------- #
 # One process: the points it is given, each with a fresh cache folder
 # --------------------------------------------------------------------------- #
+def passes_only(fn, args, row: dict) -> None:
+    """pallaskit's own part of a first call: trace, ``lowering.compile_jaxpr`` and
+    loading the generated module (``cpu_s``: their process time)."""
+    import jax
+
+    import lowering
+    import pallaskit
+    from pallaskit.api import compile_options
+    from pallaskit.runtime import loader
+
+    structs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), args)
+    t, c = time.perf_counter(), time.process_time()
+    closed = pallaskit.jit(fn).trace(*structs).jaxpr
+    row["trace_s"] = time.perf_counter() - t
+    t1 = time.perf_counter()
+    result = lowering.compile_jaxpr(closed, compile_options(), getattr(fn, "__name__", "fn"))
+    row["compiler_s"] = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    loader.load(result.program)
+    row["load_s"] = time.perf_counter() - t2
+    row["seconds"], row["cpu_s"] = time.perf_counter() - t, time.process_time() - c
+    row["source_chars"] = len(result.program.source)
+    row["finite"] = True
+
+
 def child(backend: str, points: list) -> None:
     import jax
     import numpy as np
 
     os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
-    if backend == "pallaskit":  # imports before the clock starts, as a long-running process has them
+    if backend.startswith("pallaskit"):  # imports before the clock starts, as a long-running process has them
         import lowering.codegen.pallas  # noqa: F401
         import lowering.lower  # noqa: F401
         import lowering.scheduler  # noqa: F401
@@ -125,6 +153,10 @@ def child(backend: str, points: list) -> None:
     for workload, n in points:
         fn, args = make(workload, n)
         row = {"workload": workload, "n": n, "backend": backend}
+        if backend == "pallaskit-passes":
+            passes_only(fn, args, row)
+            print(RESULT + json.dumps(row), flush=True)
+            continue
         with tempfile.TemporaryDirectory() as cache:
             if backend == "pallaskit":
                 import lowering
@@ -213,6 +245,16 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 def table(rows: list[dict]) -> str:
+    if all(r["backend"] == "pallaskit-passes" for r in rows):
+        lines = ["| workload | n | own s | cpu s | trace s | compiler passes s | load s | source chars |",
+                 "|---|---|---|---|---|---|---|---|"]
+        for r in sorted(rows, key=lambda r: (list(FULL).index(r["workload"]), r["n"])):
+            if r.get("seconds") is None:
+                lines.append(f"| {r['workload']} | {r['n']} | {r.get('error', '-')} |")
+                continue
+            lines.append(f"| {r['workload']} | {r['n']} | {r['seconds']:.2f} | {r['cpu_s']:.2f} | {r['trace_s']:.2f} | "
+                         f"{r['compiler_s']:.2f} | {r['load_s']:.2f} | {r['source_chars']} |")
+        return "\n".join(lines)
     lines = ["| workload | n | pallaskit s | (compiler passes s) | jax.jit s |", "|---|---|---|---|---|"]
     keys = sorted({(r["workload"], r["n"]) for r in rows}, key=lambda k: (list(FULL).index(k[0]), k[1]))
     for w, n in keys:
@@ -232,6 +274,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workloads", default="", help="comma-separated subset of " + ",".join(FULL))
     ap.add_argument("--max-n", type=int, default=0, help="skip points above this size")
     ap.add_argument("--timeout", type=float, default=900, help="seconds a point may take before it is given up")
+    ap.add_argument("--passes-only", action="store_true",
+                    help="pallaskit's own time only (trace, compiler passes, load); no jax.jit rows")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -246,7 +290,7 @@ def main(argv=None) -> int:
         ap.error(f"unknown workloads {unknown}; valid: {', '.join(FULL)}")
     points = [(w, n) for w in chosen for n in grid[w] if not args.max_n or n <= args.max_n]
     rows = []
-    for backend in ("jax.jit", "pallaskit"):
+    for backend in (("pallaskit-passes",) if args.passes_only else ("jax.jit", "pallaskit")):
         if args.smoke:  # one process per backend; each point still gets its own cache folder
             rows += run_child(backend, points, args.timeout)
         else:
@@ -264,9 +308,11 @@ def main(argv=None) -> int:
         meta["jax"] = jax.__version__
     except ImportError:
         pass
-    with open(os.path.join(args.output, "compile_time.json"), "w") as f:
+    stem = "compile_time_passes" if args.passes_only else "compile_time"
+    with open(os.path.join(args.output, stem + ".json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    plot(rows, os.path.join(args.output, "compile_time.png"))
+    if not args.passes_only:
+        plot(rows, os.path.join(args.output, "compile_time.png"))
     print(table(rows))
     return 0 if all(r.get("seconds") for r in rows) else 1
 

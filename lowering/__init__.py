@@ -9,7 +9,8 @@ The passes themselves: ``lowering.lower.lower``, ``lowering.scheduler.schedule``
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+import functools
+from typing import TYPE_CHECKING, Callable
 
 from lowering.errors import SymbolicUnsupported
 from lowering.options import CompileOptions
@@ -24,12 +25,27 @@ class CompileResult:
     program: RenderedProgram
     schedule: Schedule
     fallbacks: list[str]
-    ir_before: str  # the IR as lowered
-    ir_after: str  # the schedule: kernels and externs
+    # () -> (the IR as lowered, the schedule: kernels and externs), the texts of
+    # ``ir_before`` / ``ir_after``: formatted on first need (explain, debug_dir), since
+    # a thousand-array graph takes a tenth of its compile to print. No pass
+    # mutates the lowered graph, so the text is the same as at compile time.
+    ir_texts: Callable[[], tuple[str, str]]
     # Symbolic graphs: what must hold of the dim values for the program to be
     # right (sympy booleans over ``sizes.dim_symbol``s), checked at call time.
     guards: list = dataclasses.field(default_factory=list)
     size_hints: tuple = ()  # CompileOptions.size_hints: where metrics read symbolic sizes
+
+    @functools.cached_property
+    def _ir_text(self) -> tuple[str, str]:
+        return self.ir_texts()
+
+    @property
+    def ir_before(self) -> str:
+        return self._ir_text[0]
+
+    @property
+    def ir_after(self) -> str:
+        return self._ir_text[1]
 
 
 def compile_jaxpr(closed_jaxpr, options: CompileOptions, title: str = "") -> CompileResult:
@@ -41,7 +57,8 @@ def compile_jaxpr(closed_jaxpr, options: CompileOptions, title: str = "") -> Com
     lowered = lower(closed_jaxpr, options)
     sched = schedule(lowered.graph, options, combine=combine)
     program = codegen_program.render(sched, options, title)
-    return CompileResult(program, sched, lowered.fallbacks, lowered.graph.format(), format_schedule(sched),
+    graph = lowered.graph
+    return CompileResult(program, sched, lowered.fallbacks, lambda: (graph.format(), format_schedule(sched)),
                          guards=list(program.guards), size_hints=options.size_hints)
 
 

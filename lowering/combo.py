@@ -160,8 +160,6 @@ def combine(steps: list, graph: ir.Graph, options: CompileOptions, loop_body: bo
 def _combo(parts: list[Kernel], name: str) -> ComboKernel:
     members = [m for p in parts for m in p.members]
     reads = sorted({r for p in parts for r in p.reads})
-    origin = []
-    for p in parts:
-        origin += [o for o in p.origin if o not in origin]
+    origin = list(dict.fromkeys(o for p in parts for o in p.origin))  # first-seen order, linear in members
     elements = sum(p.rows * p.cols for p in parts)
     return ComboKernel(name, "combo", 1, elements, members, reads, origin, parts=list(parts))

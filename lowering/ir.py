@@ -86,7 +86,8 @@ def _canonical(e) -> bool:
         return all(_simplified(i) for i in e.index)
     if isinstance(e, IndexValue):
         return isinstance(e.expr, sympy.logic.boolalg.Boolean) or _simplified(e.expr)
-    return all(a.__dict__.get("_canonical", False) for a in e.children())
+    # A constant has no index to substitute (without it, a body holding one never took the fast path).
+    return all(isinstance(a, Const) or a.__dict__.get("_canonical", False) for a in e.children())
 
 
 def _simplified(i) -> bool:
@@ -139,7 +140,11 @@ class Const(Expr):
                 and _value_key(self.value) == _value_key(other.value))
 
     def __hash__(self):
-        return hash(("Const", _value_key(self.value), self.dtype))
+        h = self.__dict__.get("_hash")  # kept: every walk of a body hashes its constants
+        if h is None:
+            h = hash(("Const", _value_key(self.value), self.dtype))
+            object.__setattr__(self, "_hash", h)
+        return h
 
     def __str__(self):
         return f"{self.value!r}:{self.dtype.name}"

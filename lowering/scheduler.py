@@ -607,6 +607,10 @@ class Fuser:
         self._steps_ready = True
         self.step_of: dict[str, object] = {}  # buffer -> the group or step writing it
         self.readers: dict[str, dict] = {}  # buffer -> {id(step): step} reading it
+        # buffer -> its readers that are not pointwise groups: all a pointwise group can
+        # pair with through a scalar (``_FusionLoop._queue_neighbours``), without walking
+        # the thousand pointwise readers of an optimizer's step count.
+        self.other_readers: dict[str, dict] = {}
         steps = list(self.groups)
         for g in self.groups:
             for name in g.produces():
@@ -646,13 +650,17 @@ class Fuser:
             self._add_reader(s)
 
     def _add_reader(self, s):
+        pointwise = isinstance(s, _Group) and s.kind == "pointwise"
         for buf in s.reads():
             self.readers.setdefault(buf, {})[id(s)] = s
+            if not pointwise:
+                self.other_readers.setdefault(buf, {})[id(s)] = s
 
     def _replace(self, a, b, merged):
         for s in (a, b):
             for buf in s.reads():
                 self.readers[buf].pop(id(s), None)
+                self.other_readers.get(buf, {}).pop(id(s), None)
         self._add_reader(merged)
         for name in merged.produces():
             self.step_of[name] = merged
@@ -852,7 +860,9 @@ class _FusionLoop:
         cls = _class_of(g)
         for buf in g.reads():
             tiny = cls is not None and f.tiny(buf)
-            for r in f.readers.get(buf, {}).values():
+            # A scalar's pointwise readers: this class's are skipped below, other domains never fuse.
+            readers = f.other_readers if tiny and g.kind == "pointwise" else f.readers
+            for r in readers.get(buf, {}).values():
                 if tiny and isinstance(r, _Group) and _class_of(r) == cls:
                     continue  # sharing a scalar read: scored as the class's pair (fusion_score)
                 others[id(r)] = r

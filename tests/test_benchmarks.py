@@ -214,3 +214,19 @@ def test_compile_time_smoke_writes_json_and_plot(tmp_path):
     assert all(r["seconds"] > 0 and r["finite"] for r in rows), rows
     assert all(r["compiler_s"] > 0 for r in rows if r["backend"] == "pallaskit")
     assert (tmp_path / "compile_time.png").stat().st_size > 0
+
+
+def test_cold_breakdown_runs_each_variant(tmp_path):
+    """benchmarks/cold_breakdown.py on the CPU: each variant a row with its phases;
+    members=2 caps every combo at two kernels."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PALLASKIT_")}, "JAX_PLATFORMS": "cpu",
+           "PYTHONPATH": REPO}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.cold_breakdown", "--workloads=adamw:5",
+                           "--variants=jax.jit,members=2", f"--output={tmp_path}"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {r["variant"]: r for r in json.loads((tmp_path / "cold_breakdown.json").read_text())["rows"]}
+    assert rows["jax.jit"]["xla_compile_s"] > 0 and rows["jax.jit"]["first_run_s"] >= 0
+    capped = rows["members=2"]
+    assert capped["combo_parts"] and max(capped["combo_parts"]) <= 2, capped
+    assert capped["passes_s"] > 0 and capped["own_s"] >= capped["passes_s"] and capped["xla_compile_s"] > 0

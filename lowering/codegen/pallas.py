@@ -619,7 +619,15 @@ class _KernelEmitter:
 
 
 def _kernel_coords_body(m: Member) -> ir.Expr:
-    return ir.substitute_index(m.body, {s: sizes.simplify(v) for s, v in m.coords.items()})
+    # Kept on the member: the tile choice and the writer ask for it again, and a combo's
+    # thousand bodies push each other out of substitute_index's cache.
+    coords = tuple(m.coords.items())
+    hit = m.__dict__.get("_coords_body")
+    if hit is not None and hit[0] is m.body and hit[1] == coords:
+        return hit[2]
+    out = ir.substitute_index(m.body, {s: sizes.simplify(v) for s, v in coords})
+    m.__dict__["_coords_body"] = (m.body, coords, out)
+    return out
 
 
 def _phases(kernel: Kernel):
