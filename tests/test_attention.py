@@ -1,6 +1,8 @@
 """Attention written plainly (einsum, scale, mask, softmax, einsum) and the views
 around XLA's dots ([Note: views between XLA ops] in lowering/xla_views.py):
 kernel structure through explain / the schedule, values against jax.jit."""
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,12 +38,14 @@ def _inputs(rng, shapes, dtype, special=False):
     return [jnp.asarray(a, dtype) for a in out]
 
 
-def _check(fn, *args):
+def _check(fn, *args, tol_dtype=None):
+    """pallaskit.jit vs jax.jit; ``tol_dtype``: the tolerance's dtype where an
+    output is wider than what it was computed from (a float32 loss of bf16 math)."""
     out = pallaskit.jit(fn)(*args)
     ref = jax.jit(fn)(*args)
     for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(ref)):
         assert a.dtype == b.dtype and a.shape == b.shape
-        assert_close(a, b, b.dtype)
+        assert_close(a, b, tol_dtype or b.dtype)
 
 
 def _schedule(fn, *args, **options):
@@ -111,7 +115,7 @@ def test_plain_attention_grads(rng, dtype):
         return jnp.sum((_attention(q, k, v) * w).astype(jnp.float32))
 
     f = jax.value_and_grad(loss, argnums=(0, 1, 2))
-    _check(f, q, k, v)
+    _check(f, q, k, v, tol_dtype=dtype)
     out, ref = jax.grad(pallaskit.jit(loss), argnums=(0, 1, 2))(q, k, v), jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
     for a, r in zip(out, ref):
         assert_close(a, r, dtype)
@@ -212,6 +216,8 @@ def test_dot_operands_in_gemm_order(rng, case, dtype, operands):
 
 
 # -- the flash-attention prototype (benchmarks/attention.py) -------------------------
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="the smoke runs in Triton's interpreter (the CPU suite); a GPU runs the benchmark itself")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_flash_prototype_smoke(dtype):
     """The prototype's smoke run (Triton's interpreter, sequence 40 over blocks of 16,

@@ -465,11 +465,9 @@ def test_nhwc_transposes_cancel(dtype, rng):
         with pallaskit.config.override(allow_excess_precision=False):
             exact = pallaskit.jit(nhwc_block)(x, s, b)
         np.testing.assert_array_equal(np.asarray(exact[1]), np.asarray(want[1]))
-    else:
-        # XLA:GPU rounds t once (the H100 run: t > 0 differed from the rounded-as-written
-        # sign), so its sign is the exact one, as pallaskit's (x * s exact in float32,
-        # one rounding of + b, which keeps the sign).
-        np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
+    # On a GPU XLA picks its own rounding points inside the fusion (the H100 differed from
+    # both the rounded-as-written and the exact sign at one element each time): only the
+    # near-zero rule above holds there.
     np.testing.assert_allclose(np.asarray(got[0], np.float32), np.asarray(want[0], np.float32),
                                rtol=1e-2 if dtype == jnp.bfloat16 else 1e-6,
                                atol=2e-2 if dtype == jnp.bfloat16 else 1e-6)  # x*s + b cancels
