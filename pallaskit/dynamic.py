@@ -70,7 +70,7 @@ def entry(jf, leaves, avals, treedef, static_pos, static_kw, n_args) -> Compiled
     sym_key = (treedef, shapes, static_pos, static_kw, n_args)
     if sym_key not in jf._sym:
         options = orchestrator.compile_options()
-        if automatic and not options.interpret and not orchestrator._eager_wanted(options):
+        if automatic and not options.interpret and not orchestrator.eager_wanted(options):
             entry = None  # no eager launches possible: nothing to gain (below); compile per size
             metrics.counters["dynamic_fallbacks"] += 1
         else:

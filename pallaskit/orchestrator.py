@@ -180,7 +180,7 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
         order = list(variants or [tuple(size_hints)])
         # Eager launches with static tier-up use one variant: build the nearest
         # first and stop at the first that renders to Triton ([Note: eager launches]).
-        lazy = bool(first_sizes) and _eager_wanted(options) and config.dynamic_tier_up == "static"
+        lazy = bool(first_sizes) and eager_wanted(options) and config.dynamic_tier_up == "static"
         if lazy:
             order.sort(key=lambda hints: multikernel.log_distance(hints, first_sizes))
         symbols, where = [n for n, _ in positions], [p for _, p in positions]
@@ -401,7 +401,7 @@ def _finish(served: Served, title, started, deltas, kernels):
     metrics.record_graph(title, deltas, kernels, seconds, served.cache)
 
 
-def _eager_wanted(options) -> bool:
+def eager_wanted(options) -> bool:
     """Should a symbolic program run new sizes eagerly (option ``dynamic_launch``)?"""
     return executors.eager(config.dynamic_launch, options).executor == executors.TRITON_EAGER
 
@@ -410,7 +410,7 @@ def _eager_program(title: str, built: dict, options, first_sizes: dict):
     """(EagerProgram, its constants) of the variant nearest ``first_sizes`` among
     those whose kernels all render to raw Triton, or None ([Note: eager
     launches] in runtime/eager.py; option ``dynamic_launch``)."""
-    if not _eager_wanted(options):
+    if not eager_wanted(options):
         return None
     mode = config.dynamic_launch
     from lowering.codegen import triton as triton_codegen

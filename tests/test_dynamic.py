@@ -459,3 +459,20 @@ def test_dynamic_rows_mix_kernel_lowers_to_triton_for_each_size():
             jnp.zeros((n, 96)), w, jnp.zeros((n, 96)), *[res.schedule.graph.constants[c] for c in res.schedule.graph.inputs
                                                           if c in res.schedule.graph.constants])
         assert exported.mlir_module().count("__gpu$xla.gpu.triton") == 2
+
+
+def test_automatic_dynamic_asks_the_orchestrator_whether_new_sizes_launch_eagerly():
+    """The GPU branch of automatic dynamic (pallaskit/dynamic.py) asks
+    ``orchestrator.eager_wanted``; the H100 run found it calling a name the
+    refactor had renamed, a path no CPU test reached. Its answer follows option
+    dynamic_launch and the platform (interpret mode compiles each size)."""
+    from lowering.options import CompileOptions
+    from pallaskit import dynamic, orchestrator
+
+    gpu, cpu = CompileOptions(interpret=False), CompileOptions(interpret=True)
+    for launch, on_gpu in (("auto", True), ("on", True), ("off", False)):
+        with pallaskit.config.override(dynamic_launch=launch):
+            assert orchestrator.eager_wanted(gpu) is on_gpu
+            assert orchestrator.eager_wanted(cpu) is (launch == "on")
+    import inspect
+    assert "orchestrator.eager_wanted(options)" in inspect.getsource(dynamic)
