@@ -185,20 +185,6 @@ def _{_op}_nan(a, b):
     return tl.{_op}imum(a, b, propagate_nan=tl.PropagateNan.ALL)
 '''
 
-HELPERS["_to_bf16"] = """
-@triton.jit
-def _to_bf16(x):
-    \"\"\"x rounded to bfloat16, to nearest even, as XLA and the GPU's cast round
-    (the interpreter's float32 -> bfloat16 cast truncates the mantissa).\"\"\"
-    if x.dtype == tl.bfloat16:
-        return x
-    f = x.to(tl.float32)
-    b = f.to(tl.uint32, bitcast=True)
-    r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
-    r = tl.where(f != f, 0x7FC0, r)
-    return r.to(tl.uint16).to(tl.bfloat16, bitcast=True)
-"""
-
 HELPERS["_mul"] = """
 @triton.jit
 def _mul(a, b):
@@ -217,8 +203,9 @@ def _mul(a, b):
 # a correctly rounded float32, as accurate as jax.jit's XLA:CPU or more.
 # Two Triton traps: unary minus is ``0 - x`` (+0.0 for +0.0: float neg is
 # written ``x * -1.0``), and the interpreter's bfloat16 is not IEEE (its
-# float32 -> bfloat16 cast truncates, its compares miss NaN): casts round
-# through ``_to_bf16`` there, and 16-bit compares are made in float32.
+# float32 -> bfloat16 cast truncates, its compares miss NaN): pallaskit patches
+# its cast to round (pallaskit/runtime/triton_launch.py ``_rounding_cast``), and
+# 16-bit compares are made in float32.
 HELPERS.update({
     "_log1p64": """
 @triton.jit
@@ -554,18 +541,12 @@ class _TritonEmitter(pallas._KernelEmitter):
             zero = "tl.full((1, 1), -2147483648, tl.int32).to(tl.float32, bitcast=True)"
             return zero if dtype == "tl.float32" else f"{zero}.to({dtype})"
         if dtype in ("tl.bfloat16", "tl.float16"):  # the interpreter has no 16-bit constants: round one
-            if dtype == "tl.bfloat16" and self.triton_interpret:
-                self.helpers.add("_to_bf16")
-                return f"_to_bf16(tl.full((1, 1), {value}, tl.float32))"
             return f"tl.full((1, 1), {value}, tl.float32).to({dtype})"
         return f"tl.full((1, 1), {value}, {dtype or 'tl.int1'})"
 
     def cast_text(self, var, dt) -> str:
         if np.dtype(dt) == np.bool_:
             return f"({var} != 0)"
-        if self.triton_interpret and np.dtype(dt).name == "bfloat16":  # the interpreter's own cast truncates
-            self.helpers.add("_to_bf16")
-            return f"_to_bf16({var})"
         return f"{var}.to({self.dtype_text(dt)})"
 
     def broadcast_text(self, var, shape) -> str:

@@ -131,14 +131,15 @@ def _patch_interpreter() -> None:
 
 
 def _rounding_cast(cast_impl, interpreter):
-    """The interpreter's casts, float32 -> bfloat16 rounded to nearest even as
-    on the GPU (Triton 3.6's interpreter drops the low bits: one bf16 ulp off
-    for about half the values)."""
+    """The interpreter's casts, float32 (and integers, through float32) ->
+    bfloat16 rounded to nearest even as on the GPU (Triton 3.6's interpreter
+    drops the low bits: one bf16 ulp off for about half the values)."""
     import triton.language as tl
 
     def cast(self, src, dst_type):
-        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
-            x = np.ascontiguousarray(src.data, np.float32)
+        scalar = src.dtype.scalar
+        if dst_type.scalar == tl.bfloat16 and (scalar == tl.float32 or scalar.is_int()):
+            x = np.ascontiguousarray(src.data.astype(np.float32) if scalar.is_int() else src.data, np.float32)
             bits = x.view(np.uint32)
             rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
             quiet = ((bits >> 16) | np.uint32(0x40)).astype(np.uint16)  # NaN stays NaN, its sign kept
