@@ -687,6 +687,17 @@ _COMBINE = {"sum": "({a} + {v})", "max": "tl.maximum({a}, {v}, propagate_nan=tl.
             "and": "tl.minimum({a}, {v})", "or": "tl.maximum({a}, {v})", "prod": "({a} * {v})"}
 
 
+def _column_accumulators(em, columns) -> list:
+    """A (BLOCK_R, BLOCK_C) accumulator per column member, at its reduction's
+    identity: [(name, member)]."""
+    accs = []
+    for i, m in enumerate(columns):
+        ident = pallas._reduction_identity(m.node.op, m.node.dtype)
+        em.w.line(f"acc{i} = tl.full((BLOCK_R, BLOCK_C), {ident}, {em.dtype_text(_column_acc_dtype(m))})")
+        accs.append((f"acc{i}", m))
+    return accs
+
+
 def _accumulate_columns(em, accs, bodies, masked) -> None:
     """One row block's update of each column accumulator ``(name, member)``;
     ``masked(member)``: the block may hold lanes past the edge, which then
@@ -906,11 +917,7 @@ def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _
         full_steps = (int(kernel.rows) // cfg.block_rows) // programs
     w.line(f"xc = {em.iota_text(1, 'BLOCK_C')}")
     w.line("cmask = xc < COLS")
-    accs = []
-    for i, m in enumerate(columns):
-        ident = pallas._reduction_identity(m.node.op, m.node.dtype)
-        w.line(f"acc{i} = tl.full((BLOCK_R, BLOCK_C), {ident}, {em.dtype_text(_column_acc_dtype(m))})")
-        accs.append((f"acc{i}", m))
+    accs = _column_accumulators(em, columns)
     # Blocks that every program has in full come first: their accumulator update
     # needs no select (a lane past the last column is never stored, and the
     # accumulator is summed over rows only); dropping it is measurable
@@ -978,11 +985,7 @@ def render_column(kernel: Kernel, schedule: Schedule, options: CompileOptions) -
     w.line(f"program = pid // {col_blocks}")
     w.line(f"xc = (pid % {col_blocks}) * BLOCK_C + {em.iota_text(1, 'BLOCK_C')}")
     w.line("cmask = xc < COLS")
-    accs = []
-    for i, m in enumerate(columns):
-        ident = pallas._reduction_identity(m.node.op, m.node.dtype)
-        w.line(f"acc{i} = tl.full((BLOCK_R, BLOCK_C), {ident}, {em.dtype_text(_column_acc_dtype(m))})")
-        accs.append((f"acc{i}", m))
+    accs = _column_accumulators(em, columns)
     w.line(f"for step in range(0, {steps}):")
     with w.indent():
         em.scopes.append({})
