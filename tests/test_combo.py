@@ -1,6 +1,8 @@
 """Combo kernels ([Note: combo kernels] in lowering/combo.py): independent
 kernels over different shapes in one launch, against jax.jit, in the Pallas
 renderer (interpret mode) and the raw Triton renderer (Triton's interpreter)."""
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -283,6 +285,27 @@ def test_triton_renderer_runs_a_clipped_update(rng):
 
     trees = [[jnp.asarray(rng.standard_normal(s), jnp.float32) for s in SHAPES] for _ in range(3)]
     _, got = _triton_run(upd, tuple(trees))
+    for g, w in zip(got, jax.tree.leaves(jax.jit(upd)(*trees))):
+        np.testing.assert_allclose(np.asarray(g).reshape(w.shape), w, rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="Triton's interpreter runs these on the CPU")
+def test_triton_combo_shares_one_function_per_member_code(rng):
+    """Members with the same code (an update of arrays of one shape) run one
+    non-inlined part function ([Note: combo compile time]); the values stay
+    each array's own, repeated shapes, odd sizes and size 1 included."""
+    shapes = [(1,), (7, 3), (1000,), (7, 3), (1000,), (1,), (7, 3), (1000,), (33, 65)]
+
+    def upd(ps, gs, ms):
+        ms = [0.9 * m + 0.1 * g for m, g in zip(ms, gs)]
+        return [p - 1e-2 * (m + 0.1 * p) for p, m in zip(ps, ms)], ms
+
+    trees = [[jnp.asarray(rng.standard_normal(s), jnp.float32) for s in shapes] for _ in range(3)]
+    trees[1][2] = trees[1][2].at[:3].set(jnp.asarray([jnp.nan, jnp.inf, -0.0]))
+    prog, got = _triton_run(upd, tuple(trees))
+    functions = re.findall(r"@triton.jit\(noinline=True\)\ndef (combo_\d+_part\d+)\(", prog.source)
+    members = re.findall(r"^# member \d+: ", prog.source, flags=re.M)
+    assert len(members) == len(shapes) and len(functions) == len(set(shapes)), (functions, len(members))
     for g, w in zip(got, jax.tree.leaves(jax.jit(upd)(*trees))):
         np.testing.assert_allclose(np.asarray(g).reshape(w.shape), w, rtol=2e-5, atol=1e-6)
 

@@ -6,13 +6,24 @@ refs...)``, whose body is exactly what the part's kernel would run alone after
 its own extents and tile; the kernel function only dispatches on the program
 id. Pallas: flat refs in ``pl.ANY`` memory as every kernel here (no BlockSpecs),
 one ``@pl.when`` per member (``lax.cond`` under the hood); Triton: the parts
-are ``@triton.jit`` functions (inlined by Triton, their locals stay theirs)
-called from an ``if``/``elif`` chain. A comment on each part names its
-member's kernel, tile, program range and equations.
+are ``@triton.jit(noinline=True)`` functions called from an ``if``/``elif``
+chain, one function for all members of the same code (refs renamed
+positionally: an optimizer's update of every array of one shape is one
+function). A comment on each part names its member's kernel, tile, program
+range and equations.
+
+[Note: combo compile time]
+Triton inlines a called ``@triton.jit`` function at each call site, and its
+compile time grows faster than the kernel's size: a 154-member AdamW combo
+took 74 s to reach PTX (CPU, Triton 3.6), 13 s with its parts not inlined, and
+2.4 s with identical parts shared as well (16 distinct functions for 179
+members of GPT-2's AdamW). The measurements are in benchmarks/RESULTS.md,
+"Session 18".
 """
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from lowering import heuristics
 from lowering.codegen import pallas, triton
@@ -153,6 +164,7 @@ def render_triton(kernel, schedule: Schedule, options: CompileOptions):
     w = SourceWriter()
     helpers = set()
     calls = []
+    shared: dict[str, str] = {}  # a part's code (refs positional) -> the function that runs it
     for i, part in enumerate(parts):
         k = part.kernel
         if k.kind == "reduction" and any(m.role == "reduction" and m.node.op not in triton._REDUCE
@@ -166,15 +178,19 @@ def render_triton(kernel, schedule: Schedule, options: CompileOptions):
         else:
             triton._render_reduction(em, k, _bodies(part), part.config)
         helpers |= em.helpers
-        refs = list(em.in_refs.values()) + list(em.out_refs.values())
-        fn = f"{kernel.name}_part{i}"
+        code = f"    ROWS = {int(k.rows)}\n    COLS = {int(k.cols)}\n" + em.w.source().rstrip("\n")
+        refs = _refs_in_order(code, list(em.in_refs.values()) + list(em.out_refs.values()))
+        code = _positional_refs(code, refs)
         _describe(w, i, part)
-        w.line("@triton.jit")
-        w.line(f"def {fn}(pid, {', '.join(refs)}, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):")
-        with w.indent():
-            w.line(f"ROWS = {int(k.rows)}")
-            w.line(f"COLS = {int(k.cols)}")
-        w.lines.append(em.w.source().rstrip("\n"))
+        fn = shared.get(code)
+        if fn is not None:
+            w.line(f"# (runs {fn})")
+        else:
+            fn = shared[code] = f"{kernel.name}_part{len(shared)}"
+            params = ", ".join(f"ref{j}" for j in range(len(refs)))
+            w.line("@triton.jit(noinline=True)")
+            w.line(f"def {fn}(pid, {params}, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):")
+            w.lines.append(code)
         w.line()
         w.line()
         calls.append((fn, refs))
@@ -197,6 +213,23 @@ def render_triton(kernel, schedule: Schedule, options: CompileOptions):
     total = parts[-1].start + parts[-1].programs
     return triton._Rendered(kernel.name, w.source(), list(kernel.reads), [], str(total), {}, cfg.num_warps, 1,
                             helpers, cfg)
+
+
+_REF = re.compile(r"\b(?:in|out)_ptr\d+\b")
+
+
+def _refs_in_order(code: str, refs: list[str]) -> list[str]:
+    """``refs`` in the order ``code`` first names them (unnamed ones last), so
+    that the same code over other arrays gets the same positional names."""
+    seen = list(dict.fromkeys(m.group(0) for m in _REF.finditer(code)))
+    return seen + [r for r in refs if r not in seen]
+
+
+def _positional_refs(code: str, refs: list[str]) -> str:
+    """``code`` with its refs renamed ``ref0, ref1, ...`` in call order, so members
+    that differ only in which arrays they touch have the same text."""
+    names = {r: f"ref{j}" for j, r in enumerate(refs)}
+    return _REF.sub(lambda m: names[m.group(0)], code)
 
 
 def is_combo(kernel) -> bool:
