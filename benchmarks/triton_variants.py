@@ -82,18 +82,14 @@ def _make(workload, size, dtype, sets):
 MIX = ("layernorm_fwd_bwd", "rmsnorm_bwd")
 MM = ("gelu_mlp_512", "gelu_mlp")
 VARIANTS = {
-    # Pallas's layout (one row in one warp), Triton's pipelining
-    "ln_r1_w1_p12_s3": (MIX, dict(TRITON_MIX_ROWS=1, TRITON_MIX_WARPS=1, TRITON_MIX_PROGRAMS_PER_SM=12,
-                                  TRITON_MIX_STAGES=3), {}),
-    "ln_r1_w1_p16_s2": (MIX, dict(TRITON_MIX_ROWS=1, TRITON_MIX_WARPS=1, TRITON_MIX_PROGRAMS_PER_SM=16,
-                                  TRITON_MIX_STAGES=2), {}),
-    "ln_r2_w1_p8_s3": (MIX, dict(TRITON_MIX_ROWS=2, TRITON_MIX_WARPS=1, TRITON_MIX_PROGRAMS_PER_SM=8,
-                                 TRITON_MIX_STAGES=3), {}),
-    "ln_r4_w2_p4_s3": (MIX, dict(TRITON_MIX_ROWS=4, TRITON_MIX_WARPS=2, TRITON_MIX_PROGRAMS_PER_SM=4,
-                                 TRITON_MIX_STAGES=3), {}),
-    "ln_r8_w4_p4_s3": (MIX, dict(TRITON_MIX_ROWS=8, TRITON_MIX_WARPS=4, TRITON_MIX_PROGRAMS_PER_SM=4,
-                                 TRITON_MIX_STAGES=3), {}),
-    "ln_r8_w8_p2_s2": (MIX, dict(TRITON_MIX_STAGES=2), {}),
+    # two or more column sums (LayerNorm): the default is 4 rows, 2 warps, 4 programs per SM
+    "ln_r2_w1_p8_s3": (("layernorm_fwd_bwd",), dict(TRITON_MIX_COLUMNS_ROWS=2, TRITON_MIX_COLUMNS_WARPS=1,
+                                                    TRITON_MIX_COLUMNS_PROGRAMS_PER_SM=8), {}),
+    "ln_r4_w2_p6_s3": (("layernorm_fwd_bwd",), dict(TRITON_MIX_COLUMNS_PROGRAMS_PER_SM=6), {}),
+    "ln_r4_w2_p4_s4": (("layernorm_fwd_bwd",), dict(TRITON_MIX_STAGES=4), {}),
+    # one column sum (RMSNorm backward): the default is 8 rows, 8 warps, 2 programs per SM
+    "rms_r4_w4_p4_s3": (("rmsnorm_bwd",), dict(TRITON_MIX_ROWS=4, TRITON_MIX_WARPS=4,
+                                                 TRITON_MIX_PROGRAMS_PER_SM=4), {}),
     "mm_stages_up": (MM, {}, dict(num_stages=+1)),
     "mm_stages_down": (MM, {}, dict(num_stages=-1)),
     "mm_warps_x2": (MM, {}, dict(num_warps=2)),

@@ -40,10 +40,9 @@ GPU_AUTO = {
     "column": (TRITON_XLA, _DEPRECATED),  # split column reductions: partial sums over row blocks
     "mix": (TRITON_XLA, _DEPRECATED),  # row reductions and one column sum over whole rows
     # Whole-row mix kernels with two or more column sums (LayerNorm backward):
-    # the raw Triton kernel measured slower than Pallas's on the H100
-    # (benchmarks/RESULTS.md, "Raw-Triton mix kernels"; benchmarks/executors.py).
-    "mix_columns": (PALLAS, "kernel_backend='auto' on a GPU: a mix kernel with two or more column sums measured "
-                    "faster in Pallas (benchmarks/executors.py)"),
+    # their raw-Triton tile (heuristics.TRITON_MIX_COLUMNS_*) beat Pallas's kernel
+    # on the H100 (benchmarks/RESULTS.md, "Heuristics: raw-Triton mix kernels").
+    "mix_columns": (TRITON_XLA, _DEPRECATED),
     # Whole-row mix kernels whose rows are too long for a raw-Triton tile of two
     # rows (heuristics.triton_mix_config): Triton writes them one row a step,
     # a tile not yet timed against Pallas's, so 'auto' keeps the Pallas kernel.

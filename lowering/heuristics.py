@@ -267,29 +267,38 @@ def mix_config(rows: int, cols: int, *, whole_rows: bool, programs: int, columns
 # (``tl.range(num_stages=...)``), which Pallas does not expose, so a program
 # can own a block of rows per step and keep three steps of loads in flight.
 # Each program sums its (BLOCK_R, BLOCK_C) accumulator over rows at the end
-# and stores one partial row, as the Pallas kernel does. One column sum only:
-# with two (LayerNorm's dw and db) this tile lost to the Pallas kernel, so two
-# or more keep Pallas under kernel_backend='auto' (lowering/executors.py
-# GPU_AUTO), as do rows too long for a tile of at least 2 rows (RESULTS.md,
-# "Heuristics: raw-Triton mix kernels").
+# and stores one partial row, as the Pallas kernel does. One column sum: 8
+# rows a step in 8 warps. Two or more (LayerNorm's dw and db, five row sums a
+# step): 4 rows in 2 warps, 4 programs per SM, so a row's sums stay within a
+# warp (8 warps over an (8, 512) tile go through shared memory for each)
+# (RESULTS.md, "Heuristics: raw-Triton mix kernels").
 TRITON_MIX_ROWS = 8  # rows a step
 TRITON_MIX_WARPS = 8
 TRITON_MIX_STAGES = 3  # beat 2 and 4
 TRITON_MIX_PROGRAMS_PER_SM = 2  # the register limit of this tile
 TRITON_MIX_ELEMENTS = 4096  # rows x padded columns of one tile: 16 per thread at 8 warps
+TRITON_MIX_COLUMNS_ROWS = 4  # two or more column sums
+TRITON_MIX_COLUMNS_WARPS = 2
+TRITON_MIX_COLUMNS_PROGRAMS_PER_SM = 4
+TRITON_MIX_COLUMNS_ELEMENTS = 2048  # 32 per thread at 2 warps
 
 
 def triton_mix_config(cols: int, columns: int = 1) -> TileConfig | None:
     """The tile of a raw-Triton mix kernel over rows of ``cols`` elements that
-    accumulates ``columns`` column sums, or None where the Pallas kernel
-    serves better (rows too long for 2 rows a tile)."""
-    bc = next_power_of_2(cols)
-    br = TRITON_MIX_ROWS
-    while br > 1 and br * bc > TRITON_MIX_ELEMENTS:
-        br //= 2
-    if br < 2 or columns < 1:
+    accumulates ``columns`` column sums, or None where rows are too long for 2
+    rows a tile (``triton_mix_row_config``)."""
+    if columns < 1:
         return None
-    return TileConfig(br, bc, TRITON_MIX_WARPS, True, num_stages=TRITON_MIX_STAGES)
+    several = columns >= 2
+    bc = next_power_of_2(cols)
+    br = TRITON_MIX_COLUMNS_ROWS if several else TRITON_MIX_ROWS
+    limit = TRITON_MIX_COLUMNS_ELEMENTS if several else TRITON_MIX_ELEMENTS
+    while br > 1 and br * bc > limit:
+        br //= 2
+    if br < 2:
+        return None
+    warps = TRITON_MIX_COLUMNS_WARPS if several else TRITON_MIX_WARPS
+    return TileConfig(br, bc, warps, True, num_stages=TRITON_MIX_STAGES)
 
 
 def triton_mix_row_config(cols: int) -> TileConfig:
@@ -300,11 +309,12 @@ def triton_mix_row_config(cols: int) -> TileConfig:
     return TileConfig(1, next_power_of_2(cols), TRITON_MIX_WARPS, True, num_stages=TRITON_MIX_STAGES)
 
 
-def triton_mix_programs(rows: int, num_sms: int) -> int:
+def triton_mix_programs(rows: int, num_sms: int, columns: int = 1) -> int:
     """Programs (= partial rows) of a raw-Triton mix kernel: a persistent grid
-    of TRITON_MIX_PROGRAMS_PER_SM per SM, each with at least
-    MIN_ROWS_PER_PROGRAM rows."""
-    return max(1, min(num_sms * TRITON_MIX_PROGRAMS_PER_SM, ceil_div(rows, MIN_ROWS_PER_PROGRAM)))
+    of TRITON_MIX_PROGRAMS_PER_SM per SM (TRITON_MIX_COLUMNS_PROGRAMS_PER_SM
+    with two or more column sums), each with at least MIN_ROWS_PER_PROGRAM rows."""
+    per_sm = TRITON_MIX_COLUMNS_PROGRAMS_PER_SM if columns >= 2 else TRITON_MIX_PROGRAMS_PER_SM
+    return max(1, min(num_sms * per_sm, ceil_div(rows, MIN_ROWS_PER_PROGRAM)))
 
 
 # --------------------------------------------------------------------------- #

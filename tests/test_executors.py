@@ -42,14 +42,13 @@ def test_the_options_and_platform_facts_decide():
         missing = executors.choose("pointwise", dataclasses.replace(opts, kernel_backend="triton",
                                                                     triton_available=False))
         assert missing.executor == executors.PALLAS and "not installed" in missing.reason
-    # Figures decide a kind's default: two or more column sums, and the matmul template,
-    # measured faster in Pallas.
+    # Figures decide a kind's default: the matmul template measured faster in Pallas;
+    # two or more column sums run raw Triton (their own tile)
     matmul = executors.choose("matmul", GPU)
     assert matmul.executor == executors.PALLAS and "measured" in matmul.reason
-    two = executors.choose(executors.kernel_kind("mix", True, 2), GPU)
-    assert two.executor == executors.PALLAS and "measured" in two.reason
-    assert executors.choose(executors.kernel_kind("mix", True, 2),
-                            dataclasses.replace(GPU, kernel_backend="triton")).executor == executors.TRITON_XLA
+    assert executors.kernel_kind("mix", True, 2) == "mix_columns"
+    assert executors.choose("mix_columns", GPU).executor == executors.TRITON_XLA
+    assert executors.choose("mix_columns", dataclasses.replace(GPU, kernel_backend="pallas")).executor == executors.PALLAS
     assert executors.kernel_kind("mix", False, 2) == "column"
     with pytest.raises(ValueError, match="kernel kind"):
         executors.choose("gather", GPU)

@@ -372,6 +372,14 @@ def _erfinv(x, w):
     r = tl.where(w < 5.0, p, q) * x
     return tl.where(tl.abs(x) == 1.0, x * float('inf'), r)
 """,
+    "_tf32": """
+@triton.jit
+def _tf32(x):
+    \"\"\"A float32 rounded to TF32 to nearest, ties away (as cuBLAS and XLA's
+    Triton pipeline feed TF32 tensor cores; the tensor core alone truncates).\"\"\"
+    return tl.inline_asm_elementwise("cvt.rna.tf32.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True,
+                                     pack=1)
+""",
     "_rnd": """
 @triton.jit
 def _rnd(x, EVEN: tl.constexpr):
@@ -1080,9 +1088,13 @@ def _render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
     b_off = matmul._operand_offset(em, rhs, {XK: matmul._B_K, XC: b_cols})
     k_tail = k % cfg.block_k != 0
     wide = em.triton_interpret and lhs.dtype != np.float32  # the interpreter's 16-bit tl.dot is wrong
-    if lhs.dtype == np.float32:
-        precision = "ieee" if node.precision == "highest" else "tf32"
-        dot = f"tl.dot(a, b, acc, input_precision={precision!r})"
+    if lhs.dtype == np.float32 and node.precision == "highest":
+        dot = "tl.dot(a, b, acc, input_precision='ieee')"
+    elif lhs.dtype == np.float32 and not em.triton_interpret:  # TF32 operands rounded, not truncated
+        em.helpers.add("_tf32")
+        dot = "tl.dot(_tf32(a), _tf32(b), acc, input_precision='tf32')"
+    elif lhs.dtype == np.float32:
+        dot = "tl.dot(a, b, acc, input_precision='tf32')"
     else:
         dot = "tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision='ieee')" if wide else "tl.dot(a, b, acc)"
     w.line("acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
