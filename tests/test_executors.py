@@ -349,3 +349,15 @@ def test_bfloat16_casts_round_to_nearest_even(rng):
         a, e = np.asarray(a), np.asarray(e)
         np.testing.assert_array_equal(np.isnan(a), np.isnan(e))
         np.testing.assert_array_equal(a.view(np.uint16)[~np.isnan(e)], e.view(np.uint16)[~np.isnan(e)])
+
+
+def test_triton_target_falls_back_to_jaxlibs_where_it_cannot_register():
+    """Raw Triton kernels lower to pallaskit's command-buffer-compatible target
+    where jaxlib's CUDA Triton handler can be registered again, else to
+    jaxlib's own ([Note: Triton kernels in command buffers])."""
+    from pallaskit.runtime import ffi_targets
+
+    target = ffi_targets.triton_target()
+    assert target in (ffi_targets.COMMAND_BUFFER_TARGET, ffi_targets.JAXLIB_TARGET)
+    has_cuda_triton = getattr(getattr(jax._src.lib, "gpu_triton", None), "_cuda_triton", None) is not None
+    assert (target == ffi_targets.COMMAND_BUFFER_TARGET) == has_cuda_triton

@@ -18,7 +18,9 @@ parameters (ints when the program is traced for a size).
   kernel, signature and GPU in this process, on compile threads started when
   the program is traced (``_start_compile``); the lowering waits for it and
   emits the custom call jaxlib provides for Triton kernels
-  (``triton_kernel_call_ffi``, what jax-triton emits: a zlib-compressed ``TritonKernelCall``
+  (``triton_kernel_call_ffi``, what jax-triton emits, registered again under
+  pallaskit's name for command buffers: [Note: Triton kernels in command buffers]
+  in runtime/ffi_targets.py; a zlib-compressed ``TritonKernelCall``
   proto holding the PTX, which jaxlib assembles with ptxas on first launch).
   Every operand and result is a flat array, 16-byte aligned as XLA allocates
   them. jaxlib passes null for Triton's global and profile scratch pointers,
@@ -43,7 +45,7 @@ import jax
 import numpy as np
 from jax.extend.core import Primitive
 
-from pallaskit.runtime import triton_launch
+from pallaskit.runtime import ffi_targets, triton_launch
 
 triton_call_p = Primitive("pallaskit_triton_call")
 triton_call_p.multiple_results = True
@@ -202,7 +204,7 @@ def _lowering(ctx, *args, kernel, grid, out_avals, scalars, constexprs, interpre
 
     result_types = [ir.RankedTensorType.get(a.shape, mlir.dtype_to_ir_type(a.dtype)) for a in ctx.avals_out]
     return mlir.custom_call(
-        "triton_kernel_call_ffi", result_types=result_types, operands=list(args),
+        ffi_targets.triton_target(), result_types=result_types, operands=list(args),
         backend_config=dict(name=ir.StringAttr.get(meta.name), opaque=ir.StringAttr.get(opaque)),
         operand_layouts=layouts(ctx.avals_in), result_layouts=layouts(ctx.avals_out)).results
 
