@@ -16,6 +16,7 @@ signature per concrete size (``pallaskit/dynamic.py``)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax.numpy as jnp
 import numpy as np
@@ -42,12 +43,19 @@ def to_sympy(d):
         return int(d)
     if not is_jax_dim(d):
         return d
-    names = {v: sizes.dim_symbol(v) for v in d.get_vars()}
-    local = dict(names)
+    return _parse_dim(str(d), tuple(sorted(d.get_vars())))
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _parse_dim(text: str, names: tuple):
+    # Memoized by the dim's text: a graph asks for the same few dims again and
+    # again (every aval and param), and sympify parses the text each time.
+    symbols = {v: sizes.dim_symbol(v) for v in names}
+    local = dict(symbols)
     local.update(floordiv=sizes.FloorDiv, mod=sizes.mod, max=sympy.Max, min=sympy.Min)
-    expr = sympy.sympify(str(d), locals=local)
-    if expr.has(sizes.FloorDiv, sympy.Max, sympy.Min) or not expr.is_polynomial(*names.values()):
-        raise SymbolicUnsupported(f"the symbolic dim {d} is not a polynomial of the dim symbols")
+    expr = sympy.sympify(text, locals=local)
+    if expr.has(sizes.FloorDiv, sympy.Max, sympy.Min) or not expr.is_polynomial(*symbols.values()):
+        raise SymbolicUnsupported(f"the symbolic dim {text} is not a polynomial of the dim symbols")
     return sizes.simplify(expr)
 
 

@@ -476,3 +476,34 @@ def test_automatic_dynamic_asks_the_orchestrator_whether_new_sizes_launch_eagerl
             assert orchestrator.eager_wanted(cpu) is (launch == "on")
     import inspect
     assert "orchestrator.eager_wanted(options)" in inspect.getsource(dynamic)
+
+
+def test_a_jax_dim_is_parsed_once(monkeypatch):
+    """lowering.symbolic.to_sympy: a graph converts the same few dims again and
+    again (every aval and param); the text of each is parsed once, to the same
+    expression; a dim the symbolic path cannot take is refused every time."""
+    import sympy
+
+    from lowering import sizes, symbolic
+    from lowering.errors import SymbolicUnsupported
+
+    parsed = []
+    real = sympy.sympify
+
+    def counting(text, *a, **k):
+        parsed.append(text)
+        return real(text, *a, **k)
+
+    monkeypatch.setattr(sympy, "sympify", counting)
+    for memo in [getattr(symbolic, "_parse_dim", None)]:
+        if memo is not None:
+            memo.cache_clear()  # parsed afresh in this test
+    rows, cols = jax.export.symbolic_shape("rows_q, cols_q")
+    n = sizes.dim_symbol("rows_q")
+    for _ in range(3):
+        assert symbolic.to_sympy(2 * rows + 1) == 2 * n + 1
+        assert symbolic.to_sympy(rows * cols) == n * sizes.dim_symbol("cols_q")
+        assert symbolic.to_sympy(7) == 7
+        with pytest.raises(SymbolicUnsupported):
+            symbolic.to_sympy(rows // 3)
+    assert parsed.count(str(2 * rows + 1)) == 1 and parsed.count(str(rows * cols)) == 1, parsed

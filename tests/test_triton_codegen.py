@@ -345,3 +345,32 @@ def test_a_failing_eager_launch_falls_back_to_xla(rng, caplog):
     assert "eager launch failed" in caplog.text and dispatcher.eager is None
     args = make(12, jnp.float32, rng)
     assert_close(f(*args), jax.jit(fn)(*args))
+
+
+def test_a_raw_triton_program_does_not_import_pallas_triton_module(tmp_path):
+    """A program whose kernels are all raw Triton does not import
+    ``jax.experimental.pallas.triton`` (0.1 s of a cold first call, its GPU
+    dialect bindings); a program with a Pallas kernel still does. Both agree
+    with jax.jit, special values included."""
+    script = textwrap.dedent("""
+        import sys
+        import jax, jax.numpy as jnp, numpy as np
+        import pallaskit
+        pallaskit.config.update(kernel_backend=sys.argv[1], cache=False)
+        x = np.random.default_rng(7).standard_normal((37, 129)).astype(np.float32)
+        x[0, :4] = [np.nan, np.inf, -np.inf, -0.0]
+        for dtype in (jnp.float32, jnp.bfloat16):
+            fn = lambda x: (jnp.tanh(x) * 2 + 1, jnp.sum(x * x, axis=-1))
+            got, want = pallaskit.jit(fn)(jnp.asarray(x, dtype)), jax.jit(fn)(jnp.asarray(x, dtype))
+            for g, w in zip(got, want):
+                bf16 = dtype == jnp.bfloat16  # outputs up to 3 (tanh * 2 + 1): a bfloat16 ulp there is 1/64
+                np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
+                                           rtol=2e-2 if bf16 else 1e-5, atol=2e-2 if bf16 else 1e-5)
+        print("RESULT", "jax.experimental.pallas.triton" in sys.modules)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p))
+    for backend, imported in (("triton", False), ("pallas", True)):
+        out = subprocess.run([sys.executable, "-c", script, backend], capture_output=True, text=True, env=env,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert f"RESULT {imported}" in out.stdout, (backend, out.stdout[-500:], out.stderr[-2000:])

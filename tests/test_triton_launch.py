@@ -249,3 +249,108 @@ def test_the_uncached_compile_is_triton_compile(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path))  # the conftest keeps a set value
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="Triton compiles for CUDA on Linux")
+def test_an_eager_programs_kernels_compile_at_once_on_the_compile_threads(tmp_path):
+    """[Note: eager launches]: an eager program's first launch compiles all its
+    kernels at once on ``triton_call``'s compile threads (one pool for the
+    process), to the same cubins as one after another; a kernel that does not
+    compile fails the program naming that kernel, after the others finished;
+    compiled kernels are kept, and a second program (a new process's) loads them.
+    Compiled for an H100 (sm_90) without a GPU: a stand-in device loads nothing."""
+    script = textwrap.dedent('''
+        import os
+        import threading
+        import jax.numpy as jnp
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from pallaskit import cache
+        from pallaskit.runtime import eager, triton_call, triton_launch
+
+        SOURCE = """
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def scale_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 3, mask=offs < n)
+
+        @triton.jit
+        def gelu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            x = tl.load(x_ptr + offs, mask=offs < n).to(tl.float32)
+            y = 0.5 * x * (1 + tl.erf(x * 0.7071067811865476))
+            tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=offs < n)
+
+        @triton.jit
+        def broken_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+            tl.store(out_ptr + offs, tl.no_such_op(tl.load(x_ptr + offs)))
+
+        def launch(run, kernels, x):
+            n = x.shape[0]
+            a = run.empty((n,), x.dtype)
+            run(kernels["scale"], (triton.cdiv(n, 256),), x, a, n, BLOCK=256)
+            b = run.empty((n,), x.dtype)
+            run(kernels["gelu"], (triton.cdiv(n, 128),), a, b, n, BLOCK=128)
+            if "broken" in kernels:
+                run(kernels["broken"], (1,), b, a, n, BLOCK=128)
+            return run.finish(a, b)
+        """
+
+        class Device:
+            compute_capability = "9.0"
+
+        class Cuda:  # what TritonKernel._compile asks of the GPU
+            device = Device()
+            def attribute(self, which): return 232448
+            def load(self, name, cubin, shared): return 1, 1024
+
+        threads, compiles = set(), []
+        real = triton_launch._compile_uncached
+        def counting(src, target, options, until="cubin"):
+            threads.add(threading.current_thread().name)
+            compiles.append(src.fn.__name__)
+            return real(src, target, options, until)
+        triton_launch._compile_uncached = counting
+        triton_launch._cuda_for = lambda device: Cuda()
+        cache.cache_dir = lambda: os.environ["ARTIFACTS"]  # the kernels are kept in a fresh folder
+        cache.enabled = lambda: True
+        x = jnp.zeros((1000,), jnp.bfloat16)
+        configs = [("scale", 4, 2), ("gelu", 2, 3)]
+        target = GPUTarget("cuda", 90, 32)
+
+        program = eager.EagerProgram(SOURCE, configs, False, ())
+        program._compile_all([x])
+        assert sorted(compiles) == ["gelu_kernel", "scale_kernel"], compiles
+        assert threads == {t.name for t in triton_call._compile_pool()._threads}, threads
+        assert all(t.startswith("pallaskit-triton-compile") for t in threads), threads
+        recorder = eager._Recorder()
+        program._launch(recorder, program.kernels, x)
+        for kernel, key in recorder.keys:  # the same cubin as a compile on this thread alone
+            signature = {n: e for n, (e, _) in zip(kernel.arg_names, key)}
+            constexprs = {n: v for n, (e, v) in zip(kernel.arg_names, key) if e == "constexpr"}
+            alone = real(triton_launch.ast_source(kernel.fn, signature, constexprs), target,
+                         {"num_warps": kernel.num_warps, "num_stages": kernel.num_stages})
+            kept = triton_launch._load_artifact(kernel._artifact_path(key, target, triton.__version__))
+            assert kept is not None and kept.cubin == alone.cubin, kernel.name
+
+        compiles.clear()  # a new process's program: every kernel from the artifacts
+        eager.EagerProgram(SOURCE, configs, False, ())._compile_all([x])
+        assert compiles == [], compiles
+
+        broken = eager.EagerProgram(SOURCE, configs + [("broken", 4, 2)], False, ())
+        try:
+            broken._compile_all([x])
+        except triton_launch.LaunchError as e:
+            assert str(e).startswith("broken_kernel: Triton compile failed"), e
+        else:
+            raise AssertionError("no error")
+        print("ok")
+    ''')
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path / "triton"),
+               ARTIFACTS=str(tmp_path / "pallaskit"))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stdout[-2000:] + done.stderr[-3000:]

@@ -194,12 +194,13 @@ def _irem(x, y):
 '''
 _HELPER_DEPS = {}
 
+PLT_IMPORT = "from jax.experimental.pallas import triton as plt"  # program.py leaves it out when unused
 _PRELUDE = '''\
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plt
+''' + PLT_IMPORT + '''
 
 INTERPRET = {interpret}
 ANY = pl.BlockSpec(memory_space=pl.ANY)

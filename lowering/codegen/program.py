@@ -84,7 +84,12 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> pall
         _write_steps(w, schedule, launched, externs)
         outs = [_value_source(o) for o in graph.outputs]
         w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
-    return pallas.RenderedProgram(w.source(), kernels, externs, dims, guards)
+    source = w.source()
+    if not re.search(r"(?<![\w.])plt\.", source):
+        # No Pallas kernel reads Pallas's Triton module: a program of raw Triton
+        # kernels does not import it (and the GPU dialect bindings it loads).
+        source = source.replace(pallas.PLT_IMPORT + "\n", "", 1)
+    return pallas.RenderedProgram(source, kernels, externs, dims, guards)
 
 
 def _value_source(x) -> str:

@@ -85,17 +85,37 @@ class EagerProgram:
         return self._launch(Launch(interpret=self.interpret), self.kernels, *inputs)
 
     def _compile_all(self, inputs) -> None:
-        """Compile (or load) every kernel at once, on threads, before the first
-        launch: ``launch`` runs on a recorder that notes each kernel's signature."""
+        """Compile (or load) every kernel at once before the first launch:
+        ``launch`` runs on a recorder that notes each kernel's signature."""
         import jax
 
         from pallaskit.runtime.triton_launch import _cuda_for
 
         recorder = _Recorder()
         self._launch(recorder, self.kernels, *inputs)
-        cuda = _cuda_for(jax.devices()[0])  # Launch's device
-        with concurrent.futures.ThreadPoolExecutor(max(1, len(recorder.keys))) as pool:
-            list(pool.map(lambda kk: kk[0].loaded(kk[1], cuda), recorder.keys))
+        compile_kernels(recorder.keys, _cuda_for(jax.devices()[0]))  # Launch's device
+
+
+def compile_kernels(keys: list, cuda) -> None:
+    """Each (TritonKernel, signature) of ``keys`` compiled (or read from the
+    kernel artifacts) and loaded on ``cuda``, all at once on the compile
+    threads raw Triton kernels inside XLA use (``triton_call._compile_pool``):
+    the wall time is about the slowest kernel's. Every compile finishes before
+    this returns; the first failure, in ``keys``' order, is raised naming its
+    kernel."""
+    from pallaskit.runtime import triton_call
+    from pallaskit.runtime.triton_launch import LaunchError
+
+    pool = triton_call._compile_pool()
+    futures = [(kernel, pool.submit(kernel.loaded, key, cuda)) for kernel, key in keys]
+    concurrent.futures.wait([f for _, f in futures])
+    for kernel, future in futures:
+        error = future.exception()
+        if error is None:
+            continue
+        if isinstance(error, LaunchError):  # its message starts with the kernel's name
+            raise error
+        raise LaunchError(f"{kernel.name}: Triton compile failed: {type(error).__name__}: {error}") from error
 
 
 PARALLEL_COMPILE = True  # the kernels of a program compile on threads at its first launch

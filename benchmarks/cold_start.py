@@ -1,0 +1,232 @@
+"""Cold time of first calls and of new sizes, pallaskit against jax.jit, each
+in a fresh process with empty caches (pallaskit's, Triton's; JAX's persistent
+cache off).
+
+Cases:
+
+- ``small``: ``jnp.tanh(x) * 2 + 1`` on a (128, 256) float32: the first call
+  (issue 24: at most 0.3 s of pallaskit's own time on top of jax.jit's);
+- ``sweep``: benchmarks/workloads.py's ``gelu_mlp`` at the ``SWEEP_ROWS`` row
+  counts (bf16 1024 x 4096 x 1024; ``--smoke``: small sizes) in turn, each
+  size's first call (issue 26: all sizes at most 1.0 s under default options).
+
+Rows: ``jax.jit``; ``pallaskit`` (default options: automatic dynamic on);
+``pallaskit+pre``, the same with the compiler (lowering, sympy, triton)
+imported before the clock, so that ``pallaskit`` minus it is the compiler's
+import time; ``cpu`` is the process's CPU seconds over the same calls (all
+threads; a loaded machine inflates wall seconds, not these); ``pallaskit dynamic=`` (sweep only: the row axis given).
+
+The clock starts after ``import jax``, ``import pallaskit`` and the inputs are
+on the device (``import_s`` is reported apart). Each pallaskit row also shows
+where its time went, summed over the calls: ``trace`` (jax's trace of the
+function), ``passes`` (``lowering.compile_jaxpr``; on a cold process it
+includes importing the compiler), ``eager`` (building the eager program of a
+symbolic graph), ``triton_sum`` / ``triton_max`` (each raw-Triton kernel's
+compile, on threads: inside XLA and eager), ``xla`` (``executable.aot_compile``:
+JAX's lowering, waiting for Triton, XLA's compile). Python bytecode is written
+to a fresh ``PYTHONPYCACHEPREFIX`` by untimed smoke runs first (as an installed
+package has it), unless ``--no-bytecode``.
+
+    # GPU (about a minute on an H100)
+    JAX_PLATFORMS=cuda PYTHONPATH=. python -m benchmarks.cold_start
+    # CPU (interpret mode), a quick look
+    PYTHONPATH=. python -m benchmarks.cold_start --smoke
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+RESULT = "RESULT "
+ROWS = ("jax.jit", "pallaskit", "pallaskit+pre", "pallaskit dynamic=")
+SMOKE_ROWS, SMOKE_DIMS = (5, 17, 33, 64, 100), (32, 64, 32)
+
+
+def _phases():
+    """Wrap pallaskit's phases; returns the dict their seconds add up in."""
+    import lowering
+    from pallaskit import executable, orchestrator
+
+    totals: dict = {}
+    lock = threading.Lock()
+    kernels: list = []
+
+    def wrap(module, name, key, per_kernel=False):
+        inner = getattr(module, name)
+
+        def timed(*a, **k):
+            t = time.perf_counter()
+            try:
+                return inner(*a, **k)
+            finally:
+                s = time.perf_counter() - t
+                with lock:
+                    if per_kernel:
+                        kernels.append(s)
+                    else:
+                        totals[key] = totals.get(key, 0.0) + s
+        setattr(module, name, timed)
+
+    wrap(orchestrator, "trace", "trace")
+    wrap(lowering, "compile_jaxpr", "passes")
+    wrap(orchestrator, "_eager_program", "eager")
+    wrap(executable, "aot_compile", "xla")
+    try:
+        from pallaskit.runtime import triton_call, triton_launch
+
+        wrap(triton_call._Kernel, "_compile", "", per_kernel=True)
+        wrap(triton_launch.TritonKernel, "_compile", "", per_kernel=True)
+    except ImportError:  # no triton: no raw-Triton kernels to time
+        pass
+
+    def summary():
+        out = {k: round(v, 4) for k, v in totals.items()}
+        if kernels:
+            out.update(triton_n=len(kernels), triton_sum=round(sum(kernels), 4), triton_max=round(max(kernels), 4))
+        return out
+    return summary
+
+
+def child(spec: dict) -> dict:
+    t0 = time.perf_counter()
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    row = spec["row"]
+    if row != "jax.jit":
+        import pallaskit
+    import_s = time.perf_counter() - t0
+    rng = np.random.default_rng(0)
+    if spec["case"] == "small":
+        fn = lambda x: jnp.tanh(x) * 2 + 1  # noqa: E731
+        calls = [(jnp.asarray(rng.standard_normal((128, 256)), jnp.float32),)]
+        labels = ["128x256"]
+    else:
+        from benchmarks.workloads import SWEEP_ROWS, gelu_mlp
+
+        fn = gelu_mlp
+        rows, (k, h, n) = (SMOKE_ROWS, SMOKE_DIMS) if spec["smoke"] else (SWEEP_ROWS, (1024, 4096, 1024))
+        w1 = jnp.asarray(rng.standard_normal((k, h)) * k ** -0.5, jnp.bfloat16)
+        w2 = jnp.asarray(rng.standard_normal((h, n)) * h ** -0.5, jnp.bfloat16)
+        calls = [(jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16), w1, w2) for m in rows]
+        labels = [str(m) for m in rows]
+    jax.block_until_ready(calls)
+    summary = None
+    if row == "jax.jit":
+        f = jax.jit(fn)
+    else:
+        if row == "pallaskit+pre":
+            import lowering.codegen.program  # noqa: F401  (the compiler and its imports, before the clock)
+            import lowering.lower  # noqa: F401
+            import sympy.tensor.tensor  # noqa: F401  (sympy imports it on its first addition)
+            if not pallaskit.orchestrator.compile_options().interpret:
+                import triton.compiler.compiler  # noqa: F401
+        summary = _phases()
+        f = pallaskit.jit(fn, dynamic={"x": {0: "m"}}) if row == "pallaskit dynamic=" else pallaskit.jit(fn)
+    per = []
+    outs = []
+    start, cpu = time.perf_counter(), time.process_time()
+    for args in calls:
+        t = time.perf_counter()
+        outs.append(jax.block_until_ready(f(*args)))
+        per.append(time.perf_counter() - t)
+    total, cpu = time.perf_counter() - start, time.process_time() - cpu
+    # Values: the first and last call against jax.jit (after the clock)
+    ref = jax.jit(fn)
+    err = max(float(jnp.max(jnp.abs(outs[i].astype(jnp.float32) - ref(*calls[i]).astype(jnp.float32))))
+              for i in {0, len(calls) - 1})
+    out = {"row": row, "case": spec["case"], "import_s": round(import_s, 3), "total_s": round(total, 3), "cpu_s": round(cpu, 3),
+           "per_call_s": [round(p, 4) for p in per], "labels": labels, "max_abs_err_vs_jax": err,
+           "device": jax.devices()[0].device_kind}
+    if summary is not None:
+        c = pallaskit.metrics.counters
+        out["phases"] = summary()
+        out["counters"] = {k: c[k] for k in ("graphs_compiled", "kernels_compiled", "eager_launches",
+                                             "dynamic_fallbacks") if c.get(k)}
+    return out
+
+
+def spawn(case: str, row: str, smoke: bool, pycache: str | None, timeout: float) -> dict:
+    folder = tempfile.mkdtemp(prefix="pallaskit_cold_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PALLASKIT_CACHE", "JAX_COMPILATION_CACHE"))}
+    env.update(PALLASKIT_CACHE_DIR=os.path.join(folder, "pallaskit"), TRITON_CACHE_DIR=os.path.join(folder, "triton"))
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    if pycache:
+        env["PYTHONPYCACHEPREFIX"] = pycache
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    spec = {"case": case, "row": row, "smoke": smoke}
+    try:
+        proc = subprocess.run([sys.executable, "-m", "benchmarks.cold_start", "--child", json.dumps(spec)], env=env,
+                              cwd=repo, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"row": row, "case": case, "error": f"timed out after {timeout:.0f} s"}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT):
+            return json.loads(line[len(RESULT):])
+    tail = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()][-3:]
+    return {"row": row, "case": case, "error": f"exit {proc.returncode}: " + " | ".join(tail)}
+
+
+def _warm_bytecode(pycache: str, timeout: float) -> None:
+    """Untimed runs of the pallaskit rows at the smoke sizes: every module they
+    import writes its bytecode to ``pycache``."""
+    for case, row in (("small", "pallaskit"), ("sweep", "pallaskit"), ("sweep", "pallaskit dynamic=")):
+        spawn(case, row, True, pycache, timeout)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", default="small,sweep")
+    p.add_argument("--rows", default=",".join(ROWS))
+    p.add_argument("--smoke", action="store_true", help="small sweep sizes (the CPU)")
+    p.add_argument("--no-bytecode", action="store_true", help="no .pyc written first (an image without bytecode)")
+    p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--output", help="folder for cold_start.json")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.child:
+        print(RESULT + json.dumps(child(json.loads(a.child))), flush=True)
+        return 0
+    pycache = None if a.no_bytecode else tempfile.mkdtemp(prefix="pallaskit_pyc_")
+    if pycache:
+        _warm_bytecode(pycache, a.timeout)
+    results = []
+    for case in a.cases.split(","):
+        for row in a.rows.split(","):
+            if row == "pallaskit dynamic=" and case != "sweep":
+                continue
+            r = spawn(case, row, a.smoke, pycache, a.timeout)
+            results.append(r)
+            if "error" in r:
+                print(f"{case:6s} {row:20s} ERROR {r['error']}", flush=True)
+                continue
+            first = r["per_call_s"][0]
+            rest = sum(r["per_call_s"][1:])
+            line = (f"{case:6s} {row:20s} total {r['total_s']:7.3f} s  first {first:6.3f}  rest {rest:6.3f}  "
+                    f"cpu {r['cpu_s']:.2f}  import {r['import_s']:.2f}  err {r['max_abs_err_vs_jax']:.2g}")
+            if r.get("phases"):
+                line += "  " + " ".join(f"{k} {v}" for k, v in r["phases"].items())
+            print(line, flush=True)
+            if case == "sweep":
+                print("       per size: " + " ".join(f"{n}:{s:.3f}" for n, s in zip(r["labels"], r["per_call_s"])),
+                      flush=True)
+    if results:
+        print("device:", next((r["device"] for r in results if "device" in r), "?"))
+    if a.output:
+        os.makedirs(a.output, exist_ok=True)
+        with open(os.path.join(a.output, "cold_start.json"), "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
