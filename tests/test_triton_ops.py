@@ -81,8 +81,8 @@ def _op_of(name):
 
 @pytest.mark.parametrize("interpret", [False, True], ids=["gpu", "interpreter"])
 def test_triton_renderer_writes_every_op_and_reduction_of_the_pallas_renderer(interpret):
-    em = object.__new__(triton_codegen._TritonEmitter)  # op_template reads only the mode
-    em.triton_interpret = interpret
+    em = object.__new__(triton_codegen.TritonEmitter)  # op_template reads only the mode
+    em.interpret = interpret
     missing = {}
     for name in pallas.OPS:
         try:
@@ -90,7 +90,7 @@ def test_triton_renderer_writes_every_op_and_reduction_of_the_pallas_renderer(in
         except triton_codegen.TritonUnsupported as e:
             missing[name] = str(e)
     assert set(missing) == set(NOT_IN_TRITON), missing
-    assert set(pallas._REDUCE_FN) <= set(triton_codegen._REDUCE)
+    assert set(pallas.REDUCE_FN) <= set(triton_codegen.REDUCE)
 
 
 # --------------------------------------------------------------------------- #

@@ -16,6 +16,9 @@ import dataclasses
 
 from lowering import heuristics
 from lowering.codegen import pallas, triton
+from lowering.codegen.emitter import RenderedKernel, kernel_coords_body, write_pointwise
+from lowering.codegen.rows import render_rows
+from lowering.codegen.tiles import kernel_config, transposed_load
 from lowering.codegen.writer import SourceWriter
 from lowering.options import CompileOptions
 from lowering.scheduler import Kernel, Schedule
@@ -30,12 +33,12 @@ class Part:
 
 
 def part_config(part: Kernel, schedule: Schedule, options: CompileOptions) -> heuristics.TileConfig:
-    if part.kind == "pointwise" and not pallas._transposed_load(part, schedule):
+    if part.kind == "pointwise" and not transposed_load(part, schedule):
         cfg = heuristics.combo_pointwise_config(int(part.rows), int(part.cols))
         if options.num_warps:
             cfg = dataclasses.replace(cfg, num_warps=options.num_warps)
         return cfg
-    return pallas.kernel_config(part, schedule, options)
+    return kernel_config(part, schedule, options)
 
 
 def layout(kernel, schedule: Schedule, options: CompileOptions) -> list[Part]:
@@ -87,7 +90,7 @@ def _part_emitter(emitter_cls, part: Part, schedule, options, ins, outs, indent=
 
 
 def _bodies(part: Part) -> dict:
-    return {m.name: pallas._kernel_coords_body(m) for m in part.kernel.members}
+    return {m.name: kernel_coords_body(m) for m in part.kernel.members}
 
 
 # --------------------------------------------------------------------------- #
@@ -103,12 +106,12 @@ def render_pallas(kernel, schedule: Schedule, options: CompileOptions):
     helpers = set()
     calls = []
     for i, part in enumerate(parts):
-        em = _part_emitter(pallas._KernelEmitter, part, schedule, options, ins, outs)
+        em = _part_emitter(pallas.PallasEmitter, part, schedule, options, ins, outs)
         k = part.kernel
         if k.kind == "pointwise":
-            pallas.write_pointwise(em, k, _bodies(part), part.config)
+            write_pointwise(em, k, _bodies(part), part.config)
         else:
-            pallas._render_reduction(em, k, _bodies(part), part.config)
+            render_rows(em, k, _bodies(part), part.config)
         helpers |= em.helpers
         refs = list(em.in_refs.values()) + list(em.out_refs.values())
         fn = f"{kernel.name}_part{i}"
@@ -139,7 +142,7 @@ def render_pallas(kernel, schedule: Schedule, options: CompileOptions):
     w.line()
     total = parts[-1].start + parts[-1].programs
     pallas.write_launcher(w, kernel, len(ins), total, cfg.num_warps, 1)
-    return pallas.RenderedKernel(kernel.name, w.source(), list(kernel.origin), cfg), helpers
+    return RenderedKernel(kernel.name, w.source(), list(kernel.origin), cfg), helpers
 
 
 # --------------------------------------------------------------------------- #
@@ -155,16 +158,16 @@ def render_triton(kernel, schedule: Schedule, options: CompileOptions):
     calls = []
     for i, part in enumerate(parts):
         k = part.kernel
-        if k.kind == "reduction" and any(m.role == "reduction" and m.node.op not in triton._REDUCE
+        if k.kind == "reduction" and any(m.role == "reduction" and m.node.op not in triton.REDUCE
                                          for m in k.members):
             raise triton.TritonUnsupported(f"{k.name}: a reduction the Triton renderer does not write")
-        em = _part_emitter(triton._TritonEmitter, part, schedule, options, ins, outs)
+        em = _part_emitter(triton.TritonEmitter, part, schedule, options, ins, outs)
         if em.index_dtype != "tl.int32":
             em.w.line(f"pid = pid.to({em.index_dtype})")
         if k.kind == "pointwise":
-            pallas.write_pointwise(em, k, _bodies(part), part.config)
+            write_pointwise(em, k, _bodies(part), part.config)
         else:
-            triton._render_reduction(em, k, _bodies(part), part.config)
+            triton.render_reduction(em, k, _bodies(part), part.config)
         helpers |= em.helpers
         refs = list(em.in_refs.values()) + list(em.out_refs.values())
         fn = f"{kernel.name}_part{i}"
@@ -195,7 +198,7 @@ def render_triton(kernel, schedule: Schedule, options: CompileOptions):
                 blocks = f"{part.config.block_rows}, {part.config.block_cols}"
                 w.line(f"{fn}({shifted}, {', '.join(refs)}, {blocks})  # {part.kernel.name}")
     total = parts[-1].start + parts[-1].programs
-    return triton._Rendered(kernel.name, w.source(), list(kernel.reads), [], str(total), {}, cfg.num_warps, 1,
+    return triton.Rendered(kernel.name, w.source(), list(kernel.reads), [], str(total), {}, cfg.num_warps, 1,
                             helpers, cfg)
 
 

@@ -25,28 +25,33 @@ import numpy as np
 import sympy
 
 from lowering import heuristics, ir, sizes
-from lowering.codegen import pallas
+from lowering.codegen.emitter import KernelEmitter, RenderedKernel, kernel_coords_body, used_dims
+from lowering.codegen.pallas import PallasEmitter, write_dim_reads, write_launcher
 from lowering.codegen.writer import SourceWriter
 from lowering.options import CompileOptions
 from lowering.scheduler import XC, XK, XR, Kernel, Schedule, _origins, matmul_kernel_bounds
 
 # Names of the index variables inside the kernel (sympy symbols print as their names).
-_A_ROW, _A_K = sizes.symbol("xra"), sizes.symbol("ka")  # A tile: (BLOCK_M, 1) rows, (1, BLOCK_K) k
-_B_K, _B_COL = sizes.symbol("kb"), sizes.symbol("xcb")  # B tile: (BLOCK_K, 1) k, (1, BLOCK_N) columns
+A_ROW, A_K = sizes.symbol("xra"), sizes.symbol("ka")  # A tile: (BLOCK_M, 1) rows, (1, BLOCK_K) k
+B_K, B_COL = sizes.symbol("kb"), sizes.symbol("xcb")  # B tile: (BLOCK_K, 1) k, (1, BLOCK_N) columns
 
 
-class _MatmulEmitter(pallas._KernelEmitter):
-    """The Pallas kernel emitter, reading in-kernel tiles (the accumulator)
-    from ``tile_values`` instead of memory."""
+class TileValues(KernelEmitter):
+    """A kernel emitter (either dialect, mixed in before it) reading in-kernel
+    tiles (the accumulator) from ``tile_values`` instead of memory."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.tile_values: dict[str, tuple[str, frozenset]] = {}
 
-    def _load(self, ld: ir.Load):
+    def load(self, ld: ir.Load):
         if ld.buffer in self.tile_values:
             return self.tile_values[ld.buffer]  # legality: read at the accumulator's own element
-        return super()._load(ld)
+        return super().load(ld)
+
+
+class MatmulEmitter(TileValues, PallasEmitter):
+    """The matmul template's Pallas emitter."""
 
 
 def matmul_dims(node: ir.Matmul) -> tuple[int, int, int, int]:
@@ -55,7 +60,7 @@ def matmul_dims(node: ir.Matmul) -> tuple[int, int, int, int]:
 
 
 def matmul_kernel_config(kernel: Kernel, options: CompileOptions) -> heuristics.MatmulConfig:
-    node = _matmul_member(kernel).node
+    node = matmul_member(kernel).node
     b, m, n, k = matmul_dims(node)
     m = sizes.hint(m, options.size_hints)  # a dynamic M: the tiles of its hinted size
     cfg = heuristics.matmul_config(m, n, k, node.operands[0].dtype, batch=b, num_sms=options.num_sms)
@@ -64,15 +69,15 @@ def matmul_kernel_config(kernel: Kernel, options: CompileOptions) -> heuristics.
     return cfg
 
 
-def _matmul_member(kernel: Kernel):
+def matmul_member(kernel: Kernel):
     return next(m for m in kernel.members if m.role == "matmul")
 
 
 def render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
     """(RenderedKernel, helper names) of a matmul kernel."""
     cfg = matmul_kernel_config(kernel, options)
-    em = _MatmulEmitter(kernel, schedule, cfg, options)
-    mm = _matmul_member(kernel)
+    em = MatmulEmitter(kernel, schedule, cfg, options)
+    mm = matmul_member(kernel)
     node: ir.Matmul = mm.node
     em.bounds = matmul_kernel_bounds(node)
     b, m, n, k = matmul_dims(node)
@@ -92,14 +97,14 @@ def render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
     a_rows, b_cols = XR, XC
     if dynamic_m or m % cfg.block_m:
         w.line("xra = xr % M  # rows past M read a valid row; they are never stored")
-        a_rows = _A_ROW
+        a_rows = A_ROW
     if n % cfg.block_n:
         w.line("xcb = xc % N")
-        b_cols = _B_COL
-    a_off = _operand_offset(em, lhs, {XR: a_rows, XK: _A_K})
-    b_off = _operand_offset(em, rhs, {XK: _B_K, XC: b_cols})
-    a_vars = {a_rows, _A_K}
-    b_vars = {_B_K, b_cols}
+        b_cols = B_COL
+    a_off = operand_offset(em, lhs, {XR: a_rows, XK: A_K})
+    b_off = operand_offset(em, rhs, {XK: B_K, XC: b_cols})
+    a_vars = {a_rows, A_K}
+    b_vars = {B_K, b_cols}
     k_tail = k % cfg.block_k != 0
     dot_kw = "preferred_element_type=jnp.float32"
     if node.precision == "highest" and lhs.dtype == np.float32:
@@ -172,12 +177,12 @@ def write_epilogue(em, kernel: Kernel, mm) -> None:
     for member in kernel.members:
         if member is mm:
             continue
-        var, ext = em.value(pallas._kernel_coords_body(member))
+        var, ext = em.value(kernel_coords_body(member))
         if member.store:
             em.store(member, var, ext)
 
 
-def _operand_offset(em, load: ir.Load, names: dict) -> sympy.Expr:
+def operand_offset(em, load: ir.Load, names: dict) -> sympy.Expr:
     """Flat offset of an operand load, in the tile's index variables."""
     if load.mask is not None:
         raise NotImplementedError("masked operand load")  # the scheduler materializes pads and concats
@@ -185,15 +190,15 @@ def _operand_offset(em, load: ir.Load, names: dict) -> sympy.Expr:
     return sizes.simplify(off.xreplace(names))
 
 
-def _wrap(kernel: Kernel, node: ir.Matmul, cfg: heuristics.MatmulConfig, em, dims, blocks) -> pallas.RenderedKernel:
+def _wrap(kernel: Kernel, node: ir.Matmul, cfg: heuristics.MatmulConfig, em, dims, blocks) -> RenderedKernel:
     b, m, n, k = dims
     m_blocks, n_blocks, k_blocks = blocks
     dynamic_m = sizes.is_symbolic(m)
     header = f"M, N, K = {sizes.to_source(m)}, {n}, {k}"
-    dim_names = pallas.used_dims(em.schedule, header + "\n" + em.w.source())
+    dim_names = used_dims(em.schedule, header + "\n" + em.w.source())
     w = SourceWriter()
     w.line(f"# kernel {kernel.name}: matmul {'%d x ' % b if b > 1 else ''}({m} x {k}) @ ({k} x {n}), {cfg}")
-    own = _origins(em.graph, _matmul_member(kernel), em.schedule.stored)
+    own = _origins(em.graph, matmul_member(kernel), em.schedule.stored)
     w.line("# matmul (operand views folded into its loads):")
     for eq in own:
         w.line(f"#   {eq}")
@@ -206,7 +211,7 @@ def _wrap(kernel: Kernel, node: ir.Matmul, cfg: heuristics.MatmulConfig, em, dim
     outs = list(em.out_refs.values())
     w.line(f"def {kernel.name}_kernel({', '.join((['dims_ptr'] if dim_names else []) + ins + outs)}):")
     with w.indent():
-        pallas.write_dim_reads(w, em.schedule, dim_names)
+        write_dim_reads(w, em.schedule, dim_names)
         w.line(header)
         w.line(f"BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M = {cfg.block_m}, {cfg.block_n}, {cfg.block_k}, {cfg.group_m}")
         if dynamic_m:
@@ -218,5 +223,5 @@ def _wrap(kernel: Kernel, node: ir.Matmul, cfg: heuristics.MatmulConfig, em, dim
     w.line()
     grid = (f"{b * n_blocks} * pl.cdiv({sizes.to_source(m)}, {cfg.block_m})" if dynamic_m
             else b * m_blocks * n_blocks)
-    pallas.write_launcher(w, kernel, len(ins), grid, cfg.num_warps, cfg.num_stages, dims=dim_names)
-    return pallas.RenderedKernel(kernel.name, w.source(), list(kernel.origin), cfg, dim_names, em.guards)
+    write_launcher(w, kernel, len(ins), grid, cfg.num_warps, cfg.num_stages, dims=dim_names)
+    return RenderedKernel(kernel.name, w.source(), list(kernel.origin), cfg, dim_names, em.guards)
