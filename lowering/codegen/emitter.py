@@ -290,6 +290,18 @@ class KernelEmitter:
         ``name_i``): the row's index (may write lines first)."""
         raise NotImplementedError
 
+    def column_acc_dtype(self, dt):
+        """The dtype a mix kernel's column accumulator of a ``dt`` member carries."""
+        return np.dtype(dt)
+
+    def prefetch_depth(self, cfg) -> int:
+        """Row blocks a mix kernel's loop loads ahead through its carry (0: none)."""
+        return 0
+
+    def write_row_loads(self, loads: list) -> list:
+        """``def load_rows(block)`` (``prefetch_depth``): returns each load with its extent."""
+        raise NotImplementedError
+
     # Skip the select of a masked sum whose operand is already 0 past the edge
     # (rows.zero_where_masked)? The raw-Triton dialect does.
     SKIP_ZERO_SELECT = False

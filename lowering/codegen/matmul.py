@@ -53,6 +53,13 @@ class TileValues(KernelEmitter):
 class MatmulEmitter(TileValues, PallasEmitter):
     """The matmul template's Pallas emitter."""
 
+    def dot_text(self, node: ir.Matmul, lhs_dtype) -> str:
+        """One K step's product added to ``acc`` (float32)."""
+        kw = "preferred_element_type=jnp.float32"
+        if node.precision == "highest" and lhs_dtype == np.float32:
+            kw = "precision=lax.Precision.HIGHEST, " + kw
+        return f"acc + jnp.dot(a, b, {kw})"
+
 
 def matmul_dims(node: ir.Matmul) -> tuple[int, int, int, int]:
     """(batch, M, N, K) of a matmul node, each flattened."""
@@ -92,7 +99,22 @@ def render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
     w.line("pid = pl.program_id(0).astype(IDX)")
     write_tile(em, b, m_blocks, n_blocks, cfg.group_m, dynamic_m)
 
-    # -- the K loop -----------------------------------------------------------------
+    write_k_loop(em, mm, cfg, (m, n, k), "K_BLOCKS", dynamic_m)
+
+    # -- epilogue and stores ----------------------------------------------------------
+    write_epilogue(em, kernel, mm)
+    return _wrap(kernel, node, cfg, em, (b, m, n, k), (m_blocks, n_blocks, k_blocks)), em.helpers
+
+
+def write_k_loop(em, mm, cfg, dims, k_blocks, dynamic_m: bool) -> None:
+    """The K loop into the float32 tile ``acc`` (both dialects, ``em``'s): per
+    step an A and a B tile, gathered at their operands' offsets (rows past M and
+    columns past N read a valid row / column, the K tail masked to 0), and
+    ``em.dot_text()`` added in. ``k_blocks``: the step count (a number or a
+    kernel constant's name)."""
+    m, n, k = dims
+    node: ir.Matmul = mm.node
+    w = em.w
     lhs, rhs = (ir.substitute_index(op, mm.coords) for op in mm.body.args)
     a_rows, b_cols = XR, XC
     if dynamic_m or m % cfg.block_m:
@@ -103,30 +125,23 @@ def render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
         b_cols = B_COL
     a_off = operand_offset(em, lhs, {XR: a_rows, XK: A_K})
     b_off = operand_offset(em, rhs, {XK: B_K, XC: b_cols})
-    a_vars = {a_rows, A_K}
-    b_vars = {B_K, b_cols}
     k_tail = k % cfg.block_k != 0
-    dot_kw = "preferred_element_type=jnp.float32"
-    if node.precision == "highest" and lhs.dtype == np.float32:
-        dot_kw = "precision=lax.Precision.HIGHEST, " + dot_kw
-    w.line("def k_step(step, acc):")
-    with w.indent():
-        w.line("ka = step * BLOCK_K + lax.broadcasted_iota(IDX, (1, BLOCK_K), 1)")
-        w.line("kb = step * BLOCK_K + lax.broadcasted_iota(IDX, (BLOCK_K, 1), 0)")
+    w.line(f"acc = {em.zeros_text('(BLOCK_M, BLOCK_N)', em.dtype_text(np.float32))}")
+
+    def body():
+        w.line(f"ka = step * BLOCK_K + {em.iota_text(1, 'BLOCK_K')}")
+        w.line(f"kb = step * BLOCK_K + {em.iota_text(0, 'BLOCK_K')}")
         for name, ref, off, free, shape, kmask in (
-                ("a", em.in_refs[lhs.buffer], a_off, a_vars, "(BLOCK_M, BLOCK_K)", "ka < K"),
-                ("b", em.in_refs[rhs.buffer], b_off, b_vars, "(BLOCK_K, BLOCK_N)", "kb < K")):
+                ("a", em.in_refs[lhs.buffer], a_off, {a_rows, A_K}, "(BLOCK_M, BLOCK_K)", "ka < K"),
+                ("b", em.in_refs[rhs.buffer], b_off, {B_K, b_cols}, "(BLOCK_K, BLOCK_N)", "kb < K")):
             text = sizes.to_source(off)
             if not free <= off.free_symbols:
-                text = f"jnp.broadcast_to({text}, {shape})" if off.free_symbols else f"jnp.full({shape}, {text}, IDX)"
-            mask = f", mask=jnp.broadcast_to({kmask}, {shape}), other=0" if k_tail else ""
-            w.line(f"{name} = plt.load({ref}.at[{text}]{mask})")
-        w.line(f"return acc + jnp.dot(a, b, {dot_kw})")
-    w.line("acc = lax.fori_loop(0, K_BLOCKS, k_step, jnp.zeros((BLOCK_M, BLOCK_N), jnp.float32))")
+                text = em.broadcast_text(text, shape) if off.free_symbols else em.tile_text(shape, text, em.index_dtype)
+            mask = f", mask={em.broadcast_text(kmask, shape)}, other=0" if k_tail else ""
+            w.line(f"{name} = {em.load_text(ref, text, mask)}")
+        return [em.dot_text(node, lhs.dtype)]
 
-    # -- epilogue and stores ----------------------------------------------------------
-    write_epilogue(em, kernel, mm)
-    return _wrap(kernel, node, cfg, em, (b, m, n, k), (m_blocks, n_blocks, k_blocks)), em.helpers
+    em.loop("k_step", "step", 0, k_blocks, ["acc"], body)
 
 
 def write_tile(em, b: int, m_blocks, n_blocks: int, group_m: int, dynamic_m: bool) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 from lowering import ir, sizes
 from lowering.codegen.emitter import (KernelEmitter, RenderedKernel, is_float, kernel_coords_body, reduction_identity,
                                       select_n_template, used_dims, whole_rows, write_pointwise)
+from lowering.codegen.mix import write_mix
 from lowering.codegen.rows import render_rows
 from lowering.codegen.tiles import kernel_config
 from lowering.codegen.writer import SourceWriter
@@ -319,6 +320,24 @@ class PallasEmitter(KernelEmitter):
             w.line(f"{name}_hit = {name} == {fn}({name}, axis=1, keepdims=True)")
         return f"jnp.min(jnp.where({name}_hit, {name}_i, {big}), axis=1, keepdims=True)"
 
+    def write_row_loads(self, loads: list[ir.Load]) -> list[tuple[ir.Load, frozenset]]:
+        """``def load_rows(block)``: ``loads`` at one row block, returned as a
+        tuple (a block past the last row loads nothing: its rows are masked).
+        Returns each load with its extent."""
+        w = self.w
+        w.line("def load_rows(block):")
+        with w.indent():
+            self.scopes.append({})
+            w.line(f"xr = block * BLOCK_R + {self.iota_text(0, 'BLOCK_R')}")
+            w.line("rmask = xr < ROWS")
+            loaded = [self.load(ld) for ld in loads]
+            self.scopes.pop()
+            w.line(f"return ({', '.join(v for v, _ in loaded)},)")
+        return [(ld, ext) for ld, (_, ext) in zip(loads, loaded)]
+
+    def prefetch_depth(self, cfg) -> int:
+        return cfg.prefetch
+
     def loop(self, name, index, start, stop, carried, body, stages=None, comment="") -> None:
         """``def name(index, carry)`` and its ``lax.fori_loop`` (Pallas has no
         pipelining knob per loop: ``stages`` is the kernel's ``num_stages``)."""
@@ -342,7 +361,7 @@ def render_kernel(kernel: Kernel, schedule: Schedule, options: CompileOptions) -
     if kernel.kind == "pointwise":
         write_pointwise(em, kernel, bodies, cfg)
     elif kernel.kind == "mix":
-        render_mix(em, kernel, bodies, cfg)
+        write_mix(em, kernel, bodies, cfg)
     else:
         render_rows(em, kernel, bodies, cfg)
     body = w.source()
@@ -415,117 +434,6 @@ def render_inline_scalar(kernel: Kernel, schedule: Schedule, options: CompileOpt
         w.line(f"return ({', '.join(results)},)")
     return RenderedKernel(kernel.name, w.source(), list(kernel.origin), cfg, dims, em.guards, scope="",
                           inline=True), em.helpers
-
-
-def render_mix(em: PallasEmitter, kernel: Kernel, bodies, cfg):
-    """A persistent grid of ``PROGRAMS`` programs; each walks the row blocks
-    ``program, program + PROGRAMS, ...``, doing the row work of each block (row
-    reductions, row values, row-wise stores) and folding each column member
-    into a (1, BLOCK_C) accumulator, stored as the program's partial row.
-    With ``cfg.prefetch``, the loop also carries the row loads of the next
-    blocks (``load_rows``), issued that many steps before they are used."""
-    w = em.w
-    columns = [m for m in kernel.members if m.role == "column"]
-    whole = whole_rows(kernel)
-    w.line(f"PROGRAMS = {kernel.programs}")
-    if whole:
-        w.line("program = pid")
-        w.line("xc = lax.broadcasted_iota(IDX, (1, BLOCK_C), 1)")
-    else:
-        w.line(f"col_blocks = {-(-kernel.cols // cfg.block_cols)}")
-        w.line("program = pid // col_blocks")
-        w.line("xc = (pid % col_blocks) * BLOCK_C + lax.broadcasted_iota(IDX, (1, BLOCK_C), 1)")
-    w.line("cmask = xc < COLS")
-    accs = []
-    for i, m in enumerate(columns):
-        acc_dt = m.node.dtype
-        name = f"acc{i}"
-        w.line(f"{name} = jnp.full((BLOCK_R, BLOCK_C), {reduction_identity(m.node.op, acc_dt)}, {dtype_source(acc_dt)})")
-        accs.append((name, acc_dt, m))
-    loads = row_loads(em, kernel, bodies) if whole and cfg.prefetch else []
-    ahead = write_row_loads(em, loads) if loads else []  # (load, extent) of each row load
-    depth = cfg.prefetch if ahead else 0
-    for d in range(depth):
-        w.line(f"rows{d} = load_rows(program + {d} * PROGRAMS)")
-    carried = [a for a, _, _ in accs] + [f"rows{d}" for d in range(depth)]
-    carry = ", ".join(carried) + ("," if len(carried) == 1 else "")
-    if sizes.is_symbolic(kernel.rows):  # dynamic rows: the row-block count is computed in the kernel
-        n_iter = "((ROWS + BLOCK_R - 1) // BLOCK_R + PROGRAMS - 1) // PROGRAMS"
-    else:
-        n_iter = -(-(-(-kernel.rows // cfg.block_rows)) // kernel.programs)
-    # Loads that do not depend on the row (a norm's weight) stay inside the
-    # loop: hoisted, they hold registers for the whole loop and cost one-warp
-    # programs occupancy (slower on both norms: RESULTS.md, "Heuristics: split
-    # reductions and mix kernels"); in the loop they hit L1.
-    w.line("def row_block(step, carry):")
-    with w.indent():
-        w.line(f"{carry} = carry")
-        em.scopes.append({})
-        em.row_values = {}
-        row_block = "(program + step * PROGRAMS)"
-        if ahead:  # this block's row loads came in the carry; issue those of the block `depth` steps on
-            names = [f"pre{i}" for i in range(len(ahead))]
-            w.line(f"{', '.join(names)}, = rows0")
-            w.line(f"rows{depth} = load_rows(program + (step + {depth}) * PROGRAMS)")
-            em.prefetched = {ld: (n, ext) for (ld, ext), n in zip(ahead, names)}
-        if whole:
-            render_rows(em, kernel, bodies, cfg, row_block=row_block, columns_ready=True)
-        else:
-            w.line(f"xr = {row_block} * BLOCK_R + lax.broadcasted_iota(IDX, (BLOCK_R, 1), 0)")
-            w.line("rmask = xr < ROWS")
-            for m in kernel.members:
-                if m.role == "rowwise" and m.store:
-                    em.store(m, *em.value(bodies[m.name]))
-        full = frozenset("rc")
-        outs = []
-        for name, acc_dt, m in accs:
-            var, ext = em.value(bodies[m.name])
-            v = em.broadcast(var, ext, full)
-            if acc_dt != m.body.dtype:
-                v = em.bind(("cast", v, acc_dt), f"{v}.astype({dtype_source(acc_dt)})", full)[0]
-            edge = em.edge_mask(full)[0]
-            ident = reduction_identity(m.node.op, acc_dt)
-            masked = em.bind(("masked", v, edge, ident), f"jnp.where({edge}, {v}, {ident})", full)[0]
-            # Combined element-wise: the cross-row reduction happens once, after the loop.
-            outs.append(em.combine_text(m.node.op, name, masked, acc_dt))
-        em.scopes.pop()
-        em.prefetched = {}
-        outs += [f"rows{d}" for d in range(1, depth + 1)]
-        w.line(f"return ({', '.join(outs)},)")
-    w.line(f"{carry} = lax.fori_loop(0, {n_iter}, row_block, ({carry}))")
-    for name, acc_dt, m in accs:
-        off = em.bind(("partial_offset",), f"program * {kernel.cols} + xc", frozenset("c"), "idx")[0]
-        if em.interpret:
-            off = em.bind(("oob", off, "cmask"), f"jnp.where(cmask, {off}, {m.node.numel})", frozenset("c"), "idx")[0]
-        w.line(f"plt.store({em.out_refs[m.name]}.at[{off}], {em.reduce_text(m.node.op, name, acc_dt, 0)}, mask=cmask)")
-
-
-def row_loads(em, kernel: Kernel, bodies) -> list[ir.Load]:
-    """The loads of a mix kernel that move with the row block (what it
-    streams: inputs indexed by the row), each once."""
-    members = {m.name for m in kernel.members}
-    found = {}
-    for m in kernel.members:
-        for ld in ir.loads(bodies[m.name]):
-            if ld.buffer not in members and "r" in em.extent_of(em.offset(ld.buffer, ld.index)):
-                found[ld] = None
-    return list(found)
-
-
-def write_row_loads(em, loads: list[ir.Load]) -> list[tuple[ir.Load, frozenset]]:
-    """``def load_rows(block)``: ``loads`` at one row block, returned as a
-    tuple (a block past the last row loads nothing: its rows are masked).
-    Returns each load with its extent."""
-    w = em.w
-    w.line("def load_rows(block):")
-    with w.indent():
-        em.scopes.append({})
-        w.line("xr = block * BLOCK_R + lax.broadcasted_iota(IDX, (BLOCK_R, 1), 0)")
-        w.line("rmask = xr < ROWS")
-        loaded = [em.load(ld) for ld in loads]
-        em.scopes.pop()
-        w.line(f"return ({', '.join(v for v, _ in loaded)},)")
-    return [(ld, ext) for ld, (_, ext) in zip(loads, loaded)]
 
 
 

@@ -35,14 +35,15 @@ import numpy as np
 from lowering import heuristics, ir, sizes
 from lowering.codegen import matmul
 from lowering.codegen.emitter import (KernelEmitter, dim_source, is_16bit_float, is_float,
-                                      kernel_coords_body, reduction_identity, select_n_template, shape_source, used_dims,
+                                      kernel_coords_body, select_n_template, shape_source, used_dims,
                                       whole_rows, write_pointwise)
 from lowering.codegen.emitter import columns as column_count
-from lowering.codegen.rows import render_rows, zero_where_masked
+from lowering.codegen.mix import write_mix
+from lowering.codegen.rows import render_rows
 from lowering.codegen.tiles import kernel_config
 from lowering.codegen.writer import SourceWriter
 from lowering.options import CompileOptions
-from lowering.scheduler import XC, XK, XR, Kernel, Schedule, _origins, matmul_kernel_bounds
+from lowering.scheduler import Kernel, Schedule, _origins, matmul_kernel_bounds
 from lowering.symbolic import program_dims
 
 
@@ -565,7 +566,7 @@ class TritonEmitter(KernelEmitter):
         return f"tl.full({shape}, {value}, {dtype})"
 
     def zeros_text(self, shape, dtype) -> str:
-        return f"tl.zeros({shape}, {dtype})"
+        return f"tl.zeros({shape}, dtype={dtype})"
 
     def where_text(self, cond, a, b) -> str:
         return f"tl.where({cond}, {a}, {b})"
@@ -596,6 +597,11 @@ class TritonEmitter(KernelEmitter):
 
     def combine_text(self, op, acc, v, acc_dt) -> str:
         return COMBINE[op].format(a=acc, v=v)
+
+    def column_acc_dtype(self, dt):
+        """float32 for 16-bit floats: the loop carries one type, and XLA sums
+        16-bit floats in float32 too."""
+        return np.dtype(np.float32) if is_16bit_float(dt) else np.dtype(dt)
 
     def arg_index_dtype(self, node_dtype):
         return self.index_dtype_np
@@ -740,6 +746,17 @@ class TritonEmitter(KernelEmitter):
 class TritonMatmulEmitter(matmul.TileValues, TritonEmitter):
     """Reads the accumulator tile from ``tile_values`` (matmul's emitter), writes Triton."""
 
+    def dot_text(self, node: ir.Matmul, lhs_dtype) -> str:
+        """One K step's ``tl.dot`` into ``acc``: float32 operands as TF32 unless
+        the precision is highest; Triton's interpreter multiplies 16-bit
+        operands wrongly, so there they are widened to float32 first."""
+        if lhs_dtype == np.float32:
+            precision = "ieee" if node.precision == "highest" else "tf32"
+            return f"tl.dot(a, b, acc, input_precision={precision!r})"
+        if self.interpret:
+            return "tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision='ieee')"
+        return "tl.dot(a, b, acc)"
+
 
 # Row reductions this renderer writes; prod, argmax and argmin through helpers (``TritonEmitter.reduce_text``).
 REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min", "and": "tl.min", "or": "tl.max",
@@ -747,50 +764,6 @@ REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min", "and": "tl.min", "o
 COMBINE = {"sum": "({a} + {v})", "max": "tl.maximum({a}, {v}, propagate_nan=tl.PropagateNan.ALL)",
            "min": "tl.minimum({a}, {v}, propagate_nan=tl.PropagateNan.ALL)",
            "and": "tl.minimum({a}, {v})", "or": "tl.maximum({a}, {v})", "prod": "({a} * {v})"}
-
-
-def _column_accumulators(em, columns) -> list:
-    """A (BLOCK_R, BLOCK_C) accumulator per column member, at its reduction's
-    identity: [(name, member)]."""
-    accs = []
-    for i, m in enumerate(columns):
-        ident = reduction_identity(m.node.op, m.node.dtype)
-        em.w.line(f"acc{i} = tl.full((BLOCK_R, BLOCK_C), {ident}, {em.dtype_text(_column_acc_dtype(m))})")
-        accs.append((f"acc{i}", m))
-    return accs
-
-
-def _accumulate_columns(em, accs, bodies, masked) -> None:
-    """One row block's update of each column accumulator ``(name, member)``;
-    ``masked(member)``: the block may hold lanes past the edge, which then
-    combine the reduction's identity."""
-    full = frozenset("rc")
-    for name, m in accs:
-        var, ext = em.value(bodies[m.name])
-        v = em.broadcast(var, ext, full)
-        if _column_acc_dtype(m) != m.body.dtype:
-            v = em.bind(("cast", v, _column_acc_dtype(m)), em.cast_text(v, _column_acc_dtype(m)), full)[0]
-        if masked(m):
-            edge = em.edge_mask(full)[0]
-            ident = reduction_identity(m.node.op, m.node.dtype)
-            v = em.bind(("masked", v, edge, ident), f"tl.where({edge}, {v}, {ident})", full)[0]
-        em.w.line(f"{name} = {COMBINE[m.node.op].format(a=name, v=v)}")
-
-
-def _store_columns(em, accs, row: str) -> None:
-    """Each column accumulator summed over its rows, stored as partial row ``row``."""
-    for name, m in accs:
-        total = em.reduce_text(m.node.op, name, _column_acc_dtype(m), 0)
-        if _column_acc_dtype(m) != m.node.dtype:
-            total = em.cast_text(f"({total})", m.node.dtype)
-        em.w.line(f"tl.store({em.out_refs[m.name]} + {row} * COLS + xc, {total}, mask=cmask)")
-
-
-def _column_acc_dtype(m):
-    """A column accumulator's dtype: float32 for 16-bit floats (the loop carries
-    one type, and XLA sums 16-bit floats in float32 too)."""
-    dt = np.dtype(m.node.dtype)
-    return np.dtype(np.float32) if is_16bit_float(dt) else dt
 
 
 # --------------------------------------------------------------------------- #
@@ -828,13 +801,17 @@ def _grid_cdiv(n, block: int) -> str:
     return f"(({sizes.to_source(n)} + {block - 1}) // {block})"
 
 
+def _check_reductions(kernel: Kernel) -> None:
+    for m in kernel.members:
+        if m.role == "reduction" and m.node.op not in REDUCE:
+            raise TritonUnsupported(f"{m.node.op} reduction")
+
+
 def render_reduction(em: TritonEmitter, kernel: Kernel, bodies, cfg, **kw) -> None:
     """Row reductions (reduced extent static) of one block of rows
     (codegen/rows.py); raises ``TritonUnsupported`` for a reduction this
     renderer does not write."""
-    for m in kernel.members:
-        if m.role == "reduction" and m.node.op not in REDUCE:
-            raise TritonUnsupported(f"{m.node.op} reduction")
+    _check_reductions(kernel)
     render_rows(em, kernel, bodies, cfg, **kw)
 
 
@@ -871,45 +848,21 @@ def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> R
     for m in columns:
         if m.node.op not in COMBINE:
             raise TritonUnsupported(f"{m.node.op} column reduction")
+    _check_reductions(kernel)
     dynamic = sizes.is_symbolic(kernel.rows)
     # The grid is the partial buffer's rows: split.py sizes it for the executor that
     # runs the kernel (heuristics.triton_mix_programs for this one); an eager launch
     # of a program whose kernel XLA runs in Pallas takes Pallas's count.
     em = TritonEmitter(kernel, schedule, cfg, options)
-    w = em.w
-    bodies = {m.name: kernel_coords_body(m) for m in kernel.members}
     programs = kernel.programs
-    w.line(em.pid_line())
-    w.line(f"PROGRAMS = {programs}")
-    if dynamic:  # the row-block counts are runtime values
-        steps, full_steps = "steps", "full_steps"
-        w.line("steps = ((ROWS + BLOCK_R - 1) // BLOCK_R + PROGRAMS - 1) // PROGRAMS")
-        w.line("full_steps = (ROWS // BLOCK_R) // PROGRAMS")
-    else:
-        steps = -(-(-(-int(kernel.rows) // cfg.block_rows)) // programs)
-        full_steps = (int(kernel.rows) // cfg.block_rows) // programs
-    w.line(f"xc = {em.iota_text(1, 'BLOCK_C')}")
-    w.line("cmask = xc < COLS")
-    accs = _column_accumulators(em, columns)
+    steps = -(-(-(-int(kernel.rows) // cfg.block_rows)) // programs) if not dynamic else "steps"
+    em.w.line(em.pid_line())
     # Blocks that every program has in full come first: their accumulator update
     # needs no select (a lane past the last column is never stored, and the
     # accumulator is summed over rows only); dropping it is measurable
     # (RESULTS.md, "Heuristics: raw-Triton mix kernels").
-    loops = [(0, full_steps, cfg.num_stages, "row blocks every program has in full"),
-             (full_steps, steps, 1, "the last row blocks, rows past ROWS masked")]
-    for start, stop, stages, what in loops:
-        if not dynamic and start >= stop:
-            continue
-        w.line(f"for step in tl.range({start}, {stop}, num_stages={stages}):  # {what}")
-        with w.indent():
-            em.scopes.append({})
-            em.row_values = {}
-            render_reduction(em, kernel, bodies, cfg, row_block="(pid + step * PROGRAMS)", columns_ready=True)
-            full = frozenset("rc")
-            _accumulate_columns(em, accs, bodies, lambda m: start == full_steps and not (
-                m.node.op == "sum" and zero_where_masked(em, bodies[m.name], full)))
-            em.scopes.pop()
-    _store_columns(em, accs, "pid")
+    write_mix(em, kernel, {m.name: kernel_coords_body(m) for m in kernel.members}, cfg, split_full=True,
+              skip_zero_selects=True)
     extents = [f"ROWS = {sizes.to_source(kernel.rows)}", f"COLS = {int(kernel.cols)}"]
     header = (f"# kernel {kernel.name}: mix (raw Triton), {kernel.rows} x {kernel.cols}, block {cfg.block_rows} x "
               f"{cfg.block_cols}, {programs} programs x {'a runtime count of' if dynamic else steps} steps, "
@@ -946,30 +899,11 @@ def render_column(kernel: Kernel, schedule: Schedule, options: CompileOptions) -
             raise TritonUnsupported(f"{m.node.op} column reduction")
     cfg = kernel_config(kernel, schedule, options)
     em = TritonEmitter(kernel, schedule, cfg, options)
-    w = em.w
-    bodies = {m.name: kernel_coords_body(m) for m in kernel.members}
     programs, col_blocks = kernel.programs, -(-int(kernel.cols) // cfg.block_cols)
     dynamic = sizes.is_symbolic(kernel.rows)  # programs sized at the hint; the trip count a runtime value
     steps = "steps" if dynamic else -(-(-(-int(kernel.rows) // cfg.block_rows)) // programs)
-    w.line(em.pid_line())
-    w.line(f"PROGRAMS = {programs}")
-    if dynamic:
-        w.line("steps = ((ROWS + BLOCK_R - 1) // BLOCK_R + PROGRAMS - 1) // PROGRAMS")
-    w.line(f"program = pid // {col_blocks}")
-    w.line(f"xc = (pid % {col_blocks}) * BLOCK_C + {em.iota_text(1, 'BLOCK_C')}")
-    w.line("cmask = xc < COLS")
-    accs = _column_accumulators(em, columns)
-    w.line(f"for step in range(0, {steps}):")
-    with w.indent():
-        em.scopes.append({})
-        w.line(f"xr = (program + step * PROGRAMS) * BLOCK_R + {em.iota_text(0, 'BLOCK_R')}")
-        w.line("rmask = xr < ROWS")
-        for m in kernel.members:
-            if m.role == "rowwise" and m.store:
-                em.store(m, *em.value(bodies[m.name]))
-        _accumulate_columns(em, accs, bodies, lambda m: True)
-        em.scopes.pop()
-    _store_columns(em, accs, "program")
+    em.w.line(em.pid_line())
+    write_mix(em, kernel, {m.name: kernel_coords_body(m) for m in kernel.members}, cfg)
     extents = [f"ROWS = {sizes.to_source(kernel.rows)}", f"COLS = {int(kernel.cols)}"]
     header = (f"# kernel {kernel.name}: column tiles (raw Triton), {kernel.rows} x {kernel.cols}, block "
               f"{cfg.block_rows} x {cfg.block_cols}, {programs} programs x {col_blocks} column blocks x "
@@ -990,43 +924,12 @@ def _render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
     n_blocks, k_blocks = -(-n // cfg.block_n), -(-k // cfg.block_k)
     dynamic_m = sizes.is_symbolic(m)
     m_blocks = "M_BLOCKS" if dynamic_m else -(-m // cfg.block_m)
-    w, idx = em.w, em.index_dtype
+    w = em.w
     w.line(em.pid_line())
     if dynamic_m:
         w.line("M_BLOCKS = (M + BLOCK_M - 1) // BLOCK_M")
     matmul.write_tile(em, b, m_blocks, n_blocks, cfg.group_m, dynamic_m)
-    lhs, rhs = (ir.substitute_index(op, mm.coords) for op in mm.body.args)
-    a_rows, b_cols = XR, XC
-    if dynamic_m or m % cfg.block_m:
-        w.line("xra = xr % M  # rows past M read a valid row; they are never stored")
-        a_rows = matmul.A_ROW
-    if n % cfg.block_n:
-        w.line("xcb = xc % N")
-        b_cols = matmul.B_COL
-    a_off = matmul.operand_offset(em, lhs, {XR: a_rows, XK: matmul.A_K})
-    b_off = matmul.operand_offset(em, rhs, {XK: matmul.B_K, XC: b_cols})
-    k_tail = k % cfg.block_k != 0
-    wide = em.interpret and lhs.dtype != np.float32  # the interpreter's 16-bit tl.dot is wrong
-    if lhs.dtype == np.float32:
-        precision = "ieee" if node.precision == "highest" else "tf32"
-        dot = f"tl.dot(a, b, acc, input_precision={precision!r})"
-    else:
-        dot = "tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision='ieee')" if wide else "tl.dot(a, b, acc)"
-    w.line("acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
-    w.line(f"for step in range(0, {k_blocks}):")
-    with w.indent():
-        w.line(f"ka = step * BLOCK_K + {em.iota_text(1, 'BLOCK_K')}")
-        w.line(f"kb = step * BLOCK_K + {em.iota_text(0, 'BLOCK_K')}")
-        for name, ref, off, free, shape, kmask in (
-                ("a", em.in_refs[lhs.buffer], a_off, {a_rows, matmul.A_K}, "(BLOCK_M, BLOCK_K)", "ka < K"),
-                ("b", em.in_refs[rhs.buffer], b_off, {matmul.B_K, b_cols}, "(BLOCK_K, BLOCK_N)", "kb < K")):
-            text = sizes.to_source(off)
-            if not free <= off.free_symbols:
-                text = (f"tl.broadcast_to({text}, {shape})" if off.free_symbols
-                        else f"tl.full({shape}, {text}, {idx})")
-            mask = f", mask=tl.broadcast_to({kmask}, {shape}), other=0" if k_tail else ""
-            w.line(f"{name} = tl.load({ref} + {text}{mask})")
-        w.line(f"acc = {dot}")
+    matmul.write_k_loop(em, mm, cfg, (m, n, k), k_blocks, dynamic_m)
     matmul.write_epilogue(em, kernel, mm)
     own = _origins(em.graph, mm, em.schedule.stored)
     header = (f"# kernel {kernel.name}: matmul {'%d x ' % b if b > 1 else ''}({m} x {k}) @ ({k} x {n}), {cfg}\n"
