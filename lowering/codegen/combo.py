@@ -93,20 +93,15 @@ def _bodies(part: Part) -> dict:
     return {m.name: kernel_coords_body(m) for m in part.kernel.members}
 
 
-# --------------------------------------------------------------------------- #
-# Pallas
-# --------------------------------------------------------------------------- #
-def render_pallas(kernel, schedule: Schedule, options: CompileOptions):
-    """(RenderedKernel, helpers) of a combo kernel as one ``pallas_call``."""
-    parts = layout(kernel, schedule, options)
-    cfg = combo_config(parts, options)
-    ins, outs = _refs(kernel)
-    w = SourceWriter()
-    _header(w, kernel, parts, cfg)
-    helpers = set()
-    calls = []
+def write_parts(w: SourceWriter, emitter_cls, kernel, parts: list[Part], schedule, options, ins, outs,
+                part_function) -> tuple[set, list]:
+    """Each part as a function of its own (both dialects): its body is what the
+    part's kernel would run alone after ``pid``; ``part_function(w, name, refs,
+    part, em)`` writes the dialect's signature and constants. Returns (helpers,
+    [(function name, refs)])."""
+    helpers, calls = set(), []
     for i, part in enumerate(parts):
-        em = _part_emitter(pallas.PallasEmitter, part, schedule, options, ins, outs)
+        em = _part_emitter(emitter_cls, part, schedule, options, ins, outs)
         k = part.kernel
         if k.kind == "pointwise":
             write_pointwise(em, k, _bodies(part), part.config)
@@ -116,15 +111,34 @@ def render_pallas(kernel, schedule: Schedule, options: CompileOptions):
         refs = list(em.in_refs.values()) + list(em.out_refs.values())
         fn = f"{kernel.name}_part{i}"
         _describe(w, i, part)
-        w.line(f"def {fn}(pid, {', '.join(refs)}):")
-        with w.indent():
-            w.line(f"ROWS, COLS = {int(k.rows)}, {int(k.cols)}")
-            w.line(f"BLOCK_R, BLOCK_C = {part.config.block_rows}, {part.config.block_cols}")
-            w.line(f"IDX = {em.index_dtype}")
+        part_function(w, fn, refs, part, em)
         w.lines.append(em.w.source().rstrip("\n"))
         w.line()
         w.line()
         calls.append((fn, refs))
+    return helpers, calls
+
+
+# --------------------------------------------------------------------------- #
+# Pallas
+# --------------------------------------------------------------------------- #
+def _pallas_part_function(w, fn, refs, part, em) -> None:
+    w.line(f"def {fn}(pid, {', '.join(refs)}):")
+    with w.indent():
+        w.line(f"ROWS, COLS = {int(part.kernel.rows)}, {int(part.kernel.cols)}")
+        w.line(f"BLOCK_R, BLOCK_C = {part.config.block_rows}, {part.config.block_cols}")
+        w.line(f"IDX = {em.index_dtype}")
+
+
+def render_pallas(kernel, schedule: Schedule, options: CompileOptions):
+    """(RenderedKernel, helpers) of a combo kernel as one ``pallas_call``."""
+    parts = layout(kernel, schedule, options)
+    cfg = combo_config(parts, options)
+    ins, outs = _refs(kernel)
+    w = SourceWriter()
+    _header(w, kernel, parts, cfg)
+    helpers, calls = write_parts(w, pallas.PallasEmitter, kernel, parts, schedule, options, ins, outs,
+                                 _pallas_part_function)
     all_refs = list(ins.values()) + list(outs.values())
     w.line(f"def {kernel.name}_kernel({', '.join(all_refs)}):")
     with w.indent():
@@ -148,39 +162,29 @@ def render_pallas(kernel, schedule: Schedule, options: CompileOptions):
 # --------------------------------------------------------------------------- #
 # Triton
 # --------------------------------------------------------------------------- #
+def _triton_part_function(w, fn, refs, part, em) -> None:
+    w.line("@triton.jit")
+    w.line(f"def {fn}(pid, {', '.join(refs)}, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):")
+    with w.indent():
+        w.line(f"ROWS = {int(part.kernel.rows)}")
+        w.line(f"COLS = {int(part.kernel.cols)}")
+        if em.index_dtype != "tl.int32":
+            w.line(f"pid = pid.to({em.index_dtype})")
+
+
 def render_triton(kernel, schedule: Schedule, options: CompileOptions):
     """A combo kernel for codegen/triton.py (its ``_Rendered``)."""
     parts = layout(kernel, schedule, options)
     cfg = combo_config(parts, options)
     ins, outs = _refs(kernel)
     w = SourceWriter()
-    helpers = set()
-    calls = []
-    for i, part in enumerate(parts):
+    for part in parts:
         k = part.kernel
         if k.kind == "reduction" and any(m.role == "reduction" and m.node.op not in triton.REDUCE
                                          for m in k.members):
             raise triton.TritonUnsupported(f"{k.name}: a reduction the Triton renderer does not write")
-        em = _part_emitter(triton.TritonEmitter, part, schedule, options, ins, outs)
-        if em.index_dtype != "tl.int32":
-            em.w.line(f"pid = pid.to({em.index_dtype})")
-        if k.kind == "pointwise":
-            write_pointwise(em, k, _bodies(part), part.config)
-        else:
-            triton.render_reduction(em, k, _bodies(part), part.config)
-        helpers |= em.helpers
-        refs = list(em.in_refs.values()) + list(em.out_refs.values())
-        fn = f"{kernel.name}_part{i}"
-        _describe(w, i, part)
-        w.line("@triton.jit")
-        w.line(f"def {fn}(pid, {', '.join(refs)}, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):")
-        with w.indent():
-            w.line(f"ROWS = {int(k.rows)}")
-            w.line(f"COLS = {int(k.cols)}")
-        w.lines.append(em.w.source().rstrip("\n"))
-        w.line()
-        w.line()
-        calls.append((fn, refs))
+    helpers, calls = write_parts(w, triton.TritonEmitter, kernel, parts, schedule, options, ins, outs,
+                                 _triton_part_function)
     _header(w, kernel, parts, cfg)
     all_refs = list(ins.values()) + list(outs.values())
     w.line("@triton.jit")
