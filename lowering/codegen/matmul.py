@@ -1,4 +1,5 @@
-"""The matmul template: a scheduled ``matmul`` kernel as a Pallas kernel.
+"""The matmul template, both dialects: a scheduled ``matmul`` kernel's tile, K loop
+and epilogue (``pallas.render_matmul``, ``triton.render_matmul`` write the rest).
 
 [Note: the matmul template]
 One program per output tile of ``BLOCK_M x BLOCK_N`` (and per batch entry),
@@ -7,15 +8,16 @@ for L2 reuse, as in Triton's matmul tutorial). Each program loops over K,
 ``BLOCK_K`` at a time, loading an A tile (``BLOCK_M x BLOCK_K``) and a B tile
 (``BLOCK_K x BLOCK_N``) with gather-style loads from flat refs (offsets
 computed from the operands' index expressions, so transposed and batched
-operands need no copy), and accumulates ``jnp.dot`` in float32. Edges:
+operands need no copy), and accumulates the dialect's dot (``dot_text``) in
+float32. Edges:
 rows past M and columns past N read row ``xr % M`` / column ``xc % N`` (in
 bounds, never stored: the loads need no mask); the K tail is masked to 0.
 Blocks are powers of two of at least 16 (Triton's dot), so any M, N, K works.
 
 After the loop the accumulator is the matmul's value at ``(xb, xr, xc)``;
 the epilogue (pointwise members, ``scheduler._epilogue_member``) is rendered
-by the Pallas renderer's kernel emitter, which reads the matmul's buffer as
-that tile, and the stores are masked at the edges.
+by the dialect's kernel emitter with ``TileValues`` mixed in, which reads the
+matmul's buffer as that tile, and the stores are masked at the edges.
 """
 from __future__ import annotations
 
@@ -25,11 +27,9 @@ import numpy as np
 import sympy
 
 from lowering import heuristics, ir, sizes
-from lowering.codegen.emitter import KernelEmitter, RenderedKernel, kernel_coords_body, used_dims
-from lowering.codegen.pallas import PallasEmitter, write_dim_reads, write_launcher
-from lowering.codegen.writer import SourceWriter
+from lowering.codegen.emitter import KernelEmitter, kernel_coords_body
 from lowering.options import CompileOptions
-from lowering.scheduler import XC, XK, XR, Kernel, Schedule, _origins, matmul_kernel_bounds
+from lowering.scheduler import XC, XK, XR, Kernel
 
 # Names of the index variables inside the kernel (sympy symbols print as their names).
 A_ROW, A_K = sizes.symbol("xra"), sizes.symbol("ka")  # A tile: (BLOCK_M, 1) rows, (1, BLOCK_K) k
@@ -50,17 +50,6 @@ class TileValues(KernelEmitter):
         return super().load(ld)
 
 
-class MatmulEmitter(TileValues, PallasEmitter):
-    """The matmul template's Pallas emitter."""
-
-    def dot_text(self, node: ir.Matmul, lhs_dtype) -> str:
-        """One K step's product added to ``acc`` (float32)."""
-        kw = "preferred_element_type=jnp.float32"
-        if node.precision == "highest" and lhs_dtype == np.float32:
-            kw = "precision=lax.Precision.HIGHEST, " + kw
-        return f"acc + jnp.dot(a, b, {kw})"
-
-
 def matmul_dims(node: ir.Matmul) -> tuple[int, int, int, int]:
     """(batch, M, N, K) of a matmul node, each flattened."""
     return tuple(sizes.numel(d) for d in (node.batch, node.m, node.n, node.k))
@@ -78,32 +67,6 @@ def matmul_kernel_config(kernel: Kernel, options: CompileOptions) -> heuristics.
 
 def matmul_member(kernel: Kernel):
     return next(m for m in kernel.members if m.role == "matmul")
-
-
-def render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
-    """(RenderedKernel, helper names) of a matmul kernel."""
-    cfg = matmul_kernel_config(kernel, options)
-    em = MatmulEmitter(kernel, schedule, cfg, options)
-    mm = matmul_member(kernel)
-    node: ir.Matmul = mm.node
-    em.bounds = matmul_kernel_bounds(node)
-    b, m, n, k = matmul_dims(node)
-    n_blocks, k_blocks = (-(-n // cfg.block_n)), (-(-k // cfg.block_k))
-    # A dynamic M (the only size the template takes symbolic): the kernel reads
-    # it at run time (``M_BLOCKS``); every other count is a number.
-    dynamic_m = sizes.is_symbolic(m)
-    m_blocks = "M_BLOCKS" if dynamic_m else -(-m // cfg.block_m)
-    w = em.w
-
-    # -- which tile -----------------------------------------------------------------
-    w.line("pid = pl.program_id(0).astype(IDX)")
-    write_tile(em, b, m_blocks, n_blocks, cfg.group_m, dynamic_m)
-
-    write_k_loop(em, mm, cfg, (m, n, k), "K_BLOCKS", dynamic_m)
-
-    # -- epilogue and stores ----------------------------------------------------------
-    write_epilogue(em, kernel, mm)
-    return _wrap(kernel, node, cfg, em, (b, m, n, k), (m_blocks, n_blocks, k_blocks)), em.helpers
 
 
 def write_k_loop(em, mm, cfg, dims, k_blocks, dynamic_m: bool) -> None:
@@ -203,40 +166,3 @@ def operand_offset(em, load: ir.Load, names: dict) -> sympy.Expr:
         raise NotImplementedError("masked operand load")  # the scheduler materializes pads and concats
     off = sizes.simplify_with_bounds(em.offset(load.buffer, load.index), em.bounds)
     return sizes.simplify(off.xreplace(names))
-
-
-def _wrap(kernel: Kernel, node: ir.Matmul, cfg: heuristics.MatmulConfig, em, dims, blocks) -> RenderedKernel:
-    b, m, n, k = dims
-    m_blocks, n_blocks, k_blocks = blocks
-    dynamic_m = sizes.is_symbolic(m)
-    header = f"M, N, K = {sizes.to_source(m)}, {n}, {k}"
-    dim_names = used_dims(em.schedule, header + "\n" + em.w.source())
-    w = SourceWriter()
-    w.line(f"# kernel {kernel.name}: matmul {'%d x ' % b if b > 1 else ''}({m} x {k}) @ ({k} x {n}), {cfg}")
-    own = _origins(em.graph, matmul_member(kernel), em.schedule.stored)
-    w.line("# matmul (operand views folded into its loads):")
-    for eq in own:
-        w.line(f"#   {eq}")
-    epilogue = [eq for eq in kernel.origin if eq not in own]
-    if epilogue:
-        w.line("# epilogue:")
-        for eq in epilogue:
-            w.line(f"#   {eq}")
-    ins = list(em.in_refs.values())
-    outs = list(em.out_refs.values())
-    w.line(f"def {kernel.name}_kernel({', '.join((['dims_ptr'] if dim_names else []) + ins + outs)}):")
-    with w.indent():
-        write_dim_reads(w, em.schedule, dim_names)
-        w.line(header)
-        w.line(f"BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M = {cfg.block_m}, {cfg.block_n}, {cfg.block_k}, {cfg.group_m}")
-        if dynamic_m:
-            w.line("M_BLOCKS = (M + BLOCK_M - 1) // BLOCK_M")
-        w.line(f"K_BLOCKS = {k_blocks}")
-        w.line("BLOCK_R, BLOCK_C = BLOCK_M, BLOCK_N  # the epilogue's tile")
-        w.line(f"IDX = {em.index_dtype}")
-    w.lines.append(em.w.source().rstrip("\n"))
-    w.line()
-    grid = (f"{b * n_blocks} * pl.cdiv({sizes.to_source(m)}, {cfg.block_m})" if dynamic_m
-            else b * m_blocks * n_blocks)
-    write_launcher(w, kernel, len(ins), grid, cfg.num_warps, cfg.num_stages, dims=dim_names)
-    return RenderedKernel(kernel.name, w.source(), list(kernel.origin), cfg, dim_names, em.guards)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from lowering import ir, sizes
+from lowering import heuristics, ir, sizes
+from lowering.codegen import matmul
 from lowering.codegen.emitter import (KernelEmitter, RenderedKernel, is_float, kernel_coords_body, reduction_identity,
                                       select_n_template, used_dims, whole_rows, write_pointwise)
 from lowering.codegen.mix import write_mix
@@ -19,7 +20,7 @@ from lowering.codegen.rows import render_rows
 from lowering.codegen.tiles import kernel_config
 from lowering.codegen.writer import SourceWriter
 from lowering.options import CompileOptions
-from lowering.scheduler import Kernel, Schedule
+from lowering.scheduler import Kernel, Schedule, _origins, matmul_kernel_bounds
 from lowering.symbolic import program_dims
 
 # op name -> source template over broadcast operands {0}, {1}...; params by name.
@@ -526,3 +527,78 @@ def grid_cdiv(n, block: int) -> str:
     return f"pl.cdiv({sizes.to_source(n)}, {block})"
 
 
+# --------------------------------------------------------------------------- #
+# The matmul template (codegen/matmul.py)
+# --------------------------------------------------------------------------- #
+class MatmulEmitter(matmul.TileValues, PallasEmitter):
+    """The matmul template's Pallas emitter."""
+
+    def dot_text(self, node: ir.Matmul, lhs_dtype) -> str:
+        """One K step's product added to ``acc`` (float32)."""
+        kw = "preferred_element_type=jnp.float32"
+        if node.precision == "highest" and lhs_dtype == np.float32:
+            kw = "precision=lax.Precision.HIGHEST, " + kw
+        return f"acc + jnp.dot(a, b, {kw})"
+
+
+def render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
+    """(RenderedKernel, helper names) of a matmul kernel."""
+    cfg = matmul.matmul_kernel_config(kernel, options)
+    em = MatmulEmitter(kernel, schedule, cfg, options)
+    mm = matmul.matmul_member(kernel)
+    node: ir.Matmul = mm.node
+    em.bounds = matmul_kernel_bounds(node)
+    b, m, n, k = matmul.matmul_dims(node)
+    n_blocks, k_blocks = (-(-n // cfg.block_n)), (-(-k // cfg.block_k))
+    # A dynamic M (the only size the template takes symbolic): the kernel reads
+    # it at run time (``M_BLOCKS``); every other count is a number.
+    dynamic_m = sizes.is_symbolic(m)
+    m_blocks = "M_BLOCKS" if dynamic_m else -(-m // cfg.block_m)
+    w = em.w
+
+    # -- which tile -----------------------------------------------------------------
+    w.line("pid = pl.program_id(0).astype(IDX)")
+    matmul.write_tile(em, b, m_blocks, n_blocks, cfg.group_m, dynamic_m)
+
+    matmul.write_k_loop(em, mm, cfg, (m, n, k), "K_BLOCKS", dynamic_m)
+
+    # -- epilogue and stores ----------------------------------------------------------
+    matmul.write_epilogue(em, kernel, mm)
+    return _wrap_matmul(kernel, node, cfg, em, (b, m, n, k), (m_blocks, n_blocks, k_blocks)), em.helpers
+
+
+def _wrap_matmul(kernel: Kernel, node: ir.Matmul, cfg: heuristics.MatmulConfig, em, dims, blocks) -> RenderedKernel:
+    b, m, n, k = dims
+    m_blocks, n_blocks, k_blocks = blocks
+    dynamic_m = sizes.is_symbolic(m)
+    header = f"M, N, K = {sizes.to_source(m)}, {n}, {k}"
+    dim_names = used_dims(em.schedule, header + "\n" + em.w.source())
+    w = SourceWriter()
+    w.line(f"# kernel {kernel.name}: matmul {'%d x ' % b if b > 1 else ''}({m} x {k}) @ ({k} x {n}), {cfg}")
+    own = _origins(em.graph, matmul.matmul_member(kernel), em.schedule.stored)
+    w.line("# matmul (operand views folded into its loads):")
+    for eq in own:
+        w.line(f"#   {eq}")
+    epilogue = [eq for eq in kernel.origin if eq not in own]
+    if epilogue:
+        w.line("# epilogue:")
+        for eq in epilogue:
+            w.line(f"#   {eq}")
+    ins = list(em.in_refs.values())
+    outs = list(em.out_refs.values())
+    w.line(f"def {kernel.name}_kernel({', '.join((['dims_ptr'] if dim_names else []) + ins + outs)}):")
+    with w.indent():
+        write_dim_reads(w, em.schedule, dim_names)
+        w.line(header)
+        w.line(f"BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M = {cfg.block_m}, {cfg.block_n}, {cfg.block_k}, {cfg.group_m}")
+        if dynamic_m:
+            w.line("M_BLOCKS = (M + BLOCK_M - 1) // BLOCK_M")
+        w.line(f"K_BLOCKS = {k_blocks}")
+        w.line("BLOCK_R, BLOCK_C = BLOCK_M, BLOCK_N  # the epilogue's tile")
+        w.line(f"IDX = {em.index_dtype}")
+    w.lines.append(em.w.source().rstrip("\n"))
+    w.line()
+    grid = (f"{b * n_blocks} * pl.cdiv({sizes.to_source(m)}, {cfg.block_m})" if dynamic_m
+            else b * m_blocks * n_blocks)
+    write_launcher(w, kernel, len(ins), grid, cfg.num_warps, cfg.num_stages, dims=dim_names)
+    return RenderedKernel(kernel.name, w.source(), list(kernel.origin), cfg, dim_names, em.guards)

@@ -11,7 +11,6 @@ import re
 from lowering import executors, ir, loops, sizes
 from lowering.codegen import combo, emitter, pallas
 from lowering.codegen import triton as triton_codegen
-from lowering.codegen.matmul import render_matmul
 from lowering.codegen.writer import SourceWriter
 from lowering.options import CompileOptions
 from lowering.scheduler import Kernel, Schedule
@@ -41,7 +40,7 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> emit
         elif k.kind == "combo":  # [Note: combo kernels]
             rk, hs = combo.render_pallas(k, ks, options)
         else:
-            rk, hs = (render_matmul if k.kind == "matmul" else pallas.render_kernel)(k, ks, options)
+            rk, hs = (pallas.render_matmul if k.kind == "matmul" else pallas.render_kernel)(k, ks, options)
         rk.executor, rk.reason = choice.executor, choice.reason
         rk.scope = scope
         (triton_helpers if rk.triton else helpers).update(hs)

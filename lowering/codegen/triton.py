@@ -913,7 +913,7 @@ def render_column(kernel: Kernel, schedule: Schedule, options: CompileOptions) -
     return dataclasses.replace(rendered, config=cfg)
 
 
-def _render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
+def render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
     """The matmul template ([Note: the matmul template] in codegen/matmul.py) in Triton."""
     cfg = matmul.matmul_kernel_config(kernel, options)
     em = TritonMatmulEmitter(kernel, schedule, cfg, options)
@@ -990,7 +990,7 @@ def render_for_xla(kernel: Kernel, schedule: Schedule, options: CompileOptions) 
     if kernel.kind in KIND_RENDERERS:
         return KIND_RENDERERS[kernel.kind](kernel, schedule, options)
     if kernel.kind == "matmul":
-        return dataclasses.replace(_render_matmul(kernel, schedule, options),
+        return dataclasses.replace(render_matmul(kernel, schedule, options),
                                    config=matmul.matmul_kernel_config(kernel, options))
     if kernel.kind == "mix" and not whole_rows(kernel):
         return render_column(kernel, schedule, options)
@@ -1014,7 +1014,7 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Trit
         if step.kind == "mix":  # split column sums, alone (column tiles) or with the row work
             fn = render_mix if whole_rows(step) else render_column
         else:
-            fn = KIND_RENDERERS.get(step.kind, _render_matmul if step.kind == "matmul" else _render_kernel)
+            fn = KIND_RENDERERS.get(step.kind, render_matmul if step.kind == "matmul" else _render_kernel)
         rendered.append(fn(step, schedule, options))
     dims = program_dims(schedule)
     w = SourceWriter()
