@@ -1,5 +1,5 @@
 """Rows longer than one tile: online softmax (a looped max and sum of exp in one
-sweep, [Note: online softmax] in lowering/codegen/pallas.py) and persistent long
+sweep, [Note: online softmax] in lowering/codegen/rows.py) and persistent long
 rows (heuristics.long_row_persistent), against jax.jit, with rows of -inf, +inf
 and NaN."""
 import jax

@@ -2,7 +2,8 @@
 ``lowering/executors.py`` picks (Pallas, raw Triton inside XLA, combos), then
 the wrapper ``call`` that launches them and the externs in program order.
 
-The kernel renderers (codegen/pallas.py, matmul.py, triton.py, combo.py) do
+The kernel renderers (codegen/pallas.py, triton.py, combo.py and what they
+share: emitter.py, rows.py, mix.py, matmul.py, tiles.py) do
 not import this module; it imports them."""
 from __future__ import annotations
 

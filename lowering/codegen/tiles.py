@@ -53,7 +53,7 @@ def symbolic_config(kernel: Kernel, schedule: Schedule, options: CompileOptions)
     elif kernel.kind == "mix" and not sizes.is_symbolic(kernel.cols):
         # Dynamic rows: the persistent grid is sized at the hint (the partial
         # buffer has that many rows); each program's row-block count is a
-        # runtime value (_render_mix).
+        # runtime value (codegen/mix.py).
         cfg = heuristics.mix_config(rows, cols, whole_rows=whole_rows(kernel), programs=kernel.programs,
                                     columns=columns(kernel))
     elif kernel.kind == "reduction" and not sizes.is_symbolic(kernel.cols):

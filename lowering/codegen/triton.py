@@ -3,7 +3,7 @@
 
 [Note: the Triton renderer]
 The same schedule, tiles and index expressions as the Pallas renderer: the
-kernel emitter of ``codegen/pallas.py`` writes the values, with the Triton
+kernel emitter of ``codegen/emitter.py`` writes the values, with the Triton
 dialect below (``tl.load(ptr + offset, mask=...)``, ``x.to(tl.float32)``,
 an op table of ``tl`` calls). What differs is around the values: sizes are
 kernel arguments (ints, never specialized by the launcher), so one compiled
