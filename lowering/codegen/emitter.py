@@ -48,8 +48,6 @@ COMMUTATIVE = frozenset({"add", "mul", "max", "min", "and", "or", "xor", "eq", "
 ROUNDING_SENSITIVE = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "floor", "ceil", "sign", "max", "min", "clamp"})
 
 
-
-
 INT32_LIMIT = 2**31 - 1  # extents at or past this index with int64
 
 
@@ -85,15 +83,12 @@ class RenderedProgram:
         return [sizes.to_source(g) for g in self.guards]
 
 
-
 def is_16bit_float(dt) -> bool:
     return is_float(dt) and np.dtype(dt).itemsize == 2
 
 
-
 def is_float(dt) -> bool:
     return bool(jnp.issubdtype(np.dtype(dt), jnp.floating))
-
 
 
 def const_source(value, dt) -> str:
@@ -135,7 +130,6 @@ def acc_dtype(op, dt):
     return dt
 
 
-
 def is_one_hot(p) -> bool:
     """``p`` is ``eq(iota, v)`` at the product's own shape, as jax.nn.one_hot writes it.
     XLA rewrites only where the convert of the predicate feeds the multiply
@@ -173,8 +167,13 @@ def select_n_template(cases: int, where: str) -> str:
     return text
 
 
-
 class KernelEmitter:
+    """Writes a kernel's values as source lines into ``w``: each IR expression
+    (indices in kernel coordinates) once per scope (CSE), operands broadcast to a
+    common extent, 16-bit float ops computed in float32, loads and stores masked
+    at the tile's edges. How each value is spelled is the dialect's: a subclass
+    overrides the hooks below (``pallas.PallasEmitter``, ``triton.TritonEmitter``)."""
+
     def __init__(self, kernel: Kernel, schedule: Schedule, cfg: heuristics.TileConfig, options: CompileOptions):
         self.k, self.schedule, self.cfg = kernel, schedule, cfg
         self.interpret = options.interpret
@@ -504,7 +503,6 @@ class KernelEmitter:
         self.w.line(self.store_text(self.out_refs[m.name], off, self.cast_text(val, m.node.dtype), mask))
 
 
-
 def kernel_coords_body(m: Member) -> ir.Expr:
     # Kept on the member: the tile choice and the writer ask for it again, and a combo's
     # thousand bodies push each other out of substitute_index's cache.
@@ -533,14 +531,12 @@ def is_reduction(kernel, name):
     return any(m.name == name and m.role == "reduction" for m in kernel.members)
 
 
-
 def cdiv_source(n, block: int, name: str, block_name: str) -> str:
     """Source of ceil(n / block): a number for a static ``n``, else an
     expression over the kernel's ``name`` / ``block_name`` constants."""
     if not sizes.is_symbolic(n):
         return str(-(-int(n) // block))
     return f"({name} + {block_name} - 1) // {block_name}"
-
 
 
 def write_pointwise(em, kernel: Kernel, bodies, cfg) -> None:
@@ -557,7 +553,6 @@ def write_pointwise(em, kernel: Kernel, bodies, cfg) -> None:
         em.forwarded[m.name] = var, ext
         if m.store:
             em.store(m, var, ext)
-
 
 
 def write_ready_row_values(em, kernel: Kernel, bodies) -> None:
@@ -588,7 +583,6 @@ def columns(kernel: Kernel) -> int:
     return sum(m.role == "column" for m in kernel.members)
 
 
-
 def row_ready(m, em, kernel):
     names = {x.name for x in kernel.members}
     return all(ld.buffer in em.row_values for ld in ir.loads(m.body) if ld.buffer in names)
@@ -597,7 +591,6 @@ def row_ready(m, em, kernel):
 def used_dims(schedule: Schedule, text: str) -> list[str]:
     """The program's dim symbols that ``text`` (kernel source) names."""
     return [d for d in program_dims(schedule) if re.search(rf"(?<![\w.]){re.escape(d)}\b", text)]
-
 
 
 def shape_source(shape) -> str:

@@ -437,7 +437,6 @@ def render_inline_scalar(kernel: Kernel, schedule: Schedule, options: CompileOpt
                           inline=True), em.helpers
 
 
-
 def write_kernel_function(w: SourceWriter, name: str, kernel: Kernel, schedule: Schedule, cfg, em, body: str):
     """``def name(dims_ptr?, inputs..., outputs...)``: the dim reads, extents and block
     constants, then ``body``. Returns (input refs, output refs, dims read)."""
@@ -478,7 +477,6 @@ def wrap_kernel(kernel: Kernel, schedule: Schedule, cfg, em: PallasEmitter, body
     return RenderedKernel(kernel.name, w.source(), list(kernel.origin), cfg, dims, em.guards)
 
 
-
 def write_dim_reads(w: SourceWriter, schedule: Schedule, dims: list[str]):
     """``n = dims_ptr[i]`` for each dim symbol a kernel reads: ``dims_ptr``
     is the program's int32 array of all its dim values, in ``program_dims``
@@ -517,7 +515,6 @@ def write_launcher(w: SourceWriter, kernel: Kernel, n_inputs: int, grid, num_war
             w.line(f"name={kernel.name!r},")
             w.line(f"compiler_params=plt.CompilerParams(num_warps={num_warps}, num_stages={num_stages}),")
         w.line(f")({', '.join(operands)})")
-
 
 
 def grid_cdiv(n, block: int) -> str:

@@ -79,7 +79,6 @@ def symbolic_config(kernel: Kernel, schedule: Schedule, options: CompileOptions)
     return cfg
 
 
-
 def transposed_load(kernel, schedule) -> bool:
     """Does a pointwise kernel load memory contiguously along its rows (the
     store is contiguous along its columns)? Then it is a tiled transpose."""

@@ -504,6 +504,7 @@ class _HelperSet(set):
             for h in hs:
                 self.add(h)
 
+
 _PRELUDE = '''\
 import numpy as np
 import triton
