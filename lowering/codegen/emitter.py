@@ -309,7 +309,8 @@ class KernelEmitter:
              comment: str = "") -> None:
         """A loop of ``index`` over [start, stop) whose body ``body()`` writes
         its lines and returns the new values of ``carried`` (names bound
-        before the loop, bound again after it). ``name``: the body function's
+        before the loop, bound again after it; a new value reads no carried name
+        but its own, since a dialect may rebind them one by one). ``name``: the body function's
         name where the dialect writes one; ``stages``: software-pipelining depth
         where the dialect has it."""
         raise NotImplementedError
