@@ -16,7 +16,7 @@ from lowering.errors import SymbolicUnsupported
 from lowering.options import CompileOptions
 
 if TYPE_CHECKING:
-    from lowering.codegen.pallas import RenderedProgram
+    from lowering.codegen.emitter import RenderedProgram
     from lowering.scheduler import Schedule
 
 

@@ -304,7 +304,7 @@ def _xreplace(expr, items: tuple):
 # mask. ``Load.children`` are the values of its indirect indices (with the
 # arguments substituted), so ``walk``/``loads``/``reads`` see the index
 # buffers, and ``rewrite`` rewrites inside them; the renderers emit each value
-# and print its variable in the offset (``_KernelEmitter.index``). The class
+# and print its variable in the offset (``KernelEmitter.index`` in codegen/emitter.py). The class
 # name is a hash of the value's text: equal values are one function, in every
 # graph and process, and the table below is a pure memo.
 class IndirectIndex(sympy.Function):

@@ -307,9 +307,9 @@ def test_size_zero_breaks_the_symbols_constraint_and_compiles_on_its_own(rng):
 def test_broken_guard_recompiles_that_size(rng, monkeypatch):
     """A symbolic kernel indexes with int32 at its hint and guards it; sizes past
     the guard compile on their own (the limit lowered here to reach it)."""
-    from lowering.codegen import pallas
+    from lowering.codegen import emitter
 
-    monkeypatch.setattr(pallas, "INT32_LIMIT", 2000)
+    monkeypatch.setattr(emitter, "INT32_LIMIT", 2000)
     pallaskit.config.update(multi_kernel_hints="")  # one variant, hinted at the first call's size (7)
     f = pallaskit.jit(lambda x, w: x * w + 1.0, dynamic={"x": {0: "n"}})
     w = jnp.asarray(rng.standard_normal((96,)), jnp.float32)

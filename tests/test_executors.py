@@ -103,14 +103,14 @@ def triton_refuses_log1p(monkeypatch):
     write (it writes every op of the table: tests/test_triton_ops.py)."""
     from lowering.codegen import triton as triton_codegen
 
-    original = triton_codegen._TritonEmitter.op_template
+    original = triton_codegen.TritonEmitter.op_template
 
     def op_template(self, e, names):
         if e.op == "log1p":
             raise triton_codegen.TritonUnsupported("op log1p")
         return original(self, e, names)
 
-    monkeypatch.setattr(triton_codegen._TritonEmitter, "op_template", op_template)
+    monkeypatch.setattr(triton_codegen.TritonEmitter, "op_template", op_template)
 
 
 @needs_fallback

@@ -82,7 +82,8 @@ def test_the_graph_sees_the_packages():
     graph = import_graph()
     assert {"pallaskit", "pallaskit.api", "lowering", "lowering.scheduler", "lowering.codegen.pallas"} <= set(graph)
     assert graph.has_edge("pallaskit.api", "pallaskit.autodiff")
-    assert graph.has_edge("lowering.codegen.triton", "lowering.codegen.pallas")
+    assert graph.has_edge("lowering.codegen.triton", "lowering.codegen.emitter")
+    assert graph.has_edge("lowering.codegen.pallas", "lowering.codegen.emitter")
 
 
 def test_no_import_cycles_but_the_allowed():

@@ -1,5 +1,5 @@
 """Rows longer than one tile: online softmax (a looped max and sum of exp in one
-sweep, [Note: online softmax] in lowering/codegen/pallas.py) and persistent long
+sweep, [Note: online softmax] in lowering/codegen/rows.py) and persistent long
 rows (heuristics.long_row_persistent), against jax.jit, with rows of -inf, +inf
 and NaN."""
 import jax
@@ -180,3 +180,26 @@ def test_sums_over_one_row_share_accumulators(rng):
     with pallaskit.config.override(long_rows="looped", cache=False):
         got = pallaskit.jit(fn)(x)
     _same(got, jax.jit(fn)(x))
+
+
+# --------------------------------------------------------------------------- #
+# The raw-Triton dialect: the same row writer (codegen/rows.py), so the same sweep
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("dtype", [jnp.float32, BF16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("cols", [8193, 50257])
+def test_triton_online_softmax_matches_jax(cols, dtype, rng):
+    """softmax / log_softmax / logsumexp over looped rows of 8193 (3 chunks) and
+    50,257 (13) as raw Triton (Triton's interpreter), rows of -inf, +inf and NaN:
+    max and sum share one sweep ([Note: online softmax]), as in Pallas."""
+    pytest.importorskip("triton")
+    x = _rows(rng, cols, dtype)
+    options = dict(long_rows="looped", num_sms=2)
+    result = lowering.compile_jaxpr(jax.make_jaxpr(_softmaxes)(x),
+                                    CompileOptions(interpret=True, kernel_backend="triton", triton_available=True,
+                                                   **options))
+    (main, *_) = result.program.kernels
+    assert main.triton, main.executor
+    assert main.source.count("for chunk in range(") == 2 and "onl0_0_m" in main.source, main.source
+    with pallaskit.config.override(kernel_backend="triton", cache=False, **options):
+        got = pallaskit.jit(_softmaxes)(x)
+    _same(got, jax.jit(_softmaxes)(x))

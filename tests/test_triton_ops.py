@@ -81,8 +81,8 @@ def _op_of(name):
 
 @pytest.mark.parametrize("interpret", [False, True], ids=["gpu", "interpreter"])
 def test_triton_renderer_writes_every_op_and_reduction_of_the_pallas_renderer(interpret):
-    em = object.__new__(triton_codegen._TritonEmitter)  # op_template reads only the mode
-    em.triton_interpret = interpret
+    em = object.__new__(triton_codegen.TritonEmitter)  # op_template reads only the mode
+    em.interpret = interpret
     missing = {}
     for name in pallas.OPS:
         try:
@@ -90,7 +90,7 @@ def test_triton_renderer_writes_every_op_and_reduction_of_the_pallas_renderer(in
         except triton_codegen.TritonUnsupported as e:
             missing[name] = str(e)
     assert set(missing) == set(NOT_IN_TRITON), missing
-    assert set(pallas._REDUCE_FN) <= set(triton_codegen._REDUCE)
+    assert set(pallas.REDUCE_FN) <= set(triton_codegen.REDUCE)
 
 
 # --------------------------------------------------------------------------- #
@@ -308,6 +308,9 @@ _COMPILE_SCRIPT = textwrap.dedent('''
         for cols in (8192, 64):
             fn = reductions if dt != jnp.bool_ else (lambda x: (jnp.argmax(x, -1), jnp.argmin(x, -1)))
             kernels += compile_gpu(fn, jnp.ones((5, 150), dt), max_persistent_cols=cols)
+    for dt in (jnp.float32, jnp.bfloat16):  # online softmax: the loop's carried types hold
+        kernels += compile_gpu(lambda x: (jax.nn.softmax(x, -1), jax.nn.logsumexp(x, -1)), jnp.ones((5, 150), dt),
+                               max_persistent_cols=64)
     print("COMPILED", kernels)
 ''')
 

@@ -7,16 +7,16 @@ its own extents and tile; the kernel function only dispatches on the program
 id. Pallas: flat refs in ``pl.ANY`` memory as every kernel here (no BlockSpecs),
 one ``@pl.when`` per member (``lax.cond`` under the hood); Triton: the parts
 are ``@triton.jit(noinline=True)`` functions called from an ``if``/``elif``
-chain, one function for all members of the same code (refs renamed
-positionally: an optimizer's update of every array of one shape is one
-function). A comment on each part names its member's kernel, tile, program
+chain. Members whose code is the same but for the arrays they touch (refs
+renamed positionally: an optimizer's update of every array of one shape) share
+one function. A comment on each part names its member's kernel, tile, program
 range and equations.
 
 [Note: combo compile time]
 Triton inlines a called ``@triton.jit`` function at each call site, and its
 compile time grows faster than the kernel's size: a 154-member AdamW combo
 took 74 s to reach PTX (CPU, Triton 3.6), 13 s with its parts not inlined, and
-2.4 s with identical parts shared as well (16 distinct functions for 179
+2.1 s with identical parts shared as well (16 distinct functions for 179
 members of GPT-2's AdamW). The measurements are in benchmarks/RESULTS.md,
 "Session 18".
 """
@@ -27,6 +27,9 @@ import re
 
 from lowering import heuristics
 from lowering.codegen import pallas, triton
+from lowering.codegen.emitter import RenderedKernel, kernel_coords_body, write_pointwise
+from lowering.codegen.rows import render_rows
+from lowering.codegen.tiles import kernel_config, transposed_load
 from lowering.codegen.writer import SourceWriter
 from lowering.options import CompileOptions
 from lowering.scheduler import Kernel, Schedule
@@ -41,12 +44,12 @@ class Part:
 
 
 def part_config(part: Kernel, schedule: Schedule, options: CompileOptions) -> heuristics.TileConfig:
-    if part.kind == "pointwise" and not pallas._transposed_load(part, schedule):
+    if part.kind == "pointwise" and not transposed_load(part, schedule):
         cfg = heuristics.combo_pointwise_config(int(part.rows), int(part.cols))
         if options.num_warps:
             cfg = dataclasses.replace(cfg, num_warps=options.num_warps)
         return cfg
-    return pallas.kernel_config(part, schedule, options)
+    return kernel_config(part, schedule, options)
 
 
 def layout(kernel, schedule: Schedule, options: CompileOptions) -> list[Part]:
@@ -98,12 +101,70 @@ def _part_emitter(emitter_cls, part: Part, schedule, options, ins, outs, indent=
 
 
 def _bodies(part: Part) -> dict:
-    return {m.name: pallas._kernel_coords_body(m) for m in part.kernel.members}
+    return {m.name: kernel_coords_body(m) for m in part.kernel.members}
+
+
+def write_parts(w: SourceWriter, emitter_cls, kernel, parts: list[Part], schedule, options, ins, outs,
+                part_function) -> tuple[set, list]:
+    """Each part as a function (both dialects): its body is what the part's
+    kernel would run alone after ``pid``; ``part_function(w, name, params,
+    part, em)`` writes the dialect's signature and constants. Parts of the same
+    code share one function ([Note: combo compile time]). Returns (helpers,
+    [(function name, refs in its parameters' order)])."""
+    helpers, calls, shared = set(), [], {}
+    for i, part in enumerate(parts):
+        em = _part_emitter(emitter_cls, part, schedule, options, ins, outs)
+        k = part.kernel
+        if k.kind == "pointwise":
+            write_pointwise(em, k, _bodies(part), part.config)
+        else:
+            render_rows(em, k, _bodies(part), part.config)
+        helpers |= em.helpers
+        body = em.w.source().rstrip("\n")
+        refs = _refs_in_order(body, list(em.in_refs.values()) + list(em.out_refs.values()))
+        head = SourceWriter()
+        part_function(head, _NAME, [f"ref{j}" for j in range(len(refs))], part, em)
+        code = head.source() + _positional_refs(body, refs)
+        _describe(w, i, part)
+        fn = shared.get(code)
+        if fn is None:
+            fn = shared[code] = f"{kernel.name}_part{len(shared)}"
+            w.lines.append(code.replace(_NAME, fn, 1))
+        else:
+            w.line(f"# (runs {fn})")
+        w.line()
+        w.line()
+        calls.append((fn, refs))
+    return helpers, calls
+
+
+_NAME = "__part__"  # the function's name while its code is compared
+_REF = re.compile(r"\b(?:in|out)_ptr\d+\b")
+
+
+def _refs_in_order(code: str, refs: list[str]) -> list[str]:
+    """``refs`` in the order ``code`` first names them (unnamed ones last), so
+    that the same code over other arrays gets the same positional names."""
+    seen = list(dict.fromkeys(m.group(0) for m in _REF.finditer(code)))
+    return seen + [r for r in refs if r not in seen]
+
+
+def _positional_refs(code: str, refs: list[str]) -> str:
+    names = {r: f"ref{j}" for j, r in enumerate(refs)}
+    return _REF.sub(lambda m: names[m.group(0)], code)
 
 
 # --------------------------------------------------------------------------- #
 # Pallas
 # --------------------------------------------------------------------------- #
+def _pallas_part_function(w, fn, refs, part, em) -> None:
+    w.line(f"def {fn}(pid, {', '.join(refs)}):")
+    with w.indent():
+        w.line(f"ROWS, COLS = {int(part.kernel.rows)}, {int(part.kernel.cols)}")
+        w.line(f"BLOCK_R, BLOCK_C = {part.config.block_rows}, {part.config.block_cols}")
+        w.line(f"IDX = {em.index_dtype}")
+
+
 def render_pallas(kernel, schedule: Schedule, options: CompileOptions):
     """(RenderedKernel, helpers) of a combo kernel as one ``pallas_call``."""
     parts = layout(kernel, schedule, options)
@@ -111,28 +172,8 @@ def render_pallas(kernel, schedule: Schedule, options: CompileOptions):
     ins, outs = _refs(kernel)
     w = SourceWriter()
     _header(w, kernel, parts, cfg)
-    helpers = set()
-    calls = []
-    for i, part in enumerate(parts):
-        em = _part_emitter(pallas._KernelEmitter, part, schedule, options, ins, outs)
-        k = part.kernel
-        if k.kind == "pointwise":
-            pallas.write_pointwise(em, k, _bodies(part), part.config)
-        else:
-            pallas._render_reduction(em, k, _bodies(part), part.config)
-        helpers |= em.helpers
-        refs = list(em.in_refs.values()) + list(em.out_refs.values())
-        fn = f"{kernel.name}_part{i}"
-        _describe(w, i, part)
-        w.line(f"def {fn}(pid, {', '.join(refs)}):")
-        with w.indent():
-            w.line(f"ROWS, COLS = {int(k.rows)}, {int(k.cols)}")
-            w.line(f"BLOCK_R, BLOCK_C = {part.config.block_rows}, {part.config.block_cols}")
-            w.line(f"IDX = {em.index_dtype}")
-        w.lines.append(em.w.source().rstrip("\n"))
-        w.line()
-        w.line()
-        calls.append((fn, refs))
+    helpers, calls = write_parts(w, pallas.PallasEmitter, kernel, parts, schedule, options, ins, outs,
+                                 _pallas_part_function)
     all_refs = list(ins.values()) + list(outs.values())
     w.line(f"def {kernel.name}_kernel({', '.join(all_refs)}):")
     with w.indent():
@@ -150,50 +191,35 @@ def render_pallas(kernel, schedule: Schedule, options: CompileOptions):
     w.line()
     total = parts[-1].start + parts[-1].programs
     pallas.write_launcher(w, kernel, len(ins), total, cfg.num_warps, 1)
-    return pallas.RenderedKernel(kernel.name, w.source(), list(kernel.origin), cfg), helpers
+    return RenderedKernel(kernel.name, w.source(), list(kernel.origin), cfg), helpers
 
 
 # --------------------------------------------------------------------------- #
 # Triton
 # --------------------------------------------------------------------------- #
+def _triton_part_function(w, fn, refs, part, em) -> None:
+    w.line("@triton.jit(noinline=True)")
+    w.line(f"def {fn}(pid, {', '.join(refs)}, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):")
+    with w.indent():
+        w.line(f"ROWS = {int(part.kernel.rows)}")
+        w.line(f"COLS = {int(part.kernel.cols)}")
+        if em.index_dtype != "tl.int32":
+            w.line(f"pid = pid.to({em.index_dtype})")
+
+
 def render_triton(kernel, schedule: Schedule, options: CompileOptions):
     """A combo kernel for codegen/triton.py (its ``_Rendered``)."""
     parts = layout(kernel, schedule, options)
     cfg = combo_config(parts, options)
     ins, outs = _refs(kernel)
     w = SourceWriter()
-    helpers = set()
-    calls = []
-    shared: dict[str, str] = {}  # a part's code (refs positional) -> the function that runs it
-    for i, part in enumerate(parts):
+    for part in parts:
         k = part.kernel
-        if k.kind == "reduction" and any(m.role == "reduction" and m.node.op not in triton._REDUCE
+        if k.kind == "reduction" and any(m.role == "reduction" and m.node.op not in triton.REDUCE
                                          for m in k.members):
             raise triton.TritonUnsupported(f"{k.name}: a reduction the Triton renderer does not write")
-        em = _part_emitter(triton._TritonEmitter, part, schedule, options, ins, outs)
-        if em.index_dtype != "tl.int32":
-            em.w.line(f"pid = pid.to({em.index_dtype})")
-        if k.kind == "pointwise":
-            pallas.write_pointwise(em, k, _bodies(part), part.config)
-        else:
-            triton._render_reduction(em, k, _bodies(part), part.config)
-        helpers |= em.helpers
-        code = f"    ROWS = {int(k.rows)}\n    COLS = {int(k.cols)}\n" + em.w.source().rstrip("\n")
-        refs = _refs_in_order(code, list(em.in_refs.values()) + list(em.out_refs.values()))
-        code = _positional_refs(code, refs)
-        _describe(w, i, part)
-        fn = shared.get(code)
-        if fn is not None:
-            w.line(f"# (runs {fn})")
-        else:
-            fn = shared[code] = f"{kernel.name}_part{len(shared)}"
-            params = ", ".join(f"ref{j}" for j in range(len(refs)))
-            w.line("@triton.jit(noinline=True)")
-            w.line(f"def {fn}(pid, {params}, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):")
-            w.lines.append(code)
-        w.line()
-        w.line()
-        calls.append((fn, refs))
+    helpers, calls = write_parts(w, triton.TritonEmitter, kernel, parts, schedule, options, ins, outs,
+                                 _triton_part_function)
     _header(w, kernel, parts, cfg)
     all_refs = list(ins.values()) + list(outs.values())
     w.line("@triton.jit")
@@ -211,25 +237,8 @@ def render_triton(kernel, schedule: Schedule, options: CompileOptions):
                 blocks = f"{part.config.block_rows}, {part.config.block_cols}"
                 w.line(f"{fn}({shifted}, {', '.join(refs)}, {blocks})  # {part.kernel.name}")
     total = parts[-1].start + parts[-1].programs
-    return triton._Rendered(kernel.name, w.source(), list(kernel.reads), [], str(total), {}, cfg.num_warps, 1,
+    return triton.Rendered(kernel.name, w.source(), list(kernel.reads), [], str(total), {}, cfg.num_warps, 1,
                             helpers, cfg)
-
-
-_REF = re.compile(r"\b(?:in|out)_ptr\d+\b")
-
-
-def _refs_in_order(code: str, refs: list[str]) -> list[str]:
-    """``refs`` in the order ``code`` first names them (unnamed ones last), so
-    that the same code over other arrays gets the same positional names."""
-    seen = list(dict.fromkeys(m.group(0) for m in _REF.finditer(code)))
-    return seen + [r for r in refs if r not in seen]
-
-
-def _positional_refs(code: str, refs: list[str]) -> str:
-    """``code`` with its refs renamed ``ref0, ref1, ...`` in call order, so members
-    that differ only in which arrays they touch have the same text."""
-    names = {r: f"ref{j}" for j, r in enumerate(refs)}
-    return _REF.sub(lambda m: names[m.group(0)], code)
 
 
 def is_combo(kernel) -> bool:

@@ -1,4 +1,5 @@
-"""The matmul template: a scheduled ``matmul`` kernel as a Pallas kernel.
+"""The matmul template, both dialects: a scheduled ``matmul`` kernel's tile, K loop
+and epilogue (``pallas.render_matmul``, ``triton.render_matmul`` write the rest).
 
 [Note: the matmul template]
 One program per output tile of ``BLOCK_M x BLOCK_N`` (and per batch entry),
@@ -7,15 +8,16 @@ for L2 reuse, as in Triton's matmul tutorial). Each program loops over K,
 ``BLOCK_K`` at a time, loading an A tile (``BLOCK_M x BLOCK_K``) and a B tile
 (``BLOCK_K x BLOCK_N``) with gather-style loads from flat refs (offsets
 computed from the operands' index expressions, so transposed and batched
-operands need no copy), and accumulates ``jnp.dot`` in float32. Edges:
+operands need no copy), and accumulates the dialect's dot (``dot_text``) in
+float32. Edges:
 rows past M and columns past N read row ``xr % M`` / column ``xc % N`` (in
 bounds, never stored: the loads need no mask); the K tail is masked to 0.
 Blocks are powers of two of at least 16 (Triton's dot), so any M, N, K works.
 
 After the loop the accumulator is the matmul's value at ``(xb, xr, xc)``;
 the epilogue (pointwise members, ``scheduler._epilogue_member``) is rendered
-by the Pallas renderer's kernel emitter, which reads the matmul's buffer as
-that tile, and the stores are masked at the edges.
+by the dialect's kernel emitter with ``TileValues`` mixed in, which reads the
+matmul's buffer as that tile, and the stores are masked at the edges.
 """
 from __future__ import annotations
 
@@ -25,28 +27,27 @@ import numpy as np
 import sympy
 
 from lowering import heuristics, ir, sizes
-from lowering.codegen import pallas
-from lowering.codegen.writer import SourceWriter
+from lowering.codegen.emitter import KernelEmitter, kernel_coords_body
 from lowering.options import CompileOptions
-from lowering.scheduler import XC, XK, XR, Kernel, Schedule, _origins, matmul_kernel_bounds
+from lowering.scheduler import XC, XK, XR, Kernel
 
 # Names of the index variables inside the kernel (sympy symbols print as their names).
-_A_ROW, _A_K = sizes.symbol("xra"), sizes.symbol("ka")  # A tile: (BLOCK_M, 1) rows, (1, BLOCK_K) k
-_B_K, _B_COL = sizes.symbol("kb"), sizes.symbol("xcb")  # B tile: (BLOCK_K, 1) k, (1, BLOCK_N) columns
+A_ROW, A_K = sizes.symbol("xra"), sizes.symbol("ka")  # A tile: (BLOCK_M, 1) rows, (1, BLOCK_K) k
+B_K, B_COL = sizes.symbol("kb"), sizes.symbol("xcb")  # B tile: (BLOCK_K, 1) k, (1, BLOCK_N) columns
 
 
-class _MatmulEmitter(pallas._KernelEmitter):
-    """The Pallas kernel emitter, reading in-kernel tiles (the accumulator)
-    from ``tile_values`` instead of memory."""
+class TileValues(KernelEmitter):
+    """A kernel emitter (either dialect, mixed in before it) reading in-kernel
+    tiles (the accumulator) from ``tile_values`` instead of memory."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.tile_values: dict[str, tuple[str, frozenset]] = {}
 
-    def _load(self, ld: ir.Load):
+    def load(self, ld: ir.Load):
         if ld.buffer in self.tile_values:
             return self.tile_values[ld.buffer]  # legality: read at the accumulator's own element
-        return super()._load(ld)
+        return super().load(ld)
 
 
 def matmul_dims(node: ir.Matmul) -> tuple[int, int, int, int]:
@@ -55,7 +56,7 @@ def matmul_dims(node: ir.Matmul) -> tuple[int, int, int, int]:
 
 
 def matmul_kernel_config(kernel: Kernel, options: CompileOptions) -> heuristics.MatmulConfig:
-    node = _matmul_member(kernel).node
+    node = matmul_member(kernel).node
     b, m, n, k = matmul_dims(node)
     m = sizes.hint(m, options.size_hints)  # a dynamic M: the tiles of its hinted size
     cfg = heuristics.matmul_config(m, n, k, node.operands[0].dtype, batch=b, num_sms=options.num_sms)
@@ -64,64 +65,46 @@ def matmul_kernel_config(kernel: Kernel, options: CompileOptions) -> heuristics.
     return cfg
 
 
-def _matmul_member(kernel: Kernel):
+def matmul_member(kernel: Kernel):
     return next(m for m in kernel.members if m.role == "matmul")
 
 
-def render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
-    """(RenderedKernel, helper names) of a matmul kernel."""
-    cfg = matmul_kernel_config(kernel, options)
-    em = _MatmulEmitter(kernel, schedule, cfg, options)
-    mm = _matmul_member(kernel)
+def write_k_loop(em, mm, cfg, dims, k_blocks, dynamic_m: bool) -> None:
+    """The K loop into the float32 tile ``acc`` (both dialects, ``em``'s): per
+    step an A and a B tile, gathered at their operands' offsets (rows past M and
+    columns past N read a valid row / column, the K tail masked to 0), and
+    ``em.dot_text()`` added in. ``k_blocks``: the step count (a number or a
+    kernel constant's name)."""
+    m, n, k = dims
     node: ir.Matmul = mm.node
-    em.bounds = matmul_kernel_bounds(node)
-    b, m, n, k = matmul_dims(node)
-    n_blocks, k_blocks = (-(-n // cfg.block_n)), (-(-k // cfg.block_k))
-    # A dynamic M (the only size the template takes symbolic): the kernel reads
-    # it at run time (``M_BLOCKS``); every other count is a number.
-    dynamic_m = sizes.is_symbolic(m)
-    m_blocks = "M_BLOCKS" if dynamic_m else -(-m // cfg.block_m)
     w = em.w
-
-    # -- which tile -----------------------------------------------------------------
-    w.line("pid = pl.program_id(0).astype(IDX)")
-    write_tile(em, b, m_blocks, n_blocks, cfg.group_m, dynamic_m)
-
-    # -- the K loop -----------------------------------------------------------------
     lhs, rhs = (ir.substitute_index(op, mm.coords) for op in mm.body.args)
     a_rows, b_cols = XR, XC
     if dynamic_m or m % cfg.block_m:
         w.line("xra = xr % M  # rows past M read a valid row; they are never stored")
-        a_rows = _A_ROW
+        a_rows = A_ROW
     if n % cfg.block_n:
         w.line("xcb = xc % N")
-        b_cols = _B_COL
-    a_off = _operand_offset(em, lhs, {XR: a_rows, XK: _A_K})
-    b_off = _operand_offset(em, rhs, {XK: _B_K, XC: b_cols})
-    a_vars = {a_rows, _A_K}
-    b_vars = {_B_K, b_cols}
+        b_cols = B_COL
+    a_off = operand_offset(em, lhs, {XR: a_rows, XK: A_K})
+    b_off = operand_offset(em, rhs, {XK: B_K, XC: b_cols})
     k_tail = k % cfg.block_k != 0
-    dot_kw = "preferred_element_type=jnp.float32"
-    if node.precision == "highest" and lhs.dtype == np.float32:
-        dot_kw = "precision=lax.Precision.HIGHEST, " + dot_kw
-    w.line("def k_step(step, acc):")
-    with w.indent():
-        w.line("ka = step * BLOCK_K + lax.broadcasted_iota(IDX, (1, BLOCK_K), 1)")
-        w.line("kb = step * BLOCK_K + lax.broadcasted_iota(IDX, (BLOCK_K, 1), 0)")
+    w.line(f"acc = {em.zeros_text('(BLOCK_M, BLOCK_N)', em.dtype_text(np.float32))}")
+
+    def body():
+        w.line(f"ka = step * BLOCK_K + {em.iota_text(1, 'BLOCK_K')}")
+        w.line(f"kb = step * BLOCK_K + {em.iota_text(0, 'BLOCK_K')}")
         for name, ref, off, free, shape, kmask in (
-                ("a", em.in_refs[lhs.buffer], a_off, a_vars, "(BLOCK_M, BLOCK_K)", "ka < K"),
-                ("b", em.in_refs[rhs.buffer], b_off, b_vars, "(BLOCK_K, BLOCK_N)", "kb < K")):
+                ("a", em.in_refs[lhs.buffer], a_off, {a_rows, A_K}, "(BLOCK_M, BLOCK_K)", "ka < K"),
+                ("b", em.in_refs[rhs.buffer], b_off, {B_K, b_cols}, "(BLOCK_K, BLOCK_N)", "kb < K")):
             text = sizes.to_source(off)
             if not free <= off.free_symbols:
-                text = f"jnp.broadcast_to({text}, {shape})" if off.free_symbols else f"jnp.full({shape}, {text}, IDX)"
-            mask = f", mask=jnp.broadcast_to({kmask}, {shape}), other=0" if k_tail else ""
-            w.line(f"{name} = plt.load({ref}.at[{text}]{mask})")
-        w.line(f"return acc + jnp.dot(a, b, {dot_kw})")
-    w.line("acc = lax.fori_loop(0, K_BLOCKS, k_step, jnp.zeros((BLOCK_M, BLOCK_N), jnp.float32))")
+                text = em.broadcast_text(text, shape) if off.free_symbols else em.tile_text(shape, text, em.index_dtype)
+            mask = f", mask={em.broadcast_text(kmask, shape)}, other=0" if k_tail else ""
+            w.line(f"{name} = {em.load_text(ref, text, mask)}")
+        return [em.dot_text(node, lhs.dtype)]
 
-    # -- epilogue and stores ----------------------------------------------------------
-    write_epilogue(em, kernel, mm)
-    return _wrap(kernel, node, cfg, em, (b, m, n, k), (m_blocks, n_blocks, k_blocks)), em.helpers
+    em.loop("k_step", "step", 0, k_blocks, ["acc"], body)
 
 
 def write_tile(em, b: int, m_blocks, n_blocks: int, group_m: int, dynamic_m: bool) -> None:
@@ -172,51 +155,14 @@ def write_epilogue(em, kernel: Kernel, mm) -> None:
     for member in kernel.members:
         if member is mm:
             continue
-        var, ext = em.value(pallas._kernel_coords_body(member))
+        var, ext = em.value(kernel_coords_body(member))
         if member.store:
             em.store(member, var, ext)
 
 
-def _operand_offset(em, load: ir.Load, names: dict) -> sympy.Expr:
+def operand_offset(em, load: ir.Load, names: dict) -> sympy.Expr:
     """Flat offset of an operand load, in the tile's index variables."""
     if load.mask is not None:
         raise NotImplementedError("masked operand load")  # the scheduler materializes pads and concats
     off = sizes.simplify_with_bounds(em.offset(load.buffer, load.index), em.bounds)
     return sizes.simplify(off.xreplace(names))
-
-
-def _wrap(kernel: Kernel, node: ir.Matmul, cfg: heuristics.MatmulConfig, em, dims, blocks) -> pallas.RenderedKernel:
-    b, m, n, k = dims
-    m_blocks, n_blocks, k_blocks = blocks
-    dynamic_m = sizes.is_symbolic(m)
-    header = f"M, N, K = {sizes.to_source(m)}, {n}, {k}"
-    dim_names = pallas.used_dims(em.schedule, header + "\n" + em.w.source())
-    w = SourceWriter()
-    w.line(f"# kernel {kernel.name}: matmul {'%d x ' % b if b > 1 else ''}({m} x {k}) @ ({k} x {n}), {cfg}")
-    own = _origins(em.graph, _matmul_member(kernel), em.schedule.stored)
-    w.line("# matmul (operand views folded into its loads):")
-    for eq in own:
-        w.line(f"#   {eq}")
-    epilogue = [eq for eq in kernel.origin if eq not in own]
-    if epilogue:
-        w.line("# epilogue:")
-        for eq in epilogue:
-            w.line(f"#   {eq}")
-    ins = list(em.in_refs.values())
-    outs = list(em.out_refs.values())
-    w.line(f"def {kernel.name}_kernel({', '.join((['dims_ptr'] if dim_names else []) + ins + outs)}):")
-    with w.indent():
-        pallas.write_dim_reads(w, em.schedule, dim_names)
-        w.line(header)
-        w.line(f"BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M = {cfg.block_m}, {cfg.block_n}, {cfg.block_k}, {cfg.group_m}")
-        if dynamic_m:
-            w.line("M_BLOCKS = (M + BLOCK_M - 1) // BLOCK_M")
-        w.line(f"K_BLOCKS = {k_blocks}")
-        w.line("BLOCK_R, BLOCK_C = BLOCK_M, BLOCK_N  # the epilogue's tile")
-        w.line(f"IDX = {em.index_dtype}")
-    w.lines.append(em.w.source().rstrip("\n"))
-    w.line()
-    grid = (f"{b * n_blocks} * pl.cdiv({sizes.to_source(m)}, {cfg.block_m})" if dynamic_m
-            else b * m_blocks * n_blocks)
-    pallas.write_launcher(w, kernel, len(ins), grid, cfg.num_warps, cfg.num_stages, dims=dim_names)
-    return pallas.RenderedKernel(kernel.name, w.source(), list(kernel.origin), cfg, dim_names, em.guards)

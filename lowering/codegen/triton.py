@@ -3,7 +3,7 @@
 
 [Note: the Triton renderer]
 The same schedule, tiles and index expressions as the Pallas renderer: the
-kernel emitter of ``codegen/pallas.py`` writes the values, with the Triton
+kernel emitter of ``codegen/emitter.py`` writes the values, with the Triton
 dialect below (``tl.load(ptr + offset, mask=...)``, ``x.to(tl.float32)``,
 an op table of ``tl`` calls). What differs is around the values: sizes are
 kernel arguments (ints, never specialized by the launcher), so one compiled
@@ -29,15 +29,22 @@ float32 first; its other faults are patched in pallaskit/runtime/triton_launch.p
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import numpy as np
 
 from lowering import heuristics, ir, sizes
-from lowering.codegen import matmul, pallas
+from lowering.codegen import matmul
+from lowering.codegen.emitter import (KernelEmitter, dim_source, is_16bit_float, is_float,
+                                      kernel_coords_body, select_n_template, shape_source, used_dims,
+                                      whole_rows, write_pointwise)
+from lowering.codegen.emitter import columns as column_count
+from lowering.codegen.mix import write_mix
+from lowering.codegen.rows import render_rows
+from lowering.codegen.tiles import kernel_config
 from lowering.codegen.writer import SourceWriter
 from lowering.options import CompileOptions
-from lowering.scheduler import XC, XK, XR, Kernel, Schedule, _origins, matmul_kernel_bounds
+from lowering.scheduler import Kernel, Schedule, _origins, matmul_kernel_bounds
+from lowering.symbolic import program_dims
 
 
 class TritonUnsupported(NotImplementedError):
@@ -77,7 +84,7 @@ HELPERS = {
     "_tanh": '''
 @triton.jit
 def _tanh(x):
-    """tanh in float32: its odd Taylor series up to x^15 below |x| = 0.4 (no
+    """tanh in float32 in the interpreter (the GPU calls libdevice): its odd Taylor series up to x^15 below |x| = 0.4 (no
     cancellation; the first term left out is < 1e-10 relative there), else
     (1 - e^-2|x|) / (1 + e^-2|x|) with the sign of x (e^-2|x| < 0.45, so
     1 - e^-2|x| loses under a bit)."""
@@ -505,6 +512,7 @@ class _HelperSet(set):
             for h in hs:
                 self.add(h)
 
+
 _PRELUDE = '''\
 import numpy as np
 import triton
@@ -526,16 +534,19 @@ class TritonProgram:
     kernels: list[TritonKernelSource]
 
 
-class _TritonEmitter(pallas._KernelEmitter):
-    """The Pallas kernel emitter writing Triton (see the module's Note)."""
+class TritonEmitter(KernelEmitter):
+    """The kernel emitter's Triton spellings (see the module's Note)."""
     HELPERS = HELPERS
+    MINIMUM = "tl.minimum"
+    FUNCTIONS = {"exp": "tl.exp({0})", "is_finite": "(({0} - {0}) == 0)", "and": "({0} & {1})", "or": "({0} | {1})"}
+    SKIP_ZERO_SELECT = True
 
     def __init__(self, kernel, schedule, cfg, options):
         super().__init__(kernel, schedule, cfg, options)
-        self.triton_interpret = self.interpret
-        self.interpret = False  # the base's scatter-out-of-bounds trick is for Pallas' interpret mode
-        self.index_dtype = "tl.int64" if self.index_dtype == "jnp.int64" else "tl.int32"
         self.helpers = _HelperSet(self.helpers)
+
+    def index_type(self, wide: bool) -> str:
+        return "tl.int64" if wide else "tl.int32"
 
     def dtype_text(self, dt) -> str:
         name = np.dtype(dt).name
@@ -560,7 +571,65 @@ class _TritonEmitter(pallas._KernelEmitter):
     def broadcast_text(self, var, shape) -> str:
         return f"tl.broadcast_to({var}, {shape})"
 
-    MINIMUM = "tl.minimum"
+    def tile_text(self, shape, value, dtype) -> str:
+        return f"tl.full({shape}, {value}, {dtype})"
+
+    def zeros_text(self, shape, dtype) -> str:
+        return f"tl.zeros({shape}, dtype={dtype})"
+
+    def where_text(self, cond, a, b) -> str:
+        return f"tl.where({cond}, {a}, {b})"
+
+    def maximum_text(self, a, b) -> str:
+        return f"tl.maximum({a}, {b})"
+
+    def plain_reduce_text(self, fn, var, axis) -> str:
+        return f"tl.{fn}({var}, axis={axis}, keep_dims=True)"
+
+    def reduce_text(self, op, var, acc_dt, axis, index="xc") -> str:
+        """A float max / min reduces with a NaN-propagating combine: tl.max /
+        tl.min combine with tl.maximum's default, which drops NaN on the GPU (the
+        interpreter's numpy keeps it). argmax / argmin (along axis 1): ``index``
+        holds each lane's column index (``xc``, or a looped reduction's index
+        accumulator)."""
+        if op in ("argmax", "argmin"):
+            helper = "_arg_pick" if is_float(acc_dt) else "_arg_pick_int"
+            self.helpers.add(helper)
+            return f"{helper}({var}, {index}, {op == 'argmax'})"
+        if op == "prod":
+            self.helpers.add("_mul")
+            return f"tl.reduce({var}, {axis}, _mul, keep_dims=True)"
+        if op in ("max", "min") and is_float(acc_dt):
+            self.helpers.add(f"_{op}_nan")
+            return f"tl.reduce({var}, {axis}, _{op}_nan, keep_dims=True)"
+        return f"{REDUCE[op]}({var}, axis={axis}, keep_dims=True)"
+
+    def combine_text(self, op, acc, v, acc_dt) -> str:
+        return COMBINE[op].format(a=acc, v=v)
+
+    def column_acc_dtype(self, dt):
+        """float32 for 16-bit floats: the loop carries one type, and XLA sums
+        16-bit floats in float32 too."""
+        return np.dtype(np.float32) if is_16bit_float(dt) else np.dtype(dt)
+
+    def arg_index_dtype(self, node_dtype):
+        return self.index_dtype_np
+
+    def arg_finish(self, name, op, acc_dt, idx_dt) -> str:
+        return self.reduce_text(op, name, acc_dt, 1, index=f"{name}_i")
+
+    def loop(self, name, index, start, stop, carried, body, stages=None, comment="") -> None:
+        """A Python ``for`` over ``range`` (``tl.range`` with ``num_stages`` where
+        ``stages`` is given: Triton pipelines the loads of the next iterations);
+        the carried values are rebound at the end of the body."""
+        w = self.w
+        over = f"tl.range({start}, {stop}, num_stages={stages})" if stages else f"range({start}, {stop})"
+        w.line(f"for {index} in {over}:" + (f"  # {comment}" if comment else ""))
+        with w.indent():
+            outs = body()
+            for c, o in zip(carried, outs):
+                if o != c:
+                    w.line(f"{c} = {o}")
 
     def pid_line(self) -> str:
         return f"pid = tl.program_id(0){'' if self.index_dtype == 'tl.int32' else f'.to({self.index_dtype})'}"
@@ -571,14 +640,16 @@ class _TritonEmitter(pallas._KernelEmitter):
 
     def op_template(self, e, names) -> str:
         params = dict(e.params)
-        float_op = pallas.is_float(e.dtype) or any(pallas.is_float(a.dtype) for a in e.args)
+        float_op = is_float(e.dtype) or any(is_float(a.dtype) for a in e.args)
         if e.op in ("max", "min"):
             return (_NAN_MAX if e.op == "max" else _NAN_MIN) if float_op else f"tl.{e.op}imum({{0}}, {{1}})"
         if e.op in ("div", "rem") and not float_op:  # by 0, INT_MIN / -1: undefined in Triton (PTX)
             return f"_i{e.op}({{0}}, {{1}})"
         if e.op == "div":
             return "({0} / {1})" if float_op else "({0} // {1})"  # Triton's // truncates, like lax.div
-        if e.op == "rem" and float_op and not self.triton_interpret:  # the interpreter's % is np.fmod
+        if e.op == "tanh" and not self.interpret:  # libdevice's tanhf, as Pallas's Triton lowering
+            return "libdevice.tanh({0})"
+        if e.op == "rem" and float_op and not self.interpret:  # the interpreter's % is np.fmod
             # libdevice's fmod is exact; Triton's float % (LLVM frem) divides approximately on
             # the GPU and can be one divisor off (bf16 rem gave -1.086 where XLA gives -0.0).
             return "libdevice.fmod({0}, {1})"
@@ -597,14 +668,14 @@ class _TritonEmitter(pallas._KernelEmitter):
         if e.op == "select_n" and len(e.args) == 3 and e.args[0].dtype == np.bool_:
             return "tl.where({0}, {2}, {1})"
         if e.op == "select_n":  # an int32 case index: nested two-way selects
-            return pallas._select_n_template(len(e.args) - 1).replace("jnp.where", "tl.where")
+            return select_n_template(len(e.args) - 1, "tl.where")
         if e.op == "clamp":
             return ("tl.minimum(tl.maximum({1}, {0}, propagate_nan=tl.PropagateNan.ALL), {2}, "
                     "propagate_nan=tl.PropagateNan.ALL)" if float_op else "tl.minimum(tl.maximum({1}, {0}), {2})")
         if e.op == "neg" and float_op:  # Triton's unary minus is 0 - x: +0.0 for +0.0, where XLA gives -0.0
             return "({0} * -1.0)"
         if e.op == "is_finite":  # x - x is 0 for finite x, NaN for +-inf and NaN
-            if pallas._is_16bit_float(e.args[0].dtype):  # in float32 (exact): the interpreter's 16-bit math is not
+            if is_16bit_float(e.args[0].dtype):  # in float32 (exact): the interpreter's 16-bit math is not
                 return "(({0}.to(tl.float32) - {0}.to(tl.float32)) == 0)"
             return "(({0} - {0}) == 0)"
         if e.op == "sign":  # 0, -0 and NaN are their own sign (integer floor division needs sign)
@@ -615,33 +686,33 @@ class _TritonEmitter(pallas._KernelEmitter):
             return self.cast_text("{0}", params["new_dtype"])
         if e.op not in OPS:
             raise TritonUnsupported(f"op {e.op}")
-        if e.op in ("erf", "erfc") and pallas._is_16bit_float(e.dtype):  # not upcast by the emitter; tl.erf is f32
+        if e.op in ("erf", "erfc") and is_16bit_float(e.dtype):  # not upcast by the emitter; tl.erf is f32
             return self.cast_text(OPS[e.op].format("{0}.to(tl.float32)"), e.dtype)
         return OPS[e.op]
 
     def math_template(self, e) -> str:
         """A transcendental, pow, erf_inv, round or nextafter ([Note: Triton math]).
-        16-bit operands arrive as float32 (pallas.UPCAST_16BIT), except for
+        16-bit operands arrive as float32 (emitter.UPCAST_16BIT), except for
         round and nextafter, which are exact in their own width."""
         dt = self.dtype_text(e.dtype)
         if e.op == "round":
             method = int(dict(e.params)["rounding_method"])
-            if pallas._is_16bit_float(e.dtype):
+            if is_16bit_float(e.dtype):
                 return f"_rnd({{0}}.to(tl.float32), {method == 1}).to({dt})"
             return f"_rnd({{0}}, {method == 1})"
         if e.op == "nextafter":
             return f"_nextafter{8 * np.dtype(e.dtype).itemsize}({{0}}, {{1}})"
         if e.op == "pow":  # XLA converts an integer exponent to the base's type
             y = "{1}" if np.dtype(e.args[1].dtype) == np.dtype(e.dtype) else f"{{1}}.to({dt})"
-            if not self.triton_interpret:
+            if not self.interpret:
                 return f"libdevice.pow({{0}}, {y})"
             return f"_pow64({{0}}.to(tl.float64), {y}.to(tl.float64)).to({dt})"
         if e.op == "erf_inv":
-            if not self.triton_interpret:
+            if not self.interpret:
                 return "_erfinv({0}, -libdevice.log1p(-({0} * {0})))"
             return f"_erfinv({{0}}, -_log1p64((-({{0}} * {{0}})).to(tl.float64)).to({dt}))"
         name, helper = _MATH[e.op]
-        if not self.triton_interpret:
+        if not self.interpret:
             return f"libdevice.{name}({', '.join('{%d}' % i for i in range(len(e.args)))})"
         args = ", ".join("{%d}.to(tl.float64)" % i for i in range(len(e.args)))
         return f"{helper}({args}).to({dt})"
@@ -650,7 +721,7 @@ class _TritonEmitter(pallas._KernelEmitter):
         """Shifts (XLA's: an amount past the width, or negative, shifts every bit
         out) and clz / population_count (libdevice's on a GPU, 32- or 64-bit:
         narrow ints on their zero-extended int32 bits, unsigned ones on the signed
-        int of their width, as pallas._bit_count_template)."""
+        int of their width, as pallas.bit_count_template)."""
         dt = np.dtype(e.dtype)
         bits = 8 * dt.itemsize
         t, st, ut = self.dtype_text(dt), f"tl.int{bits}", f"tl.uint{bits}"
@@ -665,7 +736,7 @@ class _TritonEmitter(pallas._KernelEmitter):
             shift = "<<" if e.op == "shift_left" else ">>"
             amount = f"tl.where({out}, 0, {ua}).to({ut})"
             return f"tl.where({out}, 0, {ux} {shift} {amount}).to({ut}).to({t}, bitcast=True)"
-        fn = ("libdevice.clz" if e.op == "clz" else "libdevice.popc") if not self.triton_interpret else None
+        fn = ("libdevice.clz" if e.op == "clz" else "libdevice.popc") if not self.interpret else None
         if dt.kind in "iu" and bits < 32:
             wide = f"({{0}}.to(tl.int32) & {(1 << bits) - 1})"
             text = f"{fn or ('_clz32' if e.op == 'clz' else '_popc32')}({wide})"
@@ -683,79 +754,33 @@ class _TritonEmitter(pallas._KernelEmitter):
         return f"tl.store({ref} + {off}, {val}{mask_arg})"
 
 
-class _TritonMatmulEmitter(matmul._MatmulEmitter, _TritonEmitter):
+class TritonMatmulEmitter(matmul.TileValues, TritonEmitter):
     """Reads the accumulator tile from ``tile_values`` (matmul's emitter), writes Triton."""
 
-
-# Row reductions this renderer writes; prod, argmax and argmin through helpers (``_reduce_text``).
-_REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min", "and": "tl.min", "or": "tl.max",
-           "prod": None, "argmax": None, "argmin": None}
-_COMBINE = {"sum": "({a} + {v})", "max": "tl.maximum({a}, {v}, propagate_nan=tl.PropagateNan.ALL)",
-            "min": "tl.minimum({a}, {v}, propagate_nan=tl.PropagateNan.ALL)",
-            "and": "tl.minimum({a}, {v})", "or": "tl.maximum({a}, {v})", "prod": "({a} * {v})"}
-
-
-def _column_accumulators(em, columns) -> list:
-    """A (BLOCK_R, BLOCK_C) accumulator per column member, at its reduction's
-    identity: [(name, member)]."""
-    accs = []
-    for i, m in enumerate(columns):
-        ident = pallas._reduction_identity(m.node.op, m.node.dtype)
-        em.w.line(f"acc{i} = tl.full((BLOCK_R, BLOCK_C), {ident}, {em.dtype_text(_column_acc_dtype(m))})")
-        accs.append((f"acc{i}", m))
-    return accs
+    def dot_text(self, node: ir.Matmul, lhs_dtype) -> str:
+        """One K step's ``tl.dot`` into ``acc``: float32 operands as TF32 unless
+        the precision is highest, rounded to TF32 on the GPU as cuBLAS and XLA's
+        Triton pipeline do (the tensor core alone truncates); Triton's
+        interpreter multiplies 16-bit operands wrongly, so there they are
+        widened to float32 first."""
+        if lhs_dtype == np.float32 and node.precision == "highest":
+            return "tl.dot(a, b, acc, input_precision='ieee')"
+        if lhs_dtype == np.float32 and not self.interpret:
+            self.helpers.add("_tf32")
+            return "tl.dot(_tf32(a), _tf32(b), acc, input_precision='tf32')"
+        if lhs_dtype == np.float32:
+            return "tl.dot(a, b, acc, input_precision='tf32')"
+        if self.interpret:
+            return "tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision='ieee')"
+        return "tl.dot(a, b, acc)"
 
 
-def _accumulate_columns(em, accs, bodies, masked) -> None:
-    """One row block's update of each column accumulator ``(name, member)``;
-    ``masked(member)``: the block may hold lanes past the edge, which then
-    combine the reduction's identity."""
-    full = frozenset("rc")
-    for name, m in accs:
-        var, ext = em.value(bodies[m.name])
-        v = em.broadcast(var, ext, full)
-        if _column_acc_dtype(m) != m.body.dtype:
-            v = em.bind(("cast", v, _column_acc_dtype(m)), em.cast_text(v, _column_acc_dtype(m)), full)[0]
-        if masked(m):
-            edge = em.edge_mask(full)[0]
-            ident = pallas._reduction_identity(m.node.op, m.node.dtype)
-            v = em.bind(("masked", v, edge, ident), f"tl.where({edge}, {v}, {ident})", full)[0]
-        em.w.line(f"{name} = {_COMBINE[m.node.op].format(a=name, v=v)}")
-
-
-def _store_columns(em, accs, row: str) -> None:
-    """Each column accumulator summed over its rows, stored as partial row ``row``."""
-    for name, m in accs:
-        total = _reduce_text(em, m.node.op, name, _column_acc_dtype(m), 0)
-        if _column_acc_dtype(m) != m.node.dtype:
-            total = em.cast_text(f"({total})", m.node.dtype)
-        em.w.line(f"tl.store({em.out_refs[m.name]} + {row} * COLS + xc, {total}, mask=cmask)")
-
-
-def _column_acc_dtype(m):
-    """A column accumulator's dtype: float32 for 16-bit floats (the loop carries
-    one type, and XLA sums 16-bit floats in float32 too)."""
-    dt = np.dtype(m.node.dtype)
-    return np.dtype(np.float32) if pallas._is_16bit_float(dt) else dt
-
-
-def _reduce_text(em, op, var, acc_dt, axis, index="xc") -> str:
-    """``var`` reduced along ``axis`` (kept). A float max / min reduces with a
-    NaN-propagating combine: tl.max / tl.min combine with tl.maximum's default,
-    which drops NaN on the GPU (the interpreter's numpy keeps it). argmax /
-    argmin (along axis 1): ``index`` holds each lane's column index (``xc``, or
-    a looped reduction's index accumulator)."""
-    if op in ("argmax", "argmin"):
-        helper = "_arg_pick" if pallas.is_float(acc_dt) else "_arg_pick_int"
-        em.helpers.add(helper)
-        return f"{helper}({var}, {index}, {op == 'argmax'})"
-    if op == "prod":
-        em.helpers.add("_mul")
-        return f"tl.reduce({var}, {axis}, _mul, keep_dims=True)"
-    if op in ("max", "min") and pallas.is_float(acc_dt):
-        em.helpers.add(f"_{op}_nan")
-        return f"tl.reduce({var}, {axis}, _{op}_nan, keep_dims=True)"
-    return f"{_REDUCE[op]}({var}, axis={axis}, keep_dims=True)"
+# Row reductions this renderer writes; prod, argmax and argmin through helpers (``TritonEmitter.reduce_text``).
+REDUCE = {"sum": "tl.sum", "max": "tl.max", "min": "tl.min", "and": "tl.min", "or": "tl.max",
+          "prod": None, "argmax": None, "argmin": None}
+COMBINE = {"sum": "({a} + {v})", "max": "tl.maximum({a}, {v}, propagate_nan=tl.PropagateNan.ALL)",
+           "min": "tl.minimum({a}, {v}, propagate_nan=tl.PropagateNan.ALL)",
+           "and": "tl.minimum({a}, {v})", "or": "tl.maximum({a}, {v})", "prod": "({a} * {v})"}
 
 
 # --------------------------------------------------------------------------- #
@@ -764,15 +789,15 @@ def _reduce_text(em, op, var, acc_dt, axis, index="xc") -> str:
 def _render_kernel(kernel: Kernel, schedule: Schedule, options: CompileOptions):
     if kernel.kind == "mix":
         raise TritonUnsupported(f"mix kernel {kernel.name}")
-    cfg = pallas.kernel_config(kernel, schedule, options)
-    em = _TritonEmitter(kernel, schedule, cfg, options)
+    cfg = kernel_config(kernel, schedule, options)
+    em = TritonEmitter(kernel, schedule, cfg, options)
     w = em.w
-    bodies = {m.name: pallas._kernel_coords_body(m) for m in kernel.members}
+    bodies = {m.name: kernel_coords_body(m) for m in kernel.members}
     w.line(em.pid_line())
     if kernel.kind == "pointwise":
-        pallas.write_pointwise(em, kernel, bodies, cfg)
+        write_pointwise(em, kernel, bodies, cfg)
     else:
-        _render_reduction(em, kernel, bodies, cfg)
+        render_reduction(em, kernel, bodies, cfg)
     extents = [f"ROWS = {sizes.to_source(kernel.rows)}", f"COLS = {sizes.to_source(kernel.cols)}"]
     header = (f"# kernel {kernel.name}: {kernel.kind}, {kernel.rows} x {kernel.cols}, "
               f"block {cfg.block_rows} x {cfg.block_cols}, {'persistent' if cfg.persistent else 'looped'}\n"
@@ -793,87 +818,21 @@ def _grid_cdiv(n, block: int) -> str:
     return f"(({sizes.to_source(n)} + {block - 1}) // {block})"
 
 
-def _render_reduction(em: _TritonEmitter, kernel: Kernel, bodies, cfg, *, row_block="pid", columns_ready=False):
-    """Row reductions (reduced extent static), row values and row-wise stores of
-    one block of rows (``row_block``), phase by phase as in the Pallas renderer.
-    ``columns_ready``: ``xc``/``cmask`` are already defined."""
+def _check_reductions(kernel: Kernel) -> None:
     for m in kernel.members:
-        if m.role == "reduction" and m.node.op not in _REDUCE:
+        if m.role == "reduction" and m.node.op not in REDUCE:
             raise TritonUnsupported(f"{m.node.op} reduction")
-    w = em.w
-    w.line(f"xr = {row_block} * BLOCK_R + {em.iota_text(0, 'BLOCK_R')}")
-    w.line("rmask = xr < ROWS")
-    phase = pallas._phases(kernel)
-    for p in range(max(phase.values()) + 1):
-        reds = [m for m in kernel.members if m.role == "reduction" and phase[m.name] == p]
-        rowwise = [m for m in kernel.members if m.role == "rowwise" and m.store and phase[m.name] == p]
-        if reds or rowwise:
-            if cfg.persistent:
-                if p == 0 and not columns_ready:
-                    w.line(f"xc = {em.iota_text(1, 'BLOCK_C')}")
-                    w.line("cmask = xc < COLS")
-                results = {}
-                for m in reds:
-                    var, ext = em.value(bodies[m.name])
-                    masked = _masked_operand(em, m, var, ext, bodies[m.name])
-                    text = _reduce_text(em, m.node.op, masked, pallas._acc_dtype(m.node.op, m.body.dtype), 1)
-                    results[m.name] = em.bind(("reduce", m.name), em.cast_text(text, m.node.dtype), frozenset("r"),
-                                              "red")[0]
-                for m in rowwise:
-                    em.store(m, *em.value(bodies[m.name]))
-                em.row_values.update(results)
-            else:
-                accs = []
-                for i, m in enumerate(reds):
-                    name = f"acc{p}_{i}"
-                    acc_dt = pallas._acc_dtype(m.node.op, m.body.dtype)
-                    ident = pallas._reduction_identity(m.node.op, m.body.dtype)
-                    w.line(f"{name} = tl.full((BLOCK_R, BLOCK_C), {ident}, {em.dtype_text(acc_dt)})")
-                    if m.node.op in ("argmax", "argmin"):  # each lane also carries its best value's index
-                        w.line(f"{name}_i = tl.zeros((BLOCK_R, BLOCK_C), {em.index_dtype})")
-                    accs.append((name, m))
-                # Over a dynamic axis the chunk count is a runtime value (the tile is always looped).
-                w.line(f"for chunk in range(0, {pallas._cdiv_source(kernel.cols, cfg.block_cols, 'COLS', 'BLOCK_C')}):")
-                with w.indent():
-                    w.line(f"xc = chunk * BLOCK_C + {em.iota_text(1, 'BLOCK_C')}")
-                    w.line("cmask = xc < COLS")
-                    em.scopes.append({})
-                    for name, m in accs:
-                        var, ext = em.value(bodies[m.name])
-                        masked = _masked_operand(em, m, var, ext, bodies[m.name])
-                        if m.node.op in ("argmax", "argmin"):
-                            _arg_combine(em, name, masked, m.node.op, pallas._acc_dtype(m.node.op, m.body.dtype))
-                        else:
-                            w.line(f"{name} = {_COMBINE[m.node.op].format(a=name, v=masked)}")
-                    for m in rowwise:
-                        em.store(m, *em.value(bodies[m.name]))
-                    em.scopes.pop()
-                for name, m in accs:
-                    text = _reduce_text(em, m.node.op, name, pallas._acc_dtype(m.node.op, m.body.dtype), 1,
-                                        index=f"{name}_i")
-                    em.row_values[m.name] = em.bind(("reduce", m.name), em.cast_text(text, m.node.dtype),
-                                                    frozenset("r"), "red")[0]
-        pallas.write_ready_row_values(em, kernel, bodies)
-    pallas.store_reductions(em, kernel)
 
 
-def _arg_combine(em, name, v, op, acc_dt) -> None:
-    """One chunk of a looped argmax / argmin (as pallas._arg_combine): a lane
-    keeps its best value so far and that value's column; it sees its columns in
-    increasing order, so a later value replaces the kept one only if strictly
-    better, or if it is the first NaN; in the first chunk every lane takes its value."""
-    better = ">" if op == "argmax" else "<"
-    pick = f"({v} {better} {name}) | (chunk == 0)"
-    if pallas.is_float(acc_dt):
-        pick += f" | (({v} != {v}) & ({name} == {name}))"
-    n = em.counter
-    em.counter += 1
-    em.w.line(f"pick{n} = {pick}")
-    em.w.line(f"{name} = tl.where(pick{n}, {v}, {name})")
-    em.w.line(f"{name}_i = tl.where(pick{n}, tl.broadcast_to(xc, (BLOCK_R, BLOCK_C)), {name}_i)")
+def render_reduction(em: TritonEmitter, kernel: Kernel, bodies, cfg, **kw) -> None:
+    """Row reductions (reduced extent static) of one block of rows
+    (codegen/rows.py); raises ``TritonUnsupported`` for a reduction this
+    renderer does not write."""
+    _check_reductions(kernel)
+    render_rows(em, kernel, bodies, cfg, **kw)
 
 
-def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _Rendered:
+def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> Rendered:
     """A whole-row mix kernel ([Note: split reductions and mix-order fusion] in split.py) as
     one ``@triton.jit`` kernel, to run inside the XLA program
     (pallaskit/runtime/triton_call.py). A persistent grid of ``PROGRAMS``
@@ -892,7 +851,7 @@ def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _
     are computed from ``ROWS`` in the kernel. Raises ``TritonUnsupported`` for
     column tiles (no row reductions: ``render_column``), dynamic columns and
     rows too long for one tile."""
-    if kernel.kind != "mix" or not pallas._whole_rows(kernel):
+    if kernel.kind != "mix" or not whole_rows(kernel):
         raise TritonUnsupported(f"kernel {kernel.name} is not a whole-row mix kernel")
     if sizes.is_symbolic(kernel.cols):
         raise TritonUnsupported(f"mix kernel {kernel.name} has dynamic columns")
@@ -904,47 +863,23 @@ def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _
     if options.num_warps:
         cfg = dataclasses.replace(cfg, num_warps=options.num_warps)
     for m in columns:
-        if m.node.op not in _COMBINE:
+        if m.node.op not in COMBINE:
             raise TritonUnsupported(f"{m.node.op} column reduction")
+    _check_reductions(kernel)
     dynamic = sizes.is_symbolic(kernel.rows)
     # The grid is the partial buffer's rows: split.py sizes it for the executor that
     # runs the kernel (heuristics.triton_mix_programs for this one); an eager launch
     # of a program whose kernel XLA runs in Pallas takes Pallas's count.
-    em = _TritonEmitter(kernel, schedule, cfg, options)
-    w = em.w
-    bodies = {m.name: pallas._kernel_coords_body(m) for m in kernel.members}
+    em = TritonEmitter(kernel, schedule, cfg, options)
     programs = kernel.programs
-    w.line(em.pid_line())
-    w.line(f"PROGRAMS = {programs}")
-    if dynamic:  # the row-block counts are runtime values
-        steps, full_steps = "steps", "full_steps"
-        w.line("steps = ((ROWS + BLOCK_R - 1) // BLOCK_R + PROGRAMS - 1) // PROGRAMS")
-        w.line("full_steps = (ROWS // BLOCK_R) // PROGRAMS")
-    else:
-        steps = -(-(-(-int(kernel.rows) // cfg.block_rows)) // programs)
-        full_steps = (int(kernel.rows) // cfg.block_rows) // programs
-    w.line(f"xc = {em.iota_text(1, 'BLOCK_C')}")
-    w.line("cmask = xc < COLS")
-    accs = _column_accumulators(em, columns)
+    steps = -(-(-(-int(kernel.rows) // cfg.block_rows)) // programs) if not dynamic else "steps"
+    em.w.line(em.pid_line())
     # Blocks that every program has in full come first: their accumulator update
     # needs no select (a lane past the last column is never stored, and the
     # accumulator is summed over rows only); dropping it is measurable
     # (RESULTS.md, "Heuristics: raw-Triton mix kernels").
-    loops = [(0, full_steps, cfg.num_stages, "row blocks every program has in full"),
-             (full_steps, steps, 1, "the last row blocks, rows past ROWS masked")]
-    for start, stop, stages, what in loops:
-        if not dynamic and start >= stop:
-            continue
-        w.line(f"for step in tl.range({start}, {stop}, num_stages={stages}):  # {what}")
-        with w.indent():
-            em.scopes.append({})
-            em.row_values = {}
-            _render_reduction(em, kernel, bodies, cfg, row_block="(pid + step * PROGRAMS)", columns_ready=True)
-            full = frozenset("rc")
-            _accumulate_columns(em, accs, bodies, lambda m: start == full_steps and not (
-                m.node.op == "sum" and _zero_where_masked(em, bodies[m.name], full)))
-            em.scopes.pop()
-    _store_columns(em, accs, "pid")
+    write_mix(em, kernel, {m.name: kernel_coords_body(m) for m in kernel.members}, cfg, split_full=True,
+              skip_zero_selects=True)
     extents = [f"ROWS = {sizes.to_source(kernel.rows)}", f"COLS = {int(kernel.cols)}"]
     header = (f"# kernel {kernel.name}: mix (raw Triton), {kernel.rows} x {kernel.cols}, block {cfg.block_rows} x "
               f"{cfg.block_cols}, {programs} programs x {'a runtime count of' if dynamic else steps} steps, "
@@ -959,52 +894,33 @@ def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _
 def long_mix_rows(kernel: Kernel) -> bool:
     """Is ``kernel`` a whole-row mix kernel whose rows are too long for the
     two-row raw-Triton tile (lowering/executors.py kind 'mix_long_rows')?"""
-    if kernel.kind != "mix" or not pallas._whole_rows(kernel) or sizes.is_symbolic(kernel.cols):
+    if kernel.kind != "mix" or not whole_rows(kernel) or sizes.is_symbolic(kernel.cols):
         return False
-    return heuristics.triton_mix_config(int(kernel.cols), max(1, pallas._columns(kernel))) is None
+    return heuristics.triton_mix_config(int(kernel.cols), max(1, column_count(kernel))) is None
 
 
-def render_column(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _Rendered:
+def render_column(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> Rendered:
     """A mix kernel without row work (split.py's partial column reductions,
     with any row-wise stores of the same tiles), as the Pallas kernel does it:
     ``PROGRAMS`` x column blocks programs; each walks the row blocks
     ``program, program + PROGRAMS, ...`` of its column block, folds each
     column member into a (BLOCK_R, BLOCK_C) accumulator and stores its sum
     over rows as the program's partial row."""
-    if kernel.kind != "mix" or pallas._whole_rows(kernel):
+    if kernel.kind != "mix" or whole_rows(kernel):
         raise TritonUnsupported(f"kernel {kernel.name} is not a column-tile mix kernel")
     if sizes.is_symbolic(kernel.cols):
         raise TritonUnsupported(f"mix kernel {kernel.name} has dynamic columns")
     columns = [m for m in kernel.members if m.role == "column"]
     for m in columns:
-        if m.node.op not in _COMBINE:
+        if m.node.op not in COMBINE:
             raise TritonUnsupported(f"{m.node.op} column reduction")
-    cfg = pallas.kernel_config(kernel, schedule, options)
-    em = _TritonEmitter(kernel, schedule, cfg, options)
-    w = em.w
-    bodies = {m.name: pallas._kernel_coords_body(m) for m in kernel.members}
+    cfg = kernel_config(kernel, schedule, options)
+    em = TritonEmitter(kernel, schedule, cfg, options)
     programs, col_blocks = kernel.programs, -(-int(kernel.cols) // cfg.block_cols)
     dynamic = sizes.is_symbolic(kernel.rows)  # programs sized at the hint; the trip count a runtime value
     steps = "steps" if dynamic else -(-(-(-int(kernel.rows) // cfg.block_rows)) // programs)
-    w.line(em.pid_line())
-    w.line(f"PROGRAMS = {programs}")
-    if dynamic:
-        w.line("steps = ((ROWS + BLOCK_R - 1) // BLOCK_R + PROGRAMS - 1) // PROGRAMS")
-    w.line(f"program = pid // {col_blocks}")
-    w.line(f"xc = (pid % {col_blocks}) * BLOCK_C + {em.iota_text(1, 'BLOCK_C')}")
-    w.line("cmask = xc < COLS")
-    accs = _column_accumulators(em, columns)
-    w.line(f"for step in range(0, {steps}):")
-    with w.indent():
-        em.scopes.append({})
-        w.line(f"xr = (program + step * PROGRAMS) * BLOCK_R + {em.iota_text(0, 'BLOCK_R')}")
-        w.line("rmask = xr < ROWS")
-        for m in kernel.members:
-            if m.role == "rowwise" and m.store:
-                em.store(m, *em.value(bodies[m.name]))
-        _accumulate_columns(em, accs, bodies, lambda m: True)
-        em.scopes.pop()
-    _store_columns(em, accs, "program")
+    em.w.line(em.pid_line())
+    write_mix(em, kernel, {m.name: kernel_coords_body(m) for m in kernel.members}, cfg)
     extents = [f"ROWS = {sizes.to_source(kernel.rows)}", f"COLS = {int(kernel.cols)}"]
     header = (f"# kernel {kernel.name}: column tiles (raw Triton), {kernel.rows} x {kernel.cols}, block "
               f"{cfg.block_rows} x {cfg.block_cols}, {programs} programs x {col_blocks} column blocks x "
@@ -1014,104 +930,23 @@ def render_column(kernel: Kernel, schedule: Schedule, options: CompileOptions) -
     return dataclasses.replace(rendered, config=cfg)
 
 
-def _masked_operand(em, m, var, ext, body) -> str:
-    """A reduction's operand over the tile, in its accumulator dtype, with the
-    identity past the last column (no select for a sum of a value that is
-    already 0 there: ``_zero_where_masked``)."""
-    full = frozenset("rc")
-    acc_dt = pallas._acc_dtype(m.node.op, m.body.dtype)
-    v = em.broadcast(var, ext, full)
-    if acc_dt != m.body.dtype:
-        v = em.bind(("cast", v, acc_dt), em.cast_text(v, acc_dt), full)[0]
-    if m.node.op == "sum" and _zero_where_masked(em, body, frozenset("c")):
-        return v
-    ident = pallas._reduction_identity(m.node.op, m.body.dtype)
-    # The key holds the identity: a max and a min of one value pad it differently.
-    return em.bind(("masked", v, "cmask", ident), f"tl.where(cmask, {v}, {ident})", full)[0]
-
-
-def _zero_where_masked(em, e, dims: frozenset) -> bool:
-    """Is ``e`` (kernel coordinates) exactly 0 on every lane where the edge mask
-    over ``dims`` ("c": columns, "rc": rows and columns) is off, so that a sum
-    of it needs no select? Conservatively: a load whose offset spans ``dims``
-    (the emitter loads it under that mask with ``other=0``), and casts,
-    negations, sums and differences of such values, and their products with
-    each other or with a finite constant. Anything else may be nonzero or NaN
-    there: a row value (its masked rows hold whatever 1 / 0 gave), exp(0),
-    0 / 0. Of the three selects of the RMSNorm backward's mix kernel this drops
-    two, the third goes with the full-block loop (``render_mix``); figures in
-    RESULTS.md, "Heuristics: raw-Triton mix kernels"."""
-    zero = functools.partial(_zero_where_masked, em, dims=dims)
-    if isinstance(e, ir.Load):
-        return e.buffer not in em.row_values and dims <= em.extent_of(em.offset(e.buffer, e.index))
-    if not isinstance(e, ir.Op):
-        return False
-    if e.op in ("convert_element_type", "neg"):
-        return zero(e.args[0])
-    if e.op in ("add", "sub"):
-        return zero(e.args[0]) and zero(e.args[1])
-    if e.op == "mul":
-        a, b = e.args
-        return (zero(a) and (zero(b) or _finite_const(b))) or (zero(b) and _finite_const(a))
-    return False
-
-
-def _finite_const(e) -> bool:
-    return isinstance(e, ir.Const) and bool(np.isfinite(np.asarray(e.value, np.float64)))
-
-
-def _render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
+def render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
     """The matmul template ([Note: the matmul template] in codegen/matmul.py) in Triton."""
     cfg = matmul.matmul_kernel_config(kernel, options)
-    em = _TritonMatmulEmitter(kernel, schedule, cfg, options)
-    mm = matmul._matmul_member(kernel)
+    em = TritonMatmulEmitter(kernel, schedule, cfg, options)
+    mm = matmul.matmul_member(kernel)
     node: ir.Matmul = mm.node
     em.bounds = matmul_kernel_bounds(node)
     b, m, n, k = matmul.matmul_dims(node)
     n_blocks, k_blocks = -(-n // cfg.block_n), -(-k // cfg.block_k)
     dynamic_m = sizes.is_symbolic(m)
     m_blocks = "M_BLOCKS" if dynamic_m else -(-m // cfg.block_m)
-    w, idx = em.w, em.index_dtype
+    w = em.w
     w.line(em.pid_line())
     if dynamic_m:
         w.line("M_BLOCKS = (M + BLOCK_M - 1) // BLOCK_M")
     matmul.write_tile(em, b, m_blocks, n_blocks, cfg.group_m, dynamic_m)
-    lhs, rhs = (ir.substitute_index(op, mm.coords) for op in mm.body.args)
-    a_rows, b_cols = XR, XC
-    if dynamic_m or m % cfg.block_m:
-        w.line("xra = xr % M  # rows past M read a valid row; they are never stored")
-        a_rows = matmul._A_ROW
-    if n % cfg.block_n:
-        w.line("xcb = xc % N")
-        b_cols = matmul._B_COL
-    a_off = matmul._operand_offset(em, lhs, {XR: a_rows, XK: matmul._A_K})
-    b_off = matmul._operand_offset(em, rhs, {XK: matmul._B_K, XC: b_cols})
-    k_tail = k % cfg.block_k != 0
-    wide = em.triton_interpret and lhs.dtype != np.float32  # the interpreter's 16-bit tl.dot is wrong
-    if lhs.dtype == np.float32 and node.precision == "highest":
-        dot = "tl.dot(a, b, acc, input_precision='ieee')"
-    elif lhs.dtype == np.float32 and not em.triton_interpret:  # TF32 operands rounded, not truncated
-        em.helpers.add("_tf32")
-        dot = "tl.dot(_tf32(a), _tf32(b), acc, input_precision='tf32')"
-    elif lhs.dtype == np.float32:
-        dot = "tl.dot(a, b, acc, input_precision='tf32')"
-    else:
-        dot = "tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision='ieee')" if wide else "tl.dot(a, b, acc)"
-    w.line("acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)")
-    w.line(f"for step in range(0, {k_blocks}):")
-    with w.indent():
-        w.line(f"ka = step * BLOCK_K + {em.iota_text(1, 'BLOCK_K')}")
-        w.line(f"kb = step * BLOCK_K + {em.iota_text(0, 'BLOCK_K')}")
-        for name, ref, off, free, shape, kmask in (
-                ("a", em.in_refs[lhs.buffer], a_off, {a_rows, matmul._A_K}, "(BLOCK_M, BLOCK_K)", "ka < K"),
-                ("b", em.in_refs[rhs.buffer], b_off, {matmul._B_K, b_cols}, "(BLOCK_K, BLOCK_N)", "kb < K")):
-            text = sizes.to_source(off)
-            if not free <= off.free_symbols:
-                text = (f"tl.broadcast_to({text}, {shape})" if off.free_symbols
-                        else f"tl.full({shape}, {text}, {idx})")
-            mask = f", mask=tl.broadcast_to({kmask}, {shape}), other=0" if k_tail else ""
-            w.line(f"{name} = tl.load({ref} + {text}{mask})")
-        w.line(f"acc = {dot}")
+    matmul.write_k_loop(em, mm, cfg, (m, n, k), k_blocks, dynamic_m)
     matmul.write_epilogue(em, kernel, mm)
     own = _origins(em.graph, mm, em.schedule.stored)
     header = (f"# kernel {kernel.name}: matmul {'%d x ' % b if b > 1 else ''}({m} x {k}) @ ({k} x {n}), {cfg}\n"
@@ -1127,7 +962,7 @@ def _render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
 
 
 @dataclasses.dataclass
-class _Rendered:
+class Rendered:
     name: str
     source: str
     reads: list
@@ -1141,9 +976,9 @@ class _Rendered:
     guards: list = dataclasses.field(default_factory=list)  # symbolic kernels: what the int32 indices assume
 
 
-def _wrap(kernel, schedule, em, header, extents, constexprs, grid, num_warps, num_stages) -> _Rendered:
+def _wrap(kernel, schedule, em, header, extents, constexprs, grid, num_warps, num_stages) -> Rendered:
     body = em.w.source()
-    dims = pallas.used_dims(schedule, "\n".join(extents) + "\n" + body)
+    dims = used_dims(schedule, "\n".join(extents) + "\n" + body)
     ins, outs = list(em.in_refs.values()), list(em.out_refs.values())
     w = SourceWriter()
     w.lines.extend(header.splitlines())
@@ -1154,7 +989,7 @@ def _wrap(kernel, schedule, em, header, extents, constexprs, grid, num_warps, nu
         for line in extents:
             w.line(line)
     w.lines.append(body.rstrip("\n"))
-    return _Rendered(kernel.name, w.source(), list(kernel.reads), dims, grid, constexprs, num_warps, num_stages,
+    return Rendered(kernel.name, w.source(), list(kernel.reads), dims, grid, constexprs, num_warps, num_stages,
                      set(em.helpers), guards=list(em.guards))
 
 
@@ -1164,7 +999,7 @@ def _wrap(kernel, schedule, em, header, extents, constexprs, grid, num_warps, nu
 KIND_RENDERERS: dict = {}
 
 
-def render_for_xla(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> _Rendered:
+def render_for_xla(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> Rendered:
     """One kernel of any kind as a ``@triton.jit`` kernel to run inside the XLA
     program (lowering/executors.py ``triton_xla``; the program wrapper in
     codegen/program.py launches it through ``TRITON_CALL``). Raises
@@ -1172,14 +1007,14 @@ def render_for_xla(kernel: Kernel, schedule: Schedule, options: CompileOptions) 
     if kernel.kind in KIND_RENDERERS:
         return KIND_RENDERERS[kernel.kind](kernel, schedule, options)
     if kernel.kind == "matmul":
-        return dataclasses.replace(_render_matmul(kernel, schedule, options),
+        return dataclasses.replace(render_matmul(kernel, schedule, options),
                                    config=matmul.matmul_kernel_config(kernel, options))
-    if kernel.kind == "mix" and not pallas._whole_rows(kernel):
+    if kernel.kind == "mix" and not whole_rows(kernel):
         return render_column(kernel, schedule, options)
     if kernel.kind == "mix":
         return render_mix(kernel, schedule, options)
     return dataclasses.replace(_render_kernel(kernel, schedule, options),
-                               config=pallas.kernel_config(kernel, schedule, options))
+                               config=kernel_config(kernel, schedule, options))
 
 
 # --------------------------------------------------------------------------- #
@@ -1194,11 +1029,11 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Trit
         if not isinstance(step, Kernel):
             raise TritonUnsupported(f"{step.primitive.name} runs through XLA")
         if step.kind == "mix":  # split column sums, alone (column tiles) or with the row work
-            fn = render_mix if pallas._whole_rows(step) else render_column
+            fn = render_mix if whole_rows(step) else render_column
         else:
-            fn = KIND_RENDERERS.get(step.kind, _render_matmul if step.kind == "matmul" else _render_kernel)
+            fn = KIND_RENDERERS.get(step.kind, render_matmul if step.kind == "matmul" else _render_kernel)
         rendered.append(fn(step, schedule, options))
-    dims = pallas.program_dims(schedule)
+    dims = program_dims(schedule)
     w = SourceWriter()
     w.line(f"# Generated by pallaskit (Triton){': ' + title if title else ''}")
     w.lines.extend(_PRELUDE.splitlines())
@@ -1214,12 +1049,12 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Trit
     with w.indent():
         w.line('"""Every kernel on ``run`` (a pallaskit Launch); ``kernels``: name -> launchable kernel."""')
         for d in dims:
-            name, axis = pallas._dim_source(graph, d)
+            name, axis = dim_source(graph, d)
             w.line(f"{d} = {name}.shape[{axis}]")
         for r, step in zip(rendered, schedule.kernels):
             for m in step.members:
                 if m.store:
-                    w.line(f"{m.name} = run.empty({pallas._shape_source(m.node.shape)}, "
+                    w.line(f"{m.name} = run.empty({shape_source(m.node.shape)}, "
                            f"np.dtype({np.dtype(m.node.dtype).name!r}))")
             outs = [m.name for m in step.members if m.store]
             ce = ", ".join(f"{c}={v}" for c, v in r.constexprs.items())

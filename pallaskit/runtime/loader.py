@@ -6,7 +6,7 @@ import linecache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from lowering.codegen.pallas import RenderedProgram
+    from lowering.codegen.emitter import RenderedProgram
 
 
 def _extern_callable(primitive, params):
