@@ -272,6 +272,9 @@ def mix_config(rows: int, cols: int, *, whole_rows: bool, programs: int, columns
 # step): 4 rows in 2 warps, 4 programs per SM, so a row's sums stay within a
 # warp (8 warps over an (8, 512) tile go through shared memory for each)
 # (RESULTS.md, "Heuristics: raw-Triton mix kernels").
+# Raw-Triton looped row reductions fold a softmax's max and sum(exp) into one
+# sweep only if this is set: off, two sweeps measured faster (RESULTS.md, "Session 18").
+TRITON_ONLINE_SOFTMAX = False
 TRITON_MIX_ROWS = 8  # rows a step
 TRITON_MIX_WARPS = 8
 TRITON_MIX_STAGES = 3  # beat 2 and 4

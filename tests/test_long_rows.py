@@ -185,13 +185,18 @@ def test_sums_over_one_row_share_accumulators(rng):
 # --------------------------------------------------------------------------- #
 # The raw-Triton dialect: the same row writer (codegen/rows.py), so the same sweep
 # --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("online", [True, False], ids=["online", "two_sweeps"])
 @pytest.mark.parametrize("dtype", [jnp.float32, BF16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("cols", [8193, 50257])
-def test_triton_online_softmax_matches_jax(cols, dtype, rng):
+def test_triton_online_softmax_matches_jax(cols, dtype, online, rng, monkeypatch):
     """softmax / log_softmax / logsumexp over looped rows of 8193 (3 chunks) and
     50,257 (13) as raw Triton (Triton's interpreter), rows of -inf, +inf and NaN:
-    max and sum share one sweep ([Note: online softmax]), as in Pallas."""
+    with heuristics.TRITON_ONLINE_SOFTMAX max and sum share one sweep ([Note:
+    online softmax]), as in Pallas; without it (the default) they take two."""
     pytest.importorskip("triton")
+    from lowering import heuristics
+
+    monkeypatch.setattr(heuristics, "TRITON_ONLINE_SOFTMAX", online)
     x = _rows(rng, cols, dtype)
     options = dict(long_rows="looped", num_sms=2)
     result = lowering.compile_jaxpr(jax.make_jaxpr(_softmaxes)(x),
@@ -199,7 +204,8 @@ def test_triton_online_softmax_matches_jax(cols, dtype, rng):
                                                    **options))
     (main, *_) = result.program.kernels
     assert main.triton, main.executor
-    assert main.source.count("for chunk in range(") == 2 and "onl0_0_m" in main.source, main.source
+    loops = main.source.count("for chunk in range(")
+    assert (loops, "onl0_0_m" in main.source) == ((2, True) if online else (3, False)), main.source
     with pallaskit.config.override(kernel_backend="triton", cache=False, **options):
         got = pallaskit.jit(_softmaxes)(x)
     _same(got, jax.jit(_softmaxes)(x))

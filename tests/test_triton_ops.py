@@ -308,9 +308,12 @@ _COMPILE_SCRIPT = textwrap.dedent('''
         for cols in (8192, 64):
             fn = reductions if dt != jnp.bool_ else (lambda x: (jnp.argmax(x, -1), jnp.argmin(x, -1)))
             kernels += compile_gpu(fn, jnp.ones((5, 150), dt), max_persistent_cols=cols)
-    for dt in (jnp.float32, jnp.bfloat16):  # online softmax: the loop's carried types hold
-        kernels += compile_gpu(lambda x: (jax.nn.softmax(x, -1), jax.nn.logsumexp(x, -1)), jnp.ones((5, 150), dt),
-                               max_persistent_cols=64)
+    from lowering import heuristics
+    for online in (False, True):  # two sweeps (the default) and online softmax: the loop's carried types hold
+        heuristics.TRITON_ONLINE_SOFTMAX = online
+        for dt in (jnp.float32, jnp.bfloat16):
+            kernels += compile_gpu(lambda x: (jax.nn.softmax(x, -1), jax.nn.logsumexp(x, -1)),
+                                   jnp.ones((5, 150), dt), max_persistent_cols=64)
     print("COMPILED", kernels)
 ''')
 

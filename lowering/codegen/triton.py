@@ -544,6 +544,10 @@ class TritonEmitter(KernelEmitter):
     def __init__(self, kernel, schedule, cfg, options):
         super().__init__(kernel, schedule, cfg, options)
         self.helpers = _HelperSet(self.helpers)
+        # Two sweeps (max, then sum(exp)) beat the online sweep in raw Triton on the H100:
+        # cross-entropy over 50,257 1.19 against 1.58 ms of device time (benchmarks/RESULTS.md,
+        # "Session 18"); the writer keeps online softmax for dialects that gain from it (Pallas).
+        self.online_softmax = self.online_softmax and heuristics.TRITON_ONLINE_SOFTMAX
 
     def index_type(self, wide: bool) -> str:
         return "tl.int64" if wide else "tl.int32"
