@@ -596,7 +596,6 @@ class Fuser:
         self._steps_ready = False
         self._column_sum_counts = None  # (domain, row axes) -> partial reductions over it
         self._members: dict = {}  # _merge's members_memo (nodes and bodies live as long as the Fuser)
-        self._spans: dict = {}  # id(step) -> (step, first, last graph position): _span
 
     def size(self, x) -> int:
         """A size as the heuristics see it: symbolic sizes at their hints."""
@@ -720,13 +719,10 @@ class Fuser:
         if not self._steps_ready:
             self._init_steps()
         skip = {id(src), id(dst)}
-        # Graph order is topological, so a step on such a path computes something
-        # before dst's last node and after src's first: others are not searched.
-        before, after = self._span(dst)[1], self._span(src)[0]
-        fwd = {id(s): s for s in self._consumers(src) if id(s) not in skip and self._span(s)[0] < before}
+        fwd = {id(s): s for s in self._consumers(src) if id(s) not in skip}
         if not fwd:
             return False
-        bwd = {id(s): s for s in self._producers_of(dst) if id(s) not in skip and self._span(s)[1] > after}
+        bwd = {id(s): s for s in self._producers_of(dst) if id(s) not in skip}
         if not bwd:
             return False
         f_front, b_front = list(fwd.values()), list(bwd.values())
@@ -740,25 +736,13 @@ class Fuser:
             nxt = []
             for s in front:
                 for t in (self._consumers(s) if forward else self._producers_of(s)):
-                    if id(t) not in skip and id(t) not in seen and (
-                            self._span(t)[0] < before if forward else self._span(t)[1] > after):
+                    if id(t) not in skip and id(t) not in seen:
                         seen[id(t)] = t
                         nxt.append(t)
             if forward:
                 f_front = nxt
             else:
                 b_front = nxt
-
-    def _span(self, step) -> tuple[int, int]:
-        """Graph positions of the first and last node ``step`` computes."""
-        hit = self._spans.get(id(step))
-        if hit is None or hit[0] is not step:
-            if isinstance(step, _Group):
-                pos = [self.order[m.name] for m in step.members]
-            else:
-                pos = [self.order[step.key]]
-            hit = self._spans[id(step)] = (step, min(pos), max(pos))
-        return hit[1], hit[2]
 
     # -- profit ---------------------------------------------------------------------
     def fusion_score(self, a: _Group, b: _Group) -> tuple[int, int]:

@@ -224,9 +224,9 @@ def test_fused_programs_match_jax(rng):
 
 
 def test_cycle_check_agrees_with_a_walk_over_every_read(rng):
-    """The pruned search (only steps between the two in graph order:
-    ``Fuser._span``) answers as the unpruned walk, for every ordered pair of
-    groups: diamonds through a kernel, through an XLA op (sort) and none."""
+    """The two-sided search of ``Fuser._path_through_other`` answers as a walk
+    over every read, for every ordered pair of groups: diamonds through a
+    kernel, through an XLA op (sort) and none."""
     def diamond(x, y):
         a = jnp.tanh(x) * 2.0
         b = jnp.sort(a, axis=-1) + 1.0  # an XLA op between two kernels
