@@ -400,11 +400,13 @@ def _merge(a: _Group, b: _Group, order: dict, members_memo: dict | None = None) 
         members = []
         for m in a.members + b.members:
             key = (id(m.node), id(m.body), base.kind, base.rows, base.cols, base.domain)
-            mm = members_memo.get(key, False) if members_memo is not None else False
-            if mm is False:
+            hit = members_memo.get(key) if members_memo is not None else None
+            if hit is not None and hit[0] is m.node and hit[1] is m.body:  # ids of live objects only
+                mm = hit[2]
+            else:
                 mm = _member_for(m.node, m.body, base.kind, base.rows, base.cols, base.domain)
                 if members_memo is not None:
-                    members_memo[key] = mm
+                    members_memo[key] = (m.node, m.body, mm)
             if mm is None:
                 return None
             members.append(mm)
@@ -595,7 +597,7 @@ class Fuser:
         self._bytes: dict[str, int] = {}
         self._steps_ready = False
         self._column_sum_counts = None  # (domain, row axes) -> partial reductions over it
-        self._members: dict = {}  # _merge's members_memo (nodes and bodies live as long as the Fuser)
+        self._members: dict = {}  # _merge's members_memo
 
     def size(self, x) -> int:
         """A size as the heuristics see it: symbolic sizes at their hints."""
