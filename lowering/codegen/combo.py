@@ -14,11 +14,10 @@ range and equations.
 
 [Note: combo compile time]
 Triton inlines a called ``@triton.jit`` function at each call site, and its
-compile time grows faster than the kernel's size: a 154-member AdamW combo
-took 74 s to reach PTX (CPU, Triton 3.6), 13 s with its parts not inlined, and
-2.1 s with identical parts shared as well (16 distinct functions for 179
-members of GPT-2's AdamW). The measurements are in benchmarks/RESULTS.md,
-"Session 18".
+compile time grows faster than the kernel's size: an optimizer's combo over a
+hundred arrays took over a minute to reach PTX. Parts not inlined, and shared
+by members of the same code, bring it to seconds (benchmarks/RESULTS.md,
+"Session 18": "Combo kernels: compile time").
 """
 from __future__ import annotations
 

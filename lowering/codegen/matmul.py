@@ -29,7 +29,7 @@ import sympy
 from lowering import heuristics, ir, sizes
 from lowering.codegen.emitter import KernelEmitter, kernel_coords_body
 from lowering.options import CompileOptions
-from lowering.scheduler import XC, XK, XR, Kernel
+from lowering.scheduler import XC, XK, XR, Kernel, Schedule, matmul_kernel_bounds
 
 # Names of the index variables inside the kernel (sympy symbols print as their names).
 A_ROW, A_K = sizes.symbol("xra"), sizes.symbol("ka")  # A tile: (BLOCK_M, 1) rows, (1, BLOCK_K) k
@@ -67,6 +67,34 @@ def matmul_kernel_config(kernel: Kernel, options: CompileOptions) -> heuristics.
 
 def matmul_member(kernel: Kernel):
     return next(m for m in kernel.members if m.role == "matmul")
+
+
+@dataclasses.dataclass
+class Plan:
+    """What both dialects' matmul writers start from: the tile, the emitter,
+    the matmul member and its node, (batch, M, N, K) and the block counts. A
+    dynamic M (the only size the template takes symbolic) is read at run time:
+    ``m_blocks`` is then the name ``M_BLOCKS``."""
+    cfg: heuristics.MatmulConfig
+    em: KernelEmitter
+    mm: object
+    node: ir.Matmul
+    dims: tuple
+    m_blocks: object
+    n_blocks: int
+    k_blocks: int
+    dynamic_m: bool
+
+
+def plan(emitter_cls, kernel: Kernel, schedule: Schedule, options: CompileOptions) -> Plan:
+    cfg = matmul_kernel_config(kernel, options)
+    em = emitter_cls(kernel, schedule, cfg, options)
+    mm = matmul_member(kernel)
+    em.bounds = matmul_kernel_bounds(mm.node)
+    b, m, n, k = matmul_dims(mm.node)
+    dynamic_m = sizes.is_symbolic(m)
+    return Plan(cfg, em, mm, mm.node, (b, m, n, k), "M_BLOCKS" if dynamic_m else -(-m // cfg.block_m),
+                -(-n // cfg.block_n), -(-k // cfg.block_k), dynamic_m)
 
 
 def write_k_loop(em, mm, cfg, dims, k_blocks, dynamic_m: bool) -> None:

@@ -20,7 +20,7 @@ from lowering.codegen.rows import render_rows
 from lowering.codegen.tiles import kernel_config
 from lowering.codegen.writer import SourceWriter
 from lowering.options import CompileOptions
-from lowering.scheduler import Kernel, Schedule, _origins, matmul_kernel_bounds
+from lowering.scheduler import Kernel, Schedule, _origins
 from lowering.symbolic import program_dims
 
 # op name -> source template over broadcast operands {0}, {1}...; params by name.
@@ -541,17 +541,9 @@ class MatmulEmitter(matmul.TileValues, PallasEmitter):
 
 def render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
     """(RenderedKernel, helper names) of a matmul kernel."""
-    cfg = matmul.matmul_kernel_config(kernel, options)
-    em = MatmulEmitter(kernel, schedule, cfg, options)
-    mm = matmul.matmul_member(kernel)
-    node: ir.Matmul = mm.node
-    em.bounds = matmul_kernel_bounds(node)
-    b, m, n, k = matmul.matmul_dims(node)
-    n_blocks, k_blocks = (-(-n // cfg.block_n)), (-(-k // cfg.block_k))
-    # A dynamic M (the only size the template takes symbolic): the kernel reads
-    # it at run time (``M_BLOCKS``); every other count is a number.
-    dynamic_m = sizes.is_symbolic(m)
-    m_blocks = "M_BLOCKS" if dynamic_m else -(-m // cfg.block_m)
+    p = matmul.plan(MatmulEmitter, kernel, schedule, options)
+    cfg, em, mm, node, dynamic_m = p.cfg, p.em, p.mm, p.node, p.dynamic_m
+    (b, m, n, k), m_blocks, n_blocks, k_blocks = p.dims, p.m_blocks, p.n_blocks, p.k_blocks
     w = em.w
 
     # -- which tile -----------------------------------------------------------------

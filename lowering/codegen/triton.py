@@ -43,7 +43,7 @@ from lowering.codegen.rows import render_rows
 from lowering.codegen.tiles import kernel_config
 from lowering.codegen.writer import SourceWriter
 from lowering.options import CompileOptions
-from lowering.scheduler import Kernel, Schedule, _origins, matmul_kernel_bounds
+from lowering.scheduler import Kernel, Schedule, _origins
 from lowering.symbolic import program_dims
 
 
@@ -544,9 +544,8 @@ class TritonEmitter(KernelEmitter):
     def __init__(self, kernel, schedule, cfg, options):
         super().__init__(kernel, schedule, cfg, options)
         self.helpers = _HelperSet(self.helpers)
-        # Two sweeps (max, then sum(exp)) beat the online sweep in raw Triton on the H100:
-        # cross-entropy over 50,257 1.19 against 1.58 ms of device time (benchmarks/RESULTS.md,
-        # "Session 18"); the writer keeps online softmax for dialects that gain from it (Pallas).
+        # Two sweeps (max, then sum(exp)) measured faster than the online sweep in raw
+        # Triton (heuristics.TRITON_ONLINE_SOFTMAX; RESULTS.md, "Session 18"); Pallas keeps it.
         self.online_softmax = self.online_softmax and heuristics.TRITON_ONLINE_SOFTMAX
 
     def index_type(self, wide: bool) -> str:
@@ -936,15 +935,9 @@ def render_column(kernel: Kernel, schedule: Schedule, options: CompileOptions) -
 
 def render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
     """The matmul template ([Note: the matmul template] in codegen/matmul.py) in Triton."""
-    cfg = matmul.matmul_kernel_config(kernel, options)
-    em = TritonMatmulEmitter(kernel, schedule, cfg, options)
-    mm = matmul.matmul_member(kernel)
-    node: ir.Matmul = mm.node
-    em.bounds = matmul_kernel_bounds(node)
-    b, m, n, k = matmul.matmul_dims(node)
-    n_blocks, k_blocks = -(-n // cfg.block_n), -(-k // cfg.block_k)
-    dynamic_m = sizes.is_symbolic(m)
-    m_blocks = "M_BLOCKS" if dynamic_m else -(-m // cfg.block_m)
+    p = matmul.plan(TritonMatmulEmitter, kernel, schedule, options)
+    cfg, em, mm, dynamic_m = p.cfg, p.em, p.mm, p.dynamic_m
+    (b, m, n, k), m_blocks, n_blocks, k_blocks = p.dims, p.m_blocks, p.n_blocks, p.k_blocks
     w = em.w
     w.line(em.pid_line())
     if dynamic_m:
