@@ -36,6 +36,30 @@ def pointwise_config(rows: int, cols: int) -> TileConfig:
     return TileConfig(br, bc, 4, True)
 
 
+# Broadcast tables ([Note: broadcast tables] in lowering/scheduler.py): a pointwise
+# value computed from indices, inputs and constants only, read broadcast by larger
+# readers, is stored once when recomputing it per reader element costs more than
+# this many op units (an op's weight below: libdevice sin/cos/pow ~30 instructions,
+# exp/log/rsqrt a few, other ops ~free since they hide under memory time). RoPE's
+# cos/sin tables read over batch and heads come to ~700M units; a bias exp over a
+# batch stays under.
+BROADCAST_TABLE_OPS = 1 << 26
+HEAVY_OP_WEIGHT = 24
+LIGHT_TRANSCENDENTAL_WEIGHT = 4
+LIGHT_TRANSCENDENTALS = frozenset({"exp", "exp2", "log", "rsqrt", "sqrt", "logistic"})
+HEAVY_OPS = frozenset({"sin", "cos", "tan", "pow", "tanh", "erf", "erfc", "erf_inv", "atan2", "asin", "acos",
+                       "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "lgamma", "digamma", "igamma",
+                       "igammac", "log1p", "expm1", "cbrt", "bessel_i0e", "bessel_i1e", "polygamma",
+                       "zeta", "random_gamma_grad", "nextafter"})
+
+
+def op_weight(op: str) -> int:
+    """Cost units of one elementwise op for the broadcast-table choice."""
+    if op in HEAVY_OPS:
+        return HEAVY_OP_WEIGHT
+    return LIGHT_TRANSCENDENTAL_WEIGHT if op in LIGHT_TRANSCENDENTALS else 0
+
+
 # Combo kernels ([Note: combo kernels] in lowering/combo.py).
 # Members per launch: a program finds its member through a chain of scalar
 # compares, and Triton compiles every member's code, so past ~100 the dispatch

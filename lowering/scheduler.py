@@ -126,7 +126,7 @@ def _producers(graph: ir.Graph) -> dict[str, ir.Node]:
 # --------------------------------------------------------------------------- #
 # 2. Inlining
 # --------------------------------------------------------------------------- #
-def materialized(graph: ir.Graph, live: set[str]) -> set[str]:
+def materialized(graph: ir.Graph, live: set[str], options: CompileOptions | None = None) -> set[str]:
     keep = {o for o in graph.outputs if isinstance(o, str)}
     for n in graph.nodes.values():
         if n.name not in live:
@@ -141,7 +141,72 @@ def materialized(graph: ir.Graph, live: set[str]) -> set[str]:
     for n in graph.nodes.values():
         if isinstance(n, ir.Matmul) and n.name in live:
             keep.update(matmul_operand_buffers(graph, n, keep))
+    if options is not None:
+        keep |= broadcast_tables(graph, live, keep, options)
     return keep
+
+
+# [Note: broadcast tables]
+# Inlining recomputes a pointwise value at every element of its reader. Where the
+# reader is larger (the value is read broadcast) and the value is costly — RoPE's
+# cos/sin of position x frequency, read over batch and heads; a sinusoidal position
+# table; ALiBi's slopes — the renderer cannot always evaluate it once per broadcast
+# slice (a flat pointwise kernel recovers each element's position by division), and
+# the kernel turns compute-bound (libdevice sin/cos/pow per element). Such a value is
+# stored once instead (its own small kernel) when its op units times the reader's
+# extra elements pass heuristics.BROADCAST_TABLE_OPS. Only values whose inlined body
+# reads indices, graph inputs and constants qualify: a value built on a reduction
+# (LayerNorm's rsqrt of a row variance) is evaluated per row by the row and mix
+# writers already, and must stay in their kernel. What is cheap (compares, a causal
+# mask, adds) always stays inlined.
+def broadcast_tables(graph: ir.Graph, live: set[str], keep: set[str], options: CompileOptions) -> set[str]:
+    readers: dict[str, list] = collections.defaultdict(list)
+    for n in graph.nodes.values():
+        if n.name in live:
+            for b in set(n.reads()):
+                readers[b].append(n)
+    leaf = {n.name for n in graph.nodes.values() if isinstance(n, ir.InputNode)}
+    cost: dict[str, int | None] = {}  # None: reads a computed buffer (not a table)
+
+    def body_cost(expr) -> int | None:
+        total = 0
+        for e in ir.walk(expr):
+            if isinstance(e, ir.Op):
+                total += heuristics.op_weight(e.op)
+            elif isinstance(e, ir.Load):
+                if e.buffer in leaf:
+                    continue
+                c = cost.get(e.buffer)
+                if c is None:
+                    return None
+                total += c
+        return total
+
+    def domain(n) -> int | None:
+        """Elements a node's body is evaluated at (a reduction's: its operand's)."""
+        try:
+            size = sizes.hint(n.numel, options.size_hints)
+            if isinstance(n, ir.Reduction):
+                size *= sizes.hint(sizes.numel(n.reduced), options.size_hints)
+        except ValueError:  # a symbolic size without a hint
+            return None
+        return size
+
+    tables = set()
+    for n in graph.nodes.values():
+        if not isinstance(n, ir.Pointwise) or n.name not in live or n.name in keep:
+            continue
+        c = cost[n.name] = body_cost(n.body)
+        if not c:
+            continue
+        own = domain(n)
+        if own is None:
+            continue
+        extra = max((domain(r) or 0) - own for r in readers[n.name]) if readers[n.name] else 0
+        if c * extra >= heuristics.BROADCAST_TABLE_OPS:
+            tables.add(n.name)
+            cost[n.name] = 0  # its readers load it
+    return tables
 
 
 class _Inliner:
@@ -970,7 +1035,7 @@ def schedule(graph: ir.Graph, options: CompileOptions, loop_body: bool = False, 
     graph = split_reductions(graph, options)
     live = live_nodes(graph)
     graph = run_views_in_xla(graph, live)  # [Note: views between XLA ops]
-    keep = materialized(graph, live)
+    keep = materialized(graph, live, options)
     inliner = _Inliner(graph, keep)
     fuser = Fuser(graph, build_groups(graph, keep, live, inliner), options)
     groups = fuser.run()

@@ -231,3 +231,61 @@ def test_explain_groups_many_refusals_by_reason():
     text = str(e)
     assert ("not fused (6 pair(s) worth merging):\n- the reason: pointwise b0 + reduction r; pointwise b1 + "
             "reduction r; pointwise b2 + reduction r, and 2 more\n- another: mix m + reduction r") in text
+
+
+def _rope(x):
+    """Rotary embedding (rotate-half) of [B, T, H, hd]: cos/sin tables from iota."""
+    t, hd = x.shape[1], x.shape[-1]
+    inv_freq = 10000.0 ** (-jnp.arange(0, hd, 2, dtype=jnp.float32) / hd)
+    angles = jnp.arange(t, dtype=jnp.float32)[:, None] * inv_freq[None, :]
+    cos = jnp.concatenate([jnp.cos(angles)] * 2, axis=-1)[None, :, None, :]
+    sin = jnp.concatenate([jnp.sin(angles)] * 2, axis=-1)[None, :, None, :]
+    xf = x.astype(jnp.float32)
+    x1, x2 = xf[..., : hd // 2], xf[..., hd // 2:]
+    return (xf * cos + jnp.concatenate([-x2, x1], axis=-1) * sin).astype(x.dtype)
+
+
+def _heavy_ops_in(source: str) -> bool:
+    return any(f in source for f in ("cos(", "sin(", "pow("))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_broadcast_tables_are_stored_once(rng, dtype, monkeypatch):
+    """[Note: broadcast tables]: RoPE's cos/sin tables, read over batch and heads, are
+    computed by a kernel of the table's size, and the kernel over the activations only
+    loads them (no cos/sin/pow per element); values as jax.jit, grad included."""
+    from lowering import heuristics
+
+    x = jnp.asarray(rng.standard_normal((3, 17, 5, 12)), dtype)
+    with pallaskit.config.override(cache=False, combo_kernels=False):
+        before = _check(_rope, x)
+        big = [k for k in before.kernels if k.iteration[0] * k.iteration[1] >= x.size]
+        assert big and all(_heavy_ops_in(k.source) for k in big)  # small sizes: recomputed inline
+        monkeypatch.setattr(heuristics, "BROADCAST_TABLE_OPS", 1000)
+        ex = _check(_rope, x)
+        big = [k for k in ex.kernels if k.iteration[0] * k.iteration[1] >= x.size]
+        tables = [k for k in ex.kernels if k.iteration[0] * k.iteration[1] < x.size]
+        assert big and not any(_heavy_ops_in(k.source) for k in big)
+        assert tables and all(k.iteration[0] * k.iteration[1] <= 17 * 12 for k in tables)
+        _check(jax.grad(lambda x: jnp.sum(_rope(x).astype(jnp.float32) ** 2)), x)
+
+
+def test_broadcast_tables_leave_row_values_and_cheap_masks_inline(rng, monkeypatch):
+    """A costly value built on a reduction (LayerNorm's rsqrt of the variance) stays
+    in its row kernel, and a causal mask (cheap ops) is never stored, whatever the
+    threshold."""
+    from lowering import heuristics
+
+    monkeypatch.setattr(heuristics, "BROADCAST_TABLE_OPS", 1)
+    x = jnp.asarray(rng.standard_normal((37, 129)), jnp.float32)
+    w, b = (jnp.asarray(rng.standard_normal((129,)), jnp.float32) for _ in range(2))
+
+    def masked_softmax(s):
+        t = s.shape[-1]
+        causal = jnp.tril(jnp.ones((t, t), bool))
+        return jax.nn.softmax(jnp.where(causal, s, -1e9), axis=-1)
+
+    s = jnp.asarray(rng.standard_normal((2, 3, 33, 33)), jnp.float32)
+    with pallaskit.config.override(cache=False):
+        assert len(_check(layernorm, x, w, b).kernels) == 1
+        assert len(_check(masked_softmax, s).kernels) == 1
