@@ -107,6 +107,24 @@ def test_x_idx_size_one_dims(rng):
     _check(lambda x, i: x[:, i], x, _indices(rng, (3, 1), 5), kernels=1)
 
 
+@pytest.mark.parametrize("backend", ["pallas", "triton"])
+@pytest.mark.parametrize("dtype", [jnp.float32, BF16, jnp.bool_])
+def test_gather_from_a_padded_operand(rng, dtype, backend):
+    """A gather of a padded operand (negative low padding, interior padding): the
+    pad's in-bounds test is a load mask over the gathered position, so the mask
+    holds the run-time index too (it once printed the index function's name)."""
+    pad_value = jnp.asarray(True if dtype == jnp.bool_ else 7.5, dtype)
+    x = _values(rng, (16,), dtype)
+
+    def f(x, i):
+        return jax.lax.pad(x, pad_value, [(-1, -3, 2)])[i]
+
+    with pallaskit.config.override(kernel_backend=backend):
+        _check(f, x, _indices(rng, (9,), 42), kernels=1)
+        _check(lambda x, i: jax.lax.pad(x, pad_value, [(2, 1, 1), (0, 0, 0)])[i], _values(rng, (5, 3), dtype),
+               _indices(rng, (4,), 12), kernels=1)
+
+
 def test_multi_dim_gather(rng):
     x = _values(rng, (6, 5, 7), jnp.float32)
     i, j = _indices(rng, (3, 4), 6), _indices(rng, (3, 4), 5)

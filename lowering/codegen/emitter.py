@@ -364,6 +364,13 @@ class KernelEmitter:
         found = self.lookup(("index", expr))
         if found is not None:
             return found
+        direct, ext = self.with_indirect_values(expr)
+        return self.bind(("index", expr), sizes.to_source(direct), ext, "idx")
+
+    def with_indirect_values(self, expr):
+        """(``expr`` with each run-time index value emitted and its variable in its
+        place, the extent of the result): indices and load masks (a padded
+        operand read at a gathered position) alike."""
         swap, ext = {}, frozenset()
         for app in ir.indirect_atoms((expr,)):
             var, vext = self.value(ir.indirect_value(app))
@@ -371,14 +378,19 @@ class KernelEmitter:
             swap[app] = sympy.Symbol(var, integer=True)
             ext = ext | vext
         direct = expr.xreplace(swap)
-        ext = ext | self.extent_of(direct)  # a (1, 1) value's variable is an array: the text is one too
-        return self.bind(("index", expr), sizes.to_source(direct), ext, "idx")
+        return direct, ext | self.extent_of(direct)  # a (1, 1) value's variable is an array: the text is one too
 
     @property
     def index_dtype_np(self):
         return np.dtype(np.int64) if self.index_dtype.endswith("int64") else np.dtype(np.int32)
 
     def condition(self, cond) -> tuple[str, frozenset]:
+        if cond.has(ir.IndirectIndex):
+            found = self.lookup(("cond", cond))
+            if found is not None:
+                return found
+            direct, ext = self.with_indirect_values(cond)
+            return self.bind(("cond", cond), sizes.to_source(direct), ext, "mask")
         ext = self.extent_of(cond)
         text = sizes.to_source(cond)
         if not ext:
