@@ -24,11 +24,15 @@ jax.jit runs the same stages (``trace_s``, ``jax_lower_s``, ``xla_compile_s``,
 
 Variants: ``jax.jit``; ``pallaskit`` (defaults); ``members=K``
 (``heuristics.COMBO_MAX_MEMBERS = K``: at most K kernels joined per combo launch);
-``nocombo`` (option ``combo_kernels=False``); ``pallas`` (``kernel_backend='pallas'``).
+``nocombo`` (option ``combo_kernels=False``); ``pallas`` (``kernel_backend='pallas'``); ``noshare``
+(raw-Triton kernels of the same code not sharing one function: [Note: shared Triton functions]).
 
     # on the GPU: the 183-array AdamW of benchmarks/models.py (GPT-2 small shapes)
     JAX_PLATFORMS=cuda PYTHONPATH=. python -m benchmarks.cold_breakdown \\
         --workloads gpt2_adamw --variants jax.jit,pallaskit,members=32,members=8,nocombo --output $OUT
+    # on the GPU: the 12-layer GPT-2 training step (bfloat16), kernels of the same code shared or not
+    JAX_PLATFORMS=cuda PYTHONPATH=. python -m benchmarks.cold_breakdown \\
+        --workloads gpt2_train --variants jax.jit,pallaskit,noshare --timeout 900 --output $OUT
     # on the CPU (interpret mode), a quick look
     PYTHONPATH=. python -m benchmarks.cold_breakdown --workloads small,adamw:100
 """
@@ -44,7 +48,7 @@ import threading
 import time
 
 RESULT = "RESULT "
-WORKLOADS = ("gpt2_adamw", "gpt2_adamw_clip", "adamw:N", "momentum:N", "small")
+WORKLOADS = ("gpt2_adamw", "gpt2_adamw_clip", "gpt2_train[:L]", "adamw:N", "momentum:N", "small")
 DEFAULT_VARIANTS = "jax.jit,pallaskit,members=32,members=8,nocombo"
 
 
@@ -70,6 +74,16 @@ def make(workload: str):
                 out.append(jnp.abs(x) + 1e-6 if k >= 3 * len(shapes) else x)  # nu >= 0
             return out
         return fn, structs, arrays
+    if workload.startswith("gpt2_train"):
+        # benchmarks/models.py's gpt2_12layer_train (bfloat16; ``gpt2_train:L``: L layers)
+        from benchmarks import models
+
+        spec = next(s for s in models.MODEL_SPECS if s["name"] == "gpt2_12layer_train")
+        size = spec["sizes"]["full"]
+        if ":" in workload:
+            size = (int(workload.split(":", 1)[1]), *size[1:])
+        inputs = spec["make_inputs"](size, jnp.bfloat16, jax.random.key(0))
+        return spec["jax_fn"], [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in inputs], lambda: inputs
     if workload == "small":
         def fn(x):
             return jnp.tanh(x) * 2 + jnp.sum(x, -1, keepdims=True)
@@ -189,6 +203,8 @@ def child(workload: str, variant: str) -> dict:
             pallaskit.config.update(combo_kernels=False)
         elif variant == "pallas":
             pallaskit.config.update(kernel_backend="pallas")
+        elif variant == "noshare":  # every raw-Triton launch its own function ([Note: shared Triton functions])
+            lowering.codegen.program.share_triton_functions = lambda kernels: None
         elif variant != "pallaskit":
             raise ValueError(f"unknown variant {variant!r}")
         clock = _Clock()
@@ -283,7 +299,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default="gpt2_adamw", help="comma-separated: " + ", ".join(WORKLOADS))
     ap.add_argument("--variants", default=DEFAULT_VARIANTS,
-                    help="comma-separated: jax.jit, pallaskit, members=K, nocombo, pallas")
+                    help="comma-separated: jax.jit, pallaskit, members=K, nocombo, pallas, noshare")
     ap.add_argument("--kernels", type=int, default=5, help="print the K slowest Triton compiles of each row")
     ap.add_argument("--timeout", type=float, default=600, help="seconds one (workload, variant) process may take")
     ap.add_argument("--output", default="", help="folder for cold_breakdown.json")

@@ -725,6 +725,26 @@ class Fuser:
             pending.extend(step.reads())
         for s in steps:
             self._add_reader(s)
+        self._rank_steps(steps)
+
+    def _rank_steps(self, steps):
+        """A topological order of the step graph: ``rank[id(step)]`` grows along
+        every edge ([Note: the cycle check's ranks])."""
+        waiting = {id(s): 0 for s in steps}
+        for s in steps:
+            for c in self._consumers(s):
+                waiting[id(c)] += 1
+        ready = [s for s in steps if not waiting[id(s)]]
+        self.rank: dict[int, int] = {}
+        while ready:
+            s = ready.pop()
+            self.rank[id(s)] = len(self.rank)
+            for c in self._consumers(s):
+                waiting[id(c)] -= 1
+                if not waiting[id(c)]:
+                    ready.append(c)
+        if len(self.rank) != len(steps):
+            raise AssertionError("cycle in the step graph")
 
     def _add_reader(self, s):
         pointwise = isinstance(s, _Group) and s.kind == "pointwise"
@@ -734,6 +754,7 @@ class Fuser:
                 self.other_readers.setdefault(buf, {})[id(s)] = s
 
     def _replace(self, a, b, merged):
+        self._rerank(a, b, merged)
         for s in (a, b):
             for buf in s.reads():
                 self.readers[buf].pop(id(s), None)
@@ -741,6 +762,40 @@ class Fuser:
         self._add_reader(merged)
         for name in merged.produces():
             self.step_of[name] = merged
+
+    def _rerank(self, a, b, merged):
+        """Ranks for the step graph once ``a`` and ``b`` become ``merged``
+        (Pearce and Kelly's reordering, for a contraction rather than a new edge):
+        the steps between the two in rank that the earlier one reaches move after
+        ``merged``, those that reach the later one move before it, each side
+        keeping its order, over the ranks they held."""
+        rank = self.rank
+        lo, hi = (a, b) if rank[id(a)] < rank[id(b)] else (b, a)
+        r_lo, r_hi = rank[id(lo)], rank[id(hi)]
+        after = self._window(lo, r_lo, r_hi, forward=True)
+        before = self._window(hi, r_lo, r_hi, forward=False)
+        if after.keys() & before.keys():  # can_fuse refuses such a pair
+            raise AssertionError("merging two groups with a path through another")
+        key = rank.__getitem__
+        moved = sorted(before, key=key) + [None] + sorted(after, key=key)
+        slots = sorted([r_lo, r_hi] + [rank[k] for k in before] + [rank[k] for k in after])
+        slots.pop(len(before) + 1)  # two steps become one: one rank is left unused
+        for k, r in zip(moved, slots):
+            rank[id(merged) if k is None else k] = r
+        del rank[id(a)], rank[id(b)]
+
+    def _window(self, start, r_lo, r_hi, forward: bool) -> dict:
+        """Steps ranked strictly between ``r_lo`` and ``r_hi`` that ``start``
+        reaches (``forward``) or that reach it, by id."""
+        rank, seen, stack = self.rank, {}, [start]
+        while stack:
+            s = stack.pop()
+            for t in (self._consumers(s) if forward else self._producers_of(s)):
+                k = id(t)
+                if k not in seen and r_lo < rank[k] < r_hi:
+                    seen[k] = t
+                    stack.append(t)
+        return seen
 
     def _consumers(self, s) -> list:
         return [r for buf in s.produces() for r in self.readers.get(buf, {}).values()]
@@ -782,14 +837,27 @@ class Fuser:
     def _path_through_other(self, src: _Group, dst: _Group) -> bool:
         """Does ``dst`` depend on ``src`` through a step that is neither?
         Searches forward from ``src`` and backward from ``dst`` at once,
-        always widening the smaller side, until the two meet or one runs out."""
+        always widening the smaller side, until the two meet or one runs out;
+        only steps ranked between the two can lie on such a path.
+
+        [Note: the cycle check's ranks]
+        ``rank`` is a topological order of the step graph (groups and the steps
+        between them), so every path runs up in rank: ``dst`` can depend on
+        ``src`` only if it ranks higher, and through steps ranked between them.
+        Node positions cannot stand in for it: a group holds nodes from far apart
+        in the graph, so a path between groups need not run forward in node
+        order. A merge keeps the order valid (``_rerank``), moving only steps
+        ranked between the two groups."""
         if not self._steps_ready:
             self._init_steps()
-        skip = {id(src), id(dst)}
-        fwd = {id(s): s for s in self._consumers(src) if id(s) not in skip}
+        rank = self.rank
+        r_lo, r_hi = rank[id(src)], rank[id(dst)]
+        if r_lo >= r_hi:
+            return False
+        fwd = {id(s): s for s in self._consumers(src) if r_lo < rank[id(s)] < r_hi}
         if not fwd:
             return False
-        bwd = {id(s): s for s in self._producers_of(dst) if id(s) not in skip}
+        bwd = {id(s): s for s in self._producers_of(dst) if r_lo < rank[id(s)] < r_hi}
         if not bwd:
             return False
         f_front, b_front = list(fwd.values()), list(bwd.values())
@@ -803,8 +871,9 @@ class Fuser:
             nxt = []
             for s in front:
                 for t in (self._consumers(s) if forward else self._producers_of(s)):
-                    if id(t) not in skip and id(t) not in seen:
-                        seen[id(t)] = t
+                    k = id(t)
+                    if k not in seen and r_lo < rank[k] < r_hi:
+                        seen[k] = t
                         nxt.append(t)
             if forward:
                 f_front = nxt

@@ -110,6 +110,16 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
 
 def ravel(index: Sequence, shape: Sequence[int]):
     """Linear row-major position of ``index`` in ``shape``."""
+    try:
+        return _ravel(tuple(index), tuple(shape))
+    except TypeError:  # unhashable parts
+        return _ravel.__wrapped__(index, shape)
+
+
+# Memoized: a renderer ravels the same loads of every part of a combo kernel,
+# and the tile choice ravels them again.
+@functools.lru_cache(maxsize=1 << 16)
+def _ravel(index, shape):
     return sympy.expand(sum((i * s for i, s in zip(index, contiguous_strides(shape))), sympy.Integer(0)))
 
 

@@ -148,9 +148,15 @@ def is_plain(aval) -> bool:
 
 def program_dims(schedule) -> list[str]:
     """Names of the dim symbols of a scheduled symbolic graph (its inputs'
-    shapes hold them), in the order of the program's dims array."""
+    shapes hold them), in the order of the program's dims array. Kept on the
+    schedule: the renderers ask once per kernel."""
+    hit = schedule.__dict__.get("_program_dims")
+    if hit is not None and hit[0] is schedule.graph:
+        return list(hit[1])
     graph = schedule.graph
     found = set()
     for name in graph.inputs:
         found |= sizes.dim_symbols(graph.buffer_aval(name)[0])
-    return sorted(s.name for s in found)
+    out = sorted(s.name for s in found)
+    schedule.__dict__["_program_dims"] = (graph, tuple(out))
+    return out

@@ -19,6 +19,7 @@ an earlier one (e.g. variance after mean): codegen/rows.py.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 import jax.numpy as jnp
@@ -88,7 +89,12 @@ def is_16bit_float(dt) -> bool:
 
 
 def is_float(dt) -> bool:
-    return bool(jnp.issubdtype(np.dtype(dt), jnp.floating))
+    return _is_float(np.dtype(dt))
+
+
+@functools.lru_cache(maxsize=None)  # asked of every op of every kernel; jnp.issubdtype is slow
+def _is_float(dt: np.dtype) -> bool:
+    return bool(jnp.issubdtype(dt, jnp.floating))
 
 
 def const_source(value, dt) -> str:
