@@ -60,6 +60,18 @@ def op_weight(op: str) -> int:
     return LIGHT_TRANSCENDENTAL_WEIGHT if op in LIGHT_TRANSCENDENTALS else 0
 
 
+# A pointwise value whose inlined body loads more buffers than this, read by larger
+# readers, is stored once ([Note: broadcast tables]): a global-norm clip's scale, the
+# sum of every parameter's sum of squares, would otherwise be summed again inside each
+# of 183 optimizer updates (a 190-argument part function a member, and Triton's compile
+# time with it).
+MAX_INLINED_READS = 16
+# Groups of one iteration space that share nothing merge to save a launch; past this
+# many members the kernel's code (one body per member) costs more Triton compile time
+# than the launch it saves, and combo kernels join the rest with shared code.
+HORIZONTAL_MAX_MEMBERS = 8
+
+
 # Combo kernels ([Note: combo kernels] in lowering/combo.py).
 # Members per launch: a program finds its member through a chain of scalar
 # compares, and Triton compiles every member's code, so past ~100 the dispatch

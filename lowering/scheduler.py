@@ -158,7 +158,10 @@ def materialized(graph: ir.Graph, live: set[str], options: CompileOptions | None
 # reads indices, graph inputs and constants qualify: a value built on a reduction
 # (LayerNorm's rsqrt of a row variance) is evaluated per row by the row and mix
 # writers already, and must stay in their kernel. What is cheap (compares, a causal
-# mask, adds) always stays inlined.
+# mask, adds) always stays inlined. Likewise a value whose inlined body loads more
+# than heuristics.MAX_INLINED_READS buffers and that larger readers read (a global-norm
+# clip's scale: the sum of every parameter's sum of squares, read by every update) is
+# stored once rather than summed again in each reader.
 def broadcast_tables(graph: ir.Graph, live: set[str], keep: set[str], options: CompileOptions) -> set[str]:
     readers: dict[str, list] = collections.defaultdict(list)
     for n in graph.nodes.values():
@@ -167,6 +170,21 @@ def broadcast_tables(graph: ir.Graph, live: set[str], keep: set[str], options: C
                 readers[b].append(n)
     leaf = {n.name for n in graph.nodes.values() if isinstance(n, ir.InputNode)}
     cost: dict[str, int | None] = {}  # None: reads a computed buffer (not a table)
+    wide: dict[str, frozenset | None] = {}  # stored buffers an inlined body loads (None: too many to count)
+
+    def body_reads(expr) -> frozenset | None:
+        out = set()
+        for ld in ir.loads(expr):
+            if ld.buffer in wide:
+                inner = wide[ld.buffer]
+                if inner is None:
+                    return None
+                out |= inner
+            else:
+                out.add(ld.buffer)
+            if len(out) > heuristics.MAX_INLINED_READS:
+                return None
+        return frozenset(out)
 
     def body_cost(expr) -> int | None:
         total = 0
@@ -197,15 +215,17 @@ def broadcast_tables(graph: ir.Graph, live: set[str], keep: set[str], options: C
         if not isinstance(n, ir.Pointwise) or n.name not in live or n.name in keep:
             continue
         c = cost[n.name] = body_cost(n.body)
-        if not c:
+        w = wide[n.name] = body_reads(n.body)
+        if not c and w is not None:
             continue
         own = domain(n)
         if own is None:
             continue
         extra = max((domain(r) or 0) - own for r in readers[n.name]) if readers[n.name] else 0
-        if c * extra >= heuristics.BROADCAST_TABLE_OPS:
+        if (c and c * extra >= heuristics.BROADCAST_TABLE_OPS) or (w is None and extra > 0):
             tables.add(n.name)
             cost[n.name] = 0  # its readers load it
+            wide[n.name] = frozenset((n.name,))
     return tables
 
 
@@ -899,6 +919,8 @@ class Fuser:
         saved = sum(self.bytes_of(s) for s in shared)
         if saved == 0 and (a.kind, a.domain) != (b.kind, b.domain):
             return 0, 0
+        if saved == 0 and len(a.members) + len(b.members) > heuristics.HORIZONTAL_MAX_MEMBERS:
+            return 0, 0  # a launch saved for a body per member: combos join them with shared code
         if saved == 0 and self.options.combo_kernels and a.kind == "pointwise":
             # Nothing shared: a combo kernel (lowering/combo.py) runs both in one launch,
             # each over programs of its own, instead of every program loading both.
@@ -1048,11 +1070,14 @@ class _FusionLoop:
 
     def _refresh(self, c):
         """Offer the class's first legal pair (in the order groups were made)."""
-        members = [s for s in self.classes[c] if s in self.alive]
+        cap = heuristics.HORIZONTAL_MAX_MEMBERS  # fusion_score's cap on pairs that share nothing
+        members = [s for s in self.classes[c] if s in self.alive and len(self.alive[s].members) < cap]
         self.classes[c] = members
         self.offered.pop(c, None)
         for i, sa in enumerate(members):
             for sb in members[i + 1:]:
+                if len(self.alive[sa].members) + len(self.alive[sb].members) > cap:
+                    continue
                 if self._legal(sa, sb) is not None:
                     self.offered[c] = (sa, sb)
                     heapq.heappush(self.heap, (-self._TIE[0], -self._TIE[1], sa, sb))

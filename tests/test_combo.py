@@ -315,3 +315,54 @@ def test_combo_is_a_kernel_of_the_schedule():
     x = ir.InputNode("x", (3,), np.dtype(np.float32))
     assert combo.ComboKernel("c", "combo", 1, 3, [], [], []).parts == []
     assert not combo.can_join(x)
+
+
+def _schedule(fn, *args):
+    import lowering
+    from lowering.options import CompileOptions
+
+    closed = jax.make_jaxpr(fn)(*args)
+    return lowering.compile_jaxpr(closed, CompileOptions(interpret=True, combo_kernels=True)).schedule
+
+
+def test_clip_scale_is_stored_once_not_summed_in_every_update(rng):
+    """[Note: broadcast tables]: the clip's norm sums 40 arrays' sums of squares; the
+    updates load it stored once instead of each summing the 40 again (a part
+    function of 40+ arguments per member before). Values as jax.jit."""
+    from lowering import heuristics
+    from lowering.combo import ComboKernel
+
+    shapes = [(3 + i % 5, 2 + i % 3) for i in range(40)]
+    args = (_tree(rng, shapes), _tree(rng, shapes), _tree(rng, shapes), _tree(rng, shapes, True),
+            jnp.asarray(3, jnp.int32))
+    sched = _schedule(clipped_adamw, *args)
+    steps = [p for k in sched.kernels if hasattr(k, "members")
+             for p in (k.parts if isinstance(k, ComboKernel) else [k])]
+    assert heuristics.MAX_INLINED_READS <= 16
+    wide = [s for s in steps if len(s.reads) > 24]
+    assert len(wide) <= 1, [(s.name, len(s.reads)) for s in wide]  # the one summing the norm
+    got, want = pallaskit.jit(clipped_adamw)(*args), jax.jit(clipped_adamw)(*args)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_unrelated_reductions_of_one_shape_are_not_one_huge_kernel(rng, dtype):
+    """Same-shape reductions that share nothing merge into one kernel to save a
+    launch only up to heuristics.HORIZONTAL_MAX_MEMBERS; combos join the rest."""
+    from lowering import heuristics
+    from lowering.combo import ComboKernel
+
+    xs = [jnp.asarray(rng.standard_normal((5, 33)), dtype) for _ in range(20)]
+
+    def f(*xs):
+        return [jnp.sum(jnp.square(x.astype(jnp.float32))) for x in xs]
+
+    sched = _schedule(f, *xs)
+    steps = [p for k in sched.kernels if hasattr(k, "members")
+             for p in (k.parts if isinstance(k, ComboKernel) else [k])]
+    assert heuristics.HORIZONTAL_MAX_MEMBERS <= 8
+    assert max(len(s.members) for s in steps) <= 8, [len(s.members) for s in steps]
+    assert len(sched.kernels) <= 2
+    for g, w in zip(pallaskit.jit(f)(*xs), jax.jit(f)(*xs)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5)
