@@ -1,12 +1,17 @@
 """An LSTM scanned over time: pallaskit (the cell's gates compiled as kernels
 inside XLA's loop, [Note: loop bodies] in lowering/loops.py) against jax.jit.
 
-    python -m benchmarks.lstm_scan [--T 128 --B 256 --H 1024 --dtype bfloat16] [--grad]
+    python -m benchmarks.lstm_scan [--T 128 --B 256 --H 1024 --dtype bfloat16] [--grad] [--hoist on|off]
 
 Checks the two agree (bf16 tolerance), prints the body's kernels and the time per
 call of each (median of rounds of back-to-back calls, host clock after
 ``block_until_ready``). ``--grad`` times ``jax.value_and_grad`` of a sum-of-squares
-loss compiled as one graph instead of the forward.
+loss compiled as one graph instead of the forward. ``--hoist`` sets option
+``scan_hoisting`` (default: the configuration's, on): the input projection
+``x_t @ wx`` of every step as one batched matmul before the loop
+([Note: scan hoisting] in lowering/scan_hoist.py). Bodies compile as kernels
+inside the loop with ``PALLASKIT_LOOP_BODIES=on`` (on a GPU 'auto' leaves the
+loop to XLA).
 """
 from __future__ import annotations
 
@@ -63,7 +68,11 @@ def main(argv=None):
     ap.add_argument("--H", type=int, default=1024)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--grad", action="store_true")
+    ap.add_argument("--hoist", choices=("on", "off"), default=None,
+                    help="option scan_hoisting (default: the configuration's)")
     a = ap.parse_args(argv)
+    if a.hoist is not None:
+        pallaskit.config.update(scan_hoisting=a.hoist == "on")
     dt = jnp.dtype(a.dtype)
     rng = np.random.default_rng(0)
     scale = 1.0 / np.sqrt(a.H)
@@ -77,9 +86,12 @@ def main(argv=None):
     fn = jax.value_and_grad(loss) if a.grad else lstm
 
     print(f"LSTM scan T={a.T} B={a.B} H={a.H} {a.dtype}{' value_and_grad' if a.grad else ''} "
-          f"on {jax.devices()[0].device_kind}")
+          f"on {jax.devices()[0].device_kind}; scan_hoisting={pallaskit.config.scan_hoisting} "
+          f"loop_bodies={pallaskit.config.loop_bodies}")
     e = pallaskit.explain(fn, *args)
     print(f"{len(e.kernels)} kernel(s), XLA fallbacks: {e.fallbacks or 'none'}")
+    for line in e.rewrites:
+        print(f"  {line}")
     for k in e.kernels:
         print(f"  {k.name} ({k.kind}) in {k.scope or 'call'}")
     ref_fn, pk_fn = jax.jit(fn), pallaskit.jit(fn)
