@@ -17,8 +17,9 @@ over the stacked inputs before the loop (loop-invariant inputs stay unbatched,
 so a transposed weight is computed once, not T times), and the values the
 rest of the body reads from them become extra scanned inputs (residuals) of a
 new scan whose body is the rest. Per-step work without a matmul stays in the
-body: hoisting it would only add a [T, ...] residual's memory traffic. Scans
-with effects in their body, a symbolic length or no hoistable matmul are kept
+body: hoisting it would only add a [T, ...] residual's memory traffic; so
+would a matmul whose residual dwarfs what the scan already stacks (an outer
+product: ``MAX_RESIDUAL_RATIO``). Scans with effects in their body, a symbolic length or no hoistable matmul are kept
 as they are. Nested scans (in a scan body, or in a jit / closed_call body,
 which the lowering inlines anyway) are rewritten inside the rebuilt body, the
 outer loop first.
@@ -38,6 +39,7 @@ import dataclasses
 import logging
 
 import jax
+import numpy as np
 from jax.extend import core as jex_core
 
 log = logging.getLogger("pallaskit")
@@ -46,6 +48,12 @@ log = logging.getLogger("pallaskit")
 HOISTED_MATMULS = ("dot_general", "conv_general_dilated")
 # Call-like equations the pass looks (and inlines) through; the lowering inlines them too.
 _CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr"}
+
+# Residual bytes a step at most, per byte the scan already stacks (its scanned
+# inputs and outputs): an RNN's projection is 1.5-4x its input; one that blows
+# its inputs up more is memory-bound work (an outer product) whose [T, ...]
+# residual could exhaust memory where the loop did not.
+MAX_RESIDUAL_RATIO = 8
 
 _INVARIANT, _PER_STEP, _CARRIED = 0, 1, 2
 
@@ -185,13 +193,18 @@ def _plan(eqn) -> Plan | None:
     body = _live(rest, jaxpr.outvars)
     read = _vars([v for e in body for v in e.invars] + list(jaxpr.outvars))
     residuals = [v for e in hoisted for v in e.outvars if v in read]
-    if not residuals:
+    stacked = sum(_nbytes(v.aval) for v in list(xs_vars) + list(jaxpr.outvars[n_carry:]))
+    if not residuals or sum(_nbytes(v.aval) for v in residuals) > MAX_RESIDUAL_RATIO * stacked:
         return None
     step = _live(ancestors, residuals)
     step_reads = _vars(v for e in step for v in e.invars)
     return Plan(step=step, step_xs=[i for i, v in enumerate(xs_vars) if v in step_reads],
                 residuals=residuals, body=body, body_xs=[i for i, v in enumerate(xs_vars) if v in read],
                 matmuls=collections.Counter(e.primitive.name for e in step if id(e) in hoisted_ids and _has_matmul(e)))
+
+
+def _nbytes(aval) -> int:
+    return int(np.prod(aval.shape, dtype=np.int64)) * getattr(aval.dtype, "itemsize", 4)
 
 
 def _vars(atoms) -> set:

@@ -169,6 +169,20 @@ def test_a_matmul_of_constants_only_is_not_hoisted(rng):
     assert new is closed and notes == []
 
 
+def test_a_projection_that_blows_its_input_up_is_not_hoisted(rng):
+    """An outer product per step (K = 1): a [T, B, 64] residual from [T, B]
+    inputs is memory traffic, not a GEMM worth batching."""
+    def f(w, c, xs):
+        def step(c, x):
+            p = jax.lax.dot_general(x[:, None], w, (((1,), (0,)), ((), ())))
+            return jnp.tanh(c + p), None
+        return jax.lax.scan(step, c, xs)
+
+    closed, new, notes = _hoisted(f, _normal(rng, (1, 64), jnp.float32), _normal(rng, (B, 64), jnp.float32),
+                                  _normal(rng, (T, B), jnp.float32))
+    assert new is closed and notes == []
+
+
 def test_several_xs_only_the_projected_one_is_hoisted(rng):
     """Three scanned inputs: a float projected, a float used elementwise, an int
     flag; loop-invariant work (w's transpose, a sum of v) used both by the
