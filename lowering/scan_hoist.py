@@ -42,6 +42,8 @@ import jax
 import numpy as np
 from jax.extend import core as jex_core
 
+from lowering.loops import scan_counts
+
 log = logging.getLogger("pallaskit")
 
 # The matmuls worth a batched GEMM outside the loop.
@@ -72,12 +74,12 @@ def hoist_scans(closed) -> tuple[object, list[str]]:
     if not all(_static(a) for a in avals):
         return closed, []
     notes: dict[int, str] = {}
-    structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=getattr(a, "weak_type", False)) for a in avals]
 
     def run(*args):
         return _eval(closed.jaxpr, closed.consts, args, plans, notes)
 
     try:
+        structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=getattr(a, "weak_type", False)) for a in avals]
         rewritten = jax.make_jaxpr(run)(*structs)
     except Exception as e:  # noqa: BLE001  (a retrace jax refuses: keep the loops as they were)
         log.debug("pallaskit: scan hoisting skipped (%s: %s)", type(e).__name__, e)
@@ -105,7 +107,10 @@ class Plan:
 
 def _stacked(aval, length: int) -> str:
     """'f32[128,256,4096]': a residual's aval with the scanned axis."""
-    return aval.update(shape=(length, *aval.shape)).str_short(short_dtypes=True)
+    try:
+        return aval.update(shape=(length, *aval.shape)).str_short(short_dtypes=True)
+    except TypeError:  # an aval without the short spelling
+        return f"{aval.dtype}[{','.join(map(str, (length, *aval.shape)))}]"
 
 
 # --------------------------------------------------------------------------- #
@@ -114,14 +119,6 @@ def _stacked(aval, length: int) -> str:
 def _static(aval) -> bool:
     shape = getattr(aval, "shape", None)
     return shape is not None and hasattr(aval, "dtype") and all(isinstance(d, int) for d in shape)
-
-
-def _scan_counts(params) -> tuple[int, int]:
-    """(constants, carries); jax 0.11 packs them in ``ft_in`` (as lowering/loops.scan_counts)."""
-    if "num_consts" in params:
-        return params["num_consts"], params["num_carry"]
-    consts, carry, _ = params["ft_in"].unpack()
-    return len(consts), len(carry)
 
 
 def _call_body(eqn):
@@ -167,7 +164,7 @@ def _plan(eqn) -> Plan | None:
     jaxpr = closed.jaxpr
     if closed.effects or eqn.effects or not isinstance(p.get("length"), int):
         return None
-    n_consts, n_carry = _scan_counts(p)
+    n_consts, n_carry = scan_counts(p)
     xs_vars = jaxpr.invars[n_consts + n_carry:]
     if not xs_vars:
         return None
@@ -269,7 +266,7 @@ def _rebuild_scan(eqn, invals, plans, notes) -> list:
     p = eqn.params
     closed = p["jaxpr"]
     jaxpr, jconsts = closed.jaxpr, list(closed.consts)
-    n_consts, n_carry = _scan_counts(p)
+    n_consts, n_carry = scan_counts(p)
     consts, init, xs = invals[:n_consts], invals[n_consts:n_consts + n_carry], invals[n_consts + n_carry:]
     xs_vars = jaxpr.invars[n_consts + n_carry:]
     base = dict(zip(jaxpr.constvars, jconsts))
