@@ -1,12 +1,18 @@
 """An LSTM scanned over time: pallaskit (the cell's gates compiled as kernels
 inside XLA's loop, [Note: loop bodies] in lowering/loops.py) against jax.jit.
 
-    python -m benchmarks.lstm_scan [--T 128 --B 256 --H 1024 --dtype bfloat16] [--grad]
+    python -m benchmarks.lstm_scan [--T 128 --B 256 --H 1024 --dtype bfloat16] [--grad] [--hoist on|off] [--sweep]
 
 Checks the two agree (bf16 tolerance), prints the body's kernels and the time per
 call of each (median of rounds of back-to-back calls, host clock after
 ``block_until_ready``). ``--grad`` times ``jax.value_and_grad`` of a sum-of-squares
-loss compiled as one graph instead of the forward.
+loss compiled as one graph instead of the forward. ``--hoist`` sets option
+``scan_hoisting`` (default: the configuration's, on): the input projection
+``x_t @ wx`` of every step as one batched matmul before the loop
+([Note: scan hoisting] in lowering/scan_hoist.py). Bodies compile as kernels
+inside the loop with ``PALLASKIT_LOOP_BODIES=on`` (on a GPU 'auto' leaves the
+loop to XLA). ``--sweep`` times all four (scan_hoisting off/on x loop_bodies
+auto/on) in one process beside jax.jit.
 """
 from __future__ import annotations
 
@@ -63,7 +69,13 @@ def main(argv=None):
     ap.add_argument("--H", type=int, default=1024)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--grad", action="store_true")
+    ap.add_argument("--hoist", choices=("on", "off"), default=None,
+                    help="option scan_hoisting (default: the configuration's)")
+    ap.add_argument("--sweep", action="store_true",
+                    help="time every scan_hoisting off/on x loop_bodies auto/on in one process, jax.jit before and after")
     a = ap.parse_args(argv)
+    if a.hoist is not None:
+        pallaskit.config.update(scan_hoisting=a.hoist == "on")
     dt = jnp.dtype(a.dtype)
     rng = np.random.default_rng(0)
     scale = 1.0 / np.sqrt(a.H)
@@ -75,24 +87,50 @@ def main(argv=None):
     xs = jnp.asarray(rng.standard_normal((a.T, a.B, a.H)), dt)
     args = (params, h0, c0, xs)
     fn = jax.value_and_grad(loss) if a.grad else lstm
+    ref_fn = jax.jit(fn)
+    ref = ref_fn(*args)
 
     print(f"LSTM scan T={a.T} B={a.B} H={a.H} {a.dtype}{' value_and_grad' if a.grad else ''} "
           f"on {jax.devices()[0].device_kind}")
+    if not a.sweep:
+        t_pk = _run(pallaskit, fn, args, ref, verbose=True)
+        t_ref = time_ms(ref_fn, args)
+        print(f"jax.jit   {t_ref:.3f} ms")
+        print(f"pallaskit {t_pk:.3f} ms  ({t_ref / t_pk:.2f}x)")
+        return
+    t_ref = time_ms(ref_fn, args)
+    rows = []
+    for hoist in ("off", "on"):
+        for loops in ("auto", "on"):
+            with pallaskit.config.override(scan_hoisting=hoist == "on", loop_bodies=loops):
+                rows.append((hoist, loops, _run(pallaskit, fn, args, ref, verbose=False)))
+    t_ref2 = time_ms(ref_fn, args)
+    print(f"jax.jit {t_ref:.3f} ms (again after the sweep: {t_ref2:.3f} ms)")
+    print("scan_hoisting loop_bodies   pallaskit ms  vs jax.jit")
+    for hoist, loops, t in rows:
+        print(f"{hoist:>13} {loops:>11} {t:>13.3f}  {t_ref / t:.2f}x")
+
+
+def _run(pallaskit, fn, args, ref, verbose: bool) -> float:
+    """Explain, check against jax.jit's ``ref`` and time a fresh ``pallaskit.jit(fn)``
+    under the current options: ms per call."""
     e = pallaskit.explain(fn, *args)
-    print(f"{len(e.kernels)} kernel(s), XLA fallbacks: {e.fallbacks or 'none'}")
-    for k in e.kernels:
-        print(f"  {k.name} ({k.kind}) in {k.scope or 'call'}")
-    ref_fn, pk_fn = jax.jit(fn), pallaskit.jit(fn)
-    ref, got = ref_fn(*args), pk_fn(*args)
+    print(f"scan_hoisting={pallaskit.config.scan_hoisting} loop_bodies={pallaskit.config.loop_bodies}: "
+          f"{len(e.kernels)} kernel(s), XLA fallbacks: {e.fallbacks or 'none'}")
+    for line in e.rewrites:
+        print(f"  {line}")
+    if verbose:
+        for k in e.kernels:
+            print(f"  {k.name} ({k.kind}) in {k.scope or 'call'}")
+    pk_fn = pallaskit.jit(fn)
+    got = pk_fn(*args)
     worst = 0.0
     for x, y in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(ref)):
         x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
         err = np.max(np.abs(x - y) / (np.abs(y) + 1.0))
         worst = max(worst, float(err))
-    print(f"max relative error vs jax.jit: {worst:.3g} ({'ok' if worst < 5e-2 else 'MISMATCH'})")
-    t_ref, t_pk = time_ms(ref_fn, args), time_ms(pk_fn, args)
-    print(f"jax.jit   {t_ref:.3f} ms")
-    print(f"pallaskit {t_pk:.3f} ms  ({t_ref / t_pk:.2f}x)")
+    print(f"  max relative error vs jax.jit: {worst:.3g} ({'ok' if worst < 5e-2 else 'MISMATCH'})")
+    return time_ms(pk_fn, args)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@ of its inputs and a ``CompileOptions``; it keeps no state and reads no environme
 Importing the package loads only the options: the passes (and sympy, Pallas
 and the rule tables they import) load on the first ``compile_jaxpr``, so a
 process whose graphs all come from pallaskit's on-disk cache never imports them.
-The passes themselves: ``lowering.lower.lower``, ``lowering.scheduler.schedule``,
-``lowering.codegen.program.render``."""
+The passes themselves: ``lowering.scan_hoist.hoist_scans`` (jaxpr -> jaxpr),
+``lowering.lower.lower``, ``lowering.scheduler.schedule``, ``lowering.codegen.program.render``."""
 from __future__ import annotations
 
 import dataclasses
@@ -34,6 +34,9 @@ class CompileResult:
     # right (sympy booleans over ``sizes.dim_symbol``s), checked at call time.
     guards: list = dataclasses.field(default_factory=list)
     size_hints: tuple = ()  # CompileOptions.size_hints: where metrics read symbolic sizes
+    # What the jaxpr -> jaxpr passes rewrote before lowering, one line each
+    # (lowering/scan_hoist.py: "scan: input projection hoisted out of the loop (...)").
+    rewrites: list = dataclasses.field(default_factory=list)
 
     @functools.cached_property
     def _ir_text(self) -> tuple[str, str]:
@@ -54,12 +57,17 @@ def compile_jaxpr(closed_jaxpr, options: CompileOptions, title: str = "") -> Com
     from lowering.lower import lower
     from lowering.scheduler import format_schedule, schedule
 
+    rewrites: list[str] = []
+    if options.scan_hoisting:
+        from lowering.scan_hoist import hoist_scans
+
+        closed_jaxpr, rewrites = hoist_scans(closed_jaxpr)
     lowered = lower(closed_jaxpr, options)
     sched = schedule(lowered.graph, options, combine=combine)
     program = codegen_program.render(sched, options, title)
     graph = lowered.graph
     return CompileResult(program, sched, lowered.fallbacks, lambda: (graph.format(), format_schedule(sched)),
-                         guards=list(program.guards), size_hints=options.size_hints)
+                         guards=list(program.guards), size_hints=options.size_hints, rewrites=rewrites)
 
 
 __all__ = ["CompileOptions", "CompileResult", "SymbolicUnsupported", "compile_jaxpr"]

@@ -31,6 +31,7 @@ class CompileOptions:
     triton_available: bool = False
     combo_kernels: bool = True  # independent kernels of different shapes in one launch (lowering/combo.py)
     loop_bodies: bool = True  # compile scan / while / cond bodies as programs of their own (lowering/loops.py)
+    scan_hoisting: bool = True  # a scan body's input projections as one batched matmul before the loop (scan_hoist.py)
     # Symbolic (dynamic) dims: (symbol name, size) pairs the heuristics read a
     # symbolic size at (the first concrete call's sizes). Index expressions,
     # masks and grids keep the symbol. Empty for static graphs.

@@ -211,6 +211,11 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "kernels run inside XLA's loop. 'auto': in interpret mode only, until the GPU path is right (on an "
            "H200 the LSTM scan's gradient disagreed with jax.jit and its forward ran slower, see RESULTS.md); "
            "'on': everywhere; 'off': loops run through XLA.", str, _check_dynamic_launch, "'auto', 'on', 'off'"),
+    Option("scan_hoisting", True, "Compute the part of a lax.scan body that reads only the scanned inputs and "
+           "loop constants, not the carry, for every step at once before the loop when it holds a matmul (an RNN "
+           "cell's input projection x_t @ W becomes one batched matmul over all steps, whose results the loop "
+           "scans), as cuDNN and PyTorch LSTMs do. pallaskit.explain lists each rewritten scan.", _parse_bool,
+           _check_bool, "true, false"),
     Option("combo_kernels", True, "Run independent pointwise kernels and row reductions of different shapes "
            "(an optimizer update over many arrays, the sums of squares of a global-norm clip) as one launch, each "
            "member over its own range of program ids.", _parse_bool, _check_bool, "true, false"),

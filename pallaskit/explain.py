@@ -38,12 +38,15 @@ class Explanation:
     # A symbolic program ([Note: dynamic dims]): how a new size runs ('triton_eager' or
     # 'xla': its XLA program compiled for the size) and why; '' for static programs.
     new_sizes: str = ""
+    # What the jaxpr -> jaxpr passes rewrote before lowering (a scan's hoisted input projection).
+    rewrites: list[str] = dataclasses.field(default_factory=list)
 
     def __str__(self):
         lines = [f"{len(self.kernels)} kernel(s), {len(self.fallbacks)} XLA fallback primitive(s)"
                  + (f" (executor xla): {', '.join(self.fallbacks)}" if self.fallbacks else "")]
         if self.new_sizes:
             lines.append(f"new sizes: {self.new_sizes}")
+        lines += self.rewrites
         for k in self.kernels:
             where = f" in {k.scope}" if k.scope else ""
             lines.append(f"- {k.name} ({k.kind}, {k.iteration[0]} x {k.iteration[1]}){where} "
@@ -95,7 +98,7 @@ def _describe(entry) -> Explanation:
                           _members(sched[k.name]))
                for k in r.program.kernels]
     return Explanation(kernels, list(r.fallbacks), str(entry.jaxpr), r.ir_before, r.ir_after, r.program.source,
-                       [str(why) for why in r.schedule.refusals], _new_sizes(entry))
+                       [str(why) for why in r.schedule.refusals], _new_sizes(entry), list(r.rewrites))
 
 
 def _new_sizes(entry) -> str:
