@@ -63,9 +63,11 @@ def test_repeated_layers_share_kernel_functions(rng, dtype, rows):
     with pallaskit.config.override(kernel_backend="triton", cache=False):
         got = pallaskit.jit(_layers)(*args)
     want = jax.jit(_layers)(*args)
+    # On the GPU a float32 template product runs as TF32 (XLA's dot does not): bf16's tolerance there.
+    tol = jnp.bfloat16 if jax.default_backend() == "gpu" else dtype
     for a, e in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
         assert a.shape == e.shape and a.dtype == e.dtype
-        assert_close(a, e, dtype)
+        assert_close(a, e, tol)
 
 
 def test_gpt2_step_with_shared_functions_matches_jax():
