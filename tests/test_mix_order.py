@@ -485,3 +485,22 @@ def test_transpose_an_output_needs_is_folded_into_the_store(rng):
     got, want = pallaskit.jit(f)(x), jax.jit(f)(x)
     for g, r in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["pallas", "triton"])
+@pytest.mark.parametrize("op", [jnp.min, jnp.max, jnp.any, jnp.all])
+def test_bool_column_reductions_of_many_rows(backend, op, rng):
+    """A column reduction of bools long enough to split (partials in a mix kernel):
+    its accumulator carries int32 (a bool tile cannot hold min's identity; it
+    crashed as lax.min(bool, int32))."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+    x = rng.random((1025, 64)) < 0.5
+    x[:, 3], x[:, 5] = True, False
+    fn = lambda x: op(x, axis=0)  # noqa: E731
+    with pallaskit.config.override(kernel_backend=backend, num_sms=132):  # enough programs to split
+        got = pallaskit.jit(fn)(x)
+        assert op in (jnp.any, jnp.all) or any(k.kind == "mix" for k in pallaskit.explain(fn, x).kernels)
+    want = jax.jit(fn)(x)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

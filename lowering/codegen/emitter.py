@@ -296,8 +296,9 @@ class KernelEmitter:
         raise NotImplementedError
 
     def column_acc_dtype(self, dt):
-        """The dtype a mix kernel's column accumulator of a ``dt`` member carries."""
-        return np.dtype(dt)
+        """The dtype a mix kernel's column accumulator of a ``dt`` member carries:
+        int32 for bools (as ``acc_dtype``: a bool tile cannot hold min/max's identity)."""
+        return np.dtype(np.int32) if np.dtype(dt) == np.bool_ else np.dtype(dt)
 
     def prefetch_depth(self, cfg) -> int:
         """Row blocks a mix kernel's loop loads ahead through its carry (0: none)."""

@@ -613,7 +613,7 @@ class TritonEmitter(KernelEmitter):
     def column_acc_dtype(self, dt):
         """float32 for 16-bit floats: the loop carries one type, and XLA sums
         16-bit floats in float32 too."""
-        return np.dtype(np.float32) if is_16bit_float(dt) else np.dtype(dt)
+        return np.dtype(np.float32) if is_16bit_float(dt) else super().column_acc_dtype(dt)
 
     def arg_index_dtype(self, node_dtype):
         return self.index_dtype_np
