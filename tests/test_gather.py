@@ -224,6 +224,22 @@ def test_dynamic_update_slice_clamped(rng, dtype):
     _check(lambda x, u, s: jax.lax.dynamic_update_slice(x, u, (s, s)), x, u, jnp.int8(-2), kernels=1)
 
 
+@pytest.mark.parametrize("backend", ["pallas", "triton"])
+def test_update_at_a_computed_start_beside_a_row_sum(rng, backend):
+    """A one-row kernel holding a softmax's sums, the start position computed
+    from an input (a row value needing no reduction) and an update read at it:
+    the row value is written before the members that read it (it was read before
+    it existed: KeyError in the renderer; found by a fuzz run)."""
+    def f(x, i, u):
+        start = i * 11
+        return jax.nn.softmax(x, axis=-1), start, jax.lax.dynamic_update_slice(x.astype(jnp.bool_), u, (start[0],))
+
+    x = _values(rng, (100,), jnp.float32).at[:4].set(jnp.asarray([0.5, 1.0, -2.0, 0.0]))
+    with pallaskit.config.override(kernel_backend=backend):
+        for start in (0, 3, 50):
+            _check(f, x, jnp.asarray([start], jnp.int32), _values(rng, (98,), jnp.bool_), kernels=1)
+
+
 def test_dynamic_slice_in_fori_loop(rng):
     pallaskit.config.update(loop_bodies="on")  # 'auto' compiles bodies in interpret mode only
     x = _values(rng, (16, 5), jnp.float32)

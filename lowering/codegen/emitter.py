@@ -575,10 +575,13 @@ def write_pointwise(em, kernel: Kernel, bodies, cfg) -> None:
             em.store(m, var, ext)
 
 
-def write_ready_row_values(em, kernel: Kernel, bodies) -> None:
+def write_ready_row_values(em, kernel: Kernel, bodies, only=None) -> None:
     """Row values (epilogues) whose inputs are final after the phase just
-    written, each kept as a (BLOCK_R, 1) value and stored if it is stored."""
+    written, each kept as a (BLOCK_R, 1) value and stored if it is stored;
+    ``only``: just those named (what the next phase's members read)."""
     for m in kernel.members:
+        if only is not None and m.name not in only:
+            continue
         if m.role == "row" and m.name not in em.row_values and row_ready(m, em, kernel):
             var, ext = em.value(bodies[m.name])
             var = em.broadcast(var, ext, frozenset("r"))

@@ -31,6 +31,10 @@ def render_rows(em, kernel: Kernel, bodies, cfg, *, row_block="pid", columns_rea
     for p in range(max(phase.values()) + 1):
         reds = [m for m in kernel.members if m.role == "reduction" and phase[m.name] == p]
         rowwise = [m for m in kernel.members if m.role == "rowwise" and m.store and phase[m.name] == p]
+        # A row value of this phase that the phase's members read (one that needs no
+        # reduction: a scalar computed beside the row sums) is written first.
+        write_ready_row_values(em, kernel, bodies, only={ld.buffer for m in reds + rowwise
+                                                         for ld in ir.loads(bodies[m.name])})
         if reds or rowwise:
             if cfg.persistent:
                 if p == 0 and not columns_ready:
