@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import pytest
 
 import pallaskit
+from benchmarks.models import _rope  # RoPE's rotate-half form, cos/sin tables from iota
 from conftest import assert_close
 
 
@@ -231,18 +232,6 @@ def test_explain_groups_many_refusals_by_reason():
     text = str(e)
     assert ("not fused (6 pair(s) worth merging):\n- the reason: pointwise b0 + reduction r; pointwise b1 + "
             "reduction r; pointwise b2 + reduction r, and 2 more\n- another: mix m + reduction r") in text
-
-
-def _rope(x):
-    """Rotary embedding (rotate-half) of [B, T, H, hd]: cos/sin tables from iota."""
-    t, hd = x.shape[1], x.shape[-1]
-    inv_freq = 10000.0 ** (-jnp.arange(0, hd, 2, dtype=jnp.float32) / hd)
-    angles = jnp.arange(t, dtype=jnp.float32)[:, None] * inv_freq[None, :]
-    cos = jnp.concatenate([jnp.cos(angles)] * 2, axis=-1)[None, :, None, :]
-    sin = jnp.concatenate([jnp.sin(angles)] * 2, axis=-1)[None, :, None, :]
-    xf = x.astype(jnp.float32)
-    x1, x2 = xf[..., : hd // 2], xf[..., hd // 2:]
-    return (xf * cos + jnp.concatenate([-x2, x1], axis=-1) * sin).astype(x.dtype)
 
 
 def _heavy_ops_in(source: str) -> bool:

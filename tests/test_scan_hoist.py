@@ -14,6 +14,7 @@ from benchmarks.lstm_scan import lstm
 from conftest import assert_close
 from lowering.options import CompileOptions
 from lowering.scan_hoist import hoist_scans
+from test_loops import gru  # flax.linen.GRUCell's math
 
 B, H, I, T = 3, 5, 7, 6  # odd sizes
 
@@ -30,24 +31,6 @@ def _close(a, b, dtype=None):
 
 def _normal(rng, shape, dtype, scale=0.5):
     return jnp.asarray(rng.standard_normal(shape) * scale, dtype)
-
-
-def gru(params, h0, xs):
-    """flax.linen.GRUCell's math (as tests/test_loops.py)."""
-    wx, wh, bx, bh = params
-
-    def cell(h, x):
-        gx = (x @ wx).astype(jnp.float32) + bx
-        gh = (h @ wh).astype(jnp.float32) + bh
-        xr, xz, xn = jnp.split(gx, 3, axis=-1)
-        hr, hz, hn = jnp.split(gh, 3, axis=-1)
-        r = jax.nn.sigmoid(xr + hr)
-        z = jax.nn.sigmoid(xz + hz)
-        n = jnp.tanh(xn + r * hn)
-        h = ((1.0 - z) * n + z * h.astype(jnp.float32)).astype(h.dtype)
-        return h, h
-
-    return jax.lax.scan(cell, h0, xs)
 
 
 def _lstm_args(rng, dtype, t=T):

@@ -272,10 +272,8 @@ def _scatter(ctx, eqn, operand, indices, updates):
             else:
                 start = ir.Const(0, I32)
             rel = ir.Op("sub", (ir.IndexValue(out[d], I32), start), I32)
-            if w == 1:  # a one-element window: the position itself (one compare an element, not four ops)
-                hits.append(ir.Op("eq", (ir.IndexValue(out[d], I32), start), BOOL))
-            else:
-                hits.append(_in_range(rel, w - 1))
+            # a one-element window: the position itself (one compare an element, not four ops)
+            hits.append(ir.Op("eq", (ir.IndexValue(out[d], I32), start), BOOL) if w == 1 else _in_range(rel, w - 1))
             if d in window_size:
                 win[d] = ir.indirect_index(_clamped(rel, w - 1))
         uidx = [None] * len(upd_shape)
