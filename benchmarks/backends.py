@@ -289,6 +289,9 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in [
     Backend("pallaskit_pallas", JAX, "pallaskit.jit, kernel_backend='pallas' (every kernel through Pallas's "
             "Triton backend, as before raw Triton became the GPU default)", _build_pallaskit,
             options=(("kernel_backend", "pallas"),), default=False),
+    Backend("pallaskit_triton", JAX, "pallaskit.jit, kernel_backend='triton' (every kernel raw Triton inside XLA, "
+            "the matmul template included)", _build_pallaskit,
+            options=(("kernel_backend", "triton"),), default=False),
     Backend("pallaskit_dynamic", JAX, "pallaskit.jit, dynamic axis 0 (default multi-kernel hints)",
             _build_pallaskit_dynamic, tags=frozenset({"dynamic"})),
     Backend("pallaskit_static_sizes", JAX, "pallaskit.jit, automatic_dynamic=False (one static compile per size, "

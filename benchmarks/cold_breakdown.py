@@ -24,8 +24,10 @@ jax.jit runs the same stages (``trace_s``, ``jax_lower_s``, ``xla_compile_s``,
 
 Variants: ``jax.jit``; ``pallaskit`` (defaults); ``members=K``
 (``heuristics.COMBO_MAX_MEMBERS = K``: at most K kernels joined per combo launch);
-``nocombo`` (option ``combo_kernels=False``); ``pallas`` (``kernel_backend='pallas'``); ``noshare``
-(raw-Triton kernels of the same code not sharing one function: [Note: shared Triton functions]).
+``nocombo`` (option ``combo_kernels=False``); ``pallas`` (``kernel_backend='pallas'``); ``triton``
+(``kernel_backend='triton'``: the matmul templates too); ``noshare`` (raw-Triton kernels of the
+same code not sharing one function: [Note: shared Triton functions]); ``nosharepallas`` (Pallas
+kernels of the same code each their own launch: [Note: shared Pallas kernels]).
 
     # on the GPU: the 183-array AdamW of benchmarks/models.py (GPT-2 small shapes)
     JAX_PLATFORMS=cuda PYTHONPATH=. python -m benchmarks.cold_breakdown \\
@@ -205,6 +207,10 @@ def child(workload: str, variant: str) -> dict:
             pallaskit.config.update(kernel_backend="pallas")
         elif variant == "noshare":  # every raw-Triton launch its own function ([Note: shared Triton functions])
             lowering.codegen.program.share_triton_functions = lambda kernels: None
+        elif variant == "nosharepallas":  # every Pallas launch its own kernel ([Note: shared Pallas kernels])
+            lowering.codegen.program.share_pallas_kernels = lambda kernels: None
+        elif variant == "triton":
+            pallaskit.config.update(kernel_backend="triton")
         elif variant != "pallaskit":
             raise ValueError(f"unknown variant {variant!r}")
         clock = _Clock()
@@ -299,7 +305,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default="gpt2_adamw", help="comma-separated: " + ", ".join(WORKLOADS))
     ap.add_argument("--variants", default=DEFAULT_VARIANTS,
-                    help="comma-separated: jax.jit, pallaskit, members=K, nocombo, pallas, noshare")
+                    help="comma-separated: jax.jit, pallaskit, members=K, nocombo, pallas, triton, noshare, nosharepallas")
     ap.add_argument("--kernels", type=int, default=5, help="print the K slowest Triton compiles of each row")
     ap.add_argument("--timeout", type=float, default=600, help="seconds one (workload, variant) process may take")
     ap.add_argument("--output", default="", help="folder for cold_breakdown.json")

@@ -115,3 +115,39 @@ def test_only_functions_equal_but_for_names_are_shared():
     assert "#   k11 = an equation" in ks[1].source  # the launch's own equations stay
     assert "# k1_kernel runs for 2 launches: k1, k11" in ks[0].source
     assert "k1_p(0, in_ptr0)" in ks[0].source and "k2_p(0, in_ptr0)" in ks[2].source
+
+
+# [Note: shared Pallas kernels]: Pallas kernels of the same code launch through one launcher.
+def _pallas_kernel(name, body):
+    lines = [f"# kernel {name}: from:", f"#   {name} = an equation", f"def {name}_kernel(in_ptr0, out_ptr0):",
+             f"    {body}  # {name}", "", f"def {name}(in0):", f"    return pl.pallas_call({name}_kernel, name='{name}')(in0)"]
+    return RenderedKernel(name, "\n".join(lines), [], None)
+
+
+def test_only_pallas_kernels_equal_but_for_names_are_shared():
+    ks = [_pallas_kernel("k1", "x = 1"), _pallas_kernel("k11", "x = 1"), _pallas_kernel("k2", "x = 2"),
+          _pallas_kernel("k1_b", "x = 1")]
+    program.share_pallas_kernels(ks)
+    assert ks[1].source.splitlines() == ["# kernel k11: from:", "#   k11 = an equation",
+                                         "k11 = k1  # the same kernel as k1: one compile"]
+    assert ks[3].source.endswith("k1_b = k1  # the same kernel as k1: one compile")
+    assert "def k1_kernel(" in ks[0].source and "def k2_kernel(" in ks[2].source
+
+
+def test_repeated_pallas_layers_launch_one_kernel(rng):
+    """Interpret mode, Pallas kernels: every layer after the first launches the first
+    layer's kernels (the same pallas_call name: one XLA compile each), as jax.jit computes."""
+    from pallaskit.api import compile_options
+
+    args = _inputs(rng, jnp.float32, 37)
+    with pallaskit.config.override(kernel_backend="pallas", cache=False):
+        program_ = lowering.compile_jaxpr(jax.make_jaxpr(_layers)(*args), compile_options()).program
+        got = pallaskit.jit(_layers)(*args)
+    aliases = re.findall(r"^(\w+) = (\w+)  # the same kernel as", program_.source, re.M)
+    names = re.findall(r"name='(\w+)'", program_.source)
+    assert aliases and len(names) == len(set(names))
+    assert {a for a, _ in aliases} <= {k.name for k in program_.kernels}
+    assert {b for _, b in aliases} <= set(names)
+    want = jax.jit(_layers)(*args)
+    for a, e in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        assert_close(a, e, jnp.float32)
