@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import logging
 import os
 import threading
 import weakref
@@ -47,6 +48,7 @@ from jax.extend.core import Primitive
 
 from pallaskit.runtime import ffi_targets, triton_launch
 
+log = logging.getLogger("pallaskit")
 triton_call_p = Primitive("pallaskit_triton_call")
 triton_call_p.multiple_results = True
 
@@ -65,6 +67,7 @@ class _Kernel:
         self.name = fn.__name__
         self._ptx: dict[tuple, concurrent.futures.Future] = {}  # of triton_launch._Compiled
         self._lock = threading.Lock()
+        self.assembling: set = set()  # launch signatures assembled early ([Note: assembling PTX early])
 
     def __repr__(self):
         return f"{self.name}(num_warps={self.num_warps}, num_stages={self.num_stages})"
@@ -124,7 +127,7 @@ def triton_call(fn, grid: int, out_shapes, *args, scalars=(), num_warps: int, nu
     out_avals = tuple(jax.core.ShapedArray(tuple(s.shape), np.dtype(s.dtype)) for s in out_shapes)
     kernel, scalars = _kernel(fn, num_warps, num_stages), tuple(int(v) for v in scalars)
     if not interpret:
-        _start_compile(kernel, [np.dtype(a.dtype) for a in args] + [a.dtype for a in out_avals], scalars, constexprs)
+        _start_compile(kernel, [np.dtype(a.dtype) for a in args], [a.dtype for a in out_avals], scalars, constexprs)
     return tuple(triton_call_p.bind(
         *args, kernel=kernel, grid=int(grid), out_avals=out_avals,
         scalars=scalars, constexprs=tuple(constexprs.items()), interpret=bool(interpret)))
@@ -138,15 +141,55 @@ def _signature(kernel: _Kernel, dtypes, scalars) -> dict:
     return signature
 
 
-def _start_compile(kernel: _Kernel, dtypes, scalars, constexprs) -> None:
+def _start_compile(kernel: _Kernel, in_dtypes, out_dtypes, scalars, constexprs) -> None:
     """Start the kernel's compile while the program is traced (its lowering
-    waits for it); anything amiss is left for the lowering to raise."""
+    waits for it), then its assembly by jaxlib ([Note: assembling PTX early]);
+    anything amiss is left for the lowering to raise."""
     try:
         from jax._src.lib import gpu_triton
 
-        kernel.start(_signature(kernel, dtypes, scalars), dict(constexprs), gpu_triton.get_compute_capability(0))
+        ffi_targets.triton_target()  # registered here, on the tracing thread, before any other thread lowers
+        future = kernel.start(_signature(kernel, [*in_dtypes, *out_dtypes], scalars), dict(constexprs),
+                              gpu_triton.get_compute_capability(0))
     except Exception:  # noqa: BLE001
-        pass
+        return
+    key = (tuple(in_dtypes), tuple(out_dtypes), tuple(scalars), tuple(constexprs.items()))
+    with kernel._lock:
+        if key in kernel.assembling:
+            return
+        kernel.assembling.add(key)
+    future.add_done_callback(lambda f: f.exception() is None and _assembly_pool().submit(_assemble, kernel, *key))
+
+
+# [Note: assembling PTX early]
+# jaxlib's Triton custom call assembles a kernel's PTX to a cubin (ptxas) when
+# XLA compiles the program that calls it, one kernel after another under one
+# process-wide lock, and keeps the result per (kernel name, PTX) for the
+# process. For a program of a hundred distinct kernels that serial chain was
+# most of XLA's compile (benchmarks/RESULTS.md, "Session 20"). So as soon as a
+# kernel's PTX is ready, a one-kernel program calling it (operands of one
+# element: jaxlib's cache key holds no shapes or grid) is compiled on a
+# background thread: the chain runs while the other kernels still compile to
+# PTX and JAX lowers the program, and the program's own compile finds every
+# cubin made. Nothing runs on the device.
+@functools.lru_cache(maxsize=None)
+def _assembly_pool() -> concurrent.futures.ThreadPoolExecutor:
+    # Two threads: jaxlib assembles one kernel at a time; the other thread
+    # meanwhile traces and lowers the next one-kernel program.
+    return concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="pallaskit-ptx-assembly")
+
+
+def _assemble(kernel, in_dtypes, out_dtypes, scalars, constexprs) -> None:
+    outs = tuple(jax.core.ShapedArray((1,), dt) for dt in out_dtypes)
+
+    def one_kernel(*args):
+        return triton_call_p.bind(*args, kernel=kernel, grid=1, out_avals=outs, scalars=scalars,
+                                  constexprs=constexprs, interpret=False)
+
+    try:
+        jax.jit(one_kernel).lower(*(jax.ShapeDtypeStruct((1,), dt) for dt in in_dtypes)).compile()
+    except Exception as e:  # noqa: BLE001 - the program's own compile assembles it then
+        log.debug("pallaskit: assembling %s early failed (%s: %s)", kernel.name, type(e).__name__, e)
 
 
 @triton_call_p.def_abstract_eval
