@@ -1,7 +1,7 @@
 """Raw-Triton tile variants against the Pallas kernels (lowering/executors.py
-``GPU_AUTO``: the matmul template stays Pallas under kernel_backend='auto';
-mix kernels with two or more column sums moved to raw Triton on these
-figures, RESULTS.md "Session 18"), in one GPU process.
+``GPU_AUTO``: mix kernels with two or more column sums moved to raw Triton on
+these figures, RESULTS.md "Session 18"; the matmul template in session 20), in
+one GPU process.
 
 Each variant is the 'triton' executor with some heuristics constants set for
 the compile (``VARIANTS``: rows a step, warps, programs per SM and pipeline

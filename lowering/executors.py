@@ -31,8 +31,8 @@ KERNEL_BACKENDS = ("auto", "pallas", "triton")
 
 # kernel_backend='auto' on a GPU: the executor of each kernel kind and why.
 # Raw Triton everywhere, so nothing depends on Pallas's deprecated Triton
-# backend, except where raw Triton measured slower on the suite: that kind
-# names Pallas here, its reason pointing at the figures.
+# backend, except where raw Triton is not measured level with Pallas yet: that
+# kind names Pallas here, with its reason.
 _DEPRECATED = "kernel_backend='auto' on a GPU: raw Triton inside XLA (Pallas's Triton backend is deprecated)"
 GPU_AUTO = {
     "pointwise": (TRITON_XLA, _DEPRECATED),
@@ -48,10 +48,10 @@ GPU_AUTO = {
     # a tile not yet timed against Pallas's, so 'auto' keeps the Pallas kernel.
     "mix_long_rows": (PALLAS, "kernel_backend='auto' on a GPU: a mix kernel over rows too long for a two-row raw "
                       "Triton tile keeps Pallas's kernel (the one-row Triton tile is not measured yet)"),
-    # The matmul template: raw Triton measured 3-14% slower than Pallas's on the H100's gelu MLP
-    # (benchmarks/RESULTS.md, "Session 16"; benchmarks/executors.py).
-    "matmul": (PALLAS, "kernel_backend='auto' on a GPU: the matmul template measured faster in Pallas "
-               "(benchmarks/executors.py)"),
+    # The matmul template: raw Triton level with Pallas's in steady state (within 1% on the
+    # suite's MLP and model steps) and faster to a first call, now that jaxlib assembles
+    # its PTX early (benchmarks/RESULTS.md, "Session 20").
+    "matmul": (TRITON_XLA, _DEPRECATED),
     "combo": (TRITON_XLA, _DEPRECATED),  # independent kernels in one launch (lowering/combo.py)
 }
 
