@@ -66,6 +66,12 @@ def op_weight(op: str) -> int:
 # of 183 optimizer updates (a 190-argument part function a member, and Triton's compile
 # time with it).
 MAX_INLINED_READS = 16
+# A pointwise value that several nodes read and whose inlined body loads more buffers
+# than this is stored once: each reader would load them all again. A deep model's
+# residual stream (x_L = x_0 + every earlier layer's outputs and biases) was otherwise
+# recomputed from 4L + 1 buffers in each of layer L's norm kernels, forward and backward
+# (benchmarks/RESULTS.md, "Session 20"). Inductor realizes a buffer past 8 such reads.
+MAX_SHARED_INLINED_READS = 8
 # Groups of one iteration space that share nothing merge to save a launch; past this
 # many members the kernel's code (one body per member) costs more Triton compile time
 # than the launch it saves, and combo kernels join the rest with shared code.

@@ -161,7 +161,9 @@ def materialized(graph: ir.Graph, live: set[str], options: CompileOptions | None
 # mask, adds) always stays inlined. Likewise a value whose inlined body loads more
 # than heuristics.MAX_INLINED_READS buffers and that larger readers read (a global-norm
 # clip's scale: the sum of every parameter's sum of squares, read by every update) is
-# stored once rather than summed again in each reader.
+# stored once rather than summed again in each reader, and so is one whose body loads
+# more than heuristics.MAX_SHARED_INLINED_READS buffers and that several nodes read (a
+# deep model's residual stream, the sum of every earlier layer's outputs).
 def broadcast_tables(graph: ir.Graph, live: set[str], keep: set[str], options: CompileOptions) -> set[str]:
     readers: dict[str, list] = collections.defaultdict(list)
     for n in graph.nodes.values():
@@ -216,7 +218,13 @@ def broadcast_tables(graph: ir.Graph, live: set[str], keep: set[str], options: C
             continue
         c = cost[n.name] = body_cost(n.body)
         w = wide[n.name] = body_reads(n.body)
-        if not c and w is not None:
+        many = w is None or len(w) > heuristics.MAX_SHARED_INLINED_READS
+        if not c and not many:
+            continue
+        if many and len(readers[n.name]) > 1:  # each reader would load them all
+            tables.add(n.name)
+            cost[n.name] = 0
+            wide[n.name] = frozenset((n.name,))
             continue
         own = domain(n)
         if own is None:

@@ -1,6 +1,9 @@
 """Fusion shown by kernel counts, and every fused program checked against jax.jit."""
+import re
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import pallaskit
@@ -278,3 +281,44 @@ def test_broadcast_tables_leave_row_values_and_cheap_masks_inline(rng, monkeypat
     with pallaskit.config.override(cache=False):
         assert len(_check(layernorm, x, w, b).kernels) == 1
         assert len(_check(masked_softmax, s).kernels) == 1
+
+
+def _loaded(source: str) -> int:
+    """Buffers a kernel loads: its ``in_ptr`` parameters."""
+    return len(set(re.findall(r"\bin_ptr\d+\b", source.split("):", 1)[0])))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_a_residual_stream_read_by_several_kernels_is_stored(rng, dtype):
+    """[Note: broadcast tables]: a deep model's residual stream (x_l = x_0 + every
+    earlier layer's output) that each layer's reduction also reads is stored once
+    its inlined body loads more than MAX_SHARED_INLINED_READS buffers, so no kernel
+    recomputes it from every earlier layer; values as jax.jit, grad included."""
+    from lowering import heuristics
+
+    layers = 14
+    x = jnp.asarray(rng.standard_normal((6, 130)), dtype)
+    hs = [jnp.asarray(rng.standard_normal((6, 130)), dtype) for _ in range(layers)]
+    x = x.at[0, 0].set(jnp.nan).at[1, 2].set(jnp.inf)
+
+    def deep(x, hs):
+        sums = []
+        for h in hs:
+            x = x + jnp.tanh(h) * 0.5  # the residual add: a pointwise chain through every layer
+            sums.append(jnp.sum(x * x, axis=-1))  # a second reader per layer
+        return x, sums
+
+    grad = jax.grad(lambda x, hs: jnp.sum(deep(x, hs)[1][-1].astype(jnp.float32)))
+    with pallaskit.config.override(cache=False, combo_kernels=False):
+        if dtype == jnp.float32:
+            ex = _check(deep, x, hs)
+            _check(grad, x, hs)
+        else:  # 14 bf16 adds round at points of XLA's own: a chain's tolerance, not one op's
+            for f in (deep, grad):
+                for a, e in zip(jax.tree_util.tree_leaves(pallaskit.jit(f)(x, hs)),
+                                jax.tree_util.tree_leaves(jax.jit(f)(x, hs))):
+                    assert a.dtype == e.dtype
+                    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(e, np.float32),
+                                               rtol=0.05, atol=0.1)
+            ex = pallaskit.explain(deep, x, hs)
+        assert max(_loaded(k.source) for k in ex.kernels) <= heuristics.MAX_SHARED_INLINED_READS + 2
