@@ -107,12 +107,16 @@ class _TopLevelJit:
         return self.top(*args)
 
 
-def aot_compile(call, structs, constants, xla=None):
+def aot_compile(call, structs, constants, xla=None, while_compiling: Callable | None = None):
     """The generated program's ``call`` compiled by XLA now (a
     ``jax.stages.Compiled``). ``xla``: the signature's donation and shardings,
     a sharded signature's placement included ([Note: XLA arguments] in
-    runtime/xla_args.py)."""
-    return xla_args.lower(call, structs, constants, xla).compile(compiler_options=compiler_options() or None)
+    runtime/xla_args.py). ``while_compiling``: called once lowering is done,
+    just before XLA compiles (which leaves the GIL free for a thread it starts)."""
+    lowered = xla_args.lower(call, structs, constants, xla)
+    if while_compiling is not None:
+        while_compiling()
+    return lowered.compile(compiler_options=compiler_options() or None)
 
 
 def on_device(constants, where=None) -> list:

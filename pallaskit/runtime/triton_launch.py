@@ -545,16 +545,18 @@ _warming_lock = threading.Lock()
 
 
 def warm_up() -> None:
-    """Import triton on a thread, so that it
-    overlaps the pallaskit compile that comes before a program's first kernel
-    compiles. The api calls it when a symbolic program's eager launches will
-    need kernels compiled. ``_triton`` on any other thread waits for it, so
-    triton's modules are imported by one thread at a time (two threads
-    importing one package can meet a circular wait, which Python breaks by
-    handing one of them a partly initialized module)."""
+    """Import triton and its compiler on a thread, once per process, so that a
+    program's first eager kernel compile does not wait for them. Called where
+    the main thread leaves the GIL free: while XLA compiles a static program
+    that a later new size may follow with eager launches (orchestrator.py), and
+    before a symbolic compile. Imports hold the GIL: beside the compiler's own
+    Python (the symbolic passes) they slow both. ``_triton`` on any other
+    thread waits for it, so triton's modules are imported by one thread at a
+    time (two threads importing one package can meet a circular wait, which
+    Python breaks by handing one of them a partly initialized module)."""
     global _warming
     with _warming_lock:
-        if _warming is None and "triton" not in sys.modules:
+        if _warming is None and "triton.compiler.code_generator" not in sys.modules:
             _warming = threading.Thread(target=_warm_up, name="pallaskit-triton-import", daemon=True)
             _warming.start()
 
@@ -562,6 +564,7 @@ def warm_up() -> None:
 def _warm_up() -> None:
     try:
         _triton(interpret=False)
+        import triton.compiler.code_generator  # noqa: F401  (imported by a first compile's AST stage)
         import triton.compiler.compiler  # noqa: F401  (the stages' modules)
     except Exception as e:  # noqa: BLE001  (the compile that needs it will say what is wrong)
         log.debug("pallaskit: importing triton on a thread failed (%s: %s)", type(e).__name__, e)
