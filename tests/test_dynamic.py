@@ -507,3 +507,99 @@ def test_a_jax_dim_is_parsed_once(monkeypatch):
         with pytest.raises(SymbolicUnsupported):
             symbolic.to_sympy(rows // 3)
     assert parsed.count(str(2 * rows + 1)) == 1 and parsed.count(str(rows * cols)) == 1, parsed
+
+
+def test_aot_compile_calls_while_compiling_between_lowering_and_compile(monkeypatch):
+    """executable.aot_compile's hook runs once, after JAX's lowering and before
+    XLA compiles (the window where the GIL is free for the thread it starts)."""
+    from pallaskit import executable
+    from pallaskit.runtime import xla_args
+
+    events = []
+    real_lower = xla_args.lower
+
+    class Lowered:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def compile(self, **kw):
+            events.append("compile")
+            return self.inner.compile(**kw)
+
+    def lower(*a, **k):
+        out = real_lower(*a, **k)
+        events.append("lowered")
+        return Lowered(out)
+
+    monkeypatch.setattr(xla_args, "lower", lower)
+    x = jnp.arange(6.0, dtype=jnp.float32)
+    compiled = executable.aot_compile(lambda a: (a * 2.0,), [jax.ShapeDtypeStruct(x.shape, x.dtype)], [],
+                                      while_compiling=lambda: events.append("hook"))
+    np.testing.assert_array_equal(np.asarray(compiled(x)[0]), np.asarray(x) * 2.0)
+    assert events == ["lowered", "hook", "compile"]
+
+
+def test_warm_up_for_eager_only_where_a_new_size_could_launch_eagerly():
+    """Triton's import starts while XLA compiles a static program only where a
+    later new size would compile eager Triton kernels: a GPU with triton,
+    automatic dynamic on, eager launches wanted."""
+    from lowering.options import CompileOptions
+    from pallaskit import orchestrator
+    from pallaskit.runtime import triton_launch
+
+    gpu = CompileOptions(interpret=False, triton_available=True)
+    with pallaskit.config.override(dynamic_launch="auto"):  # this file's fixture sets 'off'
+        assert orchestrator._warm_up_for_eager(gpu) is triton_launch.warm_up
+        assert orchestrator._warm_up_for_eager(CompileOptions(interpret=True, triton_available=True)) is None
+        assert orchestrator._warm_up_for_eager(CompileOptions(interpret=False, triton_available=False)) is None
+        with pallaskit.config.override(automatic_dynamic=False):
+            assert orchestrator._warm_up_for_eager(gpu) is None
+    with pallaskit.config.override(dynamic_launch="off"):
+        assert orchestrator._warm_up_for_eager(gpu) is None
+
+
+def test_a_static_compile_starts_the_warm_up_as_xla_compiles(rng, monkeypatch):
+    """The orchestrator hands ``_warm_up_for_eager``'s answer to XLA's compile of
+    every static program it compiles (cache off or a miss), and a cache hit,
+    which compiles nothing, starts nothing."""
+    from pallaskit import executable, orchestrator
+
+    started, seen = [], []
+    monkeypatch.setattr(orchestrator, "_warm_up_for_eager", lambda options: lambda: started.append(1))
+    real = executable.aot_compile
+
+    def aot_compile(*a, while_compiling=None, **k):
+        seen.append(while_compiling is not None)
+        return real(*a, while_compiling=while_compiling, **k)
+
+    monkeypatch.setattr(executable, "aot_compile", aot_compile)
+    x = jnp.asarray(rng.standard_normal((5, 3)), jnp.float32)
+    for cache in (False, True, True):  # off, a miss, a hit (a new function of the same code)
+        with pallaskit.config.override(cache=cache):
+            assert_close(pallaskit.jit(lambda a: jnp.sin(a) * 2.0)(x), jnp.sin(x) * 2.0)
+    assert seen == [True, True] and started == [1, 1]
+
+
+def test_warm_up_imports_tritons_code_generator():
+    """warm_up (a process without Triton's interpreter) imports what a first
+    kernel compile would wait for, Triton's AST code generator included, on a
+    thread; again after triton itself was imported by something else."""
+    pytest.importorskip("triton")
+    import subprocess
+    import sys
+    import os
+
+    script = ("import sys\n"
+              "import triton\n"  # imported already (as by raw Triton kernels inside XLA): still warmed
+              "from pallaskit.runtime import triton_launch\n"
+              "triton_launch.warm_up()\n"
+              "triton_launch._warming.join()\n"
+              "print('WARM', 'triton.compiler.code_generator' in sys.modules, "
+              "'triton.compiler.compiler' in sys.modules)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["JAX_PLATFORMS"] = "cpu"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
+                          timeout=300)
+    assert "WARM True True" in proc.stdout, proc.stdout + proc.stderr[-3000:]
