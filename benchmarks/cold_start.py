@@ -23,7 +23,11 @@ function), ``passes`` (``lowering.compile_jaxpr``; on a cold process it
 includes importing the compiler), ``eager`` (building the eager program of a
 symbolic graph), ``triton_sum`` / ``triton_max`` (each raw-Triton kernel's
 compile, on threads: inside XLA and eager), ``xla`` (``executable.aot_compile``:
-JAX's lowering, waiting for Triton, XLA's compile). Python bytecode is written
+JAX's lowering, waiting for Triton, XLA's compile), ``symbolic`` (automatic
+dynamic's whole symbolic compile: trace, passes, eager program), ``eager_call``
+(the eager program's calls: its first waits for its kernels' compiles),
+``triton_import`` (triton's import on a thread, ``triton_launch.warm_up``). The
+sweep's first two sizes also print their own phases. Python bytecode is written
 to a fresh ``PYTHONPYCACHEPREFIX`` by untimed smoke runs first (as an installed
 package has it), unless ``--no-bytecode``.
 
@@ -51,7 +55,7 @@ SMOKE_ROWS, SMOKE_DIMS = (5, 17, 33, 64, 100), (32, 64, 32)
 def _phases():
     """Wrap pallaskit's phases; returns the dict their seconds add up in."""
     import lowering
-    from pallaskit import executable, orchestrator
+    from pallaskit import dynamic, executable, orchestrator
 
     totals: dict = {}
     lock = threading.Lock()
@@ -77,19 +81,27 @@ def _phases():
     wrap(lowering, "compile_jaxpr", "passes")
     wrap(orchestrator, "_eager_program", "eager")
     wrap(executable, "aot_compile", "xla")
+    wrap(dynamic, "_compile_symbolic", "symbolic")
     try:
-        from pallaskit.runtime import triton_call, triton_launch
+        from pallaskit.runtime import eager, triton_call, triton_launch
 
         wrap(triton_call._Kernel, "_compile", "", per_kernel=True)
         wrap(triton_launch.TritonKernel, "_compile", "", per_kernel=True)
+        wrap(eager.EagerProgram, "__call__", "eager_call")
+        wrap(triton_launch, "_warm_up", "triton_import")
     except ImportError:  # no triton: no raw-Triton kernels to time
         pass
 
-    def summary():
-        out = {k: round(v, 4) for k, v in totals.items()}
-        if kernels:
-            out.update(triton_n=len(kernels), triton_sum=round(sum(kernels), 4), triton_max=round(max(kernels), 4))
+    def summary(since=None):
+        """The phases' seconds so far; ``since``: a ``mark()`` to count from."""
+        base, first = since or ({}, 0)
+        out = {k: round(v - base.get(k, 0.0), 4) for k, v in totals.items() if v - base.get(k, 0.0) > 0}
+        new = kernels[first:]
+        if new:
+            out.update(triton_n=len(new), triton_sum=round(sum(new), 4), triton_max=round(max(new), 4))
         return out
+
+    summary.mark = lambda: (dict(totals), len(kernels))
     return summary
 
 
@@ -132,11 +144,15 @@ def child(spec: dict) -> dict:
         f = pallaskit.jit(fn, dynamic={"x": {0: "m"}}) if row == "pallaskit dynamic=" else pallaskit.jit(fn)
     per = []
     outs = []
+    per_phases = []  # the first two calls' phases (size 1, and size 2: where automatic dynamic starts)
     start, cpu = time.perf_counter(), time.process_time()
     for args in calls:
+        mark = summary.mark() if summary is not None and len(per) < 2 else None
         t = time.perf_counter()
         outs.append(jax.block_until_ready(f(*args)))
         per.append(time.perf_counter() - t)
+        if mark is not None:
+            per_phases.append(summary(mark))
     total, cpu = time.perf_counter() - start, time.process_time() - cpu
     # Values: the first and last call against jax.jit (after the clock)
     ref = jax.jit(fn)
@@ -148,6 +164,7 @@ def child(spec: dict) -> dict:
     if summary is not None:
         c = pallaskit.metrics.counters
         out["phases"] = summary()
+        out["per_call_phases"] = per_phases
         out["counters"] = {k: c[k] for k in ("graphs_compiled", "kernels_compiled", "eager_launches",
                                              "dynamic_fallbacks") if c.get(k)}
     return out
@@ -219,6 +236,9 @@ def main(argv=None) -> int:
             if case == "sweep":
                 print("       per size: " + " ".join(f"{n}:{s:.3f}" for n, s in zip(r["labels"], r["per_call_s"])),
                       flush=True)
+                for i, ph in enumerate(r.get("per_call_phases", [])):
+                    print(f"       size {i + 1} ({r['labels'][i]}) phases: "
+                          + " ".join(f"{k} {v}" for k, v in ph.items()), flush=True)
     if results:
         print("device:", next((r["device"] for r in results if "device" in r), "?"))
     if a.output:
