@@ -123,7 +123,7 @@ def trace_symbolic(jf, structs, treedef, static_pos, static_kw, n_args):
 # --------------------------------------------------------------------------- #
 def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=True, structs=None,
                       size_hints=(), variants=None, positions=(), first_sizes=None, xla=None,
-                      traced=None, placement=None, compile_static=None) -> Compiled:
+                      traced=None, placement=None, compile_static=None, while_compiling=None) -> Compiled:
     """Trace and compile one signature. ``aot``: compile the executable now,
     through the on-disk graph cache (``pallaskit/cache``), where a hit skips
     the compiler and XLA (``Compiled.result`` is then None); otherwise only
@@ -137,7 +137,8 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
     jaxpr, output treedef) when the caller traced already; ``placement``:
     the arguments' shardings ([Note: sharding] in pallaskit/sharding.py),
     which join ``xla`` for the lowering; ``compile_static``: leaves -> (executable,
-    constants) of their size's static program, for an eager dispatcher's tier-up.
+    constants) of their size's static program, for an eager dispatcher's tier-up;
+    ``while_compiling``: called as XLA compiles a static program (not on a cache hit).
 
     One path, no callbacks: trace -> the compiler (``build``) -> an executable
     (pallaskit/executable.py); the graph cache is asked for an entry first and
@@ -272,7 +273,7 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
             xla = (xla or xla_args.XlaArgs()).with_placement(
                 placement, signature.flat_function(jf.fn, treedef, static_pos, static_kw, n_args), avals)
             build = per_shard.attach(xla.placed, closed, avals, build, options, config.shard_kernels, title)
-        served = _serve(closed, avals, static_pos + static_kw, options, title, build, t0, xla)
+        served = _serve(closed, avals, static_pos + static_kw, options, title, build, t0, xla, while_compiling)
         if served.result is None and config.debug_dir:  # a cache hit: what the entry keeps
             _dump(config.debug_dir, title, closed, None, served.source)
         log.debug("pallaskit served %s in %.3fs (cache: %s)", title, time.perf_counter() - t0, served.cache)
@@ -300,7 +301,8 @@ _serialize_failures: set = set()
 _sources_changed: list = []  # graphs compiled after this process's sources changed (logged once)
 
 
-def _serve(closed_jaxpr, avals, static_args, options, title: str, build, started: float, xla=None) -> Served:
+def _serve(closed_jaxpr, avals, static_args, options, title: str, build, started: float, xla=None,
+           while_compiling=None) -> Served:
     """One traced static signature: from the graph cache when the option is on
     and a valid entry exists, else ``build()`` -> (CompileResult, call,
     constants), XLA's compile, and a new entry. ``started``: when the call began
@@ -311,7 +313,7 @@ def _serve(closed_jaxpr, avals, static_args, options, title: str, build, started
         structs = xla.placed.structs()
     else:
         structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
-    warm = _warm_up_for_eager(options)
+    warm = _both(_warm_up_for_eager(options), while_compiling)
     if not cache.enabled():
         return _compile_new(build, structs, title, started, "off", xla=xla, while_compiling=warm)
     t0 = time.perf_counter()
@@ -405,6 +407,13 @@ def _finish(served: Served, title, started, deltas, kernels):
     metrics.apply_deltas(deltas)
     metrics.counters["compile_seconds"] += seconds
     metrics.record_graph(title, deltas, kernels, seconds, served.cache)
+
+
+def _both(first, second):
+    """One callable calling both (either may be None)."""
+    if first is None or second is None:
+        return first or second
+    return lambda: (first(), second())
 
 
 def _warm_up_for_eager(options):

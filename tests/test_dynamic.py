@@ -603,3 +603,78 @@ def test_warm_up_imports_tritons_code_generator():
     proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
                           timeout=300)
     assert "WARM True True" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, BF16], ids=["f32", "bf16"])
+def test_speculation_compiles_the_guessed_program_at_the_first_size(rng, dtype):
+    """Option automatic_dynamic_speculate ([Note: dynamic speculation]): the first
+    size's static compile also starts the symbolic compile of the leading axis in
+    the background; the second size takes it (no compile of its own), eagerly
+    (Triton's interpreter here), and every size agrees with jax.jit."""
+    pallaskit.config.update(dynamic_launch="on", automatic_dynamic_speculate=True)
+    fn = lambda a, b: jnp.exp(a) * b + 1.0  # noqa: E731
+    f = pallaskit.jit(fn)
+    for i, n in enumerate((5, 9, 17, 1)):
+        a = jnp.asarray(rng.standard_normal((n, 6)), dtype)
+        b = jnp.asarray(rng.standard_normal((n, 6)), dtype)
+        assert_close(f(a, b), jax.jit(fn)(a, b))
+        pallaskit.wait_compiles()
+        assert metrics.counters["dynamic_speculations"] == 1
+        assert metrics.counters["graphs_compiled"] == 2  # the first size's, and the speculative one
+        assert metrics.counters["dynamic_speculation_hits"] == (i > 0)
+    assert metrics.counters["eager_launches"] == 3 and not metrics.counters["dynamic_fallbacks"]
+
+
+def test_speculation_off_or_a_wrong_guess_changes_nothing(rng):
+    """Off (the default): nothing compiles ahead. A guess the second size does
+    not confirm (its other axis changes) is left unused: that size compiles its
+    own symbolic program, as without the option."""
+    pallaskit.config.update(dynamic_launch="on", cache=False)  # each run compiles its first size
+    fn = lambda a: jnp.tanh(a) * 2.0  # noqa: E731
+    for speculate in (False, True):
+        metrics.reset()
+        pallaskit.config.update(automatic_dynamic_speculate=speculate)
+        f = pallaskit.jit(fn)
+        for n in (5, 9):
+            a = jnp.asarray(rng.standard_normal((7, n)), jnp.float32)  # axis 1 changes; axis 0 is guessed
+            assert_close(f(a), jax.jit(fn)(a))
+            pallaskit.wait_compiles()
+        assert metrics.counters["dynamic_speculations"] == speculate
+        assert metrics.counters["dynamic_speculation_hits"] == 0
+        assert metrics.counters["graphs_compiled"] == 2 + speculate
+
+
+def test_a_speculation_that_cannot_compile_is_silent(rng, caplog):
+    """A guess whose symbolic trace fails logs nothing above debug and counts
+    no fallback; the second size then goes the usual way (one info line)."""
+    pallaskit.config.update(dynamic_launch="on", automatic_dynamic_speculate=True)
+
+    def f(x):
+        if x.shape[0] > 4:
+            return x.reshape(x.shape[0] // 2, -1).sum(0)
+        return x.sum(0) * 2.0
+
+    g = pallaskit.jit(f)
+    with caplog.at_level(logging.INFO, logger="pallaskit"):
+        x = jnp.asarray(rng.standard_normal((6, 4)), jnp.float32)
+        assert_close(g(x), jax.jit(f)(x))
+        pallaskit.wait_compiles()
+        assert metrics.counters["dynamic_speculations"] == 1 and not metrics.counters["dynamic_fallbacks"]
+        assert not [r for r in caplog.records if "dynamic" in r.getMessage()]
+        x = jnp.asarray(rng.standard_normal((8, 4)), jnp.float32)
+        assert_close(g(x), jax.jit(f)(x))
+    assert metrics.counters["dynamic_fallbacks"] == 1 and metrics.counters["dynamic_speculation_hits"] == 0
+
+
+def test_guessed_axes_are_leading_axes_of_sizes_found_nowhere_else():
+    """_guess_axes: a batch axis (shared by arguments of the same leading size),
+    never a weight's leading axis (another array's feature size), never size 1."""
+    from pallaskit import dynamic
+
+    def avals(*shapes):
+        return [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]
+
+    assert dynamic._guess_axes(avals((100, 1024), (1024, 4096), (4096, 1024))) == {(0, 0)}
+    assert dynamic._guess_axes(avals((8, 16), (8,), (16, 16))) == {(0, 0), (1, 0)}
+    assert dynamic._guess_axes(avals((1, 16), (16, 16))) == set()
+    assert dynamic._guess_axes(avals((), (3,))) == {(1, 0)}

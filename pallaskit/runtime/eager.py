@@ -84,6 +84,14 @@ class EagerProgram:
         self._compiled = True
         return self._launch(Launch(interpret=self.interpret), self.kernels, *inputs)
 
+    def precompile(self, inputs) -> None:
+        """Compile (or load) every kernel for ``inputs`` before the first call,
+        which then finds them loaded. Anything with the inputs' ``shape`` and
+        ``dtype`` will do (a speculative compile has avals, [Note: dynamic
+        speculation] in pallaskit/dynamic.py). Nothing to do in interpret mode."""
+        if not self.interpret:
+            self._compile_all(inputs)
+
     def _compile_all(self, inputs) -> None:
         """Compile (or load) every kernel at once before the first launch:
         ``launch`` runs on a recorder that notes each kernel's signature."""
