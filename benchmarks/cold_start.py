@@ -14,7 +14,12 @@ Rows: ``jax.jit``; ``pallaskit`` (default options: automatic dynamic on);
 ``pallaskit+pre``, the same with the compiler (lowering, sympy, triton)
 imported before the clock, so that ``pallaskit`` minus it is the compiler's
 import time; ``cpu`` is the process's CPU seconds over the same calls (all
-threads; a loaded machine inflates wall seconds, not these); ``pallaskit dynamic=`` (sweep only: the row axis given).
+threads; a loaded machine inflates wall seconds, not these); ``pallaskit dynamic=`` (sweep only: the row axis given);
+``pallaskit speculate``: default options plus ``automatic_dynamic_speculate``
+([Note: dynamic speculation] in pallaskit/dynamic.py). ``background``: the
+wait, after the last call, for background work still running (a speculative
+compile that the small function never uses: its cost), and the CPU seconds
+with it (ptxas subprocesses not counted).
 
 The clock starts after ``import jax``, ``import pallaskit`` and the inputs are
 on the device (``import_s`` is reported apart). Each pallaskit row also shows
@@ -48,7 +53,7 @@ import threading
 import time
 
 RESULT = "RESULT "
-ROWS = ("jax.jit", "pallaskit", "pallaskit+pre", "pallaskit dynamic=")
+ROWS = ("jax.jit", "pallaskit", "pallaskit+pre", "pallaskit dynamic=", "pallaskit speculate")
 SMOKE_ROWS, SMOKE_DIMS = (5, 17, 33, 64, 100), (32, 64, 32)
 
 
@@ -146,6 +151,7 @@ def child(spec: dict) -> dict:
     outs = []
     per_phases = []  # the first two calls' phases (size 1, and size 2: where automatic dynamic starts)
     start, cpu = time.perf_counter(), time.process_time()
+    start_cpu = cpu
     for args in calls:
         mark = summary.mark() if summary is not None and len(per) < 2 else None
         t = time.perf_counter()
@@ -154,11 +160,18 @@ def child(spec: dict) -> dict:
         if mark is not None:
             per_phases.append(summary(mark))
     total, cpu = time.perf_counter() - start, time.process_time() - cpu
+    background = 0.0
+    if row != "jax.jit":  # work still running after the last call (a speculative compile, tier-up)
+        t = time.perf_counter()
+        pallaskit.wait_compiles()
+        background = time.perf_counter() - t
+    cpu_all = time.process_time() - start_cpu
     # Values: the first and last call against jax.jit (after the clock)
     ref = jax.jit(fn)
     err = max(float(jnp.max(jnp.abs(outs[i].astype(jnp.float32) - ref(*calls[i]).astype(jnp.float32))))
               for i in {0, len(calls) - 1})
     out = {"row": row, "case": spec["case"], "import_s": round(import_s, 3), "total_s": round(total, 3), "cpu_s": round(cpu, 3),
+           "background_s": round(background, 3), "cpu_with_background_s": round(cpu_all, 3),
            "per_call_s": [round(p, 4) for p in per], "labels": labels, "max_abs_err_vs_jax": err,
            "device": jax.devices()[0].device_kind}
     if summary is not None:
@@ -180,6 +193,8 @@ def spawn(case: str, row: str, smoke: bool, pycache: str | None, timeout: float)
         env.pop("PYTHONDONTWRITEBYTECODE", None)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if row == "pallaskit speculate":
+        env["PALLASKIT_AUTOMATIC_DYNAMIC_SPECULATE"] = "1"
     spec = {"case": case, "row": row, "smoke": smoke}
     try:
         proc = subprocess.run([sys.executable, "-m", "benchmarks.cold_start", "--child", json.dumps(spec)], env=env,
@@ -230,6 +245,8 @@ def main(argv=None) -> int:
             rest = sum(r["per_call_s"][1:])
             line = (f"{case:6s} {row:20s} total {r['total_s']:7.3f} s  first {first:6.3f}  rest {rest:6.3f}  "
                     f"cpu {r['cpu_s']:.2f}  import {r['import_s']:.2f}  err {r['max_abs_err_vs_jax']:.2g}")
+            if r.get("background_s", 0) >= 0.001:  # after the last call, until the background work ended
+                line += f"  background {r['background_s']:.3f} (cpu with it {r['cpu_with_background_s']:.2f})"
             if r.get("phases"):
                 line += "  " + " ".join(f"{k} {v}" for k, v in r["phases"].items())
             print(line, flush=True)
