@@ -411,7 +411,9 @@ class TritonKernel:
 
     def _artifact_path(self, key: tuple, target, version: str) -> str:
         """Where this kernel compiled for ``key`` lives in the cache (no suffix)."""
-        text = repr((_ARTIFACT_FORMAT, version, self.fn.cache_key, self.arg_names, key, self.num_warps,
+        with PARSE_LOCK:  # cache_key parses the source
+            source_key = self.fn.cache_key
+        text = repr((_ARTIFACT_FORMAT, version, source_key, self.arg_names, key, self.num_warps,
                      self.num_stages, target.arch))
         return os.path.join(self.cache_dir, hashlib.sha256(text.encode()).hexdigest() + ".kernel")
 
@@ -420,6 +422,15 @@ class TritonKernel:
         gave one already, triton having been imported with TRITON_INTERPRET=1."""
         _triton(interpret=True)
         return self.fn
+
+
+# Kernels compile on several threads (``triton_call._compile_pool``), and Triton
+# parses a kernel's source (``ast.parse``) for its hash and its AST stage. Python
+# before 3.11.8 and 3.12.2 keeps ast.parse's recursion depth in state the threads
+# share (CPython gh-106905): two parses at once raised "SystemError: AST constructor
+# recursion depth mismatch", failing a compile. Both steps are Python under the GIL
+# for the most part: they take turns at no cost.
+PARSE_LOCK = threading.RLock()
 
 
 # [Note: kernel artifacts]
@@ -463,18 +474,20 @@ def _compile_uncached(src, target, options: dict, until: str = "cubin") -> _Comp
         first = list(stages).index(src.ext)  # make_ir gives raw TTIR: the ttir stage runs on it too
     except (ImportError, AttributeError, TypeError, ValueError) as e:
         log.debug("pallaskit: compiling through triton.compile (%s: %s)", type(e).__name__, e)
-        compiled = triton.compile(src, target=target, options=options)
+        with PARSE_LOCK:
+            compiled = triton.compile(src, target=target, options=options)
         binary = compiled.asm[until]
         return _Compiled(_namespace(json.loads(json.dumps(compiled.metadata._asdict(), default=vars))),
                          binary.encode() if isinstance(binary, str) else bytes(binary))
-    metadata = {"hash": src.hash(), "target": target, **parsed.__dict__, **get_cache_invalidating_env_vars(),
-                "triton_version": triton.__version__}
     t0 = time.perf_counter()
-    context = ir.context()
-    ir.load_dialects(context)
-    backend.load_dialects(context)
-    module = src.make_ir(target, parsed, backend.get_codegen_implementation(parsed), backend.get_module_map(),
-                         context)
+    with PARSE_LOCK:  # both parse the kernel's source
+        metadata = {"hash": src.hash(), "target": target, **parsed.__dict__, **get_cache_invalidating_env_vars(),
+                    "triton_version": triton.__version__}
+        context = ir.context()
+        ir.load_dialects(context)
+        backend.load_dialects(context)
+        module = src.make_ir(target, parsed, backend.get_codegen_implementation(parsed), backend.get_module_map(),
+                             context)
     times = [f"ast {time.perf_counter() - t0:.3f}"]
     t0 = time.perf_counter()
     for ext, compile_stage in list(stages.items())[first:]:
