@@ -47,7 +47,7 @@ log = logging.getLogger("pallaskit")
 # Triton compiling the eager kernels. Option ``automatic_dynamic_speculate``
 # starts that work earlier, at a signature's first (static) compile, while
 # XLA compiles (``executable.aot_compile``'s ``while_compiling``: XLA leaves
-# the GIL free) on the background thread of runtime/eager.py, for a guess of
+# the GIL free) on a background thread (runtime/eager.py ``submit``), for a guess of
 # the axes (``_guess_axes``: each argument's leading axis whose size no other
 # axis has). The guess becomes the symbolic signature a second size changing
 # exactly those axes would get (``_changed_axes``, same symbols), whose
@@ -244,7 +244,7 @@ def _changed_axes(jf, avals, seen, paths, dyn_positions, taken, used) -> dict:
 
 def speculation(jf, avals, treedef, static_pos, static_kw, n_args):
     """Option ``automatic_dynamic_speculate`` ([Note: dynamic speculation]): at
-    a function's first static compile, a callable that starts, on the background
+    a function's first static compile, a callable that starts, on a background
     thread, the symbolic compile a second size changing the guessed axes would
     run, and its eager kernels' compiles; the orchestrator calls it as XLA
     compiles (which leaves the GIL free). None where nothing is guessed or new
@@ -295,7 +295,7 @@ def speculation(jf, avals, treedef, static_pos, static_kw, n_args):
         from pallaskit.runtime import eager
 
         metrics.counters["dynamic_speculations"] += 1
-        jf._speculated[sym_key] = eager.submit(run)
+        jf._speculated[sym_key] = eager.submit(run, thread="pallaskit-speculate")
         log.debug("pallaskit: %s: compiling it with %s dynamic in the background (a guess)", jf._title(),
                   ", ".join(sorted(set(axes.values()))))
     return start

@@ -678,3 +678,26 @@ def test_guessed_axes_are_leading_axes_of_sizes_found_nowhere_else():
     assert dynamic._guess_axes(avals((8, 16), (8,), (16, 16))) == {(0, 0), (1, 0)}
     assert dynamic._guess_axes(avals((1, 16), (16, 16))) == set()
     assert dynamic._guess_axes(avals((), (3,))) == {(1, 0)}
+
+
+def test_a_speculation_does_not_queue_behind_tier_up(rng):
+    """Speculative compiles have a thread of their own: a second size waiting
+    for one does not also wait for another function's tier-up compile."""
+    import concurrent.futures
+    import threading
+
+    from pallaskit.runtime import eager
+
+    pallaskit.config.update(dynamic_launch="on", automatic_dynamic_speculate=True)
+    gate = threading.Event()
+    busy = eager.submit(gate.wait, 120)  # the tier-up thread, held
+    try:
+        f = pallaskit.jit(lambda a: a * 2.0 + 1.0)
+        a = jnp.asarray(rng.standard_normal((5, 3)), jnp.float32)
+        assert_close(f(a), a * 2.0 + 1.0)
+        (future,) = f._speculated.values()
+        concurrent.futures.wait([future], timeout=60)
+        assert future.done() and future.result() is not None
+    finally:
+        gate.set()
+        busy.result()
