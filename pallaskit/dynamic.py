@@ -55,7 +55,8 @@ log = logging.getLogger("pallaskit")
 # compiling. Another second size compiles as usual; a guess that cannot
 # compile is dropped silently. The cost is a compile that a function that
 # never changes size does not need, off the calling thread but not off the GIL
-# once XLA is done.
+# once XLA is done: programs of more than ``SPECULATE_MAX_EQUATIONS``
+# equations are not guessed for.
 
 
 def entry(jf, leaves, avals, treedef, static_pos, static_kw, n_args) -> Compiled | None:
@@ -248,7 +249,9 @@ def speculation(jf, avals, treedef, static_pos, static_kw, n_args):
     thread, the symbolic compile a second size changing the guessed axes would
     run, and its eager kernels' compiles; the orchestrator calls it as XLA
     compiles (which leaves the GIL free). None where nothing is guessed or new
-    sizes would not launch eagerly."""
+    sizes would not launch eagerly; the callable takes the static program's
+    closed jaxpr and starts nothing for one of more than
+    ``SPECULATE_MAX_EQUATIONS`` equations."""
     if not (config.automatic_dynamic and config.automatic_dynamic_speculate) or jf.dynamic:
         return None
     skeleton = _skeleton(avals, treedef, static_pos, static_kw, n_args)
@@ -291,14 +294,34 @@ def speculation(jf, avals, treedef, static_pos, static_kw, n_args):
                 log.debug("pallaskit: %s: speculative eager kernels failed (%s: %s)", jf._title(), type(e).__name__, e)
         return entry
 
-    def start():
+    def start(closed_jaxpr):
         from pallaskit.runtime import eager
 
+        if _equations(closed_jaxpr.jaxpr) > SPECULATE_MAX_EQUATIONS:
+            return
         metrics.counters["dynamic_speculations"] += 1
         jf._speculated[sym_key] = eager.submit(run, thread="pallaskit-speculate")
         log.debug("pallaskit: %s: compiling it with %s dynamic in the background (a guess)", jf._title(),
                   ", ".join(sorted(set(axes.values()))))
     return start
+
+
+# A symbolic compile's cost grows with the program: a large one's (a training
+# step's) would hold the GIL for seconds beside the caller's own work, for a guess.
+SPECULATE_MAX_EQUATIONS = 500
+
+
+def _equations(jaxpr) -> int:
+    """Equations of a jaxpr, those of the jaxprs in their parameters included."""
+    n = 0
+    for eqn in jaxpr.eqns:
+        n += 1
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    n += _equations(inner)
+    return n
 
 
 def _guess_axes(avals) -> set:

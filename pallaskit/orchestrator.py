@@ -138,7 +138,8 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
     the arguments' shardings ([Note: sharding] in pallaskit/sharding.py),
     which join ``xla`` for the lowering; ``compile_static``: leaves -> (executable,
     constants) of their size's static program, for an eager dispatcher's tier-up;
-    ``while_compiling``: called as XLA compiles a static program (not on a cache hit).
+    ``while_compiling``: called with the closed jaxpr as XLA compiles a static
+    program (not on a cache hit).
 
     One path, no callbacks: trace -> the compiler (``build``) -> an executable
     (pallaskit/executable.py); the graph cache is asked for an entry first and
@@ -273,7 +274,8 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
             xla = (xla or xla_args.XlaArgs()).with_placement(
                 placement, signature.flat_function(jf.fn, treedef, static_pos, static_kw, n_args), avals)
             build = per_shard.attach(xla.placed, closed, avals, build, options, config.shard_kernels, title)
-        served = _serve(closed, avals, static_pos + static_kw, options, title, build, t0, xla, while_compiling)
+        hook = functools.partial(while_compiling, closed) if while_compiling is not None else None
+        served = _serve(closed, avals, static_pos + static_kw, options, title, build, t0, xla, hook)
         if served.result is None and config.debug_dir:  # a cache hit: what the entry keeps
             _dump(config.debug_dir, title, closed, None, served.source)
         log.debug("pallaskit served %s in %.3fs (cache: %s)", title, time.perf_counter() - t0, served.cache)

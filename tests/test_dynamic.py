@@ -701,3 +701,23 @@ def test_a_speculation_does_not_queue_behind_tier_up(rng):
     finally:
         gate.set()
         busy.result()
+
+
+def test_no_speculation_for_a_large_program(rng, monkeypatch):
+    """Programs of more than SPECULATE_MAX_EQUATIONS equations (those inside
+    inner jits counted) are not guessed for: their symbolic compile would cost
+    seconds of the GIL."""
+    from pallaskit import dynamic
+
+    inner = jax.jit(lambda a: jnp.tanh(a) + 1.0)
+    fn = lambda a: inner(a) * 2.0  # noqa: E731
+    a = jnp.asarray(rng.standard_normal((5, 3)), jnp.float32)
+    n = dynamic._equations(jax.make_jaxpr(fn)(a).jaxpr)
+    assert n > len(jax.make_jaxpr(fn)(a).jaxpr.eqns)
+    pallaskit.config.update(dynamic_launch="on", automatic_dynamic_speculate=True, cache=False)
+    for cap, started in ((n - 1, 0), (n, 1)):
+        metrics.reset()
+        monkeypatch.setattr(dynamic, "SPECULATE_MAX_EQUATIONS", cap)
+        assert_close(pallaskit.jit(fn)(a), fn(a))
+        pallaskit.wait_compiles()
+        assert metrics.counters["dynamic_speculations"] == started
