@@ -23,6 +23,7 @@ them into executables and back.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import pickle
 from typing import Any, Callable, Protocol
 
@@ -115,7 +116,11 @@ def aot_compile(call, structs, constants, xla=None, while_compiling: Callable | 
     just before XLA compiles (which leaves the GIL free for a thread it starts)."""
     lowered = xla_args.lower(call, structs, constants, xla)
     if while_compiling is not None:
-        while_compiling()
+        try:
+            while_compiling()
+        except Exception as e:  # noqa: BLE001  (work beside the compile: its failure is not the program's)
+            logging.getLogger("pallaskit").debug("pallaskit: work started beside XLA's compile failed (%s: %s)",
+                                                 type(e).__name__, e)
     return lowered.compile(compiler_options=compiler_options() or None)
 
 

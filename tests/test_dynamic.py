@@ -538,6 +538,13 @@ def test_aot_compile_calls_while_compiling_between_lowering_and_compile(monkeypa
     np.testing.assert_array_equal(np.asarray(compiled(x)[0]), np.asarray(x) * 2.0)
     assert events == ["lowered", "hook", "compile"]
 
+    def broken():
+        raise RuntimeError("a side task failed")
+
+    compiled = executable.aot_compile(lambda a: (a + 1.0,), [jax.ShapeDtypeStruct(x.shape, x.dtype)], [],
+                                      while_compiling=broken)  # the compile goes on
+    np.testing.assert_array_equal(np.asarray(compiled(x)[0]), np.asarray(x) + 1.0)
+
 
 def test_warm_up_for_eager_only_where_a_new_size_could_launch_eagerly():
     """Triton's import starts while XLA compiles a static program only where a
