@@ -14,7 +14,12 @@ Rows: ``jax.jit``; ``pallaskit`` (default options: automatic dynamic on);
 ``pallaskit+pre``, the same with the compiler (lowering, sympy, triton)
 imported before the clock, so that ``pallaskit`` minus it is the compiler's
 import time; ``cpu`` is the process's CPU seconds over the same calls (all
-threads; a loaded machine inflates wall seconds, not these); ``pallaskit dynamic=`` (sweep only: the row axis given).
+threads; a loaded machine inflates wall seconds, not these); ``pallaskit dynamic=`` (sweep only: the row axis given);
+``pallaskit speculate``: default options plus ``automatic_dynamic_speculate``
+([Note: dynamic speculation] in pallaskit/dynamic.py). ``background``: the
+wait, after the last call, for background work still running (a speculative
+compile that the small function never uses: its cost), and the CPU seconds
+with it (ptxas subprocesses not counted).
 
 The clock starts after ``import jax``, ``import pallaskit`` and the inputs are
 on the device (``import_s`` is reported apart). Each pallaskit row also shows
@@ -23,7 +28,11 @@ function), ``passes`` (``lowering.compile_jaxpr``; on a cold process it
 includes importing the compiler), ``eager`` (building the eager program of a
 symbolic graph), ``triton_sum`` / ``triton_max`` (each raw-Triton kernel's
 compile, on threads: inside XLA and eager), ``xla`` (``executable.aot_compile``:
-JAX's lowering, waiting for Triton, XLA's compile). Python bytecode is written
+JAX's lowering, waiting for Triton, XLA's compile), ``symbolic`` (automatic
+dynamic's whole symbolic compile: trace, passes, eager program), ``eager_call``
+(the eager program's calls: its first waits for its kernels' compiles),
+``triton_import`` (triton's import on a thread, ``triton_launch.warm_up``). The
+sweep's first two sizes also print their own phases. Python bytecode is written
 to a fresh ``PYTHONPYCACHEPREFIX`` by untimed smoke runs first (as an installed
 package has it), unless ``--no-bytecode``.
 
@@ -44,14 +53,14 @@ import threading
 import time
 
 RESULT = "RESULT "
-ROWS = ("jax.jit", "pallaskit", "pallaskit+pre", "pallaskit dynamic=")
+ROWS = ("jax.jit", "pallaskit", "pallaskit+pre", "pallaskit dynamic=", "pallaskit speculate")
 SMOKE_ROWS, SMOKE_DIMS = (5, 17, 33, 64, 100), (32, 64, 32)
 
 
 def _phases():
     """Wrap pallaskit's phases; returns the dict their seconds add up in."""
     import lowering
-    from pallaskit import executable, orchestrator
+    from pallaskit import dynamic, executable, orchestrator
 
     totals: dict = {}
     lock = threading.Lock()
@@ -77,19 +86,27 @@ def _phases():
     wrap(lowering, "compile_jaxpr", "passes")
     wrap(orchestrator, "_eager_program", "eager")
     wrap(executable, "aot_compile", "xla")
+    wrap(dynamic, "_compile_symbolic", "symbolic")
     try:
-        from pallaskit.runtime import triton_call, triton_launch
+        from pallaskit.runtime import eager, triton_call, triton_launch
 
         wrap(triton_call._Kernel, "_compile", "", per_kernel=True)
         wrap(triton_launch.TritonKernel, "_compile", "", per_kernel=True)
+        wrap(eager.EagerProgram, "__call__", "eager_call")
+        wrap(triton_launch, "_warm_up", "triton_import")
     except ImportError:  # no triton: no raw-Triton kernels to time
         pass
 
-    def summary():
-        out = {k: round(v, 4) for k, v in totals.items()}
-        if kernels:
-            out.update(triton_n=len(kernels), triton_sum=round(sum(kernels), 4), triton_max=round(max(kernels), 4))
+    def summary(since=None):
+        """The phases' seconds so far; ``since``: a ``mark()`` to count from."""
+        base, first = since or ({}, 0)
+        out = {k: round(v - base.get(k, 0.0), 4) for k, v in totals.items() if v - base.get(k, 0.0) > 0}
+        new = kernels[first:]
+        if new:
+            out.update(triton_n=len(new), triton_sum=round(sum(new), 4), triton_max=round(max(new), 4))
         return out
+
+    summary.mark = lambda: (dict(totals), len(kernels))
     return summary
 
 
@@ -132,22 +149,35 @@ def child(spec: dict) -> dict:
         f = pallaskit.jit(fn, dynamic={"x": {0: "m"}}) if row == "pallaskit dynamic=" else pallaskit.jit(fn)
     per = []
     outs = []
+    per_phases = []  # the first two calls' phases (size 1, and size 2: where automatic dynamic starts)
     start, cpu = time.perf_counter(), time.process_time()
+    start_cpu = cpu
     for args in calls:
+        mark = summary.mark() if summary is not None and len(per) < 2 else None
         t = time.perf_counter()
         outs.append(jax.block_until_ready(f(*args)))
         per.append(time.perf_counter() - t)
+        if mark is not None:
+            per_phases.append(summary(mark))
     total, cpu = time.perf_counter() - start, time.process_time() - cpu
+    background = 0.0
+    if row != "jax.jit":  # work still running after the last call (a speculative compile, tier-up)
+        t = time.perf_counter()
+        pallaskit.wait_compiles()
+        background = time.perf_counter() - t
+    cpu_all = time.process_time() - start_cpu
     # Values: the first and last call against jax.jit (after the clock)
     ref = jax.jit(fn)
     err = max(float(jnp.max(jnp.abs(outs[i].astype(jnp.float32) - ref(*calls[i]).astype(jnp.float32))))
               for i in {0, len(calls) - 1})
     out = {"row": row, "case": spec["case"], "import_s": round(import_s, 3), "total_s": round(total, 3), "cpu_s": round(cpu, 3),
+           "background_s": round(background, 3), "cpu_with_background_s": round(cpu_all, 3),
            "per_call_s": [round(p, 4) for p in per], "labels": labels, "max_abs_err_vs_jax": err,
            "device": jax.devices()[0].device_kind}
     if summary is not None:
         c = pallaskit.metrics.counters
         out["phases"] = summary()
+        out["per_call_phases"] = per_phases
         out["counters"] = {k: c[k] for k in ("graphs_compiled", "kernels_compiled", "eager_launches",
                                              "dynamic_fallbacks") if c.get(k)}
     return out
@@ -163,6 +193,8 @@ def spawn(case: str, row: str, smoke: bool, pycache: str | None, timeout: float)
         env.pop("PYTHONDONTWRITEBYTECODE", None)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if row == "pallaskit speculate":
+        env["PALLASKIT_AUTOMATIC_DYNAMIC_SPECULATE"] = "1"
     spec = {"case": case, "row": row, "smoke": smoke}
     try:
         proc = subprocess.run([sys.executable, "-m", "benchmarks.cold_start", "--child", json.dumps(spec)], env=env,
@@ -213,12 +245,17 @@ def main(argv=None) -> int:
             rest = sum(r["per_call_s"][1:])
             line = (f"{case:6s} {row:20s} total {r['total_s']:7.3f} s  first {first:6.3f}  rest {rest:6.3f}  "
                     f"cpu {r['cpu_s']:.2f}  import {r['import_s']:.2f}  err {r['max_abs_err_vs_jax']:.2g}")
+            if r.get("background_s", 0) >= 0.001:  # after the last call, until the background work ended
+                line += f"  background {r['background_s']:.3f} (cpu with it {r['cpu_with_background_s']:.2f})"
             if r.get("phases"):
                 line += "  " + " ".join(f"{k} {v}" for k, v in r["phases"].items())
             print(line, flush=True)
             if case == "sweep":
                 print("       per size: " + " ".join(f"{n}:{s:.3f}" for n, s in zip(r["labels"], r["per_call_s"])),
                       flush=True)
+                for i, ph in enumerate(r.get("per_call_phases", [])):
+                    print(f"       size {i + 1} ({r['labels'][i]}) phases: "
+                          + " ".join(f"{k} {v}" for k, v in ph.items()), flush=True)
     if results:
         print("device:", next((r["device"] for r in results if "device" in r), "?"))
     if a.output:

@@ -64,6 +64,7 @@ class JitFunction:
         self.dynamic = dynamic_dims.resolve(self._sig, dynamic, self.static_argnums, self.static_argnames)
         self._sym: dict = {}  # symbolic signature -> Compiled, or None: compiled per size instead
         self._seen: dict = {}  # automatic dynamic: signature skeleton -> the distinct shapes seen
+        self._speculated: dict = {}  # symbolic signature -> Future of its speculative compile (dynamic.speculation)
         self._logged: set = set()  # automatic dynamic axes already announced
         self._cache: dict = {}
         self._fast: dict = {}  # _fast_key -> Compiled, filled by calls that went through _cache
@@ -165,8 +166,11 @@ class JitFunction:
             if placement is None:
                 entry = dynamic_dims.entry(self, leaves, avals, treedef, static_pos, static_kw, len(args))
             if entry is None:
+                speculate = (dynamic_dims.speculation(self, avals, treedef, static_pos, static_kw, len(args))
+                             if placement is None else None)
                 entry = self._compile(avals, treedef, static_pos, static_kw, len(args),
-                                      xla=self._xla_args(treedef, len(args)), placement=placement)
+                                      xla=self._xla_args(treedef, len(args)), placement=placement,
+                                      while_compiling=speculate)
             self._cache[key] = entry
         outs = entry.executable(*leaves, *entry.constants)
         if entry.delete_after:

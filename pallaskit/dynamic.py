@@ -40,6 +40,23 @@ log = logging.getLogger("pallaskit")
 # Symbolic graphs bypass the disk cache (executables are per size), except
 # for the eager program of one served by eager launches ([Note: eager
 # program cache] in runtime/eager.py).
+#
+# [Note: dynamic speculation]
+# Automatic dynamic compiles the symbolic program when a second size comes,
+# and that size waits for it: on a GPU its trace, passes and, the most of it,
+# Triton compiling the eager kernels. Option ``automatic_dynamic_speculate``
+# starts that work earlier, at a signature's first (static) compile, while
+# XLA compiles (``executable.aot_compile``'s ``while_compiling``: XLA leaves
+# the GIL free) on a background thread (runtime/eager.py ``submit``), for a guess of
+# the axes (``_guess_axes``: each argument's leading axis whose size no other
+# axis has). The guess becomes the symbolic signature a second size changing
+# exactly those axes would get (``_changed_axes``, same symbols), whose
+# ``entry`` takes the result (waiting for it if unfinished) instead of
+# compiling. Another second size compiles as usual; a guess that cannot
+# compile is dropped silently. The cost is a compile that a function that
+# never changes size does not need, off the calling thread but not off the GIL
+# once XLA is done: programs of more than ``SPECULATE_MAX_EQUATIONS``
+# equations are not guessed for.
 
 
 def entry(jf, leaves, avals, treedef, static_pos, static_kw, n_args) -> Compiled | None:
@@ -64,10 +81,13 @@ def entry(jf, leaves, avals, treedef, static_pos, static_kw, n_args) -> Compiled
     if any(v < 1 for v in values.values()):  # symbols are >= 1 (jax.export's default constraint)
         log.debug("pallaskit: %s: a dynamic size is 0; compiling this size on its own", jf._title())
         return None
-    shapes = tuple((a.dtype, bool(a.weak_type), tuple(axes.get((i, k), d) if (i, k) in axes else int(d)
-                                                    for k, d in enumerate(a.shape)))
-                   for i, a in enumerate(avals))
-    sym_key = (treedef, shapes, static_pos, static_kw, n_args)
+    sym_key = _sym_key(avals, axes, treedef, static_pos, static_kw, n_args)
+    speculated = jf._speculated.pop(sym_key, None) if sym_key not in jf._sym else None
+    if speculated is not None:  # compiled in the background since the first size (``speculation``)
+        entry = speculated.result()
+        if entry is not None:
+            metrics.counters["dynamic_speculation_hits"] += 1
+            jf._sym[sym_key] = entry
     if sym_key not in jf._sym:
         options = orchestrator.compile_options()
         if automatic and not options.interpret and not orchestrator.eager_wanted(options):
@@ -169,14 +189,38 @@ def _automatic_axes(jf, avals, treedef, static_pos, static_kw, n_args, paths, dy
     seen with this signature skeleton (everything but sizes equal). Axes
     whose sizes were equal in every call seen share a symbol (a fresh
     symbol each would not trace: ``x + y`` needs equal sizes)."""
-    skeleton = (treedef, tuple((a.dtype, bool(a.weak_type), len(a.shape)) for a in avals),
-                static_pos, static_kw, n_args)
+    skeleton = _skeleton(avals, treedef, static_pos, static_kw, n_args)
     shape = tuple(tuple(int(d) for d in a.shape) for a in avals)
     seen = jf._seen.setdefault(skeleton, [])
     if shape not in seen:
         seen.append(shape)
     if len(seen) < 2:
         return {}
+    out = _changed_axes(jf, avals, seen, paths, dyn_positions, taken, used)
+    marker = (skeleton, tuple(sorted(out.items())))
+    if out and marker not in jf._logged:
+        jf._logged.add(marker)
+        log.info("pallaskit: %s: %s seen with a second size; compiling it once with %s dynamic",
+                 jf._title(), ", ".join(sorted({f"{signature.describe(paths[l], dyn_positions, jf._sig)} axis {k}"
+                                                  for l, k in out})), ", ".join(sorted(set(out.values()))))
+    return out
+
+
+def _skeleton(avals, treedef, static_pos, static_kw, n_args):
+    return (treedef, tuple((a.dtype, bool(a.weak_type), len(a.shape)) for a in avals), static_pos, static_kw, n_args)
+
+
+def _sym_key(avals, axes, treedef, static_pos, static_kw, n_args):
+    """A symbolic signature: the concrete one with its dynamic axes' sizes replaced by their symbols."""
+    shapes = tuple((a.dtype, bool(a.weak_type), tuple(axes[(i, k)] if (i, k) in axes else int(d)
+                                                    for k, d in enumerate(a.shape)))
+                   for i, a in enumerate(avals))
+    return (treedef, shapes, static_pos, static_kw, n_args)
+
+
+def _changed_axes(jf, avals, seen, paths, dyn_positions, taken, used) -> dict:
+    """{(leaf, axis): symbol name} of the axes whose size differs between the
+    shapes ``seen`` (of one skeleton), axes changing alike sharing a symbol."""
     groups: dict = {}
     for leaf, a in enumerate(avals):
         for axis in range(len(a.shape)):
@@ -196,21 +240,105 @@ def _automatic_axes(jf, avals, treedef, static_pos, static_kw, n_args, paths, dy
         used.add(name)
         for m in members:
             out[m] = name
-    marker = (skeleton, tuple(sorted(out.items())))
-    if out and marker not in jf._logged:
-        jf._logged.add(marker)
-        log.info("pallaskit: %s: %s seen with a second size; compiling it once with %s dynamic",
-                 jf._title(), ", ".join(sorted({f"{signature.describe(paths[l], dyn_positions, jf._sig)} axis {k}"
-                                                  for l, k in out})), ", ".join(sorted(set(out.values()))))
     return out
 
 
+def speculation(jf, avals, treedef, static_pos, static_kw, n_args):
+    """Option ``automatic_dynamic_speculate`` ([Note: dynamic speculation]): at
+    a function's first static compile, a callable that starts, on a background
+    thread, the symbolic compile a second size changing the guessed axes would
+    run, and its eager kernels' compiles; the orchestrator calls it as XLA
+    compiles (which leaves the GIL free). None where nothing is guessed or new
+    sizes would not launch eagerly; the callable takes the static program's
+    closed jaxpr and starts nothing for one of more than
+    ``SPECULATE_MAX_EQUATIONS`` equations."""
+    if not (config.automatic_dynamic and config.automatic_dynamic_speculate) or jf.dynamic:
+        return None
+    skeleton = _skeleton(avals, treedef, static_pos, static_kw, n_args)
+    if len(jf._seen.get(skeleton, ())) != 1:  # only a signature's first size
+        return None
+    options = orchestrator.compile_options()
+    if not orchestrator.eager_wanted(options) or config.dynamic_tier_up != "static":
+        return None
+    guessed = _guess_axes(avals)
+    if not guessed:
+        return None
+    paths = _leaf_paths(treedef)
+    dyn_positions = [i for i in range(n_args) if i not in jf.static_argnums]
+    shape = tuple(tuple(int(d) for d in a.shape) for a in avals)
+    other = tuple(tuple(d + 1 if (i, k) in guessed else d for k, d in enumerate(s)) for i, s in enumerate(shape))
+    # The axes and symbol names a second size changing exactly the guessed axes gets (``_automatic_axes``)
+    axes = _changed_axes(jf, avals, [shape, other], paths, dyn_positions, set(), set())
+    sym_key = _sym_key(avals, axes, treedef, static_pos, static_kw, n_args)
+    if sym_key in jf._sym or sym_key in jf._speculated:
+        return None
+    values = {sym: shape[leaf][axis] for (leaf, axis), sym in axes.items()}
+
+    def run():
+        try:
+            return compile_and_load()
+        except Exception as e:  # noqa: BLE001  (a guess that fails costs nothing but its time)
+            log.debug("pallaskit: %s: speculative compile failed (%s: %s)", jf._title(), type(e).__name__, e)
+            return None
+
+    def compile_and_load():
+        entry = _compile_symbolic(jf, avals, axes, values, treedef, static_pos, static_kw, n_args,
+                                  automatic=True, speculative=True)
+        if entry is not None and not _serves_new_sizes_at_once(entry):
+            return None
+        eager = getattr(entry.executable, "eager", None) if entry is not None else None
+        if eager is not None:
+            try:  # the kernels for these dtypes, as the first eager call would compile them
+                eager.precompile([*avals, *entry.executable.eager_constants])
+            except Exception as e:  # noqa: BLE001  (the first eager call compiles them and reports)
+                log.debug("pallaskit: %s: speculative eager kernels failed (%s: %s)", jf._title(), type(e).__name__, e)
+        return entry
+
+    def start(closed_jaxpr):
+        from pallaskit.runtime import eager
+
+        if _equations(closed_jaxpr.jaxpr) > SPECULATE_MAX_EQUATIONS:
+            return
+        metrics.counters["dynamic_speculations"] += 1
+        jf._speculated[sym_key] = eager.submit(run, thread="pallaskit-speculate")
+        log.debug("pallaskit: %s: compiling it with %s dynamic in the background (a guess)", jf._title(),
+                  ", ".join(sorted(set(axes.values()))))
+    return start
+
+
+# A symbolic compile's cost grows with the program: a large one's (a training
+# step's) would hold the GIL for seconds beside the caller's own work, for a guess.
+SPECULATE_MAX_EQUATIONS = 500
+
+
+def _equations(jaxpr) -> int:
+    """Equations of a jaxpr, those of the jaxprs in their parameters included."""
+    n = 0
+    for eqn in jaxpr.eqns:
+        n += 1
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, (list, tuple)) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    n += _equations(inner)
+    return n
+
+
+def _guess_axes(avals) -> set:
+    """The axes speculation makes dynamic: each array argument's leading axis
+    (a batch, as a rule) of size above 1 whose size no later axis of any
+    argument has (a weight's leading axis is some other array's feature axis)."""
+    later = {int(d) for a in avals for d in a.shape[1:]}
+    return {(i, 0) for i, a in enumerate(avals) if len(a.shape) >= 1 and int(a.shape[0]) > 1
+            and int(a.shape[0]) not in later}
+
+
 def _compile_symbolic(jf, avals, axes, values, treedef, static_pos, static_kw, n_args,
-                      automatic=False) -> Compiled | None:
+                      automatic=False, speculative=False) -> Compiled | None:
     """Trace with ``jax.export.symbolic_shape`` dims and compile once; None
     (the signature then compiles per size) when it cannot, with one log line
     (a warning for ``dynamic=``; for automatic axes, which the user did not
-    ask for, an info line)."""
+    ask for, an info line; ``speculative``: a debug line, no fallback counted)."""
     names = sorted(set(axes.values()))
     try:
         dims = dict(zip(names, jax.export.symbolic_shape(", ".join(names))))
@@ -233,6 +361,10 @@ def _compile_symbolic(jf, avals, axes, values, treedef, static_pos, static_kw, n
             compile_static=functools.partial(compile_static, jf, treedef, static_pos, static_kw, n_args))
     except Exception as e:  # noqa: BLE001  (anything the symbolic path cannot take: per-size compiles)
         reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        if speculative:
+            log.debug("pallaskit: %s: no speculative compile with dynamic %s (%s)", jf._title(), ", ".join(names),
+                      reason)
+            return None
         metrics.counters["dynamic_fallbacks"] += 1
         log.log(logging.INFO if automatic else logging.WARNING,
                 "pallaskit: %s cannot be compiled with dynamic %s (%s); compiling each size on its own",

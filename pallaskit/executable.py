@@ -23,6 +23,7 @@ them into executables and back.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import pickle
 from typing import Any, Callable, Protocol
 
@@ -107,12 +108,20 @@ class _TopLevelJit:
         return self.top(*args)
 
 
-def aot_compile(call, structs, constants, xla=None):
+def aot_compile(call, structs, constants, xla=None, while_compiling: Callable | None = None):
     """The generated program's ``call`` compiled by XLA now (a
     ``jax.stages.Compiled``). ``xla``: the signature's donation and shardings,
     a sharded signature's placement included ([Note: XLA arguments] in
-    runtime/xla_args.py)."""
-    return xla_args.lower(call, structs, constants, xla).compile(compiler_options=compiler_options() or None)
+    runtime/xla_args.py). ``while_compiling``: called once lowering is done,
+    just before XLA compiles (which leaves the GIL free for a thread it starts)."""
+    lowered = xla_args.lower(call, structs, constants, xla)
+    if while_compiling is not None:
+        try:
+            while_compiling()
+        except Exception as e:  # noqa: BLE001  (work beside the compile: its failure is not the program's)
+            logging.getLogger("pallaskit").debug("pallaskit: work started beside XLA's compile failed (%s: %s)",
+                                                 type(e).__name__, e)
+    return lowered.compile(compiler_options=compiler_options() or None)
 
 
 def on_device(constants, where=None) -> list:

@@ -43,6 +43,8 @@ COUNTER_NAMES = (
     "dynamic_guard_failures",  # calls whose sizes broke a symbolic program's guard (compiled for their size)
     "multi_kernel_choices",  # multi-kernel variants chosen for a new size (any method but the in-memory dict)
     "eager_launches",  # calls of a symbolic program run as raw Triton outside XLA (runtime/eager.py)
+    "dynamic_speculations",  # shape-generic programs compiled at a first size, for guessed axes
+    "dynamic_speculation_hits",  # second sizes served by such a program
     "eager_cache_hits",  # symbolic signatures whose eager program came from the on-disk cache (no compiler run)
     "per_shard_graphs",  # sharded signatures compiled at local shapes under shard_map (pallaskit/per_shard.py)
     "cache_hits",  # graphs served by the on-disk cache

@@ -123,7 +123,7 @@ def trace_symbolic(jf, structs, treedef, static_pos, static_kw, n_args):
 # --------------------------------------------------------------------------- #
 def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=True, structs=None,
                       size_hints=(), variants=None, positions=(), first_sizes=None, xla=None,
-                      traced=None, placement=None, compile_static=None) -> Compiled:
+                      traced=None, placement=None, compile_static=None, while_compiling=None) -> Compiled:
     """Trace and compile one signature. ``aot``: compile the executable now,
     through the on-disk graph cache (``pallaskit/cache``), where a hit skips
     the compiler and XLA (``Compiled.result`` is then None); otherwise only
@@ -137,7 +137,9 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
     jaxpr, output treedef) when the caller traced already; ``placement``:
     the arguments' shardings ([Note: sharding] in pallaskit/sharding.py),
     which join ``xla`` for the lowering; ``compile_static``: leaves -> (executable,
-    constants) of their size's static program, for an eager dispatcher's tier-up.
+    constants) of their size's static program, for an eager dispatcher's tier-up;
+    ``while_compiling``: called with the closed jaxpr as XLA compiles a static
+    program (not on a cache hit).
 
     One path, no callbacks: trace -> the compiler (``build``) -> an executable
     (pallaskit/executable.py); the graph cache is asked for an entry first and
@@ -208,7 +210,9 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
         if lazy and not options.interpret:
             from pallaskit.runtime import triton_launch
 
-            triton_launch.warm_up()  # overlaps this compile; its kernels compile after it
+            # Usually started already, while XLA compiled the static program
+            # (``_warm_up_for_eager``); else now, sharing the GIL with this compile.
+            triton_launch.warm_up()
         eager_program = None
         for hints in order:
             result, call, constants = build(dataclasses.replace(options, size_hints=tuple(hints)))
@@ -270,7 +274,8 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
             xla = (xla or xla_args.XlaArgs()).with_placement(
                 placement, signature.flat_function(jf.fn, treedef, static_pos, static_kw, n_args), avals)
             build = per_shard.attach(xla.placed, closed, avals, build, options, config.shard_kernels, title)
-        served = _serve(closed, avals, static_pos + static_kw, options, title, build, t0, xla)
+        hook = functools.partial(while_compiling, closed) if while_compiling is not None else None
+        served = _serve(closed, avals, static_pos + static_kw, options, title, build, t0, xla, hook)
         if served.result is None and config.debug_dir:  # a cache hit: what the entry keeps
             _dump(config.debug_dir, title, closed, None, served.source)
         log.debug("pallaskit served %s in %.3fs (cache: %s)", title, time.perf_counter() - t0, served.cache)
@@ -298,7 +303,8 @@ _serialize_failures: set = set()
 _sources_changed: list = []  # graphs compiled after this process's sources changed (logged once)
 
 
-def _serve(closed_jaxpr, avals, static_args, options, title: str, build, started: float, xla=None) -> Served:
+def _serve(closed_jaxpr, avals, static_args, options, title: str, build, started: float, xla=None,
+           while_compiling=None) -> Served:
     """One traced static signature: from the graph cache when the option is on
     and a valid entry exists, else ``build()`` -> (CompileResult, call,
     constants), XLA's compile, and a new entry. ``started``: when the call began
@@ -309,8 +315,9 @@ def _serve(closed_jaxpr, avals, static_args, options, title: str, build, started
         structs = xla.placed.structs()
     else:
         structs = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
+    warm = _both(_warm_up_for_eager(options), while_compiling)
     if not cache.enabled():
-        return _compile_new(build, structs, title, started, "off", xla=xla)
+        return _compile_new(build, structs, title, started, "off", xla=xla, while_compiling=warm)
     t0 = time.perf_counter()
     parts = cache.key_parts(closed_jaxpr, avals, static_args, options)
     if xla:
@@ -325,13 +332,14 @@ def _serve(closed_jaxpr, avals, static_args, options, title: str, build, started
         lock.acquire()
     except (filelock.Timeout, OSError) as e:
         log.warning("pallaskit cache: no lock for %s (%s); compiling without the cache", title, e)
-        return _compile_new(build, structs, title, started, "off", xla=xla)
+        return _compile_new(build, structs, title, started, "off", xla=xla, while_compiling=warm)
     try:
         # Another process may have written the entry while this one waited.
         served = _from_cache(key, parts, structs, title, started, xla)
         if served is None:
             metrics.counters["cache_misses"] += 1
-            served = _compile_new(build, structs, title, started, "miss", key=key, parts=parts, xla=xla)
+            served = _compile_new(build, structs, title, started, "miss", key=key, parts=parts, xla=xla,
+                                  while_compiling=warm)
         return served
     finally:
         lock.release()
@@ -362,11 +370,13 @@ def _from_cache(key, parts, structs, title, started, xla=None) -> Served | None:
     return served
 
 
-def _compile_new(build, structs, title, started, how: str, key=None, parts=None, xla=None) -> Served:
-    """Run the compiler and XLA; with a ``key``, keep the result in the cache."""
+def _compile_new(build, structs, title, started, how: str, key=None, parts=None, xla=None,
+                 while_compiling=None) -> Served:
+    """Run the compiler and XLA; with a ``key``, keep the result in the cache.
+    ``while_compiling``: started as XLA compiles (``executable.aot_compile``)."""
     result, call, constants = build()
     where = xla.placed.replicated() if xla and xla.placed is not None else None
-    compiled = executable.aot_compile(call, structs, constants, xla)
+    compiled = executable.aot_compile(call, structs, constants, xla, while_compiling=while_compiling)
     metrics.counters["kernels_compiled"] += len(result.program.kernels)
     served = Served(compiled, executable.on_device(constants, where), result, how)
     deltas, kernels = metrics.graph_deltas(result), metrics.kernel_stats(result)
@@ -399,6 +409,28 @@ def _finish(served: Served, title, started, deltas, kernels):
     metrics.apply_deltas(deltas)
     metrics.counters["compile_seconds"] += seconds
     metrics.record_graph(title, deltas, kernels, seconds, served.cache)
+
+
+def _both(first, second):
+    """One callable calling both (either may be None)."""
+    if first is None or second is None:
+        return first or second
+    return lambda: (first(), second())
+
+
+def _warm_up_for_eager(options):
+    """What to start while XLA compiles a static program: where a later new
+    size of an automatic dynamic axis would run eager Triton kernels, triton's
+    import (``triton_launch.warm_up``, once per process), which that size's
+    compile would otherwise wait for beside its passes, both holding the GIL;
+    XLA's compile leaves it free. None where no eager launch can follow."""
+    if options.interpret or not options.triton_available or not config.automatic_dynamic:
+        return None
+    if not eager_wanted(options):
+        return None
+    from pallaskit.runtime import triton_launch
+
+    return triton_launch.warm_up
 
 
 def eager_wanted(options) -> bool:

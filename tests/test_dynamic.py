@@ -507,3 +507,224 @@ def test_a_jax_dim_is_parsed_once(monkeypatch):
         with pytest.raises(SymbolicUnsupported):
             symbolic.to_sympy(rows // 3)
     assert parsed.count(str(2 * rows + 1)) == 1 and parsed.count(str(rows * cols)) == 1, parsed
+
+
+def test_aot_compile_calls_while_compiling_between_lowering_and_compile(monkeypatch):
+    """executable.aot_compile's hook runs once, after JAX's lowering and before
+    XLA compiles (the window where the GIL is free for the thread it starts)."""
+    from pallaskit import executable
+    from pallaskit.runtime import xla_args
+
+    events = []
+    real_lower = xla_args.lower
+
+    class Lowered:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def compile(self, **kw):
+            events.append("compile")
+            return self.inner.compile(**kw)
+
+    def lower(*a, **k):
+        out = real_lower(*a, **k)
+        events.append("lowered")
+        return Lowered(out)
+
+    monkeypatch.setattr(xla_args, "lower", lower)
+    x = jnp.arange(6.0, dtype=jnp.float32)
+    compiled = executable.aot_compile(lambda a: (a * 2.0,), [jax.ShapeDtypeStruct(x.shape, x.dtype)], [],
+                                      while_compiling=lambda: events.append("hook"))
+    np.testing.assert_array_equal(np.asarray(compiled(x)[0]), np.asarray(x) * 2.0)
+    assert events == ["lowered", "hook", "compile"]
+
+    def broken():
+        raise RuntimeError("a side task failed")
+
+    compiled = executable.aot_compile(lambda a: (a + 1.0,), [jax.ShapeDtypeStruct(x.shape, x.dtype)], [],
+                                      while_compiling=broken)  # the compile goes on
+    np.testing.assert_array_equal(np.asarray(compiled(x)[0]), np.asarray(x) + 1.0)
+
+
+def test_warm_up_for_eager_only_where_a_new_size_could_launch_eagerly():
+    """Triton's import starts while XLA compiles a static program only where a
+    later new size would compile eager Triton kernels: a GPU with triton,
+    automatic dynamic on, eager launches wanted."""
+    from lowering.options import CompileOptions
+    from pallaskit import orchestrator
+    from pallaskit.runtime import triton_launch
+
+    gpu = CompileOptions(interpret=False, triton_available=True)
+    with pallaskit.config.override(dynamic_launch="auto"):  # this file's fixture sets 'off'
+        assert orchestrator._warm_up_for_eager(gpu) is triton_launch.warm_up
+        assert orchestrator._warm_up_for_eager(CompileOptions(interpret=True, triton_available=True)) is None
+        assert orchestrator._warm_up_for_eager(CompileOptions(interpret=False, triton_available=False)) is None
+        with pallaskit.config.override(automatic_dynamic=False):
+            assert orchestrator._warm_up_for_eager(gpu) is None
+    with pallaskit.config.override(dynamic_launch="off"):
+        assert orchestrator._warm_up_for_eager(gpu) is None
+
+
+def test_a_static_compile_starts_the_warm_up_as_xla_compiles(rng, monkeypatch):
+    """The orchestrator hands ``_warm_up_for_eager``'s answer to XLA's compile of
+    every static program it compiles (cache off or a miss), and a cache hit,
+    which compiles nothing, starts nothing."""
+    from pallaskit import executable, orchestrator
+
+    started, seen = [], []
+    monkeypatch.setattr(orchestrator, "_warm_up_for_eager", lambda options: lambda: started.append(1))
+    real = executable.aot_compile
+
+    def aot_compile(*a, while_compiling=None, **k):
+        seen.append(while_compiling is not None)
+        return real(*a, while_compiling=while_compiling, **k)
+
+    monkeypatch.setattr(executable, "aot_compile", aot_compile)
+    x = jnp.asarray(rng.standard_normal((5, 3)), jnp.float32)
+    for cache in (False, True, True):  # off, a miss, a hit (a new function of the same code)
+        with pallaskit.config.override(cache=cache):
+            assert_close(pallaskit.jit(lambda a: jnp.sin(a) * 2.0)(x), jnp.sin(x) * 2.0)
+    assert seen == [True, True] and started == [1, 1]
+
+
+def test_warm_up_imports_tritons_code_generator():
+    """warm_up (a process without Triton's interpreter) imports what a first
+    kernel compile would wait for, Triton's AST code generator included, on a
+    thread; again after triton itself was imported by something else."""
+    pytest.importorskip("triton")
+    import subprocess
+    import sys
+    import os
+
+    script = ("import sys\n"
+              "import triton\n"  # imported already (as by raw Triton kernels inside XLA): still warmed
+              "from pallaskit.runtime import triton_launch\n"
+              "triton_launch.warm_up()\n"
+              "triton_launch._warming.join()\n"
+              "print('WARM', 'triton.compiler.code_generator' in sys.modules, "
+              "'triton.compiler.compiler' in sys.modules)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["JAX_PLATFORMS"] = "cpu"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
+                          timeout=300)
+    assert "WARM True True" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, BF16], ids=["f32", "bf16"])
+def test_speculation_compiles_the_guessed_program_at_the_first_size(rng, dtype):
+    """Option automatic_dynamic_speculate ([Note: dynamic speculation]): the first
+    size's static compile also starts the symbolic compile of the leading axis in
+    the background; the second size takes it (no compile of its own), eagerly
+    (Triton's interpreter here), and every size agrees with jax.jit."""
+    pallaskit.config.update(dynamic_launch="on", automatic_dynamic_speculate=True)
+    fn = lambda a, b: jnp.exp(a) * b + 1.0  # noqa: E731
+    f = pallaskit.jit(fn)
+    for i, n in enumerate((5, 9, 17, 1)):
+        a = jnp.asarray(rng.standard_normal((n, 6)), dtype)
+        b = jnp.asarray(rng.standard_normal((n, 6)), dtype)
+        assert_close(f(a, b), jax.jit(fn)(a, b))
+        pallaskit.wait_compiles()
+        assert metrics.counters["dynamic_speculations"] == 1
+        assert metrics.counters["graphs_compiled"] == 2  # the first size's, and the speculative one
+        assert metrics.counters["dynamic_speculation_hits"] == (i > 0)
+    assert metrics.counters["eager_launches"] == 3 and not metrics.counters["dynamic_fallbacks"]
+
+
+def test_speculation_off_or_a_wrong_guess_changes_nothing(rng):
+    """Off (the default): nothing compiles ahead. A guess the second size does
+    not confirm (its other axis changes) is left unused: that size compiles its
+    own symbolic program, as without the option."""
+    pallaskit.config.update(dynamic_launch="on", cache=False)  # each run compiles its first size
+    fn = lambda a: jnp.tanh(a) * 2.0  # noqa: E731
+    for speculate in (False, True):
+        metrics.reset()
+        pallaskit.config.update(automatic_dynamic_speculate=speculate)
+        f = pallaskit.jit(fn)
+        for n in (5, 9):
+            a = jnp.asarray(rng.standard_normal((7, n)), jnp.float32)  # axis 1 changes; axis 0 is guessed
+            assert_close(f(a), jax.jit(fn)(a))
+            pallaskit.wait_compiles()
+        assert metrics.counters["dynamic_speculations"] == speculate
+        assert metrics.counters["dynamic_speculation_hits"] == 0
+        assert metrics.counters["graphs_compiled"] == 2 + speculate
+
+
+def test_a_speculation_that_cannot_compile_is_silent(rng, caplog):
+    """A guess whose symbolic trace fails logs nothing above debug and counts
+    no fallback; the second size then goes the usual way (one info line)."""
+    pallaskit.config.update(dynamic_launch="on", automatic_dynamic_speculate=True)
+
+    def f(x):
+        if x.shape[0] > 4:
+            return x.reshape(x.shape[0] // 2, -1).sum(0)
+        return x.sum(0) * 2.0
+
+    g = pallaskit.jit(f)
+    with caplog.at_level(logging.INFO, logger="pallaskit"):
+        x = jnp.asarray(rng.standard_normal((6, 4)), jnp.float32)
+        assert_close(g(x), jax.jit(f)(x))
+        pallaskit.wait_compiles()
+        assert metrics.counters["dynamic_speculations"] == 1 and not metrics.counters["dynamic_fallbacks"]
+        assert not [r for r in caplog.records if "dynamic" in r.getMessage()]
+        x = jnp.asarray(rng.standard_normal((8, 4)), jnp.float32)
+        assert_close(g(x), jax.jit(f)(x))
+    assert metrics.counters["dynamic_fallbacks"] == 1 and metrics.counters["dynamic_speculation_hits"] == 0
+
+
+def test_guessed_axes_are_leading_axes_of_sizes_found_nowhere_else():
+    """_guess_axes: a batch axis (shared by arguments of the same leading size),
+    never a weight's leading axis (another array's feature size), never size 1."""
+    from pallaskit import dynamic
+
+    def avals(*shapes):
+        return [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]
+
+    assert dynamic._guess_axes(avals((100, 1024), (1024, 4096), (4096, 1024))) == {(0, 0)}
+    assert dynamic._guess_axes(avals((8, 16), (8,), (16, 16))) == {(0, 0), (1, 0)}
+    assert dynamic._guess_axes(avals((1, 16), (16, 16))) == set()
+    assert dynamic._guess_axes(avals((), (3,))) == {(1, 0)}
+
+
+def test_a_speculation_does_not_queue_behind_tier_up(rng):
+    """Speculative compiles have a thread of their own: a second size waiting
+    for one does not also wait for another function's tier-up compile."""
+    import concurrent.futures
+    import threading
+
+    from pallaskit.runtime import eager
+
+    pallaskit.config.update(dynamic_launch="on", automatic_dynamic_speculate=True)
+    gate = threading.Event()
+    busy = eager.submit(gate.wait, 120)  # the tier-up thread, held
+    try:
+        f = pallaskit.jit(lambda a: a * 2.0 + 1.0)
+        a = jnp.asarray(rng.standard_normal((5, 3)), jnp.float32)
+        assert_close(f(a), a * 2.0 + 1.0)
+        (future,) = f._speculated.values()
+        concurrent.futures.wait([future], timeout=60)
+        assert future.done() and future.result() is not None
+    finally:
+        gate.set()
+        busy.result()
+
+
+def test_no_speculation_for_a_large_program(rng, monkeypatch):
+    """Programs of more than SPECULATE_MAX_EQUATIONS equations (those inside
+    inner jits counted) are not guessed for: their symbolic compile would cost
+    seconds of the GIL."""
+    from pallaskit import dynamic
+
+    inner = jax.jit(lambda a: jnp.tanh(a) + 1.0)
+    fn = lambda a: inner(a) * 2.0  # noqa: E731
+    a = jnp.asarray(rng.standard_normal((5, 3)), jnp.float32)
+    n = dynamic._equations(jax.make_jaxpr(fn)(a).jaxpr)
+    assert n > len(jax.make_jaxpr(fn)(a).jaxpr.eqns)
+    pallaskit.config.update(dynamic_launch="on", automatic_dynamic_speculate=True, cache=False)
+    for cap, started in ((n - 1, 0), (n, 1)):
+        metrics.reset()
+        monkeypatch.setattr(dynamic, "SPECULATE_MAX_EQUATIONS", cap)
+        assert_close(pallaskit.jit(fn)(a), fn(a))
+        pallaskit.wait_compiles()
+        assert metrics.counters["dynamic_speculations"] == started

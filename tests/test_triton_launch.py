@@ -354,3 +354,59 @@ def test_an_eager_programs_kernels_compile_at_once_on_the_compile_threads(tmp_pa
                ARTIFACTS=str(tmp_path / "pallaskit"))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0 and "ok" in done.stdout, done.stdout[-2000:] + done.stderr[-3000:]
+
+
+_PARSE_SCRIPT = textwrap.dedent('''
+    import ast, os, sys, threading
+    os.environ.pop("TRITON_INTERPRET", None)
+    import triton, triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from pallaskit.runtime import triton_call, triton_launch
+
+    held = []
+    real = ast.parse
+
+    def parse(*a, **k):  # Triton parses a kernel's source for its hash and its AST stage
+        held.append(triton_launch.PARSE_LOCK._is_owned())
+        return real(*a, **k)
+
+    ast.parse = parse
+    kernels = []
+    for i in range(6):
+        src = (f"def k{i}(x_ptr, n, B: tl.constexpr):\\n"
+               f"    j = tl.arange(0, B)\\n"
+               f"    tl.store(x_ptr + j, tl.load(x_ptr + j, mask=j < n) * {i + 2}.0, mask=j < n)\\n")
+        name = f"<parse probe {i}>"
+        import linecache
+        linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+        ns = {"tl": tl}
+        exec(compile(src, name, "exec"), ns)
+        kernels.append(triton.jit(ns[f"k{i}"]))
+
+    def one(fn):
+        kernel = triton_launch.TritonKernel(fn, num_warps=4, num_stages=1, cache_dir="/tmp")
+        key = (("*fp32", None), ("i32", None), ("constexpr", 128))
+        kernel._artifact_path(key, GPUTarget("cuda", 90, 32), triton.__version__)
+        src = triton_launch.ast_source(fn, {"x_ptr": "*fp32", "n": "i32", "B": "constexpr"}, {"B": 128})
+        return triton_launch._compile_uncached(src, GPUTarget("cuda", 90, 32), {"num_warps": 4}, until="ptx")
+
+    pool = triton_call._compile_pool()
+    [f.result() for f in [pool.submit(one, k) for k in kernels]]
+    print("PARSES", len(held), all(held))
+''')
+
+
+def test_triton_parses_kernel_sources_one_thread_at_a_time():
+    """Kernels compile on several threads; Triton's ast.parse of their sources
+    (for the artifact key, the hash, the AST stage) runs under PARSE_LOCK: Python
+    before 3.11.8 / 3.12.2 raised SystemError on two at once (gh-106905), which
+    failed an eager program's first call (it then ran through XLA)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["JAX_PLATFORMS"] = "cpu"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    done = subprocess.run([sys.executable, "-c", _PARSE_SCRIPT], env=env, cwd=root, capture_output=True, text=True,
+                          timeout=300)
+    assert "PARSES" in done.stdout, done.stderr[-3000:]
+    n, ok = done.stdout.split("PARSES")[1].split()[:2]
+    assert int(n) >= 12 and ok == "True", done.stdout

@@ -40,7 +40,7 @@ from pallaskit import metrics
 
 log = logging.getLogger("pallaskit")
 
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pools: dict = {}  # thread name prefix -> its one-thread pool
 _pending: set = set()
 _lock = threading.Lock()
 
@@ -83,6 +83,14 @@ class EagerProgram:
             self._compile_all(inputs)
         self._compiled = True
         return self._launch(Launch(interpret=self.interpret), self.kernels, *inputs)
+
+    def precompile(self, inputs) -> None:
+        """Compile (or load) every kernel for ``inputs`` before the first call,
+        which then finds them loaded. Anything with the inputs' ``shape`` and
+        ``dtype`` will do (a speculative compile has avals, [Note: dynamic
+        speculation] in pallaskit/dynamic.py). Nothing to do in interpret mode."""
+        if not self.interpret:
+            self._compile_all(inputs)
 
     def _compile_all(self, inputs) -> None:
         """Compile (or load) every kernel at once before the first launch:
@@ -148,13 +156,15 @@ class _Recorder:
         return outputs
 
 
-def submit(fn, *args) -> concurrent.futures.Future:
-    """Run ``fn(*args)`` on the background thread (one: compiles queue up)."""
-    global _pool
+def submit(fn, *args, thread: str = "pallaskit-tier-up") -> concurrent.futures.Future:
+    """Run ``fn(*args)`` on the background thread ``thread`` (one each: its
+    compiles queue up). Speculative compiles ([Note: dynamic speculation] in
+    pallaskit/dynamic.py) have a thread of their own: a second size waiting for
+    one does not wait behind another function's tier-up."""
     with _lock:
-        if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pallaskit-tier-up")
-        future = _pool.submit(fn, *args)
+        if thread not in _pools:
+            _pools[thread] = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=thread)
+        future = _pools[thread].submit(fn, *args)
         _pending.add(future)
     future.add_done_callback(_pending.discard)
     return future

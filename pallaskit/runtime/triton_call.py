@@ -110,6 +110,8 @@ def _compile_pool() -> concurrent.futures.ThreadPoolExecutor:
 
 
 def _kernel(fn, num_warps: int, num_stages: int) -> _Kernel:
+    with triton_launch.PARSE_LOCK:  # a JITFunction's first hash parses its source (beside compile threads)
+        hash(fn)
     with _kernels_lock:
         key = (fn, num_warps, num_stages)
         kernel = _kernels.get(key)

@@ -411,7 +411,9 @@ class TritonKernel:
 
     def _artifact_path(self, key: tuple, target, version: str) -> str:
         """Where this kernel compiled for ``key`` lives in the cache (no suffix)."""
-        text = repr((_ARTIFACT_FORMAT, version, self.fn.cache_key, self.arg_names, key, self.num_warps,
+        with PARSE_LOCK:  # cache_key parses the source
+            source_key = self.fn.cache_key
+        text = repr((_ARTIFACT_FORMAT, version, source_key, self.arg_names, key, self.num_warps,
                      self.num_stages, target.arch))
         return os.path.join(self.cache_dir, hashlib.sha256(text.encode()).hexdigest() + ".kernel")
 
@@ -420,6 +422,15 @@ class TritonKernel:
         gave one already, triton having been imported with TRITON_INTERPRET=1."""
         _triton(interpret=True)
         return self.fn
+
+
+# Kernels compile on several threads (``triton_call._compile_pool``), and Triton
+# parses a kernel's source (``ast.parse``) for its hash and its AST stage. Python
+# before 3.11.8 and 3.12.2 keeps ast.parse's recursion depth in state the threads
+# share (CPython gh-106905): two parses at once raised "SystemError: AST constructor
+# recursion depth mismatch", failing a compile. Both steps are Python under the GIL
+# for the most part: they take turns at no cost.
+PARSE_LOCK = threading.RLock()
 
 
 # [Note: kernel artifacts]
@@ -463,18 +474,20 @@ def _compile_uncached(src, target, options: dict, until: str = "cubin") -> _Comp
         first = list(stages).index(src.ext)  # make_ir gives raw TTIR: the ttir stage runs on it too
     except (ImportError, AttributeError, TypeError, ValueError) as e:
         log.debug("pallaskit: compiling through triton.compile (%s: %s)", type(e).__name__, e)
-        compiled = triton.compile(src, target=target, options=options)
+        with PARSE_LOCK:
+            compiled = triton.compile(src, target=target, options=options)
         binary = compiled.asm[until]
         return _Compiled(_namespace(json.loads(json.dumps(compiled.metadata._asdict(), default=vars))),
                          binary.encode() if isinstance(binary, str) else bytes(binary))
-    metadata = {"hash": src.hash(), "target": target, **parsed.__dict__, **get_cache_invalidating_env_vars(),
-                "triton_version": triton.__version__}
     t0 = time.perf_counter()
-    context = ir.context()
-    ir.load_dialects(context)
-    backend.load_dialects(context)
-    module = src.make_ir(target, parsed, backend.get_codegen_implementation(parsed), backend.get_module_map(),
-                         context)
+    with PARSE_LOCK:  # both parse the kernel's source
+        metadata = {"hash": src.hash(), "target": target, **parsed.__dict__, **get_cache_invalidating_env_vars(),
+                    "triton_version": triton.__version__}
+        context = ir.context()
+        ir.load_dialects(context)
+        backend.load_dialects(context)
+        module = src.make_ir(target, parsed, backend.get_codegen_implementation(parsed), backend.get_module_map(),
+                             context)
     times = [f"ast {time.perf_counter() - t0:.3f}"]
     t0 = time.perf_counter()
     for ext, compile_stage in list(stages.items())[first:]:
@@ -545,16 +558,18 @@ _warming_lock = threading.Lock()
 
 
 def warm_up() -> None:
-    """Import triton on a thread, so that it
-    overlaps the pallaskit compile that comes before a program's first kernel
-    compiles. The api calls it when a symbolic program's eager launches will
-    need kernels compiled. ``_triton`` on any other thread waits for it, so
-    triton's modules are imported by one thread at a time (two threads
-    importing one package can meet a circular wait, which Python breaks by
-    handing one of them a partly initialized module)."""
+    """Import triton and its compiler on a thread, once per process, so that a
+    program's first eager kernel compile does not wait for them. Called where
+    the main thread leaves the GIL free: while XLA compiles a static program
+    that a later new size may follow with eager launches (orchestrator.py), and
+    before a symbolic compile. Imports hold the GIL: beside the compiler's own
+    Python (the symbolic passes) they slow both. ``_triton`` on any other
+    thread waits for it, so triton's modules are imported by one thread at a
+    time (two threads importing one package can meet a circular wait, which
+    Python breaks by handing one of them a partly initialized module)."""
     global _warming
     with _warming_lock:
-        if _warming is None and "triton" not in sys.modules:
+        if _warming is None and "triton.compiler.code_generator" not in sys.modules:
             _warming = threading.Thread(target=_warm_up, name="pallaskit-triton-import", daemon=True)
             _warming.start()
 
@@ -562,6 +577,7 @@ def warm_up() -> None:
 def _warm_up() -> None:
     try:
         _triton(interpret=False)
+        import triton.compiler.code_generator  # noqa: F401  (imported by a first compile's AST stage)
         import triton.compiler.compiler  # noqa: F401  (the stages' modules)
     except Exception as e:  # noqa: BLE001  (the compile that needs it will say what is wrong)
         log.debug("pallaskit: importing triton on a thread failed (%s: %s)", type(e).__name__, e)
