@@ -410,3 +410,49 @@ def test_triton_parses_kernel_sources_one_thread_at_a_time():
     assert "PARSES" in done.stdout, done.stderr[-3000:]
     n, ok = done.stdout.split("PARSES")[1].split()[:2]
     assert int(n) >= 12 and ok == "True", done.stdout
+
+
+def test_each_launch_signature_is_assembled_early_once(monkeypatch):
+    """[Note: assembling PTX early]: when a kernel's PTX compile finishes, one
+    one-kernel program per launch signature is queued for jaxlib's assembly (other
+    launches of those dtypes share it); a failed PTX compile queues nothing. The
+    GPU facts are stood in for: this checks the bookkeeping, the GPU suite the rest."""
+    import concurrent.futures
+    import types
+
+    from jax._src import lib as jax_lib
+
+    from pallaskit.runtime import ffi_targets, triton_call
+
+    queued = []
+
+    class Pool:
+        def submit(self, fn, *args):
+            queued.append((fn, args))
+
+    def finished(result=None, error=None):
+        f = concurrent.futures.Future()
+        f.set_exception(error) if error else f.set_result(result)
+        return f
+
+    monkeypatch.setattr(jax_lib, "gpu_triton", types.SimpleNamespace(get_compute_capability=lambda device: 90),
+                        raising=False)
+    monkeypatch.setattr(ffi_targets, "triton_target", lambda: "target")
+    monkeypatch.setattr(triton_call, "_assembly_pool", lambda: Pool())
+
+    @triton.jit
+    def copy(in_ptr, out_ptr, BLOCK: tl.constexpr):
+        tl.store(out_ptr + tl.arange(0, BLOCK), tl.load(in_ptr + tl.arange(0, BLOCK)))
+
+    kernel = triton_call._Kernel(copy, 4, 1)
+    monkeypatch.setattr(kernel, "start", lambda *a: finished("ptx"))
+    f32, bf16 = np.dtype(np.float32), np.dtype(jnp.bfloat16)
+    for _ in range(3):  # the same signature again (another grid or shape): queued once
+        triton_call._start_compile(kernel, [f32], [f32], (), {"BLOCK": 16})
+    triton_call._start_compile(kernel, [bf16], [bf16], (), {"BLOCK": 16})
+    assert [args[1:] for _, args in queued] == [((f32,), (f32,), (), (("BLOCK", 16),)),
+                                                ((bf16,), (bf16,), (), (("BLOCK", 16),))]
+    assert all(fn is triton_call._assemble and args[0] is kernel for fn, args in queued)
+    monkeypatch.setattr(kernel, "start", lambda *a: finished(error=RuntimeError("no PTX")))
+    triton_call._start_compile(kernel, [f32], [f32], (), {"BLOCK": 32})
+    assert len(queued) == 2
