@@ -204,15 +204,15 @@ def share_triton_functions(kernels: list) -> None:
 
 
 # [Note: shared Pallas kernels]
-# XLA compiles a Pallas kernel (its Triton module, handed over inside the XLA
-# program) once per distinct custom call: its compile cache is keyed by the
-# call's whole configuration (kernel name, module with source locations, grid,
-# warps, stages), and compiles run one after another inside XLA's compile. The
-# matmul templates of a model's layers are the same kernel under different
-# names, so each compiled again. A Pallas kernel whose code (own names and
-# comments taken out) matches an earlier one's launches through that one's
-# launcher: the same function, the same name, one compile. It keeps its header
-# comment (its kernel and equations) and a line saying which it runs.
+# Repeated layers render Pallas kernels that differ only in their names. A Pallas
+# kernel whose code (own names and comments taken out) matches an earlier one's
+# launches through that one's launcher: the same function and pallas_call name, so
+# every launch lowers to the same Triton module and custom-call configuration, the
+# key of XLA's cache of Triton custom calls (xla/service/gpu ir_emitter_unnested:
+# EmitTritonCustomCall), and the program's source shrinks. It keeps its header
+# comment (its kernel and equations) and a line saying which it runs. Measured on the
+# 12-layer GPT-2 step with its matmul templates in Pallas: XLA's compile unchanged
+# (jaxlib's PTX assembly dominated it then; benchmarks/RESULTS.md, "Session 20").
 def share_pallas_kernels(kernels: list) -> None:
     """[Note: shared Pallas kernels]: rewrites each Pallas kernel whose code
     repeats an earlier one's into an alias of that kernel's launcher."""
