@@ -452,7 +452,40 @@ def test_each_launch_signature_is_assembled_early_once(monkeypatch):
     triton_call._start_compile(kernel, [bf16], [bf16], (), {"BLOCK": 16})
     assert [args[1:] for _, args in queued] == [((f32,), (f32,), (), (("BLOCK", 16),)),
                                                 ((bf16,), (bf16,), (), (("BLOCK", 16),))]
+    del queued[:]
     assert all(fn is triton_call._assemble and args[0] is kernel for fn, args in queued)
     monkeypatch.setattr(kernel, "start", lambda *a: finished(error=RuntimeError("no PTX")))
     triton_call._start_compile(kernel, [f32], [f32], (), {"BLOCK": 32})
-    assert len(queued) == 2
+    assert queued == []
+
+
+def test_early_assembly_is_keyed_by_scalar_types_not_values(monkeypatch):
+    """A symbolic program's sizes are scalar arguments: other values of one type are
+    the same PTX, assembled once; an int64 value is another signature."""
+    import concurrent.futures
+    import types
+
+    from jax._src import lib as jax_lib
+
+    from pallaskit.runtime import ffi_targets, triton_call
+
+    queued = []
+    monkeypatch.setattr(jax_lib, "gpu_triton", types.SimpleNamespace(get_compute_capability=lambda device: 90),
+                        raising=False)
+    monkeypatch.setattr(ffi_targets, "triton_target", lambda: "target")
+    monkeypatch.setattr(triton_call, "_assembly_pool",
+                        lambda: types.SimpleNamespace(submit=lambda fn, *args: queued.append(args)))
+
+    @triton.jit
+    def scale(in_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(out_ptr + offs, tl.load(in_ptr + offs, mask=offs < n) * 2, mask=offs < n)
+
+    kernel = triton_call._Kernel(scale, 4, 1)
+    done = concurrent.futures.Future()
+    done.set_result("ptx")
+    monkeypatch.setattr(kernel, "start", lambda *a: done)
+    f32 = np.dtype(np.float32)
+    for n in (7, 100, 2**31 - 1, 2**31):
+        triton_call._start_compile(kernel, [f32], [f32], (n,), {"BLOCK": 16})
+    assert [args[3] for args in queued] == [(7,), (2**31,)]

@@ -67,7 +67,7 @@ class _Kernel:
         self.name = fn.__name__
         self._ptx: dict[tuple, concurrent.futures.Future] = {}  # of triton_launch._Compiled
         self._lock = threading.Lock()
-        self.assembling: set = set()  # launch signatures assembled early ([Note: assembling PTX early])
+        self.assembling: set = set()  # (signature, constexprs) assembled early ([Note: assembling PTX early])
 
     def __repr__(self):
         return f"{self.name}(num_warps={self.num_warps}, num_stages={self.num_stages})"
@@ -151,16 +151,17 @@ def _start_compile(kernel: _Kernel, in_dtypes, out_dtypes, scalars, constexprs) 
         from jax._src.lib import gpu_triton
 
         ffi_targets.triton_target()  # registered here, on the tracing thread, before any other thread lowers
-        future = kernel.start(_signature(kernel, [*in_dtypes, *out_dtypes], scalars), dict(constexprs),
-                              gpu_triton.get_compute_capability(0))
+        signature = _signature(kernel, [*in_dtypes, *out_dtypes], scalars)
+        future = kernel.start(signature, dict(constexprs), gpu_triton.get_compute_capability(0))
     except Exception:  # noqa: BLE001
         return
-    key = (tuple(in_dtypes), tuple(out_dtypes), tuple(scalars), tuple(constexprs.items()))
-    with kernel._lock:
+    with kernel._lock:  # once per PTX: its signature (scalars' types, not values) and constexprs
+        key = (tuple(signature.items()), tuple(constexprs.items()))
         if key in kernel.assembling:
             return
         kernel.assembling.add(key)
-    future.add_done_callback(lambda f: f.exception() is None and _assembly_pool().submit(_assemble, kernel, *key))
+    job = (kernel, tuple(in_dtypes), tuple(out_dtypes), tuple(scalars), tuple(constexprs.items()))
+    future.add_done_callback(lambda f: f.exception() is None and _assembly_pool().submit(_assemble, *job))
 
 
 # [Note: assembling PTX early]
