@@ -175,3 +175,24 @@ def test_oracle_gpu_rules():
     assert oracle.compare([np.array(9, np.int32)], [np.array(33, np.int32)], [True], ref) is not None
     assert oracle.compare([np.array(9, np.int32)], [np.array(33, np.int32)], [True], ref, arg_outputs=(0,)) is None
     assert oracle.compare([np.array(12, np.int32)], [np.array(33, np.int32)], [True], ref, arg_outputs=(0,)) is not None
+
+
+def test_oracle_passes_a_bf16_result_rounded_as_written():
+    """session 20 fuzz 002: a bf16 einsum then .astype(float32). XLA:CPU leaves the dot's
+    result unrounded; pallaskit stores it as bf16, as written, which is jax.jit's own answer
+    without excess precision: the oracle passes it (and counts why), where before it
+    reported a mismatch against the float64 reference."""
+    inputs = [programs.Input("x1", (31, 16), "bfloat16", 0, 0.0, 1.0),
+              programs.Input("x2", (16, 3), "bfloat16", 0, 0.0, 1.0),
+              programs.Input("x4", (4,), "int32", 0, 0.0, 1.0)]
+    lines = [programs.Line("v0", "jnp.einsum('...k,kn->...n', x1, x2)", ("x1", "x2"), "dot_general", "bfloat16"),
+             programs.Line("v2", "v0.astype(F32)", ("v0",), "convert", "float32"),
+             programs.Line("v5", "v2[x4]", ("v2", "x4"), "gather", "float32")]
+    p = programs.Program(inputs, lines, ["v5"], [False], {})
+    verdict = oracle.run(p)
+    assert verdict.status in ("pass", "fallback"), verdict
+    x1, x2, x4 = p.make_args()
+    got = np.asarray(pallaskit.jit(p.function())(x1, x2, x4)[0])
+    want = np.asarray(jax.jit(p.function())(x1, x2, x4)[0])
+    if not np.array_equal(got, want):  # XLA kept the unrounded dot: the new rule decided
+        assert verdict.detail == "rounded-as-written"

@@ -89,6 +89,8 @@ def main(argv=None):
         stats[v.status] += 1
         if v.detail.startswith("overflow-order"):
             stats["overflow_order_passes"] += 1
+        elif v.detail == "rounded-as-written":
+            stats["rounded_as_written_passes"] += 1
         for p in v.fallbacks:
             fallback_prims[p] += 1
         if v.status in ("crash", "mismatch"):

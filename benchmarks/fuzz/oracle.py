@@ -39,9 +39,11 @@ pallaskit passes where it agrees with the reference.
 
 XLA:CPU keeps 16-bit float chains in float32 (``xla_allow_excess_precision``):
 ``erf_inv(bf16(-1) + 0.00185)`` is -2.2 there, but -inf once the bf16 add rounds
-to -1 as written. pallaskit keeps float32 the same way by default; under its
-``allow_excess_precision=False`` a mismatch in a program with 16-bit floats
-passes if pallaskit agrees with jax.jit compiled without excess precision.
+to -1 as written. pallaskit keeps float32 the same way by default, though not at
+every point XLA does (a bf16 dot's result is stored rounded); so a mismatch in a
+program with 16-bit floats passes if pallaskit agrees with jax.jit compiled
+without excess precision (counted as ``rounded_as_written_passes`` under the
+defaults).
 """
 from __future__ import annotations
 
@@ -276,10 +278,14 @@ def _run(program, tame) -> Verdict:
         ref = reference(program, tame)
         if ref is not None:
             msg = compare(got, want, program.exact, ref, tf32=tf32, arg_outputs=arg_outputs)
-    if msg is not None and program.options.get("allow_excess_precision") is False and _has_16bit(program):
+    if msg is not None and _has_16bit(program):
+        # Excess precision is XLA's option, not a duty: pallaskit rounding a 16-bit value as
+        # written (a bf16 dot's result before a convert to float32, which XLA:CPU leaves
+        # unrounded) agrees with jax.jit compiled without it, and that is a right answer.
         strict = _strict_jit(fn, args)
         if strict is not None and compare(got, strict, program.exact) is None:
-            msg = None
+            detail = "" if program.options.get("allow_excess_precision") is False else "rounded-as-written"
+            return Verdict("fallback" if fell_back else "pass", detail, fallbacks=fallbacks)
     if msg is not None:
         k = int(msg.split()[1])
         out_name = program.outputs[k]
