@@ -290,7 +290,7 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in [
             "Triton backend, as before raw Triton became the GPU default)", _build_pallaskit,
             options=(("kernel_backend", "pallas"),), default=False),
     Backend("pallaskit_triton", JAX, "pallaskit.jit, kernel_backend='triton' (every kernel raw Triton inside XLA, "
-            "the matmul template included)", _build_pallaskit,
+            "long-row mix kernels included)", _build_pallaskit,
             options=(("kernel_backend", "triton"),), default=False),
     Backend("pallaskit_dynamic", JAX, "pallaskit.jit, dynamic axis 0 (default multi-kernel hints)",
             _build_pallaskit_dynamic, tags=frozenset({"dynamic"})),

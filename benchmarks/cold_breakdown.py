@@ -25,7 +25,7 @@ jax.jit runs the same stages (``trace_s``, ``jax_lower_s``, ``xla_compile_s``,
 Variants: ``jax.jit``; ``pallaskit`` (defaults); ``members=K``
 (``heuristics.COMBO_MAX_MEMBERS = K``: at most K kernels joined per combo launch);
 ``nocombo`` (option ``combo_kernels=False``); ``pallas`` (``kernel_backend='pallas'``); ``triton``
-(``kernel_backend='triton'``: the matmul templates too); ``noshare`` (raw-Triton kernels of the
+(``kernel_backend='triton'``: long-row mix kernels too); ``noshare`` (raw-Triton kernels of the
 same code not sharing one function: [Note: shared Triton functions]); ``nosharepallas`` (Pallas
 kernels of the same code each their own launch: [Note: shared Pallas kernels]).
 

@@ -143,3 +143,17 @@ def cpu_reference(fn, *args):
     XLA:CPU return the first, as pallaskit's kernels do on every platform."""
     cpu = jax.devices("cpu")[0]
     return jax.jit(fn)(*[jax.device_put(a, cpu) for a in args])
+
+
+def run_python_on_cpu(script: str, timeout: float):
+    """``script`` in a fresh Python process on the CPU, without Triton's
+    interpreter, this checkout first on its path (a ``subprocess.CompletedProcess``)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["JAX_PLATFORMS"] = "cpu"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
+                          timeout=timeout)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import pallaskit
-from conftest import assert_close
+from conftest import assert_close, run_python_on_cpu
 from pallaskit import metrics
 
 BF16 = jnp.bfloat16
@@ -218,15 +218,18 @@ def test_a_size_equality_in_the_trace_guards_that_size(rng):
     assert metrics.counters["dynamic_guard_failures"] == 2
 
 
+def _size_dependent(x):
+    """A size-dependent branch and a shape computed from a size: no symbolic trace."""
+    if x.shape[0] > 4:
+        return x.reshape(x.shape[0] // 2, -1).sum(0)
+    return x.sum(0) * 2.0
+
+
 def test_what_cannot_trace_symbolically_compiles_per_size_and_is_remembered(rng, caplog):
     """A size-dependent branch or a shape computed from a size: the symbolic
     trace fails once (an info line, not a warning: the user did not ask for
     dynamic), and every size compiles statically after that."""
-    def f(x):
-        if x.shape[0] > 4:
-            return x.reshape(x.shape[0] // 2, -1).sum(0)
-        return x.sum(0) * 2.0
-
+    f = _size_dependent
     g = pallaskit.jit(f)
     with caplog.at_level(logging.INFO, logger="pallaskit"):
         for n in (6, 8, 2, 10, 8, 3):
@@ -592,10 +595,6 @@ def test_warm_up_imports_tritons_code_generator():
     kernel compile would wait for, Triton's AST code generator included, on a
     thread; again after triton itself was imported by something else."""
     pytest.importorskip("triton")
-    import subprocess
-    import sys
-    import os
-
     script = ("import sys\n"
               "import triton\n"  # imported already (as by raw Triton kernels inside XLA): still warmed
               "from pallaskit.runtime import triton_launch\n"
@@ -603,12 +602,7 @@ def test_warm_up_imports_tritons_code_generator():
               "triton_launch._warming.join()\n"
               "print('WARM', 'triton.compiler.code_generator' in sys.modules, "
               "'triton.compiler.compiler' in sys.modules)\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["JAX_PLATFORMS"] = "cpu"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    proc = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
-                          timeout=300)
+    proc = run_python_on_cpu(script, timeout=300)
     assert "WARM True True" in proc.stdout, proc.stdout + proc.stderr[-3000:]
 
 
@@ -655,12 +649,7 @@ def test_a_speculation_that_cannot_compile_is_silent(rng, caplog):
     """A guess whose symbolic trace fails logs nothing above debug and counts
     no fallback; the second size then goes the usual way (one info line)."""
     pallaskit.config.update(dynamic_launch="on", automatic_dynamic_speculate=True)
-
-    def f(x):
-        if x.shape[0] > 4:
-            return x.reshape(x.shape[0] // 2, -1).sum(0)
-        return x.sum(0) * 2.0
-
+    f = _size_dependent
     g = pallaskit.jit(f)
     with caplog.at_level(logging.INFO, logger="pallaskit"):
         x = jnp.asarray(rng.standard_normal((6, 4)), jnp.float32)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.conftest import assert_close
+from tests.conftest import assert_close, run_python_on_cpu
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
@@ -401,12 +401,7 @@ def test_triton_parses_kernel_sources_one_thread_at_a_time():
     (for the artifact key, the hash, the AST stage) runs under PARSE_LOCK: Python
     before 3.11.8 / 3.12.2 raised SystemError on two at once (gh-106905), which
     failed an eager program's first call (it then ran through XLA)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["JAX_PLATFORMS"] = "cpu"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    done = subprocess.run([sys.executable, "-c", _PARSE_SCRIPT], env=env, cwd=root, capture_output=True, text=True,
-                          timeout=300)
+    done = run_python_on_cpu(_PARSE_SCRIPT, timeout=300)
     assert "PARSES" in done.stdout, done.stderr[-3000:]
     n, ok = done.stdout.split("PARSES")[1].split()[:2]
     assert int(n) >= 12 and ok == "True", done.stdout

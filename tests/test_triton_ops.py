@@ -15,9 +15,6 @@ runs every test file that way.
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -30,7 +27,7 @@ pytest.importorskip("triton")
 
 import lowering.executors  # noqa: E402
 import pallaskit  # noqa: E402
-from conftest import cpu_reference  # noqa: E402
+from conftest import cpu_reference, run_python_on_cpu  # noqa: E402
 from lowering import ir  # noqa: E402
 from lowering.codegen import pallas, triton as triton_codegen  # noqa: E402
 
@@ -323,11 +320,6 @@ def test_the_gpu_spelling_compiles():
     """libdevice's functions exist for the operand types, the bit ops and the
     argmax/argmin/prod reductions type-check: every kernel of the GPU spelling
     goes through Triton's stages to a cubin for sm_90."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["JAX_PLATFORMS"] = "cpu"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, cwd=root, capture_output=True, text=True,
-                          timeout=600)
+    proc = run_python_on_cpu(_COMPILE_SCRIPT, timeout=600)
     assert proc.returncode == 0 and "COMPILED" in proc.stdout, proc.stderr[-4000:]
     assert int(proc.stdout.split("COMPILED")[1].split()[0]) >= 20, proc.stdout

@@ -159,6 +159,11 @@ def _chunks(source: str) -> list:
     return out
 
 
+def _code(lines) -> str:
+    """Source lines without their comments: what two kernels must share to be one."""
+    return "\n".join(_COMMENT.sub("", ln) for ln in lines if not ln.lstrip().startswith("#"))
+
+
 def _rename(text: str, names: dict) -> str:
     if not names:
         return text
@@ -179,8 +184,7 @@ def share_triton_functions(kernels: list) -> None:
             if name is None:
                 plan.append((None, lines))
                 continue
-            code = _rename("\n".join(_COMMENT.sub("", ln) for ln in lines if not ln.lstrip().startswith("#")),
-                           {**alias, name: "__fn__"})
+            code = _rename(_code(lines), {**alias, name: "__fn__"})
             owner = first.setdefault(code, name)
             if owner != name:
                 alias[name] = owner
@@ -221,8 +225,7 @@ def share_pallas_kernels(kernels: list) -> None:
         if rk.inline:
             continue
         lines = rk.source.split("\n")
-        code = _rename("\n".join(_COMMENT.sub("", ln) for ln in lines if not ln.lstrip().startswith("#")),
-                       {rk.name: "__launch__", f"{rk.name}_kernel": "__kernel__"})
+        code = _rename(_code(lines), {rk.name: "__launch__", f"{rk.name}_kernel": "__kernel__"})
         owner = first.setdefault(code, rk.name)
         if owner != rk.name:
             header = []
