@@ -27,7 +27,8 @@ Variants: ``jax.jit``; ``pallaskit`` (defaults); ``members=K``
 ``nocombo`` (option ``combo_kernels=False``); ``pallas`` (``kernel_backend='pallas'``); ``triton``
 (``kernel_backend='triton'``: long-row mix kernels too); ``noshare`` (raw-Triton kernels of the
 same code not sharing one function: [Note: shared Triton functions]); ``nosharepallas`` (Pallas
-kernels of the same code each their own launch: [Note: shared Pallas kernels]).
+kernels of the same code each their own launch: [Note: shared Pallas kernels]); ``threads=N`` (raw-Triton
+kernels compile on N threads, not ``triton_call._compile_pool``'s).
 
     # on the GPU: the 183-array AdamW of benchmarks/models.py (GPT-2 small shapes)
     JAX_PLATFORMS=cuda PYTHONPATH=. python -m benchmarks.cold_breakdown \\
@@ -211,6 +212,12 @@ def child(workload: str, variant: str) -> dict:
             lowering.codegen.program.share_pallas_kernels = lambda kernels: None
         elif variant == "triton":
             pallaskit.config.update(kernel_backend="triton")
+        elif variant.startswith("threads="):  # raw-Triton kernels compile on N threads (default min(8, cores))
+            import concurrent.futures
+
+            from pallaskit.runtime import triton_call as _tc
+            pool = concurrent.futures.ThreadPoolExecutor(int(variant.split("=", 1)[1]))
+            _tc._compile_pool = lambda: pool
         elif variant != "pallaskit":
             raise ValueError(f"unknown variant {variant!r}")
         clock = _Clock()
@@ -305,7 +312,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default="gpt2_adamw", help="comma-separated: " + ", ".join(WORKLOADS))
     ap.add_argument("--variants", default=DEFAULT_VARIANTS,
-                    help="comma-separated: jax.jit, pallaskit, members=K, nocombo, pallas, triton, noshare, nosharepallas")
+                    help="comma-separated: jax.jit, pallaskit, members=K, nocombo, pallas, triton, noshare, "
+                    "nosharepallas, threads=N")
     ap.add_argument("--kernels", type=int, default=5, help="print the K slowest Triton compiles of each row")
     ap.add_argument("--timeout", type=float, default=600, help="seconds one (workload, variant) process may take")
     ap.add_argument("--output", default="", help="folder for cold_breakdown.json")

@@ -44,9 +44,11 @@ CASES = [
     # A column sum alone (split over row blocks: the 'column' kind).
     ("column_sum", "column_sum", (576001, 383), (3001, 9), {}, False),
     # Mix kernels over rows too long for a two-row raw-Triton tile (executors kind 'mix_long_rows'):
-    # a model width of 4096 (one column sum) and of 2048 (LayerNorm's two).
+    # model widths of 4096 and 8192 (one column sum) and of 2048 and 4096 (LayerNorm's two).
     ("rmsnorm_bwd_4096", "rmsnorm_bwd", (65536, 4096), (9, 4096), {}, False),
     ("layernorm_fwd_bwd_2048", "layernorm_fwd_bwd", (131072, 2048), (9, 2048), {}, False),
+    ("rmsnorm_bwd_8192", "rmsnorm_bwd", (32768, 8192), (9, 8192), {}, False),
+    ("layernorm_fwd_bwd_4096", "layernorm_fwd_bwd", (65536, 4096), (9, 4096), {}, False),
     # The matmul template with its gelu epilogue (512 rows: 'auto' picks the template).
     ("gelu_mlp_512", "gelu_mlp", (512, 1024, 4096, 1024), (24, 32, 64, 32), {}, False),
     ("gelu_mlp", "gelu_mlp", (8192, 1024, 4096, 1024), (24, 32, 64, 32), {}, False),

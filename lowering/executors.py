@@ -44,10 +44,10 @@ GPU_AUTO = {
     # on the H100 (benchmarks/RESULTS.md, "Heuristics: raw-Triton mix kernels").
     "mix_columns": (TRITON_XLA, _DEPRECATED),
     # Whole-row mix kernels whose rows are too long for a raw-Triton tile of two
-    # rows (heuristics.triton_mix_config): Triton writes them one row a step,
-    # a tile not yet timed against Pallas's, so 'auto' keeps the Pallas kernel.
-    "mix_long_rows": (PALLAS, "kernel_backend='auto' on a GPU: a mix kernel over rows too long for a two-row raw "
-                      "Triton tile keeps Pallas's kernel (the one-row Triton tile is not measured yet)"),
+    # rows (heuristics.triton_mix_config): one row a step
+    # (heuristics.triton_mix_row_config), level with Pallas's kernel or faster
+    # on the H200 (benchmarks/RESULTS.md, "Session 21").
+    "mix_long_rows": (TRITON_XLA, _DEPRECATED),
     # The matmul template: raw Triton level with Pallas's in steady state (within 1% on the
     # suite's MLP and model steps) and faster to a first call, now that jaxlib assembles
     # its PTX early (benchmarks/RESULTS.md, "Session 20").

@@ -313,7 +313,11 @@ def mix_config(rows: int, cols: int, *, whole_rows: bool, programs: int, columns
 # rows a step in 8 warps. Two or more (LayerNorm's dw and db, five row sums a
 # step): 4 rows in 2 warps, 4 programs per SM, so a row's sums stay within a
 # warp (8 warps over an (8, 512) tile go through shared memory for each)
-# (RESULTS.md, "Heuristics: raw-Triton mix kernels").
+# (RESULTS.md, "Heuristics: raw-Triton mix kernels"). Rows too long for two a
+# step (a model width past 2048 with one column sum, past 1024 with two) take
+# one row a step: 8 warps, 2 programs per SM with one column sum; 4 warps,
+# 2 programs per SM with two or more (8 warps and 4 per SM were 19% slower
+# there; RESULTS.md, "Session 21").
 # Raw-Triton looped row reductions fold a softmax's max and sum(exp) into one
 # sweep only if this is set: off, two sweeps measured faster (RESULTS.md, "Session 18").
 TRITON_ONLINE_SOFTMAX = False
@@ -326,6 +330,8 @@ TRITON_MIX_COLUMNS_ROWS = 4  # two or more column sums
 TRITON_MIX_COLUMNS_WARPS = 2
 TRITON_MIX_COLUMNS_PROGRAMS_PER_SM = 4
 TRITON_MIX_COLUMNS_ELEMENTS = 2048  # 32 per thread at 2 warps
+TRITON_MIX_LONG_COLUMNS_WARPS = 4  # one row a step, two or more column sums
+TRITON_MIX_LONG_COLUMNS_PROGRAMS_PER_SM = 2
 
 
 def triton_mix_config(cols: int, columns: int = 1) -> TileConfig | None:
@@ -346,19 +352,25 @@ def triton_mix_config(cols: int, columns: int = 1) -> TileConfig | None:
     return TileConfig(br, bc, warps, True, num_stages=TRITON_MIX_STAGES)
 
 
-def triton_mix_row_config(cols: int) -> TileConfig:
+def triton_mix_row_config(cols: int, columns: int = 1) -> TileConfig:
     """The raw-Triton mix tile where ``triton_mix_config`` has none (rows too
-    long for two a step): one row a step, TRITON_MIX_WARPS warps, pipelined as
-    the two-row tile (not timed yet: kernel_backend='auto' keeps Pallas's kernel
-    for it, lowering/executors.py)."""
-    return TileConfig(1, next_power_of_2(cols), TRITON_MIX_WARPS, True, num_stages=TRITON_MIX_STAGES)
+    long for two a step): one row a step, pipelined as the two-row tile, in
+    TRITON_MIX_WARPS warps (TRITON_MIX_LONG_COLUMNS_WARPS with two or more
+    column sums)."""
+    warps = TRITON_MIX_LONG_COLUMNS_WARPS if columns >= 2 else TRITON_MIX_WARPS
+    return TileConfig(1, next_power_of_2(cols), warps, True, num_stages=TRITON_MIX_STAGES)
 
 
-def triton_mix_programs(rows: int, num_sms: int, columns: int = 1) -> int:
+def triton_mix_programs(rows: int, num_sms: int, columns: int = 1, long_rows: bool = False) -> int:
     """Programs (= partial rows) of a raw-Triton mix kernel: a persistent grid
     of TRITON_MIX_PROGRAMS_PER_SM per SM (TRITON_MIX_COLUMNS_PROGRAMS_PER_SM
-    with two or more column sums), each with at least MIN_ROWS_PER_PROGRAM rows."""
-    per_sm = TRITON_MIX_COLUMNS_PROGRAMS_PER_SM if columns >= 2 else TRITON_MIX_PROGRAMS_PER_SM
+    with two or more column sums, TRITON_MIX_LONG_COLUMNS_PROGRAMS_PER_SM if
+    their rows are ``long_rows``: ``triton_mix_config`` is None), each with
+    at least MIN_ROWS_PER_PROGRAM rows."""
+    if columns < 2:
+        per_sm = TRITON_MIX_PROGRAMS_PER_SM
+    else:
+        per_sm = TRITON_MIX_LONG_COLUMNS_PROGRAMS_PER_SM if long_rows else TRITON_MIX_COLUMNS_PROGRAMS_PER_SM
     return max(1, min(num_sms * per_sm, ceil_div(rows, MIN_ROWS_PER_PROGRAM)))
 
 

@@ -100,7 +100,7 @@ def _column(node: ir.Reduction, row_domains, columns: int, options: CompileOptio
     long_rows = heuristics.triton_mix_config(cols, columns) is None
     if mix and executors.wants_triton(executors.kernel_kind("mix", True, columns, long_rows), options):
         # codegen/triton.py render_mix writes that kernel (dynamic rows: programs at the hint)
-        programs = heuristics.triton_mix_programs(rows, options.num_sms, columns)
+        programs = heuristics.triton_mix_programs(rows, options.num_sms, columns, long_rows)
     else:
         programs = heuristics.partial_programs(rows, cols, options.num_sms, columns)
     acc = acc_dtype(node.op, node.body.dtype)

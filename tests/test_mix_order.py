@@ -255,9 +255,9 @@ def test_triton_mix_kernel_matches_jax_jit(fn, n, dtype, rng):
 def test_triton_mix_kernels_plan_and_limits():
     """The GPU's plan at the benchmark shape: 2 programs per SM, 8 rows a step,
     8 warps, 3 pipelined stages, one partial row per program. Two column sums
-    (LayerNorm) render too (kernel_backend='auto' keeps Pallas for them on a
-    GPU: test_executors.py); rows too long for 2 rows a tile take one row a step
-    (under 'auto' a GPU keeps Pallas's kernel for them: executors kind 'mix_long_rows')."""
+    (LayerNorm): 4 rows a step in 2 warps. Rows too long for 2 rows a tile take
+    one row a step (executors kind 'mix_long_rows'): 8 warps and 2 programs per
+    SM with one column sum, 4 warps and 2 programs per SM with two."""
     x, w = jnp.zeros((576000, 384), jnp.bfloat16), jnp.zeros((384,), jnp.bfloat16)
     opts = dict(num_sms=132, kernel_backend="triton")
     rms = _kernels(rmsnorm_bwd_vjp, x, w, x, **opts)
@@ -276,11 +276,14 @@ def test_triton_mix_kernels_plan_and_limits():
     wide = jnp.zeros((20000, 4096), jnp.bfloat16)
     long_rows = _kernels(rmsnorm_bwd_vjp, wide, wide[0], wide, **opts)[0]
     assert long_rows.kind == "mix" and "@triton.jit" in long_rows.source and "BLOCK_R=1," in long_rows.source
-    assert "PROGRAMS = 264" in long_rows.source
+    assert "PROGRAMS = 264" in long_rows.source and "num_warps=8" in long_rows.source
+    wide_ln = _kernels(layernorm_fwd_bwd, wide, wide[0], wide[0], wide, **opts)[0]
+    assert wide_ln.kind == "mix" and "BLOCK_R=1," in wide_ln.source
+    assert "PROGRAMS = 264" in wide_ln.source and "num_warps=4" in wide_ln.source
     from lowering import executors
     from lowering.options import CompileOptions
     gpu = CompileOptions(interpret=False, triton_available=True)
-    assert executors.choose(executors.kernel_kind("mix", True, 1, long_rows=True), gpu).executor == "pallas"
+    assert executors.choose(executors.kernel_kind("mix", True, 1, long_rows=True), gpu).executor == "triton_xla"
 
 
 def masked_lanes_matter(x, w, dy):

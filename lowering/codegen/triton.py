@@ -862,7 +862,7 @@ def render_mix(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> R
         raise TritonUnsupported(f"mix kernel {kernel.name}: rows too long for one tile")
     columns = [m for m in kernel.members if m.role == "column"]
     cfg = (heuristics.triton_mix_config(int(kernel.cols), len(columns))
-           or heuristics.triton_mix_row_config(int(kernel.cols)))
+           or heuristics.triton_mix_row_config(int(kernel.cols), len(columns)))
     if options.num_warps:
         cfg = dataclasses.replace(cfg, num_warps=options.num_warps)
     for m in columns:
