@@ -65,9 +65,12 @@ def main(argv=None):
     p.add_argument("--smoke", action="store_true", help="tiny sizes, few rounds (the CPU)")
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--json", default="", help="write the rows to this file")
+    p.add_argument("--max_members", default="", help="comma-separated caps of members per combo launch "
+                   "(heuristics.COMBO_MAX_MEMBERS), each one more pallaskit row")
     a = p.parse_args(argv)
     import pallaskit
     from benchmarks import hardware, models, timing
+    from lowering import heuristics
 
     if a.smoke:
         a.layers, a.width, a.vocab, a.rounds = 1, 16, 24, 3
@@ -81,17 +84,22 @@ def main(argv=None):
     for clip in (False, True):
         fn = models.adamw_step(clip)
         want = jax.block_until_ready(jax.jit(fn)(*args))
-        variants = [("xla", jax.jit(fn), None)]
+        variants = [("xla", jax.jit(fn), None, None)]
         for on in (True, False):
-            variants.append((f"pallaskit combo_kernels={on}", pallaskit.jit(fn), on))
-        for name, f, combo in variants:
-            with pallaskit.config.override(**({} if combo is None else {"combo_kernels": combo})):
+            variants.append((f"pallaskit combo_kernels={on}", pallaskit.jit(fn), on, None))
+        for k in [int(k) for k in a.max_members.split(",") if k]:
+            variants.append((f"pallaskit max_members={k}", pallaskit.jit(fn), True, k))
+        default_members = heuristics.COMBO_MAX_MEMBERS
+        for name, f, combo, members in variants:
+            heuristics.COMBO_MAX_MEMBERS = members or default_members  # read when the program compiles
+            with pallaskit.config.override(**({} if combo is None else {"combo_kernels": combo, "cache": False})):
                 got = jax.block_until_ready(f(*args))
                 err = max(float(np.max(np.abs(np.asarray(g) - np.asarray(w)) / (np.abs(np.asarray(w)) + 1e-6)))
                           for g, w in zip(got, want))
                 kernels = _kernels(fn, args) if combo is not None else ("", "")
                 t = timing.measure(lambda i: f(*args), timing.HostClock(jax.block_until_ready), rounds=a.rounds)
                 dev = timing.kernel_ms(lambda: f(*args), jax.block_until_ready)
+            heuristics.COMBO_MAX_MEMBERS = default_members
             row = dict(workload=models.adamw_step(clip).__name__, backend=name, arrays=n, params=params,
                        ms=round(t.ms, 4), device_ms=dev and round(dev, 4), floor_ms=round(floor, 4),
                        of_floor=dev and round(floor / dev, 3), host_bound=t.host_bound, kernels=kernels[0],
