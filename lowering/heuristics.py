@@ -87,6 +87,11 @@ COMBO_MAX_MEMBERS = 128
 # takes 32764 bytes of kernel parameters (XLA packs up to 4095 arguments there);
 # 1000 keeps 8 KB. Set 500 for a toolchain limited to 4 KB.
 COMBO_MAX_ARGS = 1000
+# Members past which a raw-Triton combo branches over groups of members, each a
+# function of its own members' pointers ([Note: combo dispatch groups] in
+# lowering/codegen/combo.py): Triton's frontend work per branch grows with the
+# pointers live where it branches.
+COMBO_DISPATCH_GROUP = 16
 # Bytes a launch moves: past 1 GiB (~0.3 ms at H100 bandwidth) the launch and
 # tail a combo saves are under 1% of the launch's own time.
 COMBO_MAX_BYTES = 1 << 30
