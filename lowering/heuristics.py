@@ -78,6 +78,13 @@ MAX_SHARED_INLINED_READS = 8
 HORIZONTAL_MAX_MEMBERS = 8
 
 
+# Persistent row reductions of one phase past which the raw-Triton renderer
+# writes them inside a region of their own ([Note: reductions in a region] in
+# codegen/rows.py): Triton's coalescing pass grows with the cube of a kernel's
+# chained reductions (0.1 s of it at 40, 3.6 s at 160).
+REDUCTION_REGION_MIN = 16
+
+
 # Combo kernels ([Note: combo kernels] in lowering/combo.py).
 # Members per launch: a program finds its member through a chain of scalar
 # compares, and Triton compiles every member's code, so past ~100 the dispatch
