@@ -80,8 +80,8 @@ HORIZONTAL_MAX_MEMBERS = 8
 
 # Persistent row reductions of one phase past which the raw-Triton renderer
 # writes them inside a region of their own ([Note: reductions in a region] in
-# codegen/rows.py): Triton's coalescing pass grows with the cube of a kernel's
-# chained reductions (0.1 s of it at 40, 3.6 s at 160).
+# codegen/rows.py): Triton's coalescing pass grows about with the cube of a
+# kernel's chained reductions; figures in benchmarks/RESULTS.md.
 REDUCTION_REGION_MIN = 16
 
 

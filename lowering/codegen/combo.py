@@ -240,8 +240,8 @@ def render_triton(kernel, schedule: Schedule, options: CompileOptions):
 # [Note: combo dispatch groups]
 # Triton's frontend copies every live value of the enclosing scope at each
 # ``if`` (to merge what the branches redefine), so a chain of M member branches
-# in a kernel of A pointer parameters costs it M x A copies: seconds for an
-# optimizer's combo of 128 members and ~900 pointers, on one thread holding the
+# in a kernel of A pointer parameters costs it M x A copies (an optimizer's
+# combo: a hundred members, near a thousand pointers), on a thread holding the
 # GIL. Past ``COMBO_DISPATCH_GROUP`` members the chain is split into about
 # sqrt(M) groups of consecutive members, each a ``noinline`` function taking
 # only its members' pointers: the kernel branches over the groups and each

@@ -61,10 +61,10 @@ def render_rows(em, kernel: Kernel, bodies, cfg, *, row_block="pid", columns_rea
 # Triton's coalescing pass (TritonGPUCoalesce) looks, for every load and store,
 # at the whole dataflow slice around it (mlir::getSlice: the backward and forward
 # slice of every op reached, to a fixed point). A kernel summing many rows into
-# one chain (a global norm: ``sum(sum(g * g) for g in grads)``, 158 reductions
-# and a 180-add chain in GPT-2's step) makes that slice the whole kernel and
-# each op's slice as long as the chain: seconds per kernel, growing with the
-# cube of the reductions. A slice stops at a region's yield, so the last phase's
+# one chain (a global norm: ``sum(sum(g * g) for g in grads)``, over a hundred
+# reductions in GPT-2's step) makes that slice the whole kernel and each op's
+# slice as long as the chain: its cost grows about with the cube of the
+# reductions, seconds for that one kernel. A slice stops at a region's yield, so the last phase's
 # reductions, past ``heuristics.REDUCTION_REGION_MIN`` of them, are written
 # inside an ``if`` that always holds (an else branch gives each result a zero
 # of its type, never run): the chain after it no longer joins the loads' slices.
