@@ -78,6 +78,13 @@ MAX_SHARED_INLINED_READS = 8
 HORIZONTAL_MAX_MEMBERS = 8
 
 
+# Persistent row reductions of one phase past which the raw-Triton renderer
+# writes them inside a region of their own ([Note: reductions in a region] in
+# codegen/rows.py): Triton's coalescing pass grows about with the cube of a
+# kernel's chained reductions; figures in benchmarks/RESULTS.md.
+REDUCTION_REGION_MIN = 16
+
+
 # Combo kernels ([Note: combo kernels] in lowering/combo.py).
 # Members per launch: a program finds its member through a chain of scalar
 # compares, and Triton compiles every member's code, so past ~100 the dispatch
@@ -87,6 +94,11 @@ COMBO_MAX_MEMBERS = 128
 # takes 32764 bytes of kernel parameters (XLA packs up to 4095 arguments there);
 # 1000 keeps 8 KB. Set 500 for a toolchain limited to 4 KB.
 COMBO_MAX_ARGS = 1000
+# Members past which a raw-Triton combo branches over groups of members, each a
+# function of its own members' pointers ([Note: combo dispatch groups] in
+# lowering/codegen/combo.py): Triton's frontend work per branch grows with the
+# pointers live where it branches.
+COMBO_DISPATCH_GROUP = 16
 # Bytes a launch moves: past 1 GiB (~0.3 ms at H100 bandwidth) the launch and
 # tail a combo saves are under 1% of the launch's own time.
 COMBO_MAX_BYTES = 1 << 30

@@ -1,6 +1,7 @@
 """Combo kernels ([Note: combo kernels] in lowering/combo.py): independent
 kernels over different shapes in one launch, against jax.jit, in the Pallas
 renderer (interpret mode) and the raw Triton renderer (Triton's interpreter)."""
+import math
 import re
 
 import jax
@@ -306,6 +307,41 @@ def test_triton_combo_shares_one_function_per_member_code(rng):
     functions = re.findall(r"@triton.jit\(noinline=True\)\ndef (combo_\d+_part\d+)\(", prog.source)
     members = re.findall(r"^# member \d+: ", prog.source, flags=re.M)
     assert len(members) == len(shapes) and len(functions) == len(set(shapes)), (functions, len(members))
+    for g, w in zip(got, jax.tree.leaves(jax.jit(upd)(*trees))):
+        np.testing.assert_allclose(np.asarray(g).reshape(w.shape), w, rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="Triton's interpreter runs these on the CPU")
+@pytest.mark.parametrize("members, group_past", [(13, 3), (40, None)])
+def test_triton_combo_dispatches_through_member_groups(members, group_past, rng, monkeypatch):
+    """[Note: combo dispatch groups]: past ``COMBO_DISPATCH_GROUP`` members the
+    kernel branches over groups of members (a last group of one member called
+    directly), each group over its own; every member still gets its own
+    programs and values: repeated shapes, odd sizes, size 1, several programs
+    of one member, NaN / inf / -0."""
+    from lowering import heuristics
+
+    if group_past is not None:
+        monkeypatch.setattr(heuristics, "COMBO_DISPATCH_GROUP", group_past)
+    base = [(1,), (7, 3), (2500, 3), (33, 65), (5,), (2049,), (3, 1, 2)]
+    shapes = [base[i % len(base)] for i in range(members)]
+
+    def upd(ps, gs, ms):
+        ms = [0.9 * m + 0.1 * g for m, g in zip(ms, gs)]
+        return [p - 1e-2 * (m + 0.1 * p) for p, m in zip(ps, ms)], ms
+
+    trees = [[jnp.asarray(rng.standard_normal(s), jnp.float32) for s in shapes] for _ in range(3)]
+    trees[1][2] = trees[1][2].at[0, :3].set(jnp.asarray([jnp.nan, jnp.inf, -0.0]))
+    trees[0][5] = trees[0][5].at[-1].set(-jnp.inf)
+    prog, got = _triton_run(upd, tuple(trees))
+    groups = re.findall(r"@triton.jit\(noinline=True\)\ndef (combo_\d+_group\d+)\(", prog.source)
+    size = math.isqrt(members - 1) + 1
+    count = -(-members // size)
+    alone = members - size * (count - 1) == 1  # a last group of one member is called directly
+    assert len(groups) == count - alone, groups
+    kernel = prog.source[prog.source.index("@triton.jit\ndef combo_"):].split("\n\n")[0]
+    assert kernel.count("pid <") == count - 1, kernel  # the kernel branches over groups only
+    assert len(re.findall(r"^# member \d+: ", prog.source, flags=re.M)) == members
     for g, w in zip(got, jax.tree.leaves(jax.jit(upd)(*trees))):
         np.testing.assert_allclose(np.asarray(g).reshape(w.shape), w, rtol=2e-5, atol=1e-6)
 

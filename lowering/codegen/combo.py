@@ -22,6 +22,7 @@ by members of the same code, bring it to seconds (benchmarks/RESULTS.md,
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 from lowering import heuristics
@@ -220,24 +221,77 @@ def render_triton(kernel, schedule: Schedule, options: CompileOptions):
     helpers, calls = write_parts(w, triton.TritonEmitter, kernel, parts, schedule, options, ins, outs,
                                  _triton_part_function)
     _header(w, kernel, parts, cfg)
+    members = [(part.start, part.start + part.programs, _member_call(part, fn, refs), _call_refs(refs))
+               for part, (fn, refs) in zip(parts, calls)]
+    groups = _dispatch_groups(members)
+    if len(groups) > 1:  # [Note: combo dispatch groups]
+        members = [_write_group(w, f"{kernel.name}_group{j}", group) for j, group in enumerate(groups)]
     all_refs = list(ins.values()) + list(outs.values())
     w.line("@triton.jit")
     w.line(f"def {kernel.name}_kernel({', '.join(all_refs)}):")
     with w.indent():
         w.line("pid = tl.program_id(0)")
-        for i, (part, (fn, refs)) in enumerate(zip(parts, calls)):
-            end = part.start + part.programs
-            if i == len(parts) - 1:
-                w.line("else:" if i else "if True:")
-            else:
-                w.line(f"{'if' if i == 0 else 'elif'} pid < {end}:")
-            with w.indent():
-                shifted = "pid" if part.start == 0 else f"pid - {part.start}"
-                blocks = f"{part.config.block_rows}, {part.config.block_cols}"
-                w.line(f"{fn}({shifted}, {', '.join(refs)}, {blocks})  # {part.kernel.name}")
+        _write_dispatch(w, members)
     total = parts[-1].start + parts[-1].programs
     return triton.Rendered(kernel.name, w.source(), list(kernel.reads), [], str(total), {}, cfg.num_warps, 1,
                             helpers, cfg)
+
+
+# [Note: combo dispatch groups]
+# Triton's frontend copies every live value of the enclosing scope at each
+# ``if`` (to merge what the branches redefine), so a chain of M member branches
+# in a kernel of A pointer parameters costs it M x A copies (an optimizer's
+# combo: a hundred members, near a thousand pointers), on a thread holding the
+# GIL. Past ``COMBO_DISPATCH_GROUP`` members the chain is split into about
+# sqrt(M) groups of consecutive members, each a ``noinline`` function taking
+# only its members' pointers: the kernel branches over the groups and each
+# group over its members, about 2 sqrt(M) x A copies in all. Every program
+# still runs exactly its member's code on its member's tile; a program pays
+# one more call.
+def _member_call(part: Part, fn: str, refs: list[str]) -> str:
+    shifted = "pid" if part.start == 0 else f"pid - {part.start}"
+    blocks = f"{part.config.block_rows}, {part.config.block_cols}"
+    return f"{fn}({shifted}, {', '.join(refs)}, {blocks})  # {part.kernel.name}"
+
+
+def _call_refs(refs: list[str]) -> list[str]:
+    return list(dict.fromkeys(refs))
+
+
+def _dispatch_groups(members: list) -> list[list]:
+    """Consecutive members in about sqrt(M) groups of about sqrt(M) each; one
+    group (a flat chain) up to ``heuristics.COMBO_DISPATCH_GROUP`` members."""
+    n = len(members)
+    if n <= heuristics.COMBO_DISPATCH_GROUP:
+        return [members]
+    size = math.isqrt(n - 1) + 1
+    return [members[i:i + size] for i in range(0, n, size)]
+
+
+def _write_group(w: SourceWriter, name: str, group: list) -> tuple:
+    """A group's dispatch as a ``noinline`` function of its members' pointers;
+    returns the kernel's member entry that calls it."""
+    refs = list(dict.fromkeys(r for *_, rs in group for r in rs))
+    if len(group) == 1:
+        return group[0]
+    w.line("@triton.jit(noinline=True)")
+    w.line(f"def {name}(pid, {', '.join(refs)}):")
+    with w.indent():
+        _write_dispatch(w, group)
+    w.line()
+    w.line()
+    return group[0][0], group[-1][1], f"{name}(pid, {', '.join(refs)})", refs
+
+
+def _write_dispatch(w: SourceWriter, members: list) -> None:
+    """The ``if``/``elif`` chain over (start, end, call, refs) on program ids."""
+    for i, (_, end, call, _) in enumerate(members):
+        if i == len(members) - 1:
+            w.line("else:" if i else "if True:")
+        else:
+            w.line(f"{'if' if i == 0 else 'elif'} pid < {end}:")
+        with w.indent():
+            w.line(call)
 
 
 def is_combo(kernel) -> bool:

@@ -311,6 +311,9 @@ class KernelEmitter:
     # Skip the select of a masked sum whose operand is already 0 past the edge
     # (rows.zero_where_masked)? The raw-Triton dialect does.
     SKIP_ZERO_SELECT = False
+    # Write many persistent reductions inside an always-true ``if`` (rows.py,
+    # [Note: reductions in a region])? The raw-Triton dialect does.
+    REDUCTION_REGION = False
 
     def loop(self, name: str, index: str, start, stop, carried: list[str], body, stages: int | None = None,
              comment: str = "") -> None:

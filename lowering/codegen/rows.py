@@ -11,7 +11,7 @@ import functools
 import numpy as np
 import sympy
 
-from lowering import ir
+from lowering import heuristics, ir
 from lowering.codegen.emitter import (acc_dtype, cdiv_source, is_16bit_float, is_float, is_reduction, phases, reduction_identity,
                                       store_reductions, write_ready_row_values)
 from lowering.scheduler import XC, Kernel, Member
@@ -28,6 +28,8 @@ def render_rows(em, kernel: Kernel, bodies, cfg, *, row_block="pid", columns_rea
     w.line("rmask = xr < ROWS")
     online = online_plans(kernel, bodies) if not cfg.persistent and em.online_softmax else {}
     phase, online = online_phases(kernel, online) if online else (phases(kernel), {})
+    # the last phase that reduces or stores over columns (row values may follow it)
+    last = max((phase[m.name] for m in kernel.members if m.role in ("reduction", "rowwise")), default=-1)
     for p in range(max(phase.values()) + 1):
         reds = [m for m in kernel.members if m.role == "reduction" and phase[m.name] == p]
         rowwise = [m for m in kernel.members if m.role == "rowwise" and m.store and phase[m.name] == p]
@@ -40,7 +42,11 @@ def render_rows(em, kernel: Kernel, bodies, cfg, *, row_block="pid", columns_rea
                 if p == 0 and not columns_ready:
                     w.line(f"xc = {em.iota_text(1, 'BLOCK_C')}")
                     w.line("cmask = xc < COLS")
-                results = {m.name: reduce_tile(em, m, bodies[m.name]) for m in reds}
+                if em.REDUCTION_REGION and len(reds) >= heuristics.REDUCTION_REGION_MIN and not rowwise \
+                        and p == last:
+                    results = _reduce_in_region(em, reds, bodies, row_block)
+                else:
+                    results = {m.name: reduce_tile(em, m, bodies[m.name]) for m in reds}
                 for m in rowwise:
                     em.store(m, *em.value(bodies[m.name]))
                 em.row_values.update(results)
@@ -49,6 +55,38 @@ def render_rows(em, kernel: Kernel, bodies, cfg, *, row_block="pid", columns_rea
                              online={m.name: online[m.name] for m in reds if m.name in online})
         write_ready_row_values(em, kernel, bodies)
     store_reductions(em, kernel)
+
+
+# [Note: reductions in a region]
+# Triton's coalescing pass (TritonGPUCoalesce) looks, for every load and store,
+# at the whole dataflow slice around it (mlir::getSlice: the backward and forward
+# slice of every op reached, to a fixed point). A kernel summing many rows into
+# one chain (a global norm: ``sum(sum(g * g) for g in grads)``, over a hundred
+# reductions in GPT-2's step) makes that slice the whole kernel and each op's
+# slice as long as the chain: its cost grows about with the cube of the
+# reductions, seconds for that one kernel. A slice stops at a region's yield, so the last phase's
+# reductions, past ``heuristics.REDUCTION_REGION_MIN`` of them, are written
+# inside an ``if`` that always holds (an else branch gives each result a zero
+# of its type, never run): the chain after it no longer joins the loads' slices.
+# The loads, the arithmetic and the reduction order are the same; row-only loads
+# are issued before the region so that the code after it never loads again what
+# the region loaded (its values are out of scope there).
+def _reduce_in_region(em, reds: list, bodies, row_block: str) -> dict:
+    for m in reds:
+        for ld in ir.loads(bodies[m.name]):
+            if ld.buffer not in em.row_values and "c" not in em.extent_of(em.offset(ld.buffer, ld.index)):
+                em.load(ld)
+    w = em.w
+    w.line(f"if {row_block} >= 0:  # always: a region for Triton's coalescing ([Note: reductions in a region])")
+    with w.indent():
+        em.scopes.append({})
+        results = {m.name: reduce_tile(em, m, bodies[m.name]) for m in reds}
+        em.scopes.pop()
+    w.line("else:")
+    with w.indent():
+        for m in reds:
+            w.line(f"{results[m.name]} = {em.zeros_text('(BLOCK_R, 1)', em.dtype_text(m.node.dtype))}")
+    return results
 
 
 def masked_operand(em, m: Member, body: ir.Expr) -> str:

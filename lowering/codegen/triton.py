@@ -540,6 +540,7 @@ class TritonEmitter(KernelEmitter):
     MINIMUM = "tl.minimum"
     FUNCTIONS = {"exp": "tl.exp({0})", "is_finite": "(({0} - {0}) == 0)", "and": "({0} & {1})", "or": "({0} | {1})"}
     SKIP_ZERO_SELECT = True
+    REDUCTION_REGION = True
 
     def __init__(self, kernel, schedule, cfg, options):
         super().__init__(kernel, schedule, cfg, options)
