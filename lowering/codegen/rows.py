@@ -84,8 +84,12 @@ def _reduce_in_region(em, reds: list, bodies, row_block: str) -> dict:
         em.scopes.pop()
     w.line("else:")
     with w.indent():
+        zeros = {}  # one zero tile per dtype, the other results of that dtype alias it
         for m in reds:
-            w.line(f"{results[m.name]} = {em.zeros_text('(BLOCK_R, 1)', em.dtype_text(m.node.dtype))}")
+            dt = em.dtype_text(m.node.dtype)
+            text = zeros.get(dt) or em.zeros_text("(BLOCK_R, 1)", dt)
+            zeros.setdefault(dt, results[m.name])
+            w.line(f"{results[m.name]} = {text}")
     return results
 
 
