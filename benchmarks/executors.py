@@ -39,6 +39,7 @@ CASES = [
     ("pointwise_chain", "pointwise_chain", (576000, 384), (33, 100), {}, False),
     ("softmax", "softmax", (32768, 4096), (17, 300), {}, False),
     ("rmsnorm_fwd", "rmsnorm_fwd", (576000, 384), (33, 100), {}, False),
+    ("layernorm_fwd", "layernorm_fwd", (576000, 384), (33, 100), {}, False),
     ("layernorm_fwd_bwd", "layernorm_fwd_bwd", (576000, 384), (1100, 100), {}, False),
     ("rmsnorm_bwd", "rmsnorm_bwd", (576000, 384), (1100, 100), {}, False),
     # A column sum alone (split over row blocks: the 'column' kind).

@@ -152,6 +152,19 @@ def reduction_config(rows: int, cols: int, *, max_persistent_cols: int, inner_co
     return TileConfig(min(next_power_of_2(rows), 64), 64, 4, False)
 
 
+# Raw Triton's persistent row tiles of several rows over 512 columns (rows of
+# 257-512 elements: 8 a tile) run in 2 warps: 4 and 8 (Pallas's count) were
+# slower in Triton's own pipeline on the H200 (RESULTS.md, "Session 21").
+TRITON_ROWS_512_WARPS = 2
+
+
+def triton_row_warps(cfg: TileConfig) -> int:
+    """Warps of a raw-Triton row reduction whose tile is ``reduction_config``'s ``cfg``."""
+    if cfg.persistent and cfg.block_rows >= 2 and cfg.block_cols == 512:
+        return TRITON_ROWS_512_WARPS
+    return cfg.num_warps
+
+
 # Rows past max_persistent_cols (a 50,257-token vocabulary's logits). Looped, a
 # kernel reads the row once per sweep: two with online softmax (max and sum, then
 # the outputs), the second mostly from L2 when each program owns one row.

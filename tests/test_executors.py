@@ -3,6 +3,7 @@ what explain says, and a slice of the kernel tests run with
 kernel_backend='triton' (raw Triton inside the XLA program; on the CPU in
 Triton's interpreter through a host callback) against jax.jit."""
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -363,3 +364,31 @@ def test_triton_target_falls_back_to_jaxlibs_where_it_cannot_register():
     assert target in (ffi_targets.COMMAND_BUFFER_TARGET, ffi_targets.JAXLIB_TARGET)
     has_cuda_triton = getattr(getattr(jax._src.lib, "gpu_triton", None), "_cuda_triton", None) is not None
     assert (target == ffi_targets.COMMAND_BUFFER_TARGET) == has_cuda_triton
+
+
+def _layernorm(x, w, b):
+    xf = x.astype(jnp.float32)
+    mean = jnp.mean(xf, axis=-1, keepdims=True)
+    var = jnp.mean((xf - mean) ** 2, axis=-1, keepdims=True)
+    return ((xf - mean) * jax.lax.rsqrt(var + 1e-5) * w.astype(jnp.float32) + b.astype(jnp.float32)).astype(x.dtype)
+
+
+def test_raw_triton_row_tiles_of_512_columns_take_two_warps(rng):
+    """Persistent row tiles of 8 rows x 512 columns (rows of 257-512) run in 2
+    warps in raw Triton (heuristics.TRITON_ROWS_512_WARPS) and keep Pallas's 8;
+    values as jax.jit's, NaN and inf rows included."""
+    pytest.importorskip("triton")
+    x = rng.standard_normal((37, 384)).astype(np.float32)
+    x[3, 5], x[7, 0] = np.nan, np.inf
+    w, b = rng.standard_normal(384).astype(np.float32), rng.standard_normal(384).astype(np.float32)
+    args = [jnp.asarray(a, jnp.bfloat16) for a in (x, w, b)]
+    want = jax.jit(_layernorm)(*args)
+    warps = {}
+    for backend in ("pallas", "triton"):
+        with pallaskit.config.override(kernel_backend=backend, cache=False):
+            (kernel,) = pallaskit.explain(_layernorm, *args).kernels
+            got = pallaskit.jit(_layernorm)(*args)
+        assert_close(got, want, jnp.bfloat16)
+        warps[backend] = re.findall(r"num_warps=(\d+)", kernel.source)
+        assert "BLOCK_R = 8" in kernel.source or "BLOCK_R=8" in kernel.source or "BLOCK_R, BLOCK_C = 8," in kernel.source
+    assert warps == {"pallas": ["8"], "triton": ["2"]}

@@ -40,7 +40,7 @@ from lowering.codegen.emitter import (KernelEmitter, dim_source, is_16bit_float,
 from lowering.codegen.emitter import columns as column_count
 from lowering.codegen.mix import write_mix
 from lowering.codegen.rows import render_rows
-from lowering.codegen.tiles import kernel_config
+from lowering.codegen.tiles import kernel_config, reduction_is_inner
 from lowering.codegen.writer import SourceWriter
 from lowering.options import CompileOptions
 from lowering.scheduler import Kernel, Schedule, _origins
@@ -794,6 +794,9 @@ def _render_kernel(kernel: Kernel, schedule: Schedule, options: CompileOptions):
     if kernel.kind == "mix":
         raise TritonUnsupported(f"mix kernel {kernel.name}")
     cfg = kernel_config(kernel, schedule, options)
+    if (kernel.kind == "reduction" and not options.num_warps and not sizes.is_symbolic((kernel.rows, kernel.cols))
+            and reduction_is_inner(kernel, schedule)):
+        cfg = dataclasses.replace(cfg, num_warps=heuristics.triton_row_warps(cfg))
     em = TritonEmitter(kernel, schedule, cfg, options)
     w = em.w
     bodies = {m.name: kernel_coords_body(m) for m in kernel.members}
