@@ -1,6 +1,6 @@
 """Raw-Triton tile variants against the Pallas kernels (lowering/executors.py
 ``GPU_AUTO``: mix kernels with two or more column sums moved to raw Triton on
-these figures, RESULTS.md "Session 18"; the matmul template in session 20), in
+these figures, RESULTS.md "Kernel backends: the last Pallas kinds"; the matmul template: "Kernel backends: the matmul template in raw Triton"), in
 one GPU process.
 
 Each variant is the 'triton' executor with some heuristics constants set for

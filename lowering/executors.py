@@ -50,7 +50,7 @@ GPU_AUTO = {
     "mix_long_rows": (TRITON_XLA, _DEPRECATED),
     # The matmul template: raw Triton level with Pallas's in steady state (within 1% on the
     # suite's MLP and model steps) and faster to a first call, now that jaxlib assembles
-    # its PTX early (benchmarks/RESULTS.md, "Session 20").
+    # its PTX early (benchmarks/RESULTS.md, "Kernel backends: the matmul template in raw Triton").
     "matmul": (TRITON_XLA, _DEPRECATED),
     "combo": (TRITON_XLA, _DEPRECATED),  # independent kernels in one launch (lowering/combo.py)
 }

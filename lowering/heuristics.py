@@ -70,7 +70,7 @@ MAX_INLINED_READS = 16
 # than this is stored once: each reader would load them all again. A deep model's
 # residual stream (x_L = x_0 + every earlier layer's outputs and biases) was otherwise
 # recomputed from 4L + 1 buffers in each of layer L's norm kernels, forward and backward
-# (benchmarks/RESULTS.md, "Session 20"). Inductor realizes a buffer past 8 such reads.
+# (benchmarks/RESULTS.md, "The 12-layer GPT-2 step: the residual stream stored once"). Inductor realizes a buffer past 8 such reads.
 MAX_SHARED_INLINED_READS = 8
 # Groups of one iteration space that share nothing merge to save a launch; past this
 # many members the kernel's code (one body per member) costs more Triton compile time
@@ -81,7 +81,7 @@ HORIZONTAL_MAX_MEMBERS = 8
 # Persistent row reductions of one phase past which the raw-Triton renderer
 # writes them inside a region of their own ([Note: reductions in a region] in
 # codegen/rows.py): Triton's coalescing pass grows about with the cube of a
-# kernel's chained reductions; figures in benchmarks/RESULTS.md.
+# kernel's chained reductions; figures in benchmarks/RESULTS.md, "Session 21".
 REDUCTION_REGION_MIN = 16
 
 
@@ -185,7 +185,7 @@ LONG_ROW_PERSISTENT_BYTES = 128 * 1024
 # would be all of it).
 LOOPED_ONE_ROW_BYTES = 64 * 1024
 # Warps of such a one-row program: 16 over 4096-wide chunks, the fastest raw-Triton
-# tile of the 50,257-vocabulary cross-entropy (RESULTS.md, "Session 17").
+# tile of the 50,257-vocabulary cross-entropy (RESULTS.md, "Cross-entropy: pallaskit's looped tiles").
 LOOPED_ONE_ROW_WARPS = 16
 LONG_ROW_MAX_COLS = 65536
 LONG_ROW_MAX_WARPS = 32
@@ -344,7 +344,7 @@ def mix_config(rows: int, cols: int, *, whole_rows: bool, programs: int, columns
 # 2 programs per SM with two or more (8 warps and 4 per SM were 19% slower
 # there; RESULTS.md, "Session 21").
 # Raw-Triton looped row reductions fold a softmax's max and sum(exp) into one
-# sweep only if this is set: off, two sweeps measured faster (RESULTS.md, "Session 18").
+# sweep only if this is set: off, two sweeps measured faster (RESULTS.md, "Cross-entropy: raw Triton's online softmax").
 TRITON_ONLINE_SOFTMAX = False
 TRITON_MIX_ROWS = 8  # rows a step
 TRITON_MIX_WARPS = 8

@@ -129,7 +129,7 @@ def unravel(linear, shape: Sequence[int]) -> tuple:
 
 
 # The scheduler asks for the same few (coordinate, shape) pairs each time it
-# weighs a merge (RESULTS.md, "Session 18": the 12-layer GPT-2 step's passes).
+# weighs a merge (RESULTS.md, "The 12-layer GPT-2 step's first call").
 @functools.lru_cache(maxsize=1 << 16)
 def _unravel(linear, shape: tuple) -> tuple:
     out = []

@@ -17,7 +17,7 @@ Triton inlines a called ``@triton.jit`` function at each call site, and its
 compile time grows faster than the kernel's size: an optimizer's combo over a
 hundred arrays took over a minute to reach PTX. Parts not inlined, and shared
 by members of the same code, bring it to seconds (benchmarks/RESULTS.md,
-"Session 18": "Combo kernels: compile time").
+"Combo kernels: compile time").
 """
 from __future__ import annotations
 

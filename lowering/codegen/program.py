@@ -216,7 +216,7 @@ def share_triton_functions(kernels: list) -> None:
 # EmitTritonCustomCall), and the program's source shrinks. It keeps its header
 # comment (its kernel and equations) and a line saying which it runs. Measured on the
 # 12-layer GPT-2 step with its matmul templates in Pallas: XLA's compile unchanged
-# (jaxlib's PTX assembly dominated it then; benchmarks/RESULTS.md, "Session 20").
+# (jaxlib's PTX assembly dominated it then; benchmarks/RESULTS.md, "Cold compile: jaxlib assembling PTX").
 def share_pallas_kernels(kernels: list) -> None:
     """[Note: shared Pallas kernels]: rewrites each Pallas kernel whose code
     repeats an earlier one's into an alias of that kernel's launcher."""

@@ -9,7 +9,7 @@ fusions to XLA, did not. The handler launches exactly one kernel on the
 stream it is given, which is what the trait asks, so pallaskit registers the
 same handler a second time under its own name with the trait, and lowers to
 that name where the registration worked (jaxlib's name otherwise). Measured
-in benchmarks/RESULTS.md, "Session 18". An executable read back from the
+in benchmarks/RESULTS.md, "Kernel backends: the command-buffer target". An executable read back from the
 cache names the target, so ``executable.deserialize`` registers it first.
 """
 from __future__ import annotations

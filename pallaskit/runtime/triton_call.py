@@ -169,7 +169,7 @@ def _start_compile(kernel: _Kernel, in_dtypes, out_dtypes, scalars, constexprs) 
 # XLA compiles the program that calls it, one kernel after another under one
 # process-wide lock, and keeps the result per (kernel name, PTX) for the
 # process. For a program of a hundred distinct kernels that serial chain was
-# most of XLA's compile (benchmarks/RESULTS.md, "Session 20"). So as soon as a
+# most of XLA's compile (benchmarks/RESULTS.md, "Cold compile: jaxlib assembling PTX"). So as soon as a
 # kernel's PTX is ready, a one-kernel program calling it (operands of one
 # element: jaxlib's cache key holds no shapes or grid) is compiled on a
 # background thread: the chain runs while the other kernels still compile to
