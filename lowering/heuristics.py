@@ -70,7 +70,8 @@ MAX_INLINED_READS = 16
 # than this is stored once: each reader would load them all again. A deep model's
 # residual stream (x_L = x_0 + every earlier layer's outputs and biases) was otherwise
 # recomputed from 4L + 1 buffers in each of layer L's norm kernels, forward and backward
-# (benchmarks/RESULTS.md, "The 12-layer GPT-2 step: the residual stream stored once"). Inductor realizes a buffer past 8 such reads.
+# (benchmarks/RESULTS.md, "The 12-layer GPT-2 step: the residual stream stored once").
+# Inductor realizes a buffer past 8 such reads.
 MAX_SHARED_INLINED_READS = 8
 # Groups of one iteration space that share nothing merge to save a launch; past this
 # many members the kernel's code (one body per member) costs more Triton compile time
@@ -185,7 +186,8 @@ LONG_ROW_PERSISTENT_BYTES = 128 * 1024
 # would be all of it).
 LOOPED_ONE_ROW_BYTES = 64 * 1024
 # Warps of such a one-row program: 16 over 4096-wide chunks, the fastest raw-Triton
-# tile of the 50,257-vocabulary cross-entropy (RESULTS.md, "Cross-entropy: pallaskit's looped tiles").
+# tile of the 50,257-vocabulary cross-entropy (RESULTS.md, "Cross-entropy:
+# pallaskit's looped tiles").
 LOOPED_ONE_ROW_WARPS = 16
 LONG_ROW_MAX_COLS = 65536
 LONG_ROW_MAX_WARPS = 32
@@ -344,7 +346,8 @@ def mix_config(rows: int, cols: int, *, whole_rows: bool, programs: int, columns
 # 2 programs per SM with two or more (8 warps and 4 per SM were 19% slower
 # there; RESULTS.md, "Session 21").
 # Raw-Triton looped row reductions fold a softmax's max and sum(exp) into one
-# sweep only if this is set: off, two sweeps measured faster (RESULTS.md, "Cross-entropy: raw Triton's online softmax").
+# sweep only if this is set: off, two sweeps measured faster (RESULTS.md,
+# "Cross-entropy: raw Triton's online softmax").
 TRITON_ONLINE_SOFTMAX = False
 TRITON_MIX_ROWS = 8  # rows a step
 TRITON_MIX_WARPS = 8

@@ -1,6 +1,6 @@
 """Long-run differential fuzzing of pallaskit.jit against jax.jit.
 
-    python -m benchmarks.fuzz --minutes 60 --output DIR [--seed S] [--platform cpu|gpu]
+    python -m benchmarks.fuzz --minutes 60 --output DIR [--seed S] [--platform cpu|gpu] [--options K=V,...]
 
 Generates programs (``benchmarks/fuzz/programs.py``) until the time is up, runs
 each under both jits (``oracle.py``), and writes to DIR:
@@ -49,6 +49,8 @@ def _parse(argv):
     p.add_argument("--exclude-known", action="store_true",
                    help="leave out the generator features of known bug classes (programs.KNOWN_FEATURES)")
     p.add_argument("--no-long-rows", action="store_true", help="no rows longer than one tile")
+    p.add_argument("--options", default="", help="pallaskit options for every program, KEY=VALUE[,...] (e.g. "
+                   "kernel_backend=triton: the raw-Triton renderer, in Triton's interpreter on the CPU)")
     p.add_argument("--mode", choices=("mixed", "hypothesis", "random"), default="mixed",
                    help="rounds under hypothesis (shrinks well, explores narrowly), plain random programs (greedy "
                         "shrinking), or alternating")
@@ -71,6 +73,10 @@ def main(argv=None):
     from benchmarks.fuzz import oracle, programs
 
     logging.getLogger("pallaskit").setLevel(logging.ERROR)  # fallback lines: counted, not printed
+    if args.options:
+        known = sys.modules["pallaskit.config"].OPTIONS
+        pallaskit.config.update(**{k: known[k].parse(v) if k in known else v
+                                   for k, v in (kv.split("=", 1) for kv in args.options.split(","))})
     os.makedirs(args.output, exist_ok=True)
     exclude = frozenset(programs.KNOWN_FEATURES) if args.exclude_known else frozenset()
     deadline = time.time() + args.minutes * 60
@@ -115,7 +121,7 @@ def main(argv=None):
         print(f"[fuzz] new failure {n}: {v.signature}\n       {v.detail[:200]}\n       -> {path}", flush=True)
 
     def write_summary():
-        summary = dict(seed=args.seed, platform=args.platform, minutes=args.minutes,
+        summary = dict(seed=args.seed, platform=args.platform, minutes=args.minutes, options=args.options,
                        elapsed_s=round(time.time() - t_start, 1), exclude_known=args.exclude_known,
                        jax=jax.__version__, python=sys.version.split()[0], device=str(jax.devices()[0]),
                        counts=dict(stats), programs_per_minute=round(stats["programs"] / max(1e-9, (time.time() - t_start) / 60), 1),

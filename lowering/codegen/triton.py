@@ -546,7 +546,8 @@ class TritonEmitter(KernelEmitter):
         super().__init__(kernel, schedule, cfg, options)
         self.helpers = _HelperSet(self.helpers)
         # Two sweeps (max, then sum(exp)) measured faster than the online sweep in raw
-        # Triton (heuristics.TRITON_ONLINE_SOFTMAX; RESULTS.md, "Cross-entropy: raw Triton's online softmax"); Pallas keeps it.
+        # Triton (heuristics.TRITON_ONLINE_SOFTMAX; RESULTS.md, "Cross-entropy: raw
+        # Triton's online softmax"); Pallas keeps it.
         self.online_softmax = self.online_softmax and heuristics.TRITON_ONLINE_SOFTMAX
 
     def index_type(self, wide: bool) -> str:
