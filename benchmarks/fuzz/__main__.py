@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import json
 import logging
 import os
@@ -75,8 +76,11 @@ def main(argv=None):
     logging.getLogger("pallaskit").setLevel(logging.ERROR)  # fallback lines: counted, not printed
     if args.options:
         known = sys.modules["pallaskit.config"].OPTIONS
-        pallaskit.config.update(**{k: known[k].parse(v) if k in known else v
-                                   for k, v in (kv.split("=", 1) for kv in args.options.split(","))})
+        global_options = {k: known[k].parse(v) if k in known else v
+                          for k, v in (kv.split("=", 1) for kv in args.options.split(","))}
+        pallaskit.config.update(**global_options)
+    else:
+        global_options = {}
     os.makedirs(args.output, exist_ok=True)
     exclude = frozenset(programs.KNOWN_FEATURES) if args.exclude_known else frozenset()
     deadline = time.time() + args.minutes * 60
@@ -114,8 +118,8 @@ def main(argv=None):
                  f"ops: {' '.join(program.ops())}\n"
                  f"known-class features: {', '.join(programs.KNOWN_FEATURES[k] for k in known) or 'none'}\n"
                  f"platform: {args.platform}; rerun: PYTHONPATH=. python {path}")
-        with open(path, "w") as f:
-            f.write(program.snippet(title))
+        with open(path, "w") as f:  # the written program carries --options too
+            f.write(dataclasses.replace(program, options={**global_options, **program.options}).snippet(title))
         found[v.signature] = dict(count=found.get(v.signature, {}).get("count", 1), file=os.path.basename(path),
                                   status=v.status, detail=v.detail, ops=program.ops(), known_features=known)
         print(f"[fuzz] new failure {n}: {v.signature}\n       {v.detail[:200]}\n       -> {path}", flush=True)
