@@ -221,7 +221,7 @@ def render_triton(kernel, schedule: Schedule, options: CompileOptions):
     helpers, calls = write_parts(w, triton.TritonEmitter, kernel, parts, schedule, options, ins, outs,
                                  _triton_part_function)
     _header(w, kernel, parts, cfg)
-    members = [(part.start, part.start + part.programs, _member_call(part, fn, refs), _call_refs(refs))
+    members = [(part.start, part.start + part.programs, _member_call(part, fn, refs), list(dict.fromkeys(refs)))
                for part, (fn, refs) in zip(parts, calls)]
     groups = _dispatch_groups(members)
     if len(groups) > 1:  # [Note: combo dispatch groups]
@@ -254,10 +254,6 @@ def _member_call(part: Part, fn: str, refs: list[str]) -> str:
     return f"{fn}({shifted}, {', '.join(refs)}, {blocks})  # {part.kernel.name}"
 
 
-def _call_refs(refs: list[str]) -> list[str]:
-    return list(dict.fromkeys(refs))
-
-
 def _dispatch_groups(members: list) -> list[list]:
     """Consecutive members in about sqrt(M) groups of about sqrt(M) each; one
     group (a flat chain) up to ``heuristics.COMBO_DISPATCH_GROUP`` members."""
@@ -271,9 +267,9 @@ def _dispatch_groups(members: list) -> list[list]:
 def _write_group(w: SourceWriter, name: str, group: list) -> tuple:
     """A group's dispatch as a ``noinline`` function of its members' pointers;
     returns the kernel's member entry that calls it."""
-    refs = list(dict.fromkeys(r for *_, rs in group for r in rs))
     if len(group) == 1:
         return group[0]
+    refs = list(dict.fromkeys(r for *_, rs in group for r in rs))
     w.line("@triton.jit(noinline=True)")
     w.line(f"def {name}(pid, {', '.join(refs)}):")
     with w.indent():
