@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import operator
 from typing import Callable, Iterator
 
 import numpy as np
@@ -50,13 +51,15 @@ def _cached_hash(cls):
     """Frozen dataclasses rehash their fields on every call; bodies are DAGs
     that get hashed often, so cache it."""
     field_names = [f.name for f in dataclasses.fields(cls)]
+    fields_of = operator.attrgetter(*field_names)
 
     def __hash__(self):
-        h = self.__dict__.get("_hash")
-        if h is None:
-            h = hash((cls.__name__,) + tuple(getattr(self, n) for n in field_names))
+        try:
+            return self._hash  # set at construction: a walk hashes every node several times
+        except AttributeError:
+            h = hash((cls.__name__, *fields_of(self)))
             object.__setattr__(self, "_hash", h)
-        return h
+            return h
 
     def __eq__(self, other):
         # Unequal hashes settle most comparisons without walking the operands.
@@ -91,6 +94,19 @@ def _canonical(e) -> bool:
 
 
 def _simplified(i) -> bool:
+    try:
+        return _simplified_cached(i)
+    except TypeError:  # unhashable
+        return _simplified_uncached(i)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _simplified_cached(i) -> bool:
+    # Memoized: every load of a body is built with the same few indices.
+    return _simplified_uncached(i)
+
+
+def _simplified_uncached(i) -> bool:
     try:
         return sizes.simplify(sympy.sympify(i)) == i
     except (TypeError, sympy.SympifyError):
@@ -189,21 +205,27 @@ class Op(Expr):
 def walk(expr: Expr, indirect: bool = True) -> Iterator[Expr]:
     """Every distinct sub-expression of ``expr``, children before parents;
     ``indirect``: the values of loads' indirect indices too."""
-    seen = set()
+    # ``ids`` settles an object met before without hashing it (a Python call
+    # per node); ``seen`` still tells equal objects apart from new ones.
+    seen, ids = set(), set()
     stack = [(expr, False)]
     while stack:
         e, done = stack.pop()
         if done:
             yield e
             continue
-        if e in seen:
+        if id(e) in ids:
             continue
+        ids.add(id(e))
+        n = len(seen)
         seen.add(e)
+        if len(seen) == n:
+            continue
         stack.append((e, True))
         if not indirect and isinstance(e, Load):
             continue
         for c in reversed(e.children()):
-            if c not in seen:
+            if id(c) not in ids:
                 stack.append((c, False))
 
 
@@ -226,7 +248,7 @@ def rewrite(expr: Expr, fn: Callable[[Expr], Expr | None], indirect: bool = True
         if isinstance(e, Op):
             args = tuple(memo[a] for a in e.args)
             # identity, not ==: equality of deep bodies recurses once per level
-            new = e if all(x is y for x, y in zip(args, e.args)) else dataclasses.replace(e, args=args)
+            new = e if all(x is y for x, y in zip(args, e.args)) else Op(e.op, args, e.dtype, e.params)
         elif indirect and isinstance(e, Load) and e.children():
             new = _rewrite_indirect(e, memo)
         else:

@@ -3,6 +3,7 @@ rule per equation; equations without a rule become ``Extern`` nodes."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 
 import jax
@@ -79,7 +80,10 @@ class LoweringContext:
             index = ()
         elif len(index) != len(shape):
             raise ValueError(f"index {index} does not match {value}{list(shape)}")
-        index = tuple(sympy.Integer(0) if d == 1 else sizes.simplify(sympy.sympify(i)) for i, d in zip(index, shape))
+        try:
+            index = _load_index(tuple(index), tuple(shape))
+        except TypeError:  # an unhashable index entry
+            index = _load_index.__wrapped__(tuple(index), tuple(shape))
         return ir.Load(value, index, dtype, mask)
 
     # -- nodes ------------------------------------------------------------------
@@ -238,6 +242,12 @@ def _const_input(ctx, c):
     name = ctx.input(aval, prefix="const")
     ctx.constants[name] = c
     return name
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _load_index(index: tuple, shape: tuple) -> tuple:
+    # Memoized: the loads of a program's equations repeat a few (index, shape) pairs.
+    return tuple(sympy.Integer(0) if d == 1 else sizes.simplify(sympy.sympify(i)) for i, d in zip(index, shape))
 
 
 def _lower_eqn(ctx, eqn, invals, fallbacks):

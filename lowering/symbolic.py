@@ -134,16 +134,22 @@ def eqn_symbolic(eqn) -> bool:
 def is_plain(aval) -> bool:
     """Arrays a kernel can hold: numeric or bool, non-empty, a shape of ints or
     of sympy sizes over dim symbols (a symbolic graph: [Note: symbolic dims])."""
-    try:
-        dt = np.dtype(aval.dtype)
-    except TypeError:  # extended dtypes (PRNG keys, float0)
-        return False
-    if not (jnp.issubdtype(dt, jnp.floating) or jnp.issubdtype(dt, jnp.integer) or dt == np.bool_):
+    if not _plain_dtype(aval.dtype):
         return False
     if not all(isinstance(d, int) or isinstance(d, sympy.Expr) for d in aval.shape):
         return False
     n = sizes.numel(aval.shape)
     return n > 0 if isinstance(n, int) else sympy.sympify(n).is_positive is True
+
+
+@functools.lru_cache(maxsize=None)
+def _plain_dtype(dtype) -> bool:
+    # Memoized: every equation's avals are checked, and jnp.issubdtype is slow.
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:  # extended dtypes (PRNG keys, float0)
+        return False
+    return bool(jnp.issubdtype(dt, jnp.floating) or jnp.issubdtype(dt, jnp.integer) or dt == np.bool_)
 
 
 def program_dims(schedule) -> list[str]:

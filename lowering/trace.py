@@ -2,6 +2,7 @@
 call-like equations whose bodies the lowering inlines."""
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Sequence
 
 import jax
@@ -67,12 +68,17 @@ _SHOWN_PARAMS = ("axes", "dimension", "dimensions", "permutation", "y", "new_dty
                  "broadcast_dimensions", "start_indices", "limit_indices")
 
 
+@functools.lru_cache(maxsize=None)
+def _dtype_name(dtype) -> str:
+    # numpy computes ``dtype.name`` in Python on each access; a program names a few dtypes many times.
+    return getattr(dtype, "name", str(dtype))
+
+
 def equation_text(eqn, names: VarNames) -> str:
     """One line naming a jaxpr equation, like jaxpr's own printing."""
     def typed(v):
         a = v.aval
-        dt = getattr(a.dtype, "name", str(a.dtype))
-        return f"{names(v)}:{dt}[{','.join(str(d) for d in a.shape)}]"
+        return f"{names(v)}:{_dtype_name(a.dtype)}[{','.join(str(d) for d in a.shape)}]"
 
     outs = " ".join(typed(v) for v in eqn.outvars)
     params = [f"{k}={eqn.params[k]}" for k in _SHOWN_PARAMS if k in eqn.params]

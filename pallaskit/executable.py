@@ -32,7 +32,7 @@ import numpy as np
 from jax.experimental import serialize_executable
 
 from pallaskit.config import config
-from pallaskit.runtime import xla_args
+from pallaskit.runtime import gc_pause, xla_args
 
 
 class Executable(Protocol):
@@ -114,7 +114,8 @@ def aot_compile(call, structs, constants, xla=None, while_compiling: Callable | 
     a sharded signature's placement included ([Note: XLA arguments] in
     runtime/xla_args.py). ``while_compiling``: called once lowering is done,
     just before XLA compiles (which leaves the GIL free for a thread it starts)."""
-    lowered = xla_args.lower(call, structs, constants, xla)
+    with gc_pause.paused():  # JAX traces and lowers the program ([Note: no collections while compiling])
+        lowered = xla_args.lower(call, structs, constants, xla)
     if while_compiling is not None:
         try:
             while_compiling()

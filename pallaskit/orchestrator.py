@@ -28,7 +28,7 @@ from lowering.options import CompileOptions
 from pallaskit import cache, executable, metrics, per_shard, shape_guards, sharding, signature
 from pallaskit.config import config
 from pallaskit.executable import Compiled
-from pallaskit.runtime import eager, loader, multikernel, xla_args
+from pallaskit.runtime import eager, gc_pause, loader, multikernel, xla_args
 
 log = logging.getLogger("pallaskit")
 
@@ -164,7 +164,8 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
     title = jf._title()
 
     def build(options=options, jaxpr=None):  # jaxpr: a per-shard plan's local one ([Note: per-shard kernels])
-        result = lowering.compile_jaxpr(jaxpr or closed, options, title)
+        with gc_pause.paused():  # [Note: no collections while compiling]
+            result = lowering.compile_jaxpr(jaxpr or closed, options, title)
         call = loader.load_lazily(result.program)
         constants = [result.schedule.graph.constants[n] for n in result.schedule.graph.inputs
                      if n in result.schedule.graph.constants]

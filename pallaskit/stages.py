@@ -15,6 +15,8 @@ from typing import Any
 
 import jax
 
+from pallaskit.runtime import gc_pause
+
 
 def _structs(avals) -> list:
     return [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in avals]
@@ -107,7 +109,8 @@ class Lowered(_Stage):
     def __init__(self, signature: _Signature, entry):
         self._s, self._entry = signature, entry
         jitted = getattr(entry.executable, "top", entry.executable)  # executable._TopLevelJit: the options' jit
-        self._lowered = jitted.lower(*_structs(signature.avals), *entry.constants)
+        with gc_pause.paused():  # [Note: no collections while compiling]
+            self._lowered = jitted.lower(*_structs(signature.avals), *entry.constants)
 
     @property
     def result(self):

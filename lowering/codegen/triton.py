@@ -29,6 +29,7 @@ float32 first; its other faults are patched in pallaskit/runtime/triton_launch.p
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -55,6 +56,11 @@ _TL_DTYPES = {"bool": "tl.int1", "int8": "tl.int8", "int16": "tl.int16", "int32"
               "int64": "tl.int64", "uint8": "tl.uint8", "uint16": "tl.uint16", "uint32": "tl.uint32",
               "uint64": "tl.uint64", "float16": "tl.float16", "bfloat16": "tl.bfloat16",
               "float32": "tl.float32", "float64": "tl.float64"}
+
+
+@functools.lru_cache(maxsize=None)
+def _dtype_name(dt) -> str:
+    return np.dtype(dt).name  # memoized: numpy computes a dtype's name in Python each time
 
 _NAN_MAX = "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"
 _NAN_MIN = "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"
@@ -554,7 +560,7 @@ class TritonEmitter(KernelEmitter):
         return "tl.int64" if wide else "tl.int32"
 
     def dtype_text(self, dt) -> str:
-        name = np.dtype(dt).name
+        name = _dtype_name(dt)
         if name not in _TL_DTYPES:
             raise TritonUnsupported(f"dtype {name}")
         return _TL_DTYPES[name]

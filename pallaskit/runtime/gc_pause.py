@@ -1,0 +1,42 @@
+"""Python's cyclic garbage collector paused while a program compiles.
+
+[Note: no collections while compiling]
+A cold compile allocates millions of small objects (the IR and its sympy
+indices, the generated module, JAX's trace and MLIR), nearly all freed by
+reference counting, and each of them counts towards the collector's next
+run. A full collection walks the whole heap (JAX, sympy's caches, the
+jaxpr): tenths of a second each, a few times per large program, with every
+thread stopped, the raw-Triton compile threads included. So the collector is
+off while pallaskit's passes run and while JAX traces and lowers the
+generated program, and on again after (as it was: a collector the user
+turned off stays off); a cycle made meanwhile waits for the next collection.
+XLA's compile (no Python objects) runs with the collector on.
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import threading
+
+_lock = threading.Lock()
+_depth = 0  # compiles in progress (nested, or on several threads)
+_reenable = False  # was the collector on when the first of them began?
+
+
+@contextlib.contextmanager
+def paused():
+    """The collector off for the block; on again once every block that
+    paused it has ended, if it was on when the first began."""
+    global _depth, _reenable
+    with _lock:
+        if _depth == 0:
+            _reenable = gc.isenabled()
+            gc.disable()
+        _depth += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0 and _reenable:
+                gc.enable()
