@@ -151,14 +151,20 @@ class Const(Expr):
     value: object  # python bool / int / float
     dtype: np.dtype
 
+    def _key(self):
+        k = self.__dict__.get("_value")  # kept: a walk compares equal constants of many bodies
+        if k is None:
+            k = _value_key(self.value)
+            object.__setattr__(self, "_value", k)
+        return k
+
     def __eq__(self, other):
-        return (type(other) is Const and self.dtype == other.dtype
-                and _value_key(self.value) == _value_key(other.value))
+        return type(other) is Const and self.dtype == other.dtype and self._key() == other._key()
 
     def __hash__(self):
         h = self.__dict__.get("_hash")  # kept: every walk of a body hashes its constants
         if h is None:
-            h = hash(("Const", _value_key(self.value), self.dtype))
+            h = hash(("Const", self._key(), self.dtype))
             object.__setattr__(self, "_hash", h)
         return h
 
@@ -277,10 +283,10 @@ def _substitute(expr: Expr, items: tuple) -> Expr:
             mask = None if e.mask is None else _xreplace(e.mask, items)
             if idx == e.index and mask == e.mask:
                 return None
-            return dataclasses.replace(e, index=idx, mask=mask)
+            return Load(e.buffer, idx, e.dtype, mask)
         if isinstance(e, IndexValue):
             ex = _xreplace(e.expr, items)
-            return dataclasses.replace(e, expr=sizes.simplify(ex) if not isinstance(ex, sympy.logic.boolalg.Boolean) else ex)
+            return IndexValue(sizes.simplify(ex) if not isinstance(ex, sympy.logic.boolalg.Boolean) else ex, e.dtype)
         return None
 
     # Indirect indices substitute through their arguments (xreplace), not their values.
@@ -375,13 +381,22 @@ def indirect_index(value: Expr):
 
 def indirect_atoms(index) -> list:
     """The indirect index applications in a tuple of index expressions, outermost only."""
+    try:
+        return list(_indirect_atoms(tuple(index)))
+    except TypeError:  # an unhashable entry
+        return list(_indirect_atoms.__wrapped__(index))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _indirect_atoms(index) -> tuple:
+    # Memoized: each new load asks, and a program's loads repeat a few indices.
     out = []
     for i in index:
         if isinstance(i, sympy.Basic) and i.has(IndirectIndex):
             for a in sympy.preorder_traversal(i):
                 if isinstance(a, IndirectIndex) and a not in out:
                     out.append(a)
-    return out
+    return tuple(out)
 
 
 def has_indirect(expr: Expr) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from lowering import executors, ir, loops, sizes
+from lowering import executors, ir, loops
 from lowering.codegen import combo, emitter, pallas
 from lowering.codegen import triton as triton_codegen
 from lowering.codegen.writer import SourceWriter
@@ -111,6 +111,8 @@ def _write_steps(w: SourceWriter, schedule: Schedule, launched: dict, externs: l
             kw = [f"{d}={d}" for d in getattr(launched[step.name], "dims", ())]
             reads = (["dims"] if kw else []) + list(step.reads)
             w.line(f"{', '.join(outs)}, = {step.name}({', '.join(reads + kw)})")
+            if launched[step.name].triton:  # TRITON_CALL returns each output in its shape already
+                continue
             for m in step.members:
                 if m.store:
                     w.line(f"{m.name} = {m.name}.reshape({emitter.shape_source(m.node.shape)})")
@@ -257,7 +259,10 @@ def _render_triton_xla(kernel: Kernel, schedule: Schedule, options: CompileOptio
     w.lines.extend(_triton_helper_names(r.source, r.helpers).rstrip("\n").splitlines())
     w.line()
     outs = [m for m in kernel.members if m.store]
-    out_shapes = [f"jax.ShapeDtypeStruct(({sizes.to_source(m.node.numel)},), {pallas.dtype_source(m.node.dtype)})"
+    # Operands and results in their own shapes: the custom call lays each out
+    # row-major, so the kernel sees the flat buffer a reshape would give, and
+    # the program has no reshape per operand and result to trace and lower.
+    out_shapes = [f"jax.ShapeDtypeStruct({emitter.shape_source(m.node.shape)}, {pallas.dtype_source(m.node.dtype)})"
                   for m in outs]
     args = [f"in{i}" for i in range(len(r.reads))]
     constexprs = ", ".join(f"{c}={v}" for c, v in r.constexprs.items())
@@ -267,7 +272,7 @@ def _render_triton_xla(kernel: Kernel, schedule: Schedule, options: CompileOptio
     scalars = f"scalars=({', '.join(r.dims)}{',' if len(r.dims) == 1 else ''}), " if r.dims else ""
     w.line(f"def {kernel.name}({', '.join(params)}):")
     with w.indent():
-        operands = "".join(f"{a}.reshape(-1), " for a in args)  # none for a kernel of constants
+        operands = "".join(f"{a}, " for a in args)  # none for a kernel of constants
         w.line(f"return TRITON_CALL({kernel.name}_kernel, {r.grid}, ({', '.join(out_shapes)},), {operands}")
         w.line(f"                   {scalars}num_warps={r.num_warps}, num_stages={r.num_stages}, "
                f"interpret=INTERPRET, {constexprs})")
