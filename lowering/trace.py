@@ -53,15 +53,16 @@ class VarNames:
         if isinstance(v, jex_core.Literal):
             return repr(v.val.item()) if hasattr(v.val, "item") else repr(v.val)
         key = id(v)
-        if key not in self.names:
-            n, s = len(self.names), ""
+        name = self.names.get(key)
+        if name is None:
+            n, name = len(self.names), ""
             while True:
-                s = chr(ord("a") + n % 26) + s
+                name = chr(ord("a") + n % 26) + name
                 n = n // 26
                 if n == 0:
                     break
-            self.names[key] = s
-        return self.names[key]
+            self.names[key] = name
+        return name
 
 
 _SHOWN_PARAMS = ("axes", "dimension", "dimensions", "permutation", "y", "new_dtype", "shape",

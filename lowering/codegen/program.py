@@ -167,10 +167,15 @@ def _code(lines) -> str:
 
 
 def _rename(text: str, names: dict) -> str:
+    return _renamer(names)(text)
+
+
+def _renamer(names: dict):
+    """A function renaming each whole name of ``names`` in a text (made once for many lines)."""
     if not names:
-        return text
+        return lambda text: text
     pattern = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")\b")
-    return pattern.sub(lambda m: names[m.group(1)], text)
+    return lambda text: pattern.sub(lambda m: names[m.group(1)], text)
 
 
 def share_triton_functions(kernels: list) -> None:
@@ -196,16 +201,16 @@ def share_triton_functions(kernels: list) -> None:
             plan.append((name, lines))
         plans.append((rk, alias, plan))
     for rk, alias, plan in plans:
-        out = []
+        out, rename = [], _renamer(alias)
         for name, lines in plan:
             if name is None:
-                out.append(_rename(lines, alias))
+                out.append(rename(lines))
             elif name in alias:
                 out.append(f"# (runs {alias[name]})")
             else:
                 if len(users[name]) > 1:
                     out.append(f"# {name} runs for {len(users[name])} launches: {', '.join(users[name])}")
-                out.extend(_rename(ln, alias) for ln in lines)
+                out.extend(rename(ln) for ln in lines)
         rk.source = "\n".join(out)
 
 

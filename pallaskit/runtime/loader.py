@@ -53,10 +53,27 @@ def load(program: RenderedProgram):
                  "EXTERNS": [_extern_callable(p, params) for p, params in program.externs],
                  "TRITON": _triton_module, "TRITON_CALL": _triton_call}
     exec(compile(program.source, filename, "exec"), namespace)
+    if any(getattr(k, "triton", False) for k in getattr(program, "kernels", ())) and not namespace.get("INTERPRET"):
+        _hash_triton_functions(namespace)
     for kernel in getattr(program, "kernels", ()):
         if callable(namespace.get(kernel.name)):
             namespace[kernel.name] = _manual_axes(namespace[kernel.name])
     return namespace["call"]
+
+
+def _hash_triton_functions(namespace: dict) -> None:
+    """Each ``@triton.jit`` function's hash (``JITFunction.cache_key``: it
+    parses the source and its callees') taken now, before JAX traces the
+    program: tracing a launch starts its compile on a compile thread, whose
+    parse of the kernel holds ``triton_launch.PARSE_LOCK`` for up to seconds,
+    and a later launch's first hash would wait for it (runtime/triton_call.py,
+    ``_kernel``)."""
+    from pallaskit.runtime import triton_launch
+
+    functions = [v for v in namespace.values() if getattr(v, "hash", 0) is None and hasattr(v, "cache_key")]
+    with triton_launch.PARSE_LOCK:  # one parse at a time (see PARSE_LOCK)
+        for fn in functions:
+            fn.cache_key  # noqa: B018 - computed and kept by the function
 
 
 def _manual_axes(launch):

@@ -110,8 +110,9 @@ def _compile_pool() -> concurrent.futures.ThreadPoolExecutor:
 
 
 def _kernel(fn, num_warps: int, num_stages: int) -> _Kernel:
-    with triton_launch.PARSE_LOCK:  # a JITFunction's first hash parses its source (beside compile threads)
-        hash(fn)
+    if getattr(fn, "hash", None) is None:  # taken already when the program loaded (runtime/loader.py)
+        with triton_launch.PARSE_LOCK:  # a JITFunction's first hash parses its source (beside compile threads)
+            hash(fn)
     with _kernels_lock:
         key = (fn, num_warps, num_stages)
         kernel = _kernels.get(key)
