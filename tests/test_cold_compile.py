@@ -1,0 +1,239 @@
+"""What a cold compile saves without changing the program's kernels: the
+cyclic GC paused through the passes and JAX's lowering
+([Note: no collections while compiling] in pallaskit/runtime/gc_pause.py),
+raw-Triton launches taking and returning arrays in their own shapes (no
+reshape per operand and result), a GPU program's Triton functions hashed
+when it loads (tracing never waits behind a compile thread's parse), and
+the passes' memos returning what they would compute."""
+import gc
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import sympy
+
+import pallaskit
+from lowering import ir, lower, sizes
+from pallaskit.runtime import gc_pause
+
+from conftest import assert_close, run_python_on_cpu
+
+
+# --------------------------------------------------------------------------- #
+# The collector paused while compiling
+# --------------------------------------------------------------------------- #
+@pytest.fixture
+def gc_on():
+    was = gc.isenabled()
+    gc.enable()
+    yield
+    if not was:
+        gc.disable()
+
+
+def test_paused_nests_and_restores(gc_on):
+    with gc_pause.paused():
+        assert not gc.isenabled()
+        with gc_pause.paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer block still runs
+    assert gc.isenabled()
+    with pytest.raises(ValueError):
+        with gc_pause.paused():
+            raise ValueError
+    assert gc.isenabled()
+    gc.disable()  # a collector the user turned off stays off
+    with gc_pause.paused():
+        pass
+    assert not gc.isenabled()
+
+
+def test_paused_on_two_threads_turns_it_on_after_the_last(gc_on):
+    entered, release, states = threading.Event(), threading.Event(), []
+
+    def other():
+        with gc_pause.paused():
+            entered.set()
+            release.wait(10)
+
+    t = threading.Thread(target=other)
+    with gc_pause.paused():
+        t.start()
+        assert entered.wait(10)
+    states.append(gc.isenabled())  # the other thread still compiles
+    release.set()
+    t.join(10)
+    assert states == [False] and gc.isenabled()
+
+
+def test_the_passes_and_jax_lowering_run_without_collections(gc_on, monkeypatch):
+    """The compiler's passes and JAX's trace and lowering of the generated
+    program (loaded there) run with the collector off, in ``jit``'s call and
+    in ``trace(...).lower()``; it is on again after."""
+    import lowering
+    from pallaskit.runtime import loader, xla_args
+
+    seen = {}
+
+    def spy(module, name):
+        inner = getattr(module, name)
+
+        def wrapped(*a, **k):
+            seen.setdefault(name, []).append(gc.isenabled())
+            return inner(*a, **k)
+        monkeypatch.setattr(module, name, wrapped)
+
+    spy(lowering, "compile_jaxpr")
+    spy(xla_args, "lower")
+    spy(loader, "load")
+
+    def f(x, y):
+        return jnp.tanh(x) * y + 1, jnp.sum(x * y, -1)
+
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((9, 33)), jnp.float32)
+    with pallaskit.config.override(cache=False):
+        got = pallaskit.jit(f)(x, x[::-1])
+        assert gc.isenabled()
+        pallaskit.jit(f).trace(x, x).lower()
+    assert gc.isenabled()
+    assert seen["compile_jaxpr"] == [False, False], seen
+    assert seen["lower"] == [False], seen
+    assert seen["load"] and not any(seen["load"]), seen
+    for a, e in zip(got, jax.jit(f)(x, x[::-1])):
+        assert_close(a, e)
+
+
+# --------------------------------------------------------------------------- #
+# Raw-Triton launches in their own shapes
+# --------------------------------------------------------------------------- #
+def _special(rng, shape, dtype):
+    x = rng.standard_normal(shape).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[:6] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30][: flat.size]
+    return jnp.asarray(x, dtype)
+
+
+def _shapes(x, y, b, n, s):
+    """Outputs of rank 0 to 3, size-1 dims, bool / int / bfloat16 / float32."""
+    return (jnp.tanh(x) * y,  # (3, 1, 5) float32
+            (x > 0) & b,  # bool (3, 1, 5)
+            n * 3 - 1,  # int32 (7,)
+            (s.astype(jnp.float32) * 2).astype(jnp.bfloat16),  # bfloat16 (2, 17)
+            jnp.sum(y) + 0 * x[0, 0, 0],  # 0-d
+            jnp.exp(x)[:, 0, :].T)  # (5, 3) of a (3, 1, 5)
+
+
+@pytest.mark.parametrize("combo", [False, True], ids=["kernels", "combo"])
+def test_triton_launches_take_and_return_arrays_in_their_shapes(combo, rng):
+    """kernel_backend='triton' (Triton's interpreter on the CPU): the same
+    results as jax.jit, and the program reshapes nothing around its launches."""
+    import lowering
+    from lowering.options import CompileOptions
+    from pallaskit.runtime import loader
+
+    args = (_special(rng, (3, 1, 5), jnp.float32), _special(rng, (3, 1, 5), jnp.float32),
+            jnp.asarray(rng.random((3, 1, 5)) > 0.5), jnp.asarray(rng.integers(-50, 50, (7,)), jnp.int32),
+            _special(rng, (2, 17), jnp.bfloat16))
+    with pallaskit.config.override(kernel_backend="triton", combo_kernels=combo, cache=False):
+        ex = pallaskit.explain(_shapes, *args)
+        got = pallaskit.jit(_shapes)(*args)
+    assert ex.kernels and all(k.executor == "triton_xla" for k in ex.kernels), [(k.name, k.reason) for k in ex.kernels]
+    assert (any(k.kind == "combo" for k in ex.kernels)) == combo, [k.kind for k in ex.kernels]
+    assert ".reshape(" not in ex.source.split("\ndef call(")[1], ex.source
+    for a, e in zip(got, jax.jit(_shapes)(*args)):
+        assert a.shape == e.shape and a.dtype == e.dtype, (a.shape, e.shape, a.dtype, e.dtype)
+        assert_close(a, e, e.dtype)
+    # The traced program is its launches (and the externs' equations), no reshape among them.
+    opts = CompileOptions(interpret=True, kernel_backend="triton", triton_available=True, combo_kernels=combo)
+    result = lowering.compile_jaxpr(jax.make_jaxpr(_shapes)(*args), opts)
+    jaxpr = jax.make_jaxpr(loader.load(result.program))(*args)
+    assert not [e for e in jaxpr.eqns if e.primitive.name == "reshape"], jaxpr
+
+
+# --------------------------------------------------------------------------- #
+# A GPU program's Triton functions hashed when it loads
+# --------------------------------------------------------------------------- #
+_HASH_SCRIPT = '''
+import os, threading
+os.environ.pop("TRITON_INTERPRET", None)
+import jax, jax.numpy as jnp
+import lowering
+from lowering.options import CompileOptions
+from pallaskit.runtime import loader, triton_call, triton_launch
+
+def f(*xs):
+    return [jnp.tanh(x) * 2 + x for x in xs] + [jnp.sum(xs[0] * xs[0], -1)]
+
+xs = [jnp.ones(s, jnp.float32) for s in [(64,), (8, 8), (128,), (3, 5), (9, 33)]]
+opts = CompileOptions(interpret=False, triton_available=True, num_sms=132, combo_kernels=False, loop_bodies=False)
+result = lowering.compile_jaxpr(jax.make_jaxpr(f)(*xs), opts)
+call = loader.load(result.program)
+functions = [v for v in call.__globals__.values() if hasattr(v, "cache_key")]
+kernels = [v for v in functions if v.__name__.endswith("_kernel")]
+assert len(kernels) >= 2 and all(v.hash is not None for v in functions), [(v.__name__, v.hash) for v in functions]
+# A compile thread parsing a kernel holds PARSE_LOCK; tracing a launch must not wait for it.
+held, done = threading.Event(), threading.Event()
+def parse():
+    with triton_launch.PARSE_LOCK:
+        held.set()
+        done.wait(60)
+threading.Thread(target=parse, daemon=True).start()
+assert held.wait(10)
+got = []
+t = threading.Thread(target=lambda: got.extend(triton_call._kernel(k, 4, 1) for k in kernels), daemon=True)
+t.start()
+t.join(20)
+done.set()
+assert len(got) == len(kernels), "a launch waited for PARSE_LOCK"
+print("HASHED", len(functions))
+'''
+
+
+def test_a_gpu_programs_triton_functions_are_hashed_when_it_loads():
+    proc = run_python_on_cpu(_HASH_SCRIPT, timeout=300)
+    assert proc.returncode == 0 and "HASHED" in proc.stdout, proc.stderr[-4000:]
+
+
+# --------------------------------------------------------------------------- #
+# The passes' memos
+# --------------------------------------------------------------------------- #
+def test_load_indices_are_per_shape():
+    i0, i1 = sizes.index_symbols("i", 2)
+    assert lower._load_index((i0, i1 + 0), (1, 5)) == (sympy.Integer(0), i1)
+    assert lower._load_index((i0, i1 + 0), (3, 5)) == (i0, i1)
+    assert lower._load_index((i0 * 2 + i0,), (4,)) == (3 * i0,)
+
+
+def test_indirect_atoms_are_per_index_and_fresh():
+    i0, = sizes.index_symbols("i", 1)
+    value = ir.Load("ids", (i0,), np.dtype(np.int32))
+    app = ir.indirect_index(value)
+    other = ir.indirect_index(ir.Load("other", (i0,), np.dtype(np.int32)))
+    atoms = ir.indirect_atoms((app * 4 + 1,))
+    assert atoms == [app]
+    atoms.append("x")  # the caller's list: the memo keeps its own
+    assert ir.indirect_atoms((app * 4 + 1,)) == [app]
+    assert ir.indirect_atoms((other, app)) == [other, app]
+    assert ir.indirect_atoms((i0, 3)) == []
+
+
+def test_constants_compare_by_bits_with_their_key_kept():
+    f32 = np.dtype(np.float32)
+    zero, neg, nan = ir.Const(0.0, f32), ir.Const(-0.0, f32), ir.Const(float("nan"), f32)
+    for _ in range(2):  # the first comparison keeps each key; the second reads it
+        assert zero != neg and neg != zero
+        assert nan == ir.Const(float("nan"), f32)
+        assert zero == ir.Const(0.0, f32) and zero != ir.Const(0.0, np.dtype(np.int32))
+    assert len({zero, neg, nan, ir.Const(0.0, f32)}) == 3
+
+
+def test_walk_yields_equal_subexpressions_once():
+    i0, = sizes.index_symbols("i", 1)
+    f32 = np.dtype(np.float32)
+    a, b = ir.Load("x", (i0,), f32), ir.Load("x", (i0,), f32)  # equal, not identical
+    e = ir.Op("add", (ir.Op("mul", (a, a), f32), ir.Op("mul", (b, b), f32)), f32)
+    out = list(ir.walk(e))
+    assert out == [a, ir.Op("mul", (a, a), f32), e]
+    assert ir.loads(e) == (a,)
