@@ -307,6 +307,9 @@ class _Group:
     # (members never change after a group is made: a merge makes a new group).
     _produces: frozenset = dataclasses.field(default=None, repr=False)
     _reads: frozenset = dataclasses.field(default=None, repr=False)
+    # Its members as members of a group of another shape, per (kind, rows, cols,
+    # domain): a large group is weighed against many neighbours of one shape.
+    _as: dict = dataclasses.field(default=None, repr=False)
 
     def produces(self) -> frozenset[str]:
         if self._produces is None:
@@ -490,21 +493,36 @@ def _merge(a: _Group, b: _Group, order: dict, members_memo: dict | None = None) 
     else:
         if b.kind != "pointwise" and b.domain != base.domain:
             return None
+        shape = (base.kind, base.rows, base.cols, base.domain)
         members = []
-        for m in a.members + b.members:
-            key = (id(m.node), id(m.body), base.kind, base.rows, base.cols, base.domain)
-            hit = members_memo.get(key) if members_memo is not None else None
-            if hit is not None and hit[0] is m.node and hit[1] is m.body:  # ids of live objects only
-                mm = hit[2]
-            else:
-                mm = _member_for(m.node, m.body, base.kind, base.rows, base.cols, base.domain)
-                if members_memo is not None:
-                    members_memo[key] = (m.node, m.body, mm)
-            if mm is None:
+        for g in (a, b):
+            if g._as is None:
+                g._as = {}
+            if shape not in g._as:
+                g._as[shape] = _members_as(g.members, shape, members_memo)
+            if g._as[shape] is None:
                 return None
-            members.append(mm)
-    members.sort(key=lambda m: order[m.name])
+            members += g._as[shape]
+    members.sort(key=lambda m: order[m.node.name])
     return _Group(base.kind, base.rows, base.cols, base.domain, members, min(a.order, b.order))
+
+
+def _members_as(members: list[Member], shape: tuple, members_memo: dict | None) -> list[Member] | None:
+    """Each member as one of a group of ``shape`` (kind, rows, cols, domain); None if one cannot be."""
+    out = []
+    for m in members:
+        key = (id(m.node), id(m.body), *shape)
+        hit = members_memo.get(key) if members_memo is not None else None
+        if hit is not None and hit[0] is m.node and hit[1] is m.body:  # ids of live objects only
+            mm = hit[2]
+        else:
+            mm = _member_for(m.node, m.body, *shape)
+            if members_memo is not None:
+                members_memo[key] = (m.node, m.body, mm)
+        if mm is None:
+            return None
+        out.append(mm)
+    return out
 
 
 # --------------------------------------------------------------------------- #

@@ -3,6 +3,7 @@ loads: the questions both dialects ask of a pointwise, reduction or mix kernel."
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -87,10 +88,16 @@ def transposed_load(kernel, schedule) -> bool:
             if ld.buffer not in kernel.reads:
                 continue
             shape, _ = schedule.graph.buffer_aval(ld.buffer)
-            off = sizes.simplify(sizes.ravel(ld.index, shape))
-            if XC in off.free_symbols and off.coeff(XR) == 1 and off.coeff(XC) != 1:
+            if _rows_contiguous(tuple(ld.index), tuple(shape)):
                 return True
     return False
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _rows_contiguous(index: tuple, shape: tuple) -> bool:
+    # Memoized: a combo asks for each of its members, whose loads repeat a few indices.
+    off = sizes.simplify(sizes.ravel(index, shape))
+    return XC in off.free_symbols and off.coeff(XR) == 1 and off.coeff(XC) != 1
 
 
 def reduction_is_inner(kernel, schedule) -> bool:
