@@ -170,7 +170,7 @@ xs = [jnp.ones(s, jnp.float32) for s in [(64,), (8, 8), (128,), (3, 5), (9, 33)]
 opts = CompileOptions(interpret=False, triton_available=True, num_sms=132, combo_kernels=False, loop_bodies=False)
 result = lowering.compile_jaxpr(jax.make_jaxpr(f)(*xs), opts)
 call = loader.load(result.program)
-functions = [v for v in call.__globals__.values() if hasattr(v, "cache_key")]
+functions = [v for v in call.__globals__.values() if hasattr(type(v), "cache_key")]  # not the hash itself
 kernels = [v for v in functions if v.__name__.endswith("_kernel")]
 assert len(kernels) >= 2 and all(v.hash is not None for v in functions), [(v.__name__, v.hash) for v in functions]
 # A compile thread parsing a kernel holds PARSE_LOCK; tracing a launch must not wait for it.

@@ -62,6 +62,7 @@ _TL_DTYPES = {"bool": "tl.int1", "int8": "tl.int8", "int16": "tl.int16", "int32"
 def _dtype_name(dt) -> str:
     return np.dtype(dt).name  # memoized: numpy computes a dtype's name in Python each time
 
+
 _NAN_MAX = "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"
 _NAN_MIN = "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"
 OPS = {

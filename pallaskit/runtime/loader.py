@@ -70,7 +70,8 @@ def _hash_triton_functions(namespace: dict) -> None:
     ``_kernel``)."""
     from pallaskit.runtime import triton_launch
 
-    functions = [v for v in namespace.values() if getattr(v, "hash", 0) is None and hasattr(v, "cache_key")]
+    # ``cache_key`` looked up on the type: on the function it is the hash itself, taken outside the lock.
+    functions = [v for v in namespace.values() if hasattr(type(v), "cache_key") and getattr(v, "hash", 0) is None]
     with triton_launch.PARSE_LOCK:  # one parse at a time (see PARSE_LOCK)
         for fn in functions:
             fn.cache_key  # noqa: B018 - computed and kept by the function
