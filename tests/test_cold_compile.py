@@ -146,7 +146,8 @@ def test_triton_launches_take_and_return_arrays_in_their_shapes(combo, rng):
         assert a.shape == e.shape and a.dtype == e.dtype, (a.shape, e.shape, a.dtype, e.dtype)
         assert_close(a, e, e.dtype)
     # The traced program is its launches (and the externs' equations), no reshape among them.
-    opts = CompileOptions(interpret=True, kernel_backend="triton", triton_available=True, combo_kernels=combo)
+    opts = CompileOptions(interpret=jax.default_backend() == "cpu", kernel_backend="triton", triton_available=True,
+                          combo_kernels=combo)  # as the process runs Triton: its interpreter on the CPU
     result = lowering.compile_jaxpr(jax.make_jaxpr(_shapes)(*args), opts)
     jaxpr = jax.make_jaxpr(loader.load(result.program))(*args)
     assert not [e for e in jaxpr.eqns if e.primitive.name == "reshape"], jaxpr
