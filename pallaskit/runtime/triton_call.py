@@ -161,7 +161,26 @@ def _start_compile(kernel: _Kernel, in_dtypes, out_dtypes, scalars, constexprs) 
             return
         kernel.assembling.add(key)
     job = (kernel, tuple(in_dtypes), tuple(out_dtypes), tuple(scalars), tuple(constexprs.items()))
-    future.add_done_callback(lambda f: f.exception() is None and _assembly_pool().submit(_assemble, *job))
+    future.add_done_callback(lambda f: f.exception() is None and _submit_assembly(job))
+
+
+_assemblies: set = set()  # assembly jobs not finished (``wait_assembly``)
+_assemblies_lock = threading.Lock()
+
+
+def _submit_assembly(job) -> None:
+    with _assemblies_lock:
+        done = _assembly_pool().submit(_assemble, *job)
+        _assemblies.add(done)
+    done.add_done_callback(lambda f: _assemblies.discard(f))
+
+
+def wait_assembly(timeout: float | None = None) -> None:
+    """Wait for the early PTX assemblies queued so far (``wait_compiles``:
+    a benchmark's steady state is timed without them holding the GIL)."""
+    with _assemblies_lock:
+        pending = list(_assemblies)
+    concurrent.futures.wait(pending, timeout=timeout)
 
 
 # [Note: assembling PTX early]
