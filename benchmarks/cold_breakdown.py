@@ -51,7 +51,7 @@ import threading
 import time
 
 RESULT = "RESULT "
-WORKLOADS = ("gpt2_adamw", "gpt2_adamw_clip", "gpt2_train[:L]", "adamw:N", "momentum:N", "small")
+WORKLOADS = ("gpt2_adamw", "gpt2_adamw_clip", "gpt2_train[:L]", "adamw:N", "momentum:N", "small", "model:NAME")
 DEFAULT_VARIANTS = "jax.jit,pallaskit,members=32,members=8,nocombo"
 
 
@@ -86,6 +86,17 @@ def make(workload: str):
         if ":" in workload:
             size = (int(workload.split(":", 1)[1]), *size[1:])
         inputs = spec["make_inputs"](size, jnp.bfloat16, jax.random.key(0))
+        return spec["jax_fn"], [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in inputs], lambda: inputs
+    if workload.startswith("model:"):
+        # any benchmarks/models.py workload at its full size (bfloat16), e.g. model:resnet_block_train
+        from benchmarks import models
+
+        name = workload.split(":", 1)[1]
+        spec = next((s for s in models.MODEL_SPECS if s["name"] == name), None)
+        if spec is None:
+            raise ValueError(f"no models workload {name!r}; valid: "
+                             f"{', '.join(s['name'] for s in models.MODEL_SPECS)}")
+        inputs = spec["make_inputs"](spec["sizes"]["full"], jnp.bfloat16, jax.random.key(0))
         return spec["jax_fn"], [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in inputs], lambda: inputs
     if workload == "small":
         def fn(x):
