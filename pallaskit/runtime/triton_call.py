@@ -16,7 +16,9 @@ parameters (ints when the program is traced for a size).
 - *GPU*: the kernel compiles with Python Triton (its stages up to PTX,
   without Triton's cache: ``triton_launch._compile_uncached``), once per
   kernel, signature and GPU in this process, on compile threads started when
-  the program is traced (``_start_compile``); the lowering waits for it and
+  the program is traced (``_start_compile``), each of which hands it to a
+  worker process of its own ([Note: compile workers] in
+  runtime/triton_compile.py); the lowering waits for it and
   emits the custom call jaxlib provides for Triton kernels
   (``triton_kernel_call_ffi``, what jax-triton emits, registered again under
   pallaskit's name for command buffers: [Note: Triton kernels in command buffers]
