@@ -312,7 +312,7 @@ _MAX_PAYLOADS = 64
 
 def module_payload(fn) -> tuple[tuple, bytes] | None:
     """(key, pickled payload) from which a worker rebuilds ``fn``'s module
-    (``_rebuild``): every top-level ``@triton.jit`` function of it with its
+    (``_Module``): every top-level ``@triton.jit`` function of it with its
     source and first line, the triton modules and objects and the plain
     constants it names. None when ``fn`` is not a top-level function of its
     module."""
@@ -333,7 +333,7 @@ def module_payload(fn) -> tuple[tuple, bytes] | None:
             if value.__globals__ is not scope or value.__qualname__ != value.__name__:
                 continue  # nested, or another module's: not rebuilt (its users compile on the thread)
             if value.__name__ == name:
-                functions.append((value.starting_line_number, "".join(value.raw_src)))
+                functions.append((name, value.starting_line_number, "".join(value.raw_src)))
             else:
                 aliases[name] = value.__name__
         elif isinstance(value, types.ModuleType):
@@ -358,41 +358,68 @@ def module_payload(fn) -> tuple[tuple, bytes] | None:
     return key, data
 
 
-def _rebuild(payload: dict) -> dict:
-    """The namespace of a module ``module_payload`` describes (in a worker)."""
-    import importlib
-    import linecache
+class _Module:
+    """A module ``module_payload`` describes, rebuilt in a worker: its file's
+    lines in linecache (what ``@triton.jit`` reads), and each function defined
+    when a kernel first needs it, with the functions it names (a program's
+    kernel reads a few of its hundreds)."""
 
-    lines: list[str] = []
-    for start, text in payload["functions"]:
-        body = text.splitlines(True)
-        if body and not body[-1].endswith("\n"):
-            body[-1] += "\n"
-        end = start - 1 + len(body)
-        if len(lines) < end:
-            lines.extend(["\n"] * (end - len(lines)))
-        lines[start - 1:end] = body
-    source = "".join(lines)
-    filename = payload["filename"]
-    linecache.cache[filename] = (len(source), None, lines, filename)  # what inspect reads for @triton.jit
-    namespace: dict = {"__name__": payload["module"]}
-    for name, (module, attr) in payload["imports"].items():
-        value = importlib.import_module(module)
-        for part in (attr.split(".") if attr else ()):
-            value = getattr(value, part)
-        namespace[name] = value
-    namespace.update(payload["constants"])
-    exec(compile(source, filename, "exec"), namespace)
-    for alias, name in payload["aliases"].items():
-        namespace[alias] = namespace[name]
-    return namespace
+    def __init__(self, payload: dict):
+        import importlib
+        import linecache
+
+        self.filename = payload["filename"]
+        self.texts = {name: (start, text if text.endswith("\n") else text + "\n")
+                      for name, start, text in payload["functions"]}
+        self.aliases = payload["aliases"]
+        lines: list[str] = []
+        for start, text in self.texts.values():
+            body = text.splitlines(True)
+            end = start - 1 + len(body)
+            if len(lines) < end:
+                lines.extend(["\n"] * (end - len(lines)))
+            lines[start - 1:end] = body
+        linecache.cache[self.filename] = (sum(map(len, lines)), None, lines, self.filename)
+        self.namespace: dict = {"__name__": payload["module"]}
+        for name, (module, attr) in payload["imports"].items():
+            value = importlib.import_module(module)
+            for part in (attr.split(".") if attr else ()):
+                value = getattr(value, part)
+            self.namespace[name] = value
+        self.namespace.update(payload["constants"])
+        self.defined: set[str] = set()
+
+    def function(self, name: str):
+        """``name``'s function, defined with every function its source names, transitively."""
+        import re
+
+        todo, seen = [name], set()
+        while todo:
+            n = todo.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            if n in self.aliases:
+                todo.append(self.aliases[n])
+            elif n in self.texts and n not in self.defined:
+                start, text = self.texts[n]
+                # at its own line of the same file: Triton's line info and the PTX are the thread's
+                exec(compile("\n" * (start - 1) + text, self.filename, "exec"), self.namespace)
+                self.defined.add(n)
+                todo.extend(w for w in set(re.findall(r"[A-Za-z_]\w*", text))
+                            if w != n and (w in self.texts or w in self.aliases))
+        for alias, target in self.aliases.items():
+            if target in self.defined:
+                self.namespace[alias] = self.namespace[target]
+        return self.namespace[name]
 
 
-def _worker_compile(namespace: dict, name: str, signature: dict, constexprs: dict, options: dict, target: tuple,
+def _worker_compile(module: _Module, name: str, signature: dict, constexprs: dict, options: dict, target: tuple,
                     until: str) -> _Compiled:
     from triton.backends.compiler import GPUTarget
 
-    return _compile_uncached(ast_source(namespace[name], signature, constexprs), GPUTarget(*target), options, until)
+    return _compile_uncached(ast_source(module.function(name), signature, constexprs), GPUTarget(*target), options,
+                             until)
 
 
 def _worker_main() -> None:
@@ -420,13 +447,13 @@ def _worker_main() -> None:
         try:
             if payload is not None:
                 try:
-                    modules[key] = _rebuild(pickle.loads(payload))
+                    modules[key] = _Module(pickle.loads(payload))
                 except Exception as e:  # noqa: BLE001 - every job of this module fails the same way
                     modules[key] = e
-            namespace = modules[key]
-            if isinstance(namespace, Exception):
-                raise namespace
-            compiled = _worker_compile(namespace, **job)
+            module = modules[key]
+            if isinstance(module, Exception):
+                raise module
+            compiled = _worker_compile(module, **job)
             reply = ("ok", vars(compiled.metadata), compiled.cubin)
         except Exception as e:  # noqa: BLE001 - sent back; the parent compiles the job itself
             reply = ("error", "".join(traceback.format_exception_only(type(e), e)).strip())
