@@ -155,6 +155,12 @@ def _read_exactly(fd: int, n: int) -> bytes:
     return b"".join(chunks)
 
 
+def _readable(fd: int, timeout: float) -> bool:
+    poller = select.poll()  # not select.select: a process may hold descriptors past FD_SETSIZE
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(timeout * 1000))
+
+
 def _read_message(fd: int):
     (n,) = struct.unpack("<Q", _read_exactly(fd, 8))
     return pickle.loads(_read_exactly(fd, n))
@@ -165,8 +171,13 @@ class Worker:
     in the background: ``ready`` says when it answers."""
 
     def __init__(self):
+        import triton
+
         env = dict(os.environ)
         env.pop("TRITON_INTERPRET", None)  # the worker compiles for the GPU
+        # the worker imports the triton this process has, wherever that was found
+        env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(triton.__file__))]
+                                            + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         # -P: the current folder is not put on the worker's path (a stray triton/ there)
         self.proc = subprocess.Popen([sys.executable, "-P", "-c", _BOOT, os.path.abspath(__file__)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, bufsize=0)
@@ -180,8 +191,7 @@ class Worker:
         WorkerError if it failed to or takes far too long."""
         if not self.is_ready:
             try:
-                answered, _, _ = select.select([self.proc.stdout], [], [], timeout)
-                if answered:
+                if _readable(self.proc.stdout.fileno(), timeout):
                     if _read_message(self.proc.stdout.fileno()) != "ready":
                         raise EOFError("unexpected answer")
                     self.is_ready = True
@@ -287,6 +297,17 @@ def _thread_worker() -> Worker | None:
         _workers[:] = [w for w in _workers if w.owner == os.getpid() and w.alive] + [worker]
     _threads.worker = worker
     return worker
+
+
+def _after_fork() -> None:
+    """A forked child starts its own workers, with locks no parent thread holds."""
+    global _threads, _workers, _workers_lock, _local_while_starting, _payloads_lock
+    _threads, _workers, _workers_lock = threading.local(), [], threading.Lock()
+    _local_while_starting, _payloads_lock = threading.Lock(), threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def _count_failure(worker: Worker | None) -> None:
@@ -438,7 +459,7 @@ def _worker_main() -> None:
     modules: dict = {}
     _write_message(out, "ready")
     while True:
-        if not select.select([0], [], [], _IDLE_EXIT_S)[0]:
+        if not _readable(0, _IDLE_EXIT_S):
             return  # idle: the parent starts another when it compiles again
         try:
             key, payload, job = _read_message(0)
