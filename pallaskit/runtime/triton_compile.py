@@ -103,26 +103,30 @@ def _namespace(metadata: dict):
 
 # [Note: compile workers]
 # Triton's frontend (the kernel's AST to TTIR: ``ASTSource.make_ir``) is Python
-# and holds the GIL, a fifth of a GPT-2 kernel's compile and most of a combo
+# and holds the GIL: a fifth of a GPT-2 kernel's compile, most of a combo
 # kernel's; the stages after it (MLIR and LLVM passes, PTX) release it. On
 # compile threads the frontends of a program's kernels take turns with one
 # another and with JAX lowering the program on the main thread. So each
 # compile thread of raw Triton kernels inside XLA (``triton_call._Kernel``)
-# hands its compiles to a worker process of its own, started on the thread's
-# first compile: a fresh Python (never a fork of a process that may hold CUDA)
-# that imports only triton and this file, and compiles for the GPU target it is
-# given, so it needs no GPU. A job carries what the worker needs to rebuild the
-# kernel's module (``module_payload``: each top-level ``@triton.jit`` function's
-# source at its own line of the same file name, under the same module name, the
-# triton modules and constants it names), sent once per worker and module, and
-# gets back Triton's metadata and the PTX, the same bytes as a compile in this
-# process (line info and noinline functions' mangled names included). Anything
-# amiss in a worker (a module it cannot rebuild, a compile error, a crash)
-# sends the job back to a compile on the thread, which raises what it raises
-# there; a worker that dies is replaced on the next job. Workers read jobs from
-# a pipe and exit when it closes: at this process's exit (``_shutdown_all``), or
-# when this process dies. Option ``triton_compile_processes`` (pallaskit.config)
-# turns them off.
+# hands its compiles to a worker process of its own (``compile_job``), started
+# on the thread's first compile: a fresh Python (never a fork of a process that
+# may hold CUDA) that imports only triton and this file, and compiles for the
+# GPU target it is given, so it needs no GPU. While it starts, one thread at a
+# time compiles on its own rather than wait (a program of one kernel does not
+# wait for a worker). A job carries what the worker needs to rebuild the
+# kernel's module (``module_payload``: each top-level ``@triton.jit``
+# function's source and first line, the module and file names, the triton
+# modules and constants it names; sent once per worker and module); the worker
+# defines the kernel's functions at their own lines of the same file name
+# under the same module name, so the PTX it sends back with Triton's metadata
+# is the bytes a compile in this process gives (line info and noinline
+# functions' mangled names included), which the test checks. Anything amiss in
+# a worker (a module it cannot rebuild, a compile error, a crash) sends the
+# job back to a compile on the thread, which raises what it raises there; a
+# worker that died is replaced on the next job. A worker exits when its pipe
+# closes (this process's exit, ``_shutdown_all``, or death) or after
+# ``_IDLE_EXIT_S`` without a job. Option ``triton_compile_processes``
+# (pallaskit.config) turns workers off.
 class WorkerError(RuntimeError):
     """A worker could not compile a job (the caller compiles it on its thread)."""
 
@@ -336,7 +340,16 @@ def module_payload(fn) -> tuple[tuple, bytes] | None:
     (``_Module``): every top-level ``@triton.jit`` function of it with its
     source and first line, the triton modules and objects and the plain
     constants it names. None when ``fn`` is not a top-level function of its
-    module."""
+    module, or its module cannot be described (it compiles on the thread)."""
+    try:
+        return _module_payload(fn)
+    except Exception as e:  # noqa: BLE001
+        log.debug("pallaskit: %s's module cannot go to a compile worker (%s: %s)", getattr(fn, "__name__", fn),
+                  type(e).__name__, e)
+        return None
+
+
+def _module_payload(fn) -> tuple[tuple, bytes] | None:
     from triton.runtime.jit import JITFunction
 
     scope = fn.__globals__
@@ -367,11 +380,7 @@ def module_payload(fn) -> tuple[tuple, bytes] | None:
             constants[name] = value
     payload = {"filename": key[0], "module": key[1], "functions": functions, "aliases": aliases,
                "imports": imports, "constants": constants}
-    try:
-        data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as e:  # noqa: BLE001 - a constant that does not pickle
-        log.debug("pallaskit: %s's module cannot go to a compile worker (%s: %s)", fn.__name__, type(e).__name__, e)
-        return None
+    data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
     with _payloads_lock:
         if len(_payloads) >= _MAX_PAYLOADS:
             _payloads.pop(next(iter(_payloads)))
