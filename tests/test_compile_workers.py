@@ -17,7 +17,7 @@ _SCRIPT = textwrap.dedent('''
     import jax, jax.numpy as jnp
     import lowering
     from lowering.options import CompileOptions
-    import pallaskit
+    import pallaskit, triton
     from pallaskit.runtime import loader, triton_call, triton_compile, triton_launch
 
     def f(xs, y):  # one combo kernel: noinline group functions, the _max_nan helper
@@ -35,20 +35,32 @@ _SCRIPT = textwrap.dedent('''
     jax.make_jaxpr(loader.load(program))(*xs, y)
     assert calls
 
-    BROKEN = """
+    OTHER = """
     import triton
     import triton.language as tl
+    SCALE = tl.constexpr(2.0)
 
     @triton.jit
     def broken_kernel(x_ptr, n, B: tl.constexpr):
         j = tl.arange(0, B)
         tl.store(x_ptr + j, tl.no_such_op(tl.load(x_ptr + j, mask=j < n)), mask=j < n)
+
+    @triton.jit
+    def scale_kernel(x_ptr, n, B: tl.constexpr):
+        j = tl.arange(0, B)
+        tl.store(x_ptr + j, tl.load(x_ptr + j, mask=j < n) * SCALE, mask=j < n)
     """
     import linecache
-    linecache.cache["<broken>"] = (len(BROKEN), None, BROKEN.splitlines(True), "<broken>")
-    namespace = {"__name__": "broken_module"}
-    exec(compile(BROKEN, "<broken>", "exec"), namespace)
+    linecache.cache["<other>"] = (len(OTHER), None, OTHER.splitlines(True), "<other>")
+    namespace = {"__name__": "other_module"}
+    exec(compile(OTHER, "<other>", "exec"), namespace)
     broken = triton_call._kernel(namespace["broken_kernel"], 4, 1)
+    scale = triton_call._kernel(namespace["scale_kernel"], 4, 1)
+
+    def scaled(by):  # scale_kernel's PTX with the module's SCALE reassigned
+        namespace["SCALE"] = triton.language.constexpr(by)
+        scale._ptx.clear()
+        return scale.compiled({"x_ptr": "*fp32", "n": "i32"}, {"B": 128}, 90).cubin
 
     def compile_all():
         for kernel, _, _ in calls:
@@ -77,8 +89,9 @@ _SCRIPT = textwrap.dedent('''
         print("SKIP", type(e).__name__, e)
         raise SystemExit(0)
     threads_error = error()
+    threads_scaled = scaled(3.0)
     assert not triton_compile._workers, "a worker started with the option off"
-    assert len(here) == len(calls) + 1, here
+    assert len(here) == len(calls) + 2, here
 
     pallaskit.config.update(triton_compile_processes=True)
     here.clear()
@@ -93,6 +106,17 @@ _SCRIPT = textwrap.dedent('''
 
         assert error() == threads_error, (error(), threads_error)  # the worker failed, the thread raised
         assert here == ["broken_kernel"], here
+
+        here.clear()
+        assert scaled(2.0) != threads_scaled
+        key, _ = triton_compile.module_payload(namespace["scale_kernel"])
+        namespace["SCALE"] = triton.language.constexpr(3.0)
+        new_key, _ = triton_compile.module_payload(namespace["scale_kernel"])
+        assert new_key != key  # the module changed: workers rebuild it
+        for w in triton_compile._workers:
+            w.modules.add(new_key)  # as if a worker had dropped it: it asks for it again
+        assert scaled(3.0) == threads_scaled
+        assert here == [], here
 
         pids = [w.proc.pid for w in triton_compile._workers]
         for pid in pids:

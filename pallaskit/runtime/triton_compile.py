@@ -135,6 +135,7 @@ _BOOT = ("import importlib.util as u, sys; s = u.spec_from_file_location('_palla
          "m = sys.modules[s.name] = u.module_from_spec(s); s.loader.exec_module(m); m._worker_main()")
 _BOOT_TIMEOUT_S = 120.0  # a worker's start: Python and triton's imports, on a loaded host
 _MAX_BOOT_FAILURES = 3  # then this process compiles on its threads
+_WORKER_MODULES = 32  # modules a worker keeps rebuilt; it asks again for one it dropped
 _IDLE_EXIT_S = 300.0  # a worker without a job this long exits (a training loop's process keeps no idle workers)
 
 
@@ -208,19 +209,21 @@ class Worker:
 
     def compile(self, module_key, payload: bytes, job: dict) -> _Compiled:
         """Compile ``job`` (``_worker_compile``'s arguments) in the worker."""
-        try:
-            message = pickle.dumps((module_key, None if module_key in self.modules else payload, job),
-                                   protocol=pickle.HIGHEST_PROTOCOL)
-        except Exception as e:  # a constexpr that does not pickle: this job only
-            raise WorkerError(f"job cannot go to a compile worker ({type(e).__name__}: {e})") from e
         self.ready(_BOOT_TIMEOUT_S)
-        try:
-            _write_frame(self.proc.stdin.fileno(), message)
-            self.modules.add(module_key)
-            reply = _read_message(self.proc.stdout.fileno())
-        except Exception as e:
-            self.close()
-            raise WorkerError(f"compile worker failed ({type(e).__name__}: {e})") from e
+        for send in (module_key not in self.modules, True):  # again with the module if the worker dropped it
+            try:
+                message = pickle.dumps((module_key, payload if send else None, job), protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as e:  # a constexpr that does not pickle: this job only
+                raise WorkerError(f"job cannot go to a compile worker ({type(e).__name__}: {e})") from e
+            try:
+                _write_frame(self.proc.stdin.fileno(), message)
+                self.modules.add(module_key)
+                reply = _read_message(self.proc.stdout.fileno())
+            except Exception as e:
+                self.close()
+                raise WorkerError(f"compile worker failed ({type(e).__name__}: {e})") from e
+            if reply[0] != "missing":
+                break
         if reply[0] != "ok":
             raise WorkerError(reply[1])
         return _Compiled(_namespace(reply[1]), reply[2])
@@ -230,9 +233,12 @@ class Worker:
         return self.proc.poll() is None
 
     def close(self) -> None:
-        """End the worker: its pipe closed it exits; one that does not is killed."""
+        """End the worker: its pipe closed it exits; one still starting (it
+        holds nothing yet) or that does not exit is killed."""
         if self.owner != os.getpid():  # a fork's copy: the parent's worker
             return
+        if not self.is_ready and self.proc.poll() is None:
+            self.proc.kill()
         for pipe in (self.proc.stdin, self.proc.stdout):
             try:
                 pipe.close()
@@ -330,7 +336,11 @@ def _shutdown_all() -> None:
         worker.close()
 
 
-_payloads: dict = {}  # module key -> pickled payload
+# (file name, module name) -> (what the module held: its functions by identity,
+# aliases, imports, constants; the payload's key and bytes). A module whose
+# functions or constants changed since (reloaded, a constant reassigned) gets
+# a new payload under a new key, which workers rebuild afresh.
+_payloads: dict = {}
 _payloads_lock = threading.Lock()
 _MAX_PAYLOADS = 64
 
@@ -350,16 +360,15 @@ def module_payload(fn) -> tuple[tuple, bytes] | None:
 
 
 def _module_payload(fn) -> tuple[tuple, bytes] | None:
+    import hashlib
+    import weakref
+
     from triton.runtime.jit import JITFunction
 
     scope = fn.__globals__
     if scope.get(fn.__name__) is not fn:
         return None
-    key = (fn.fn.__code__.co_filename, fn.__module__)
-    with _payloads_lock:
-        if key in _payloads:
-            return key, _payloads[key]
-    functions, aliases, imports, constants = [], {}, {}, {}
+    functions, aliases, imports, constants = {}, {}, {}, {}
     for name, value in list(scope.items()):
         if name.startswith("__"):
             continue
@@ -367,7 +376,7 @@ def _module_payload(fn) -> tuple[tuple, bytes] | None:
             if value.__globals__ is not scope or value.__qualname__ != value.__name__:
                 continue  # nested, or another module's: not rebuilt (its users compile on the thread)
             if value.__name__ == name:
-                functions.append((name, value.starting_line_number, "".join(value.raw_src)))
+                functions[name] = value
             else:
                 aliases[name] = value.__name__
         elif isinstance(value, types.ModuleType):
@@ -378,13 +387,25 @@ def _module_payload(fn) -> tuple[tuple, bytes] | None:
             imports[name] = (value.__module__, value.__qualname__)  # triton.jit imported by name
         elif isinstance(value, (bool, int, float, str, type(None))) or type(value).__name__ == "constexpr":
             constants[name] = value
-    payload = {"filename": key[0], "module": key[1], "functions": functions, "aliases": aliases,
-               "imports": imports, "constants": constants}
-    data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+    where = (fn.fn.__code__.co_filename, fn.__module__)
     with _payloads_lock:
+        known = _payloads.get(where)
+    if known is not None:
+        refs, held, key, data = known
+        if held == (aliases, imports, constants) and refs.keys() == functions.keys() \
+                and all(ref() is functions[name] for name, ref in refs.items()):
+            return key, data
+    payload = {"filename": where[0], "module": where[1], "aliases": aliases, "imports": imports,
+               "constants": constants, "functions": [(name, f.starting_line_number, "".join(f.raw_src))
+                                                     for name, f in functions.items()]}
+    data = pickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+    key = (*where, hashlib.sha256(data).hexdigest())
+    with _payloads_lock:
+        _payloads.pop(where, None)
         if len(_payloads) >= _MAX_PAYLOADS:
             _payloads.pop(next(iter(_payloads)))
-        _payloads[key] = data
+        _payloads[where] = ({name: weakref.ref(f) for name, f in functions.items()}, (aliases, imports, constants),
+                            key, data)
     return key, data
 
 
@@ -456,7 +477,6 @@ def _worker_main() -> None:
     """A compile worker's loop: (module key, payload or None, job) in, ("ok",
     metadata, binary) or ("error", text) out, until its input closes."""
     import signal
-    import traceback
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the parent's to handle; it closes the pipe
     out = os.dup(1)
@@ -465,17 +485,28 @@ def _worker_main() -> None:
     import triton.compiler.code_generator  # noqa: F401
     import triton.compiler.compiler  # noqa: F401
 
+    try:
+        _serve(out)
+    except (EOFError, OSError):  # the parent closed the pipe, or is gone
+        pass
+
+
+def _serve(out: int) -> None:
+    import traceback
+
     modules: dict = {}
     _write_message(out, "ready")
     while True:
         if not _readable(0, _IDLE_EXIT_S):
             return  # idle: the parent starts another when it compiles again
-        try:
-            key, payload, job = _read_message(0)
-        except EOFError:
-            return
+        key, payload, job = _read_message(0)
+        if payload is None and key not in modules:
+            _write_message(out, ("missing", None))
+            continue
         try:
             if payload is not None:
+                if len(modules) >= _WORKER_MODULES:
+                    modules.pop(next(iter(modules)))
                 try:
                     modules[key] = _Module(pickle.loads(payload))
                 except Exception as e:  # noqa: BLE001 - every job of this module fails the same way
