@@ -1,7 +1,8 @@
 """Raw Triton kernels inside XLA compiled to PTX in worker processes
 ([Note: compile workers] in pallaskit/runtime/triton_compile.py), on the CPU:
 the same PTX as a compile on the thread, a failing kernel raises what it
-raises on the thread, a killed worker is replaced, the workers end with the
+raises on the thread, a module whose constant changed is sent again, a
+killed worker is replaced, idle workers are closed, the workers end with the
 process and none start with the option off."""
 import os
 import textwrap
@@ -94,6 +95,7 @@ _SCRIPT = textwrap.dedent('''
     assert len(here) == len(calls) + 2, here
 
     pallaskit.config.update(triton_compile_processes=True)
+    triton_compile._REAP_EVERY_S = 0.1
     here.clear()
     with triton_compile._local_while_starting:  # no compile on the thread while a worker starts
         workers = compile_all()
@@ -128,6 +130,18 @@ _SCRIPT = textwrap.dedent('''
         compile_all()
         alive = [w for w in triton_compile._workers if w.alive]
         assert alive and not {w.proc.pid for w in alive} & set(pids), "no new worker"
+
+    triton_compile._IDLE_S = 0.5  # idle workers are closed
+    idle = list(triton_compile._workers)
+    for _ in range(100):
+        time.sleep(0.1)
+        if not triton_compile._workers:
+            break
+    assert all(w.proc.returncode is not None for w in idle), "an idle worker still runs"
+    triton_compile._IDLE_S = 300.0
+    with triton_compile._local_while_starting:
+        compile_all()  # new workers
+    assert triton_compile._workers and here == [], here
 
     first = list(triton_compile._workers)
     triton_compile._shutdown_all()

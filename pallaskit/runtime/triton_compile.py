@@ -124,8 +124,10 @@ def _namespace(metadata: dict):
 # a worker (a module it cannot rebuild, a compile error, a crash) sends the
 # job back to a compile on the thread, which raises what it raises there; a
 # worker that died is replaced on the next job. A worker exits when its pipe
-# closes (this process's exit, ``_shutdown_all``, or death) or after
-# ``_IDLE_EXIT_S`` without a job. Option ``triton_compile_processes``
+# closes: at this process's exit (``_shutdown_all``) or death, or when a
+# reaper thread here closes it after ``_IDLE_S`` without a job (a training
+# loop's process keeps no idle workers; the next compile starts another), the
+# worker itself giving up after twice that. Option ``triton_compile_processes``
 # (pallaskit.config) turns workers off.
 class WorkerError(RuntimeError):
     """A worker could not compile a job (the caller compiles it on its thread)."""
@@ -136,7 +138,8 @@ _BOOT = ("import importlib.util as u, sys; s = u.spec_from_file_location('_palla
 _BOOT_TIMEOUT_S = 120.0  # a worker's start: Python and triton's imports, on a loaded host
 _MAX_BOOT_FAILURES = 3  # then this process compiles on its threads
 _WORKER_MODULES = 32  # modules a worker keeps rebuilt; it asks again for one it dropped
-_IDLE_EXIT_S = 300.0  # a worker without a job this long exits (a training loop's process keeps no idle workers)
+_IDLE_S = 300.0  # a worker without a job this long is closed
+_REAP_EVERY_S = 30.0
 
 
 def _write_message(fd: int, message) -> None:
@@ -190,6 +193,8 @@ class Worker:
         self.started = time.monotonic()
         self.is_ready = False
         self.modules: set = set()  # module keys this worker has rebuilt
+        self.lock = threading.Lock()  # held while a job is in the worker
+        self.last_used = time.monotonic()
 
     def ready(self, timeout: float) -> bool:
         """Whether the worker has started, waiting up to ``timeout`` seconds;
@@ -209,6 +214,16 @@ class Worker:
 
     def compile(self, module_key, payload: bytes, job: dict) -> _Compiled:
         """Compile ``job`` (``_worker_compile``'s arguments) in the worker."""
+        with self.lock:
+            reply = self._run(module_key, payload, job)
+            self.last_used = time.monotonic()
+        if reply[0] != "ok":
+            raise WorkerError(reply[1])
+        return _Compiled(_namespace(reply[1]), reply[2])
+
+    def _run(self, module_key, payload: bytes, job: dict) -> tuple:
+        if not self.alive:
+            raise WorkerError("compile worker closed")
         self.ready(_BOOT_TIMEOUT_S)
         for send in (module_key not in self.modules, True):  # again with the module if the worker dropped it
             try:
@@ -224,9 +239,7 @@ class Worker:
                 raise WorkerError(f"compile worker failed ({type(e).__name__}: {e})") from e
             if reply[0] != "missing":
                 break
-        if reply[0] != "ok":
-            raise WorkerError(reply[1])
-        return _Compiled(_namespace(reply[1]), reply[2])
+        return reply
 
     @property
     def alive(self) -> bool:
@@ -287,6 +300,7 @@ def _thread_worker() -> Worker | None:
     """The calling thread's compile worker, started on its first call (and
     again if it died); None where workers cannot run (no POSIX pipes, or they
     failed to start)."""
+    global _reaper
     worker = getattr(_threads, "worker", None)
     if worker is not None and worker.owner == os.getpid() and worker.alive:
         return worker
@@ -305,14 +319,39 @@ def _thread_worker() -> Worker | None:
             atexit.unregister(_shutdown_all)
             atexit.register(_shutdown_all)
         _workers[:] = [w for w in _workers if w.owner == os.getpid() and w.alive] + [worker]
+        if _reaper is None:
+            _reaper = threading.Thread(target=_reap, name="pallaskit-triton-worker-reaper", daemon=True)
+            _reaper.start()
     _threads.worker = worker
     return worker
 
 
+_reaper: threading.Thread | None = None
+
+
+def _reap() -> None:
+    """Close workers idle for ``_IDLE_S`` and reap those that died."""
+    while True:
+        time.sleep(_REAP_EVERY_S)
+        with _workers_lock:
+            workers = list(_workers)
+        for worker in workers:
+            if worker.lock.acquire(blocking=False):  # not in a job
+                try:
+                    if not worker.alive or (worker.ready(0) and time.monotonic() - worker.last_used > _IDLE_S):
+                        worker.close()
+                except WorkerError:  # it failed to start, and is closed
+                    pass
+                finally:
+                    worker.lock.release()
+        with _workers_lock:
+            _workers[:] = [w for w in _workers if w.alive]
+
+
 def _after_fork() -> None:
     """A forked child starts its own workers, with locks no parent thread holds."""
-    global _threads, _workers, _workers_lock, _local_while_starting, _payloads_lock
-    _threads, _workers, _workers_lock = threading.local(), [], threading.Lock()
+    global _threads, _workers, _workers_lock, _local_while_starting, _payloads_lock, _reaper
+    _threads, _workers, _workers_lock, _reaper = threading.local(), [], threading.Lock(), None
     _local_while_starting, _payloads_lock = threading.Lock(), threading.Lock()
 
 
@@ -497,8 +536,8 @@ def _serve(out: int) -> None:
     modules: dict = {}
     _write_message(out, "ready")
     while True:
-        if not _readable(0, _IDLE_EXIT_S):
-            return  # idle: the parent starts another when it compiles again
+        if not _readable(0, 2 * _IDLE_S):
+            return  # the parent should have closed it: it is stuck or gone
         key, payload, job = _read_message(0)
         if payload is None and key not in modules:
             _write_message(out, ("missing", None))
