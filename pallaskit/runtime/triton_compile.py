@@ -194,11 +194,16 @@ class Worker:
         self.is_ready = False
         self.modules: set = set()  # module keys this worker has rebuilt
         self.lock = threading.Lock()  # held while a job is in the worker
+        self._starting = threading.Lock()  # one reader of the start's answer (a compile thread, the reaper)
         self.last_used = time.monotonic()
 
     def ready(self, timeout: float) -> bool:
         """Whether the worker has started, waiting up to ``timeout`` seconds;
         WorkerError if it failed to or takes far too long."""
+        with self._starting:
+            return self._ready(timeout)
+
+    def _ready(self, timeout: float) -> bool:
         if not self.is_ready:
             try:
                 if _readable(self.proc.stdout.fileno(), timeout):
