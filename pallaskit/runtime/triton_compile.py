@@ -112,8 +112,8 @@ def _namespace(metadata: dict):
 # on the thread's first compile: a fresh Python (never a fork of a process that
 # may hold CUDA) that imports only triton and this file, and compiles for the
 # GPU target it is given, so it needs no GPU. While it starts, one thread at a
-# time compiles on its own rather than wait (a program of one kernel does not
-# wait for a worker). A job carries what the worker needs to rebuild the
+# time compiles a kernel of few parameters on its own rather than wait (a
+# small program does not wait for a worker). A job carries what the worker needs to rebuild the
 # kernel's module (``module_payload``: each top-level ``@triton.jit``
 # function's source and first line, the module and file names, the triton
 # modules and constants it names; sent once per worker and module); the worker
@@ -273,9 +273,12 @@ _threads = threading.local()  # each compile thread's Worker
 _workers: list[Worker] = []
 _workers_lock = threading.Lock()
 _boot_failures = 0
-# While a thread's worker starts, one thread at a time compiles on its own
-# instead of waiting: a program of a kernel or two does not wait for a worker.
+# While a thread's worker starts (a fifth of a second), one thread at a time
+# compiles a kernel of few parameters on its own instead of waiting: a small
+# program does not wait for a worker. A kernel of many parameters (a combo
+# kernel) has a long frontend, which is what the worker keeps off the GIL.
 _local_while_starting = threading.Lock()
+_LOCAL_MAX_PARAMS = 32
 
 
 def compile_job(module: tuple[tuple, bytes] | None, job: dict, here):
@@ -288,7 +291,8 @@ def compile_job(module: tuple[tuple, bytes] | None, job: dict, here):
     if worker is None:
         return here()
     try:
-        if not worker.ready(0) and _local_while_starting.acquire(blocking=False):
+        if len(job["signature"]) <= _LOCAL_MAX_PARAMS and not worker.ready(0) \
+                and _local_while_starting.acquire(blocking=False):
             try:
                 return here()
             finally:
