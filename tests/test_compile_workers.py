@@ -102,8 +102,7 @@ _SCRIPT = textwrap.dedent('''
         assert here == [], here  # every kernel went to a worker
         assert len(triton_compile._workers) >= 1
         assert [w.cubin for w in workers] == [t.cubin for t in threads]
-        assert [(w.metadata.name, w.metadata.shared) for w in workers] == \\
-            [(t.metadata.name, t.metadata.shared) for t in threads]
+        assert [vars(w.metadata) for w in workers] == [vars(t.metadata) for t in threads]
         assert b".loc" in workers[0].cubin  # line info: same file and lines in the worker
 
         assert error() == threads_error, (error(), threads_error)  # the worker failed, the thread raised
