@@ -28,7 +28,9 @@ Variants: ``jax.jit``; ``pallaskit`` (defaults); ``members=K``
 (``kernel_backend='triton'``: long-row mix kernels too); ``noshare`` (raw-Triton kernels of the
 same code not sharing one function: [Note: shared Triton functions]); ``nosharepallas`` (Pallas
 kernels of the same code each their own launch: [Note: shared Pallas kernels]); ``threads=N`` (raw-Triton
-kernels compile on N threads, not ``triton_call._compile_pool``'s).
+kernels compile on N threads, not ``triton_call._compile_pool``'s, each with its worker process);
+``noprocs`` (option ``triton_compile_processes=False``: raw-Triton kernels compile on the threads
+themselves, not in worker processes: [Note: compile workers]).
 
     # on the GPU: the 183-array AdamW of benchmarks/models.py (GPT-2 small shapes)
     JAX_PLATFORMS=cuda PYTHONPATH=. python -m benchmarks.cold_breakdown \\
@@ -36,6 +38,9 @@ kernels compile on N threads, not ``triton_call._compile_pool``'s).
     # on the GPU: the 12-layer GPT-2 training step (bfloat16), kernels of the same code shared or not
     JAX_PLATFORMS=cuda PYTHONPATH=. python -m benchmarks.cold_breakdown \\
         --workloads gpt2_train --variants jax.jit,pallaskit,noshare --timeout 900 --output $OUT
+    # on the GPU: raw-Triton compiles in worker processes (the default) or on the compile threads
+    JAX_PLATFORMS=cuda PYTHONPATH=. python -m benchmarks.cold_breakdown \\
+        --workloads gpt2_train,adamw:1000,gpt2_adamw --variants jax.jit,pallaskit,noprocs --output $OUT
     # on the CPU (interpret mode), a quick look
     PYTHONPATH=. python -m benchmarks.cold_breakdown --workloads small,adamw:100
 """
@@ -51,7 +56,7 @@ import threading
 import time
 
 RESULT = "RESULT "
-WORKLOADS = ("gpt2_adamw", "gpt2_adamw_clip", "gpt2_train[:L]", "adamw:N", "momentum:N", "small")
+WORKLOADS = ("gpt2_adamw", "gpt2_adamw_clip", "gpt2_train[:L]", "adamw:N", "momentum:N", "small", "model:NAME")
 DEFAULT_VARIANTS = "jax.jit,pallaskit,members=32,members=8,nocombo"
 
 
@@ -86,6 +91,17 @@ def make(workload: str):
         if ":" in workload:
             size = (int(workload.split(":", 1)[1]), *size[1:])
         inputs = spec["make_inputs"](size, jnp.bfloat16, jax.random.key(0))
+        return spec["jax_fn"], [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in inputs], lambda: inputs
+    if workload.startswith("model:"):
+        # any benchmarks/models.py workload at its full size (bfloat16), e.g. model:resnet_block_train
+        from benchmarks import models
+
+        name = workload.split(":", 1)[1]
+        spec = next((s for s in models.MODEL_SPECS if s["name"] == name), None)
+        if spec is None:
+            raise ValueError(f"no models workload {name!r}; valid: "
+                             f"{', '.join(s['name'] for s in models.MODEL_SPECS)}")
+        inputs = spec["make_inputs"](spec["sizes"]["full"], jnp.bfloat16, jax.random.key(0))
         return spec["jax_fn"], [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in inputs], lambda: inputs
     if workload == "small":
         def fn(x):
@@ -218,6 +234,8 @@ def child(workload: str, variant: str) -> dict:
             from pallaskit.runtime import triton_call as _tc
             pool = concurrent.futures.ThreadPoolExecutor(int(variant.split("=", 1)[1]))
             _tc._compile_pool = lambda: pool
+        elif variant == "noprocs":
+            pallaskit.config.update(triton_compile_processes=False)
         elif variant != "pallaskit":
             raise ValueError(f"unknown variant {variant!r}")
         clock = _Clock()

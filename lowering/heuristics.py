@@ -442,6 +442,11 @@ class MatmulConfig:
 # here). Shared memory per stage: (BM + BN) * BK * itemsize.
 MIN_MATMUL_BLOCK = 16
 MATMUL_SMEM_BYTES = 200 * 1024  # of the H100's 228 KB per SM, leaving room for the epilogue's layout change
+# A small grid of 128 tiles on 132 SMs is one wave: halving the tiles again to
+# fill the last SMs made each program's weight stream shorter and slower
+# (RESULTS.md, "Heuristics: matmul template", small-M tiles).
+MATMUL_WAVE_FILL = 0.9
+MATMUL_ONE_WAVE_STAGES = 6  # a weight-bound grid of one wave keeps six K steps in flight
 
 
 def matmul_config(m: int, n: int, k: int, dtype, *, batch: int = 1, num_sms: int = 132) -> MatmulConfig:
@@ -451,9 +456,11 @@ def matmul_config(m: int, n: int, k: int, dtype, *, batch: int = 1, num_sms: int
 
     Start from the large tile, shrink each block to its dim (rounded up to a
     power of two, at least 16), then halve the larger of block_m / block_n
-    (not below 64 / 32) while the grid would leave most SMs idle: a small-M
+    (not below 64 / 32) while the grid would leave SMs idle: a small-M
     product (M = 64, N = K = 4096: 64 column tiles of 256) is bound by reading
-    the weights, which needs programs on every SM."""
+    the weights, which needs programs on about every SM. Such a grid (one wave
+    or less) streams K through a deeper pipeline, with longer K steps where
+    the row block is short."""
     itemsize = np.dtype(dtype).itemsize
     wide = itemsize <= 2
     bm = max(MIN_MATMUL_BLOCK, min(next_power_of_2(m), 128))
@@ -463,17 +470,21 @@ def matmul_config(m: int, n: int, k: int, dtype, *, batch: int = 1, num_sms: int
     def tiles(bm, bn):
         return batch * ceil_div(m, bm) * ceil_div(n, bn)
 
-    while tiles(bm, bn) < num_sms:
+    while tiles(bm, bn) < MATMUL_WAVE_FILL * num_sms:
         if bn >= bm and bn > 32:
             bn //= 2
         elif bm > 64:
             bm //= 2
         else:
             break
+    one_wave = tiles(bm, bn) <= num_sms
+    if one_wave and wide and bm <= 64:
+        bk = max(MIN_MATMUL_BLOCK, min(next_power_of_2(k), 128))
     area = bm * bn
-    warps = 8 if area >= 128 * 256 else 4 if area >= 64 * 64 else 2
+    warps = 8 if area >= 128 * 256 else 4 if area >= 64 * 64 or (one_wave and bm >= 64) else 2
     per_stage = (bm + bn) * bk * itemsize
-    stages = max(1, min(4 if area < 128 * 256 else 3, MATMUL_SMEM_BYTES // per_stage, ceil_div(k, bk)))
+    most = MATMUL_ONE_WAVE_STAGES if one_wave else 4 if area < 128 * 256 else 3
+    stages = max(1, min(most, MATMUL_SMEM_BYTES // per_stage, ceil_div(k, bk)))
     return MatmulConfig(bm, bn, bk, warps, stages)
 
 

@@ -78,6 +78,15 @@ class JitFunction:
         # __dict__ (fn, _cache); copying that would make this one run the wrapped function.
         functools.update_wrapper(self, fn, updated=())
 
+    def _refresh_fast_path(self) -> None:
+        """Start jax's C++ dispatch over. It keeps its first answer per
+        signature: a signature whose first calls C++ could not run (eager
+        launches of a new size) would stay on the Python call after a static
+        program for it lands (a recurring size's tier-up, pallaskit/dynamic.py),
+        unless the C++ object is new. Each signature then misses once more."""
+        if self._cpp is not None:
+            self._cpp = fastpath.cpp_function(self._title(), _python_call(self), self._cache_miss)
+
     def _xla_args(self, treedef, n_args) -> xla_args.XlaArgs:
         """Donation and shardings of a call signature ([Note: XLA arguments])."""
         k = (treedef, n_args)

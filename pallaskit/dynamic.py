@@ -131,6 +131,7 @@ def compile_static(jf, treedef, static_pos, static_kw, n_args, leaves):
         dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
         fast_tree = jax.tree_util.tree_structure((tuple(dyn_args), dyn_kwargs))
         jf._fast[(fast_tree, tuple(x.aval for x in leaves), sharding.fast_placement(leaves))] = entry
+    jf._refresh_fast_path()
     return entry.executable, entry.constants
 
 

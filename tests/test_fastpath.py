@@ -188,3 +188,40 @@ def test_an_error_after_a_nested_pallaskit_call_is_raised(rng):
         with pytest.raises(ValueError, match="boom from outer"):
             outer(x)
     _close(inner(x), x * 2.0)
+
+
+@needs_cpp
+def test_a_signature_served_in_python_first_takes_cpp_after_a_refresh(rng, monkeypatch):
+    """jax's C++ dispatch keeps its first answer per signature. A size whose
+    first calls ran where C++ cannot (eager launches) stays on the Python call
+    once its static program lands (the tier-up, pallaskit/dynamic.py) until the
+    C++ object starts over, which the tier-up does; the results stay right."""
+    f = pallaskit.jit(lambda x: jnp.tanh(x) * 2.0)
+    seen = _count_python_calls(f)
+    x = jnp.asarray(rng.standard_normal((4, 9)), jnp.float32)
+    real = fastpath.fastpath_data
+    monkeypatch.setattr(fastpath, "fastpath_data", lambda *a: None)  # as an eager launch's call
+    f(x)
+    monkeypatch.setattr(fastpath, "fastpath_data", real)  # a static program from now on
+    for _ in range(3):
+        _close(f(x), jnp.tanh(x) * 2.0)
+    assert len(seen) == 4  # C++ kept "Python" for the signature
+    f._refresh_fast_path()
+    for _ in range(3):
+        _close(f(x), jnp.tanh(x) * 2.0)
+    assert len(seen) == 5  # one miss, then C++
+
+
+def test_a_tier_up_refreshes_the_fast_path(monkeypatch):
+    """``compile_static`` (a recurring size's static program) starts the C++
+    object over once it has filed the entry."""
+    from pallaskit import dynamic
+
+    f = pallaskit.jit(lambda x: x * 3.0)
+    calls = []
+    monkeypatch.setattr(type(f), "_refresh_fast_path", lambda self: calls.append(self))
+    x = jnp.arange(6.0, dtype=jnp.float32)
+    leaves, treedef = jax.tree_util.tree_flatten(((x,), {}))
+    executable, constants = dynamic.compile_static(f, treedef, (), (), 1, leaves)
+    np.testing.assert_allclose(np.asarray(executable(x, *constants)[0]), np.asarray(x) * 3.0)
+    assert calls == [f]

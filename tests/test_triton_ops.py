@@ -285,7 +285,7 @@ _COMPILE_SCRIPT = textwrap.dedent('''
         return (jnp.arctan2(x, y), jnp.log1p(x), jnp.expm1(x), jnp.cbrt(x), jnp.tan(x), jnp.arcsin(x),
                 jnp.arccos(x), jnp.arctan(x), jnp.sinh(x), jnp.cosh(x), jnp.arcsinh(x), jnp.arccosh(x),
                 jnp.arctanh(x), lax.erf_inv(x), lax.pow(x, y), lax.pow(x, jnp.arange(x.size, dtype=jnp.int32)),
-                lax.round(x, 0), lax.round(x, 1), -x, lax.integer_pow(x, 0) + x)
+                lax.round(x, 0), lax.round(x, 1), -x, lax.integer_pow(x, 0) + x, jnp.sqrt(x))
 
     def ints(x):
         return (lax.shift_left(x, x), lax.shift_right_logical(x, x), lax.shift_right_arithmetic(x, x),
@@ -313,6 +313,23 @@ _COMPILE_SCRIPT = textwrap.dedent('''
                                    jnp.ones((5, 150), dt), max_persistent_cols=64)
     print("COMPILED", kernels)
 ''')
+
+
+@pytest.mark.parametrize("dtype,spelling", [(jnp.bfloat16, "sqrt.approx.f32 $0, $1;"), (jnp.float32, "tl.sqrt_rn(")])
+def test_gpu_sqrt_spelling(dtype, spelling):
+    """On a GPU a 16-bit square root (computed in float32) takes PTX's
+    approximate root in its subnormal-keeping form, not tl.sqrt (.ftz); a
+    float32 one stays correctly rounded. (The GPU suite checks the values.)"""
+    import lowering
+    from lowering.codegen import triton as tc
+    from lowering.options import CompileOptions
+
+    opts = CompileOptions(interpret=False, kernel_backend="triton", triton_available=True)
+    sched = lowering.compile_jaxpr(jax.make_jaxpr(lambda x: jnp.sqrt(x) * 2)(jnp.ones(300, dtype)), opts).schedule
+    source = "".join(tc.render_for_xla(k, sched, opts).source for k in sched.kernels)
+    assert spelling in source and "tl.sqrt(" not in source
+    other = "tl.sqrt_rn(" if dtype == jnp.bfloat16 else "sqrt.approx"
+    assert other not in source
 
 
 @pytest.mark.skipif(GPU, reason="the GPU suite runs the kernels themselves")

@@ -65,6 +65,13 @@ def _dtype_name(dt) -> str:
 
 _NAN_MAX = "tl.maximum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"
 _NAN_MIN = "tl.minimum({0}, {1}, propagate_nan=tl.PropagateNan.ALL)"
+# A 16-bit float's square root, computed in float32: PTX's approximate square
+# root (within an ulp of float32's, far under a 16-bit result's rounding) in its
+# form that keeps subnormals (tl.sqrt's is .ftz); float32 results keep sqrt_rn.
+# The correctly rounded form slowed bf16 pointwise chains (RESULTS.md,
+# "Session 22").
+_SQRT_APPROX = ("tl.inline_asm_elementwise('sqrt.approx.f32 $0, $1;', '=f,f', [{0}], dtype=tl.float32, "
+                "is_pure=True, pack=1)")
 OPS = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "neg": "(-{0})",  # ints; floats: op_template
     "square": "({0} * {0})", "abs": "tl.abs({0})",
@@ -659,6 +666,8 @@ class TritonEmitter(KernelEmitter):
             return f"_i{e.op}({{0}}, {{1}})"
         if e.op == "div":
             return "({0} / {1})" if float_op else "({0} // {1})"  # Triton's // truncates, like lax.div
+        if e.op == "sqrt" and not self.interpret and is_16bit_float(e.args[0].dtype):
+            return _SQRT_APPROX
         if e.op == "tanh" and not self.interpret:  # libdevice's tanhf, as Pallas's Triton lowering
             return "libdevice.tanh({0})"
         if e.op == "rem" and float_op and not self.interpret:  # the interpreter's % is np.fmod

@@ -16,7 +16,9 @@ parameters (ints when the program is traced for a size).
 - *GPU*: the kernel compiles with Python Triton (its stages up to PTX,
   without Triton's cache: ``triton_launch._compile_uncached``), once per
   kernel, signature and GPU in this process, on compile threads started when
-  the program is traced (``_start_compile``); the lowering waits for it and
+  the program is traced (``_start_compile``), each of which hands it to a
+  worker process of its own ([Note: compile workers] in
+  runtime/triton_compile.py); the lowering waits for it and
   emits the custom call jaxlib provides for Triton kernels
   (``triton_kernel_call_ffi``, what jax-triton emits, registered again under
   pallaskit's name for command buffers: [Note: Triton kernels in command buffers]
@@ -46,7 +48,7 @@ import jax
 import numpy as np
 from jax.extend.core import Primitive
 
-from pallaskit.runtime import ffi_targets, triton_launch
+from pallaskit.runtime import ffi_targets, triton_compile, triton_launch
 
 log = logging.getLogger("pallaskit")
 triton_call_p = Primitive("pallaskit_triton_call")
@@ -88,10 +90,20 @@ class _Kernel:
         triton_launch._triton(interpret=False)
         from triton.backends.compiler import GPUTarget
 
-        src = triton_launch.ast_source(self.fn, {**signature, **{c: "constexpr" for c in constexprs}}, constexprs)
-        compiled = triton_launch._compile_uncached(
-            src, GPUTarget("cuda", capability, 32), {"num_warps": self.num_warps, "num_stages": self.num_stages},
-            until="ptx")
+        from pallaskit.config import config
+
+        signature = {**signature, **{c: "constexpr" for c in constexprs}}
+        options = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+
+        def here():
+            src = triton_launch.ast_source(self.fn, signature, constexprs)
+            return triton_launch._compile_uncached(src, GPUTarget("cuda", capability, 32), options, until="ptx")
+
+        # Triton's frontend holds the GIL: a worker process compiles it where it can ([Note: compile workers])
+        module = triton_compile.module_payload(self.fn) if config.triton_compile_processes else None
+        job = dict(name=self.fn.__name__, signature=signature, constexprs=constexprs, options=options,
+                   target=("cuda", capability, 32), until="ptx")
+        compiled = triton_compile.compile_job(module, job, here)
         triton_launch.check_plain_launch(self.name, compiled.metadata)
         return compiled
 
@@ -162,7 +174,26 @@ def _start_compile(kernel: _Kernel, in_dtypes, out_dtypes, scalars, constexprs) 
             return
         kernel.assembling.add(key)
     job = (kernel, tuple(in_dtypes), tuple(out_dtypes), tuple(scalars), tuple(constexprs.items()))
-    future.add_done_callback(lambda f: f.exception() is None and _assembly_pool().submit(_assemble, *job))
+    future.add_done_callback(lambda f: f.exception() is None and _submit_assembly(job))
+
+
+_assemblies: set = set()  # assembly jobs not finished (``wait_assembly``)
+_assemblies_lock = threading.Lock()
+
+
+def _submit_assembly(job) -> None:
+    with _assemblies_lock:
+        done = _assembly_pool().submit(_assemble, *job)
+        _assemblies.add(done)
+    done.add_done_callback(lambda f: _assemblies.discard(f))
+
+
+def wait_assembly(timeout: float | None = None) -> None:
+    """Wait for the early PTX assemblies queued so far (``wait_compiles``:
+    a benchmark's steady state is timed without them holding the GIL)."""
+    with _assemblies_lock:
+        pending = list(_assemblies)
+    concurrent.futures.wait(pending, timeout=timeout)
 
 
 # [Note: assembling PTX early]

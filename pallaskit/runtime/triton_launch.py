@@ -46,15 +46,14 @@ import math
 import os
 import sys
 import threading
-import time
-import types
 from dataclasses import dataclass
-from typing import Any
 
 import jax
 import numpy as np
 
 from pallaskit.runtime import interop
+from pallaskit.runtime.triton_compile import (  # noqa: F401 - compiling is there, jax-free for the workers
+    _ALIGN, PARSE_LOCK, _Compiled, _compile_uncached, _namespace, ast_source)
 
 _TRITON_DTYPES = {  # numpy dtype name -> Triton's pointee / scalar type
     "bool": "i1", "int8": "i8", "int16": "i16", "int32": "i32", "int64": "i64",
@@ -63,7 +62,6 @@ _TRITON_DTYPES = {  # numpy dtype name -> Triton's pointee / scalar type
 }
 _DLPACK_CODES = {"i": 0, "u": 1, "f": 2, "b": 6}  # dlpack.h kDLInt, kDLUInt, kDLFloat, kDLBool
 _KDL_BFLOAT, _KDL_CUDA = 4, 2
-_ALIGN = 16
 # CUDA driver enums (cuda.h)
 _MAX_SHARED_OPTIN = 97  # CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
 _FUNC_MAX_THREADS, _FUNC_STATIC_SHARED, _FUNC_MAX_DYNAMIC_SHARED = 0, 1, 8  # CU_FUNC_ATTRIBUTE_*
@@ -424,15 +422,6 @@ class TritonKernel:
         return self.fn
 
 
-# Kernels compile on several threads (``triton_call._compile_pool``), and Triton
-# parses a kernel's source (``ast.parse``) for its hash and its AST stage. Python
-# before 3.11.8 and 3.12.2 keeps ast.parse's recursion depth in state the threads
-# share (CPython gh-106905): two parses at once raised "SystemError: AST constructor
-# recursion depth mismatch", failing a compile. Both steps are Python under the GIL
-# for the most part: they take turns at no cost.
-PARSE_LOCK = threading.RLock()
-
-
 # [Note: kernel artifacts]
 # A compiled kernel is kept in pallaskit's cache (``<cache_dir>/triton_kernels/``)
 # as one file per kernel and signature, ``<hash>.kernel``: a header line (JSON:
@@ -447,70 +436,6 @@ PARSE_LOCK = threading.RLock()
 _ARTIFACT_FORMAT = 2
 
 
-@dataclass
-class _Compiled:
-    """A compiled kernel: Triton's metadata (``name``, ``shared``, ``num_warps``,
-    scratch sizes, launch flags) and its cubin."""
-    metadata: Any
-    cubin: bytes
-
-
-def _compile_uncached(src, target, options: dict, until: str = "cubin") -> _Compiled:
-    """What ``triton.compile`` does (triton/compiler/compiler.py, Triton 3.6)
-    minus its cache: parse the options, make the IR from the kernel's AST, run
-    the backend's stages (ttir, ttgir, llir, ptx, cubin) filling in the
-    metadata, up to the stage ``until`` (its output is ``cubin``: ``"ptx"``
-    gives the PTX text's bytes). A Triton whose internals differ from these
-    gets ``triton.compile``."""
-    import triton
-    try:
-        from triton._C.libtriton import get_cache_invalidating_env_vars, ir
-        from triton.compiler.compiler import make_backend
-
-        backend = make_backend(target)
-        parsed = backend.parse_options(dict(options, **src.parse_options()))
-        stages: dict = {}
-        backend.add_stages(stages, parsed, src.language)
-        first = list(stages).index(src.ext)  # make_ir gives raw TTIR: the ttir stage runs on it too
-    except (ImportError, AttributeError, TypeError, ValueError) as e:
-        log.debug("pallaskit: compiling through triton.compile (%s: %s)", type(e).__name__, e)
-        with PARSE_LOCK:
-            compiled = triton.compile(src, target=target, options=options)
-        binary = compiled.asm[until]
-        return _Compiled(_namespace(json.loads(json.dumps(compiled.metadata._asdict(), default=vars))),
-                         binary.encode() if isinstance(binary, str) else bytes(binary))
-    t0 = time.perf_counter()
-    with PARSE_LOCK:  # both parse the kernel's source
-        metadata = {"hash": src.hash(), "target": target, **parsed.__dict__, **get_cache_invalidating_env_vars(),
-                    "triton_version": triton.__version__}
-        context = ir.context()
-        ir.load_dialects(context)
-        backend.load_dialects(context)
-        module = src.make_ir(target, parsed, backend.get_codegen_implementation(parsed), backend.get_module_map(),
-                             context)
-    times = [f"ast {time.perf_counter() - t0:.3f}"]
-    t0 = time.perf_counter()
-    for ext, compile_stage in list(stages.items())[first:]:
-        module = compile_stage(module, metadata)
-        times.append(f"{ext} {time.perf_counter() - t0:.3f}")
-        t0 = time.perf_counter()
-        if ext == until:
-            break
-    log.debug("pallaskit: compiled %s (s: %s)", metadata.get("name"), ", ".join(times))
-    return _Compiled(_namespace(json.loads(json.dumps(metadata, default=vars))),
-                     module.encode() if isinstance(module, str) else bytes(module))
-
-
-def ast_source(fn, signature: dict, constexprs: dict):
-    """Triton's ``ASTSource`` of ``fn``: ``signature`` maps every argument to its
-    type (``"*bf16"``, ``"i32"``, ``"constexpr"``); pointers are 16-byte aligned."""
-    from triton.compiler import ASTSource
-
-    attrs = {(i,): [["tt.divisibility", _ALIGN]] for i, entry in enumerate(signature.values())
-             if entry.startswith("*")}
-    return ASTSource(fn, signature, constexprs, attrs)
-
-
 def check_plain_launch(name: str, meta) -> None:
     """Refuse a compiled kernel that needs more than a plain launch: Triton's
     global or profile scratch memory (both launchers pass null pointers),
@@ -520,10 +445,6 @@ def check_plain_launch(name: str, meta) -> None:
     if (getattr(meta, "num_ctas", 1) != 1 or getattr(meta, "launch_cooperative_grid", False)
             or getattr(meta, "launch_pdl", False)):
         raise LaunchError(f"{name}: clusters, cooperative and PDL launches are not supported")
-
-
-def _namespace(metadata: dict):
-    return types.SimpleNamespace(**metadata)
 
 
 def _load_artifact(path: str) -> _Compiled | None:
