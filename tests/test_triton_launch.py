@@ -421,9 +421,10 @@ def test_each_launch_signature_is_assembled_early_once(monkeypatch):
 
     queued = []
 
-    class Pool:
+    class Pool:  # records the jobs; a real pool's submit returns a Future (wait_compiles waits on it)
         def submit(self, fn, *args):
             queued.append((fn, args))
+            return finished()
 
     def finished(result=None, error=None):
         f = concurrent.futures.Future()
@@ -468,8 +469,10 @@ def test_early_assembly_is_keyed_by_scalar_types_not_values(monkeypatch):
     monkeypatch.setattr(jax_lib, "gpu_triton", types.SimpleNamespace(get_compute_capability=lambda device: 90),
                         raising=False)
     monkeypatch.setattr(ffi_targets, "triton_target", lambda: "target")
+    done = concurrent.futures.Future()
+    done.set_result(None)
     monkeypatch.setattr(triton_call, "_assembly_pool",
-                        lambda: types.SimpleNamespace(submit=lambda fn, *args: queued.append(args)))
+                        lambda: types.SimpleNamespace(submit=lambda fn, *args: queued.append(args) or done))
 
     @triton.jit
     def scale(in_ptr, out_ptr, n, BLOCK: tl.constexpr):
