@@ -136,6 +136,14 @@ def assert_close(actual, expected, dtype=None):
         np.testing.assert_allclose(a, e, **tolerance(dtype))
 
 
+def special_values(rng, shape, dtype):
+    """Normal values whose first six are NaN, +inf, -inf, 0, -0 and 1e-30 (as many as fit)."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[:6] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30][: flat.size]
+    return jax.numpy.asarray(x, dtype)
+
+
 def cpu_reference(fn, *args):
     """``jax.jit(fn)`` computed on the CPU. Where several NaNs compete for
     argmax / argmin, XLA:GPU's tree reduction returns the index of any of them

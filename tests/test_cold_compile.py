@@ -18,7 +18,7 @@ import pallaskit
 from lowering import ir, lower, sizes
 from pallaskit.runtime import gc_pause
 
-from conftest import assert_close, run_python_on_cpu
+from conftest import assert_close, run_python_on_cpu, special_values
 
 
 # --------------------------------------------------------------------------- #
@@ -108,13 +108,6 @@ def test_the_passes_and_jax_lowering_run_without_collections(gc_on, monkeypatch)
 # --------------------------------------------------------------------------- #
 # Raw-Triton launches in their own shapes
 # --------------------------------------------------------------------------- #
-def _special(rng, shape, dtype):
-    x = rng.standard_normal(shape).astype(np.float32)
-    flat = x.reshape(-1)
-    flat[:6] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30][: flat.size]
-    return jnp.asarray(x, dtype)
-
-
 def _shapes(x, y, b, n, s):
     """Outputs of rank 0 to 3, size-1 dims, bool / int / bfloat16 / float32."""
     return (jnp.tanh(x) * y,  # (3, 1, 5) float32
@@ -133,9 +126,9 @@ def test_triton_launches_take_and_return_arrays_in_their_shapes(combo, rng):
     from lowering.options import CompileOptions
     from pallaskit.runtime import loader
 
-    args = (_special(rng, (3, 1, 5), jnp.float32), _special(rng, (3, 1, 5), jnp.float32),
+    args = (special_values(rng, (3, 1, 5), jnp.float32), special_values(rng, (3, 1, 5), jnp.float32),
             jnp.asarray(rng.random((3, 1, 5)) > 0.5), jnp.asarray(rng.integers(-50, 50, (7,)), jnp.int32),
-            _special(rng, (2, 17), jnp.bfloat16))
+            special_values(rng, (2, 17), jnp.bfloat16))
     with pallaskit.config.override(kernel_backend="triton", combo_kernels=combo, cache=False):
         ex = pallaskit.explain(_shapes, *args)
         got = pallaskit.jit(_shapes)(*args)

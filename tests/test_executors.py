@@ -14,7 +14,7 @@ import pallaskit
 from lowering import executors
 from lowering.options import CompileOptions
 
-from conftest import DISABLE_PALLAS_TRITON, assert_close
+from conftest import DISABLE_PALLAS_TRITON, assert_close, special_values
 
 triton = pytest.importorskip("triton")
 
@@ -151,13 +151,6 @@ def test_triton_and_pallas_helpers_of_one_name_share_a_program(rng, triton_refus
 # --------------------------------------------------------------------------- #
 # A slice of the kernel tests with kernel_backend='triton'
 # --------------------------------------------------------------------------- #
-def _special(rng, shape, dtype):
-    x = rng.standard_normal(shape).astype(np.float32)
-    flat = x.reshape(-1)
-    flat[:6] = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30][: flat.size]
-    return jnp.asarray(x, dtype)
-
-
 def _rmsnorm_bwd(x, w, dy):
     def rms(x, w):
         xf = x.astype(jnp.float32)
@@ -178,25 +171,26 @@ def _layernorm_bwd(x, w, dy):
 CASES = {
     # name: (fn, args(rng), options, kernel kinds)
     "pointwise_chain": (lambda x, y: (jnp.tanh(x) * y + jnp.exp(-x * x)).astype(x.dtype),
-                        lambda r: (_special(r, (37, 129), jnp.bfloat16), _special(r, (37, 129), jnp.bfloat16)),
+                        lambda r: (special_values(r, (37, 129), jnp.bfloat16),
+                                   special_values(r, (37, 129), jnp.bfloat16)),
                         {}, ["pointwise"]),
     "pointwise_broadcast_rows": (lambda x, s: x * s[None, :] + 1,
-                                 lambda r: (_special(r, (9, 7, 33), jnp.float32),
+                                 lambda r: (special_values(r, (9, 7, 33), jnp.float32),
                                             jnp.asarray(r.standard_normal((7, 33)), jnp.float32)),
                                  {}, ["pointwise"]),
-    "pointwise_transposed": (lambda x: x.T * 2 + 1, lambda r: (_special(r, (65, 130), jnp.float32),), {},
+    "pointwise_transposed": (lambda x: x.T * 2 + 1, lambda r: (special_values(r, (65, 130), jnp.float32),), {},
                              ["pointwise"]),
     "pointwise_ints_bools": (lambda a, b: ((a * 3 - b) // 2, (a > b) & (a != 0)),
                              lambda r: (jnp.asarray(r.integers(-50, 50, (31, 17)), jnp.int32),
                                         jnp.asarray(r.integers(-50, 50, (31, 17)), jnp.int32)), {}, ["pointwise"]),
     "pointwise_predicates": (lambda x: (jnp.where(jnp.isfinite(x), x, 0.0), jnp.sign(x), jnp.isfinite(x)),
-                             lambda r: (_special(r, (5, 33), jnp.float32),), {}, ["pointwise"]),
-    "row_softmax": (_softmax, lambda r: (_special(r, (37, 129), jnp.float32),), {}, ["reduction"]),
+                             lambda r: (special_values(r, (5, 33), jnp.float32),), {}, ["pointwise"]),
+    "row_softmax": (_softmax, lambda r: (special_values(r, (37, 129), jnp.float32),), {}, ["reduction"]),
     # No NaN here: jax.jit's max over long rows on the CPU drops it.
     "row_looped": (lambda x: (jnp.max(x, -1), jnp.sum(x, -1)),
                    lambda r: (jnp.asarray(r.standard_normal((7, 700)), jnp.float32).at[0, 3].set(-jnp.inf),),
                    {"max_persistent_cols": 128}, ["reduction"]),
-    "row_size1": (lambda x: jnp.sum(x, -1, keepdims=True) * x, lambda r: (_special(r, (1, 37), jnp.float32),), {},
+    "row_size1": (lambda x: jnp.sum(x, -1, keepdims=True) * x, lambda r: (special_values(r, (1, 37), jnp.float32),), {},
                   ["reduction"]),
     "column_split": (lambda x: (jnp.sum(x, 0), jnp.max(x, 0)),
                      lambda r: (jnp.asarray(r.standard_normal((3001, 9)), jnp.float32),), {"num_sms": 132},
@@ -242,7 +236,7 @@ def test_dynamic_sizes_inside_xla_take_the_sizes_as_kernel_arguments(rng):
     with pallaskit.config.override(kernel_backend="triton", dynamic_launch="off", automatic_dynamic=False,
                                    cache=False):
         for n in (37, 5, 1):
-            x = _special(rng, (n, 129), jnp.float32)
+            x = special_values(rng, (n, 129), jnp.float32)
             assert_close(f(x), jax.jit(_softmax)(x))
         ex = pallaskit.explain(f, x)
     assert pallaskit.metrics.counters["graphs_compiled"] == 1
@@ -265,9 +259,9 @@ def test_dynamic_rows_and_axes_inside_xla_loop_runtime_counts(num_sms, cols, rng
     with pallaskit.config.override(kernel_backend="triton", num_sms=num_sms, multi_kernel_hints="4096",
                                    dynamic_launch="off", automatic_dynamic=False, cache=False):
         for n in (70, 7, 1):  # 70: row blocks every program has in full, then a masked one
-            x = _special(rng, (n, cols), jnp.float32)
+            x = special_values(rng, (n, cols), jnp.float32)
             dy = jnp.asarray(rng.standard_normal((n, cols)), jnp.float32)
-            z = _special(rng, (3, n), jnp.float32).at[0, 0].set(1.0)  # no NaN: XLA:CPU's max drops it
+            z = special_values(rng, (3, n), jnp.float32).at[0, 0].set(1.0)  # no NaN: XLA:CPU's max drops it
             got, want = f(x, w, dy, z), jax.jit(fn)(x, w, dy, z)
             assert_close(got[0], want[0])
             for a, e in zip(got[1:], want[1:]):  # sums of n rows in another order

@@ -185,7 +185,7 @@ def _submit_assembly(job) -> None:
     with _assemblies_lock:
         done = _assembly_pool().submit(_assemble, *job)
         _assemblies.add(done)
-    done.add_done_callback(lambda f: _assemblies.discard(f))
+    done.add_done_callback(_assemblies.discard)
 
 
 def wait_assembly(timeout: float | None = None) -> None:
