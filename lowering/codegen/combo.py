@@ -105,18 +105,20 @@ def _bodies(part: Part) -> dict:
 
 
 def write_parts(w: SourceWriter, emitter_cls, kernel, parts: list[Part], schedule, options, ins, outs,
-                part_function) -> tuple[set, list]:
+                part_function, runtime_extents: bool = False) -> tuple[set, list]:
     """Each part as a function (both dialects): its body is what the part's
     kernel would run alone after ``pid``; ``part_function(w, name, params,
     part, em)`` writes the dialect's signature and constants. Parts of the same
-    code share one function ([Note: combo compile time]). Returns (helpers,
-    [(function name, refs in its parameters' order)])."""
+    code share one function ([Note: combo compile time]); ``runtime_extents``:
+    a pointwise part's extents are parameters, so that members differing only
+    in size share it too. Returns (helpers, [(function name, refs in its
+    parameters' order)])."""
     helpers, calls, shared = set(), [], {}
     for i, part in enumerate(parts):
         em = _part_emitter(emitter_cls, part, schedule, options, ins, outs)
         k = part.kernel
         if k.kind == "pointwise":
-            write_pointwise(em, k, _bodies(part), part.config)
+            write_pointwise(em, k, _bodies(part), part.config, runtime_extents)
         else:
             render_rows(em, k, _bodies(part), part.config)
         helpers |= em.helpers
@@ -199,12 +201,35 @@ def render_pallas(kernel, schedule: Schedule, options: CompileOptions):
 # --------------------------------------------------------------------------- #
 def _triton_part_function(w, fn, refs, part, em) -> None:
     w.line("@triton.jit(noinline=True)")
-    w.line(f"def {fn}(pid, {', '.join(refs)}, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):")
+    if _runtime_extents(part):
+        w.line(f"def {fn}(pid, {', '.join(refs)}, ROWS, COLS, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):")
+    else:
+        w.line(f"def {fn}(pid, {', '.join(refs)}, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):")
     with w.indent():
-        w.line(f"ROWS = {int(part.kernel.rows)}")
-        w.line(f"COLS = {int(part.kernel.cols)}")
+        if _runtime_extents(part):
+            w.line(f"# [Note: combo part extents]: COLS a multiple of {math.gcd(int(part.kernel.cols), _VECTOR)}")
+        else:
+            w.line(f"ROWS = {int(part.kernel.rows)}")
+            w.line(f"COLS = {int(part.kernel.cols)}")
         if em.index_dtype != "tl.int32":
             w.line(f"pid = pid.to({em.index_dtype})")
+
+
+# [Note: combo part extents]
+# Members of one code but different sizes (an optimizer's update of arrays of
+# many shapes) share one Triton part function: its ROWS and COLS are runtime
+# arguments, not constants (Triton specializes a called function on constant
+# arguments), so Triton's frontend and backend compile the body once per code,
+# not once per size. Triton's axis analysis takes an argument's divisibility
+# from every call site, so one member of odd width would cost every member of
+# the function its vector accesses: members share only within one class of
+# gcd(COLS, 16), which the body's first line names (the class is part of the
+# code compared).
+_VECTOR = 16
+
+
+def _runtime_extents(part: Part) -> bool:
+    return part.kernel.kind == "pointwise"
 
 
 def render_triton(kernel, schedule: Schedule, options: CompileOptions):
@@ -219,7 +244,7 @@ def render_triton(kernel, schedule: Schedule, options: CompileOptions):
                                          for m in k.members):
             raise triton.TritonUnsupported(f"{k.name}: a reduction the Triton renderer does not write")
     helpers, calls = write_parts(w, triton.TritonEmitter, kernel, parts, schedule, options, ins, outs,
-                                 _triton_part_function)
+                                 _triton_part_function, runtime_extents=True)
     _header(w, kernel, parts, cfg)
     members = [(part.start, part.start + part.programs, _member_call(part, fn, refs), list(dict.fromkeys(refs)))
                for part, (fn, refs) in zip(parts, calls)]
@@ -251,6 +276,10 @@ def render_triton(kernel, schedule: Schedule, options: CompileOptions):
 def _member_call(part: Part, fn: str, refs: list[str]) -> str:
     shifted = "pid" if part.start == 0 else f"pid - {part.start}"
     blocks = f"{part.config.block_rows}, {part.config.block_cols}"
+    if _runtime_extents(part):  # tensors, not constants: constants would specialize the function
+        rows, cols = int(part.kernel.rows), int(part.kernel.cols)
+        dtype = "tl.int32" if max(rows, cols) < 2 ** 31 else "tl.int64"
+        blocks = f"tl.full((), {rows}, {dtype}), tl.full((), {cols}, {dtype}), {blocks}"
     return f"{fn}({shifted}, {', '.join(refs)}, {blocks})  # {part.kernel.name}"
 
 

@@ -562,11 +562,16 @@ def cdiv_source(n, block: int, name: str, block_name: str) -> str:
     return f"({name} + {block_name} - 1) // {block_name}"
 
 
-def write_pointwise(em, kernel: Kernel, bodies, cfg) -> None:
+def write_pointwise(em, kernel: Kernel, bodies, cfg, runtime_extents: bool = False) -> None:
     """A pointwise kernel's body after ``pid``: its tile of rows x columns, every
-    member's value, the stores (both renderers, ``em``'s dialect)."""
+    member's value, the stores (both renderers, ``em``'s dialect).
+    ``runtime_extents``: ``ROWS`` / ``COLS`` are values known only at run time
+    (a shared combo part's parameters), never written into the body."""
     w = em.w
-    w.line(f"col_blocks = {cdiv_source(kernel.cols, cfg.block_cols, 'COLS', 'BLOCK_C')}")
+    if runtime_extents:
+        w.line("col_blocks = (COLS + BLOCK_C - 1) // BLOCK_C")
+    else:
+        w.line(f"col_blocks = {cdiv_source(kernel.cols, cfg.block_cols, 'COLS', 'BLOCK_C')}")
     w.line(f"xr = (pid // col_blocks) * BLOCK_R + {em.iota_text(0, 'BLOCK_R')}")
     w.line(f"xc = (pid % col_blocks) * BLOCK_C + {em.iota_text(1, 'BLOCK_C')}")
     w.line("rmask = xr < ROWS")
