@@ -107,20 +107,25 @@ def _namespace(metadata: dict):
 # kernel's; the stages after it (MLIR and LLVM passes, PTX) release it. On
 # compile threads the frontends of a program's kernels take turns with one
 # another and with JAX lowering the program on the main thread. So each
-# compile thread of raw Triton kernels inside XLA (``triton_call._Kernel``)
-# hands its compiles to a worker process of its own (``compile_job``), started
-# on the thread's first compile: a fresh Python (never a fork of a process that
-# may hold CUDA) that imports only triton and this file, and compiles for the
-# GPU target it is given, so it needs no GPU. While it starts, one thread at a
-# time compiles a kernel of few parameters on its own rather than wait (a
-# small program does not wait for a worker). A job carries what the worker needs to rebuild the
+# compile thread (``triton_call._compile_pool``: raw Triton kernels inside XLA,
+# ``triton_call._Kernel``, to PTX; an eager program's kernels,
+# ``triton_launch.TritonKernel``, to cubin) hands its compiles to a worker
+# process of its own (``compile_job``): a fresh Python (never a fork of a
+# process that may hold CUDA) that imports only triton and this file, and
+# compiles for the GPU target it is given, so it needs no GPU. A worker takes
+# a few tenths of a second to start, so two start as a GPU compile begins
+# (``prestart``, from the orchestrator), beside the passes: the first compile
+# threads take these spares, and a thread without one starts its own on its
+# first compile. While a thread's worker starts, one thread at a time compiles
+# a kernel of few parameters on its own rather than wait (a small program does
+# not wait for a worker). A job carries what the worker needs to rebuild the
 # kernel's module (``module_payload``: each top-level ``@triton.jit``
 # function's source and first line, the module and file names, the triton
 # modules and constants it names; sent once per worker and module); the worker
 # defines the kernel's functions at their own lines of the same file name
-# under the same module name, so the PTX it sends back with Triton's metadata
-# is the bytes a compile in this process gives (line info and noinline
-# functions' mangled names included), which the test checks. Anything amiss in
+# under the same module name, so the PTX or cubin it sends back with Triton's
+# metadata is the bytes a compile in this process gives (line info and noinline
+# functions' mangled names included), which the tests check. Anything amiss in
 # a worker (a module it cannot rebuild, a compile error, a crash) sends the
 # job back to a compile on the thread, which raises what it raises there; a
 # worker that died is replaced on the next job. A worker exits when its pipe

@@ -8,7 +8,8 @@ executable (trace, lowering, XLA compile) that
 
 - *compile*: Triton's compile stages for the kernel's AST and the GPU that
   JAX sees (``_compile_uncached``: ``triton.compile`` without Triton's cache,
-  [Note: kernel artifacts]), once per argument signature (dtypes, int widths,
+  [Note: kernel artifacts]; in a compile worker process where it can,
+  ``_compile_cubin``), once per argument signature (dtypes, int widths,
   constexprs); sizes are plain ints and never specialized, pointers are
   specialized as 16-byte aligned (checked at launch; without it the matmul is
   not pipelined).
