@@ -439,8 +439,11 @@ def _start_compile_workers(options) -> None:
     """On a GPU, Triton's compile workers started as the compiler begins
     (``triton_compile.prestart``): they start beside the passes, not after
     them, when the program's kernels (inside XLA or eager) compile. Only two:
-    more start with the compile threads that need them."""
+    more start with the compile threads that need them. None where no raw
+    Triton kernel compiles (Pallas kernels, no eager launches)."""
     if options.interpret or not options.triton_available or not config.triton_compile_processes:
+        return
+    if options.kernel_backend == "pallas" and not eager_wanted(options):
         return
     from pallaskit.runtime import triton_compile
 

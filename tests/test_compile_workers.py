@@ -269,6 +269,11 @@ _EAGER_SCRIPT = textwrap.dedent('''
     pallaskit.config.update(triton_compile_processes=True)
     orchestrator._start_compile_workers(CompileOptions(interpret=True, triton_available=True))
     assert not triton_compile._workers, "a worker started in interpret mode"
+    pallaskit.config.update(dynamic_launch="off")
+    orchestrator._start_compile_workers(CompileOptions(interpret=False, triton_available=True,
+                                                       kernel_backend="pallas"))
+    assert not triton_compile._workers, "a worker started with no raw Triton kernel to compile"
+    pallaskit.config.update(dynamic_launch="auto")
     orchestrator._start_compile_workers(gpu)  # as a GPU compile begins: before the kernels
     triton_compile.prestart(2)
     spares = list(triton_compile._spares)
