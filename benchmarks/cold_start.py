@@ -16,7 +16,10 @@ imported before the clock, so that ``pallaskit`` minus it is the compiler's
 import time; ``cpu`` is the process's CPU seconds over the same calls (all
 threads; a loaded machine inflates wall seconds, not these); ``pallaskit dynamic=`` (sweep only: the row axis given);
 ``pallaskit speculate``: default options plus ``automatic_dynamic_speculate``
-([Note: dynamic speculation] in pallaskit/dynamic.py). ``background``: the
+([Note: dynamic speculation] in pallaskit/dynamic.py); ``... eager-threads``:
+the same with eager kernels compiled on the compile threads themselves, not in
+their compile workers ([Note: compile workers] in
+pallaskit/runtime/triton_compile.py; kernels inside XLA still in workers). ``background``: the
 wait, after the last call, for background work still running (a speculative
 compile that the small function never uses: its cost), and the CPU seconds
 with it (ptxas subprocesses not counted).
@@ -31,7 +34,9 @@ compile, on threads: inside XLA and eager), ``xla`` (``executable.aot_compile``:
 JAX's lowering, waiting for Triton, XLA's compile), ``symbolic`` (automatic
 dynamic's whole symbolic compile: trace, passes, eager program), ``eager_call``
 (the eager program's calls: its first waits for its kernels' compiles),
-``triton_import`` (triton's import on a thread, ``triton_launch.warm_up``). The
+``triton_import`` (triton's import on a thread, ``triton_launch.warm_up``),
+``eager_started`` (eager kernel compiles started in the call, finished or not:
+a speculative compile's during size 1). The
 sweep's first two sizes also print their own phases. Python bytecode is written
 to a fresh ``PYTHONPYCACHEPREFIX`` by untimed smoke runs first (as an installed
 package has it), unless ``--no-bytecode``.
@@ -53,7 +58,8 @@ import threading
 import time
 
 RESULT = "RESULT "
-ROWS = ("jax.jit", "pallaskit", "pallaskit+pre", "pallaskit dynamic=", "pallaskit speculate")
+ROWS = ("jax.jit", "pallaskit", "pallaskit+pre", "pallaskit dynamic=", "pallaskit speculate",
+        "pallaskit eager-threads", "pallaskit speculate eager-threads")
 SMOKE_ROWS, SMOKE_DIMS = (5, 17, 33, 64, 100), (32, 64, 32)
 
 
@@ -71,6 +77,9 @@ def _phases():
 
         def timed(*a, **k):
             t = time.perf_counter()
+            if key == "eager_started":
+                with lock:
+                    totals[key] = totals.get(key, 0) + 1
             try:
                 return inner(*a, **k)
             finally:
@@ -91,7 +100,7 @@ def _phases():
         from pallaskit.runtime import eager, triton_call, triton_launch
 
         wrap(triton_call._Kernel, "_compile", "", per_kernel=True)
-        wrap(triton_launch.TritonKernel, "_compile", "", per_kernel=True)
+        wrap(triton_launch.TritonKernel, "_compile", "eager_started", per_kernel=True)
         wrap(eager.EagerProgram, "__call__", "eager_call")
         wrap(triton_launch, "_warm_up", "triton_import")
     except ImportError:  # no triton: no raw-Triton kernels to time
@@ -146,6 +155,13 @@ def child(spec: dict) -> dict:
             if not pallaskit.orchestrator.compile_options().interpret:
                 import triton.compiler.compiler  # noqa: F401
         summary = _phases()
+        if row.endswith("eager-threads"):  # eager kernels on the compile threads, as before the workers took them
+            from pallaskit.runtime import triton_launch
+
+            def on_thread(fn, signature, constexprs, options, target):
+                return triton_launch._compile_uncached(triton_launch.ast_source(fn, signature, constexprs), target,
+                                                       options)
+            triton_launch._compile_cubin = on_thread
         f = pallaskit.jit(fn, dynamic={"x": {0: "m"}}) if row == "pallaskit dynamic=" else pallaskit.jit(fn)
     per = []
     outs = []
@@ -193,7 +209,7 @@ def spawn(case: str, row: str, smoke: bool, pycache: str | None, timeout: float)
         env.pop("PYTHONDONTWRITEBYTECODE", None)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    if row == "pallaskit speculate":
+    if row.startswith("pallaskit speculate"):
         env["PALLASKIT_AUTOMATIC_DYNAMIC_SPECULATE"] = "1"
     spec = {"case": case, "row": row, "smoke": smoke}
     try:

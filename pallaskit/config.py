@@ -279,11 +279,12 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "programs under 5 kernels as separate launches): one graph launch per call, less host time "
            "([Note: command buffers] in pallaskit/cache). XLA_FLAGS that turn command buffers off still do.",
            _parse_bool, _check_bool, "true, false"),
-    Option("triton_compile_processes", True, "On a GPU, compile raw Triton kernels (to PTX) in worker "
-           "processes, one per compile thread, started on a program's first kernels: Triton's Python frontend "
-           "holds the GIL, so on threads the kernels' frontends take turns with each other and with JAX lowering "
-           "the program ([Note: compile workers] in pallaskit/runtime/triton_compile.py). Off: on the compile "
-           "threads.", _parse_bool, _check_bool, "true, false"),
+    Option("triton_compile_processes", True, "On a GPU, compile raw Triton kernels (to PTX inside XLA, to cubin "
+           "for eager launches) in worker processes, one per compile thread, two started as a GPU compile begins "
+           "and more with the threads that need them: Triton's Python frontend holds the GIL, so on threads the "
+           "kernels' frontends take turns with each other and with JAX lowering the program ([Note: compile "
+           "workers] in pallaskit/runtime/triton_compile.py). Off: on the compile threads.", _parse_bool,
+           _check_bool, "true, false"),
     Option("shard_kernels", "auto", "Sharded calls: 'per_shard' compiles the program at each shard's shapes and "
            "runs it under jax.shard_map, collectives where a reduction or a matmul crosses shards ([Note: "
            "per-shard kernels] in pallaskit/per_shard.py); 'spmd' compiles it at global shapes and leaves it to "

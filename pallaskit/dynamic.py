@@ -54,9 +54,11 @@ log = logging.getLogger("pallaskit")
 # ``entry`` takes the result (waiting for it if unfinished) instead of
 # compiling. Another second size compiles as usual; a guess that cannot
 # compile is dropped silently. The cost is a compile that a function that
-# never changes size does not need, off the calling thread but not off the GIL
-# once XLA is done: programs of more than ``SPECULATE_MAX_EQUATIONS``
-# equations are not guessed for.
+# never changes size does not need, off the calling thread: its eager kernels'
+# Triton compiles (``EagerProgram.precompile``, on the compile threads, in
+# their compile workers: [Note: compile workers] in runtime/triton_compile.py)
+# off the GIL too, its trace and passes not, once XLA is done: programs of
+# more than ``SPECULATE_MAX_EQUATIONS`` equations are not guessed for.
 
 
 def entry(jf, leaves, avals, treedef, static_pos, static_kw, n_args) -> Compiled | None:

@@ -164,6 +164,7 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
     title = jf._title()
 
     def build(options=options, jaxpr=None):  # jaxpr: a per-shard plan's local one ([Note: per-shard kernels])
+        _start_compile_workers(options)
         with gc_pause.paused():  # [Note: no collections while compiling]
             result = lowering.compile_jaxpr(jaxpr or closed, options, title)
         call = loader.load_lazily(result.program)
@@ -432,6 +433,21 @@ def _warm_up_for_eager(options):
     from pallaskit.runtime import triton_launch
 
     return triton_launch.warm_up
+
+
+def _start_compile_workers(options) -> None:
+    """On a GPU, Triton's compile workers started as the compiler begins
+    (``triton_compile.prestart``): they start beside the passes, not after
+    them, when the program's kernels (inside XLA or eager) compile. Only two:
+    more start with the compile threads that need them. None where no raw
+    Triton kernel compiles (Pallas kernels, no eager launches)."""
+    if options.interpret or not options.triton_available or not config.triton_compile_processes:
+        return
+    if options.kernel_backend == "pallas" and not eager_wanted(options):
+        return
+    from pallaskit.runtime import triton_compile
+
+    triton_compile.prestart(min(2, os.cpu_count() or 1))
 
 
 def eager_wanted(options) -> bool:

@@ -1,9 +1,11 @@
-"""Raw Triton kernels inside XLA compiled to PTX in worker processes
-([Note: compile workers] in pallaskit/runtime/triton_compile.py), on the CPU:
-the same PTX as a compile on the thread, a failing kernel raises what it
-raises on the thread, a module whose constant changed is sent again, a
-killed worker is replaced, idle workers are closed, the workers end with the
-process and none start with the option off."""
+"""Raw Triton kernels compiled in worker processes ([Note: compile workers]
+in pallaskit/runtime/triton_compile.py), on the CPU. Inside XLA, to PTX: the
+same PTX as a compile on the thread, a failing kernel raises what it raises
+on the thread, a module whose constant changed is sent again, a killed
+worker is replaced, idle workers are closed, the workers end with the
+process and none start with the option off. An eager program's kernels, to
+cubin (ptxas from Triton's wheel): in two workers started before the
+compile, at once, to the thread's cubins, falling back to the thread."""
 import os
 import textwrap
 
@@ -173,3 +175,151 @@ def test_compile_workers_match_threads_and_end():
         time.sleep(0.1)
         deadline -= 1
     assert not any(_running(p) for p in pids), "a worker outlived its process"
+
+
+_EAGER_SCRIPT = textwrap.dedent('''
+    import os, signal, tempfile, threading, time
+    import jax, jax.numpy as jnp
+    from lowering.options import CompileOptions
+    import pallaskit
+    from pallaskit import cache, orchestrator
+    from pallaskit.runtime import eager, triton_compile, triton_launch
+
+    SOURCE = """
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def scale_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 3, mask=offs < n)
+
+    @triton.jit
+    def gelu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + offs, mask=offs < n).to(tl.float32)
+        y = 0.5 * x * (1 + tl.erf(x * 0.7071067811865476))
+        tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=offs < n)
+
+    @triton.jit
+    def broken_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(out_ptr + offs, tl.no_such_op(tl.load(x_ptr + offs)))
+
+    def launch(run, kernels, x):
+        n = x.shape[0]
+        a = run.empty((n,), x.dtype)
+        run(kernels["scale"], (triton.cdiv(n, 256),), x, a, n, BLOCK=256)
+        b = run.empty((n,), x.dtype)
+        run(kernels["gelu"], (triton.cdiv(n, 128),), a, b, n, BLOCK=128)
+        if "broken" in kernels:
+            run(kernels["broken"], (1,), b, a, n, BLOCK=128)
+        return run.finish(a, b)
+    """
+
+    class Device:
+        compute_capability = "9.0"
+
+    class Cuda:  # what TritonKernel._compile asks of the GPU: compiled for an H100, loaded nowhere
+        device = Device()
+        def attribute(self, which): return 232448
+        def load(self, name, cubin, shared): return 1, 1024
+
+    triton_launch._cuda_for = lambda device: Cuda()
+    cache.enabled = lambda: False  # every program compiles (the artifacts: at the end)
+    configs = [("scale", 4, 2), ("gelu", 2, 3)]
+    x = jax.ShapeDtypeStruct((1000,), jnp.bfloat16)  # avals, as a speculative compile has them
+
+    here, compiled = [], {}
+    real_uncached, real_cubin = triton_launch._compile_uncached, triton_launch._compile_cubin
+    def counting(src, *a, **k):  # compiles on the thread
+        here.append(src.fn.__name__)
+        return real_uncached(src, *a, **k)
+    def keeping(fn, *a, **k):
+        compiled[fn.__name__] = c = real_cubin(fn, *a, **k)
+        return c
+    triton_launch._compile_uncached, triton_launch._compile_cubin = counting, keeping
+
+    def compile_all(configs=configs):
+        compiled.clear()
+        eager.EagerProgram(SOURCE, configs, False, ()).precompile([x])
+        return {n: (c.cubin, vars(c.metadata)) for n, c in compiled.items()}
+
+    def error():
+        try:
+            compile_all(configs + [("broken", 4, 2)])
+        except triton_launch.LaunchError as e:
+            return str(e)
+        raise AssertionError("the broken kernel compiled")
+
+    pallaskit.config.update(triton_compile_processes=False)
+    try:
+        threads = compile_all()
+    except Exception as e:  # a Triton wheel that cannot compile for the GPU here
+        print("SKIP", type(e).__name__, e)
+        raise SystemExit(0)
+    assert sorted(threads) == ["gelu_kernel", "scale_kernel"] and sorted(here) == sorted(threads), here
+    assert all(cubin[:4] == b"\\x7fELF" for cubin, _ in threads.values())  # ptxas ran: cubins
+    threads_error = error()
+    assert threads_error.startswith("broken_kernel: Triton compile failed"), threads_error
+    gpu = CompileOptions(interpret=False, triton_available=True)
+    orchestrator._start_compile_workers(gpu)
+    assert not triton_compile._workers, "a worker started with the option off"
+
+    pallaskit.config.update(triton_compile_processes=True)
+    orchestrator._start_compile_workers(CompileOptions(interpret=True, triton_available=True))
+    assert not triton_compile._workers, "a worker started in interpret mode"
+    pallaskit.config.update(dynamic_launch="off")
+    orchestrator._start_compile_workers(CompileOptions(interpret=False, triton_available=True,
+                                                       kernel_backend="pallas"))
+    assert not triton_compile._workers, "a worker started with no raw Triton kernel to compile"
+    pallaskit.config.update(dynamic_launch="auto")
+    orchestrator._start_compile_workers(gpu)  # as a GPU compile begins: before the kernels
+    triton_compile.prestart(2)
+    spares = list(triton_compile._spares)
+    assert len(spares) == 2 and all(w.ready(120) for w in spares)
+
+    jobs, together = [], threading.Barrier(2, timeout=120)
+    real_job = triton_compile.Worker.compile
+    def job(self, *a):
+        together.wait()  # both kernels in a worker at once, or this times out
+        jobs.append(self.proc.pid)
+        return real_job(self, *a)
+    triton_compile.Worker.compile = job
+    here.clear()
+    workers = compile_all()
+    triton_compile.Worker.compile = real_job
+    assert here == [], here  # nothing compiled on a thread: the workers had started
+    assert sorted(jobs) == sorted(w.proc.pid for w in spares), (jobs, spares)  # one kernel each
+    assert not triton_compile._spares and len(triton_compile._workers) == 2
+    assert workers == threads  # the same cubins and metadata
+
+    assert error() == threads_error  # the worker failed, the thread raised
+    assert here == ["broken_kernel"], here
+
+    pids = [w.proc.pid for w in triton_compile._workers]
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(0.2)
+    assert compile_all() == threads  # the dead workers' jobs on the thread, or new workers
+    here.clear()
+    assert compile_all() == threads
+    alive = [w for w in triton_compile._workers if w.alive]
+    assert alive and not {w.proc.pid for w in alive} & set(pids), "no new worker"
+
+    folder = tempfile.mkdtemp()  # kernels kept, then read back
+    cache.cache_dir, cache.enabled = (lambda: folder), (lambda: True)
+    assert compile_all() == threads
+    here.clear()
+    triton_compile.Worker.compile = lambda *a: jobs.append("again")
+    assert compile_all() == {} and here == [] and jobs[-1] != "again", (here, jobs)  # from the artifacts
+    print("ok")
+''')
+
+
+@pytest.mark.skipif(os.name != "posix", reason="compile workers need POSIX pipes")
+def test_eager_kernels_compile_in_workers_started_before():
+    done = run_python_on_cpu(_EAGER_SCRIPT, timeout=300)
+    if "SKIP" in done.stdout:
+        pytest.skip(done.stdout.split("SKIP", 1)[1].strip()[:200])
+    assert done.returncode == 0 and "ok" in done.stdout, done.stdout[-2000:] + done.stderr[-4000:]

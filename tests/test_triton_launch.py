@@ -265,8 +265,12 @@ def test_an_eager_programs_kernels_compile_at_once_on_the_compile_threads(tmp_pa
         import jax.numpy as jnp
         import triton
         from triton.backends.compiler import GPUTarget
+        import pallaskit
         from pallaskit import cache
         from pallaskit.runtime import eager, triton_call, triton_launch
+
+        # on the threads themselves (in their compile workers: tests/test_compile_workers.py)
+        pallaskit.config.update(triton_compile_processes=False)
 
         SOURCE = """
         import triton

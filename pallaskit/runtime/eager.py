@@ -107,10 +107,11 @@ class EagerProgram:
 def compile_kernels(keys: list, cuda) -> None:
     """Each (TritonKernel, signature) of ``keys`` compiled (or read from the
     kernel artifacts) and loaded on ``cuda``, all at once on the compile
-    threads raw Triton kernels inside XLA use (``triton_call._compile_pool``):
-    the wall time is about the slowest kernel's. Every compile finishes before
-    this returns; the first failure, in ``keys``' order, is raised naming its
-    kernel."""
+    threads raw Triton kernels inside XLA use (``triton_call._compile_pool``),
+    each through its compile worker ([Note: compile workers] in
+    runtime/triton_compile.py): the wall time is about the slowest kernel's.
+    Every compile finishes before this returns; the first failure, in
+    ``keys``' order, is raised naming its kernel."""
     from pallaskit.runtime import triton_call
     from pallaskit.runtime.triton_launch import LaunchError
 

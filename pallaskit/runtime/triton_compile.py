@@ -107,20 +107,25 @@ def _namespace(metadata: dict):
 # kernel's; the stages after it (MLIR and LLVM passes, PTX) release it. On
 # compile threads the frontends of a program's kernels take turns with one
 # another and with JAX lowering the program on the main thread. So each
-# compile thread of raw Triton kernels inside XLA (``triton_call._Kernel``)
-# hands its compiles to a worker process of its own (``compile_job``), started
-# on the thread's first compile: a fresh Python (never a fork of a process that
-# may hold CUDA) that imports only triton and this file, and compiles for the
-# GPU target it is given, so it needs no GPU. While it starts, one thread at a
-# time compiles a kernel of few parameters on its own rather than wait (a
-# small program does not wait for a worker). A job carries what the worker needs to rebuild the
+# compile thread (``triton_call._compile_pool``: raw Triton kernels inside XLA,
+# ``triton_call._Kernel``, to PTX; an eager program's kernels,
+# ``triton_launch.TritonKernel``, to cubin) hands its compiles to a worker
+# process of its own (``compile_job``): a fresh Python (never a fork of a
+# process that may hold CUDA) that imports only triton and this file, and
+# compiles for the GPU target it is given, so it needs no GPU. A worker takes
+# a few tenths of a second to start, so two start as a GPU compile begins
+# (``prestart``, from the orchestrator), beside the passes: the first compile
+# threads take these spares, and a thread without one starts its own on its
+# first compile. While a thread's worker starts, one thread at a time compiles
+# a kernel of few parameters on its own rather than wait (a small program does
+# not wait for a worker). A job carries what the worker needs to rebuild the
 # kernel's module (``module_payload``: each top-level ``@triton.jit``
 # function's source and first line, the module and file names, the triton
 # modules and constants it names; sent once per worker and module); the worker
 # defines the kernel's functions at their own lines of the same file name
-# under the same module name, so the PTX it sends back with Triton's metadata
-# is the bytes a compile in this process gives (line info and noinline
-# functions' mangled names included), which the test checks. Anything amiss in
+# under the same module name, so the PTX or cubin it sends back with Triton's
+# metadata is the bytes a compile in this process gives (line info and noinline
+# functions' mangled names included), which the tests check. Anything amiss in
 # a worker (a module it cannot rebuild, a compile error, a crash) sends the
 # job back to a compile on the thread, which raises what it raises there; a
 # worker that died is replaced on the next job. A worker exits when its pipe
@@ -179,12 +184,16 @@ class Worker:
     in the background: ``ready`` says when it answers."""
 
     def __init__(self):
-        import triton
+        import importlib.util
 
         env = dict(os.environ)
         env.pop("TRITON_INTERPRET", None)  # the worker compiles for the GPU
-        # the worker imports the triton this process has, wherever that was found
-        env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(triton.__file__))]
+        # the worker imports the triton this process has (or would import: found, not imported, as
+        # a worker may start before this process imports triton), wherever that was found
+        found = importlib.util.find_spec("triton")
+        if found is None or not found.origin:
+            raise ImportError("no triton package")
+        env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(found.origin))]
                                             + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         # -P: the current folder is not put on the worker's path (a stray triton/ there)
         self.proc = subprocess.Popen([sys.executable, "-P", "-c", _BOOT, os.path.abspath(__file__)],
@@ -271,6 +280,7 @@ class Worker:
 
 _threads = threading.local()  # each compile thread's Worker
 _workers: list[Worker] = []
+_spares: list[Worker] = []  # started by ``prestart``, no thread's yet
 _workers_lock = threading.Lock()
 _boot_failures = 0
 # While a thread's worker starts (a fifth of a second), one thread at a time
@@ -306,13 +316,57 @@ def compile_job(module: tuple[tuple, bytes] | None, job: dict, here):
 
 
 def _thread_worker() -> Worker | None:
-    """The calling thread's compile worker, started on its first call (and
-    again if it died); None where workers cannot run (no POSIX pipes, or they
-    failed to start)."""
-    global _reaper
+    """The calling thread's compile worker: a spare one ``prestart`` started
+    (a ready one first), else one started now (and again if it died); None
+    where workers cannot run (no POSIX pipes, or they failed to start)."""
     worker = getattr(_threads, "worker", None)
     if worker is not None and worker.owner == os.getpid() and worker.alive:
         return worker
+    worker = _take_spare() or _start_worker()
+    _threads.worker = worker
+    return worker
+
+
+def _take_spare() -> Worker | None:
+    """A spare worker, one that has started if any has, now the caller's alone."""
+    while True:
+        with _workers_lock:
+            spares = [w for w in _spares if w.alive]
+        if not spares:
+            return None
+        pick = spares[0]
+        for worker in spares:
+            try:
+                if worker.ready(0):
+                    pick = worker
+                    break
+            except WorkerError:  # it failed to start, and is closed
+                _count_failure(worker)
+        with _workers_lock:
+            if pick in _spares:  # not taken by another thread meanwhile
+                _spares.remove(pick)
+                if pick.alive:
+                    return pick
+
+
+def prestart(n: int) -> None:
+    """Start compile workers until this process has ``n`` (spares, taken by
+    compile threads that have none), so that a program's first compiles
+    find them started: called as a GPU compile begins, before its passes."""
+    with _workers_lock:
+        missing = n - sum(1 for w in _workers if w.owner == os.getpid() and w.alive)
+    for _ in range(missing):
+        worker = _start_worker()
+        if worker is None:
+            return
+        with _workers_lock:
+            _spares.append(worker)
+
+
+def _start_worker() -> Worker | None:
+    """A new worker, closed at exit and when idle (the reaper); None where
+    workers cannot run."""
+    global _reaper
     if os.name != "posix" or _boot_failures >= _MAX_BOOT_FAILURES:
         return None
     try:
@@ -331,7 +385,6 @@ def _thread_worker() -> Worker | None:
         if _reaper is None:
             _reaper = threading.Thread(target=_reap, name="pallaskit-triton-worker-reaper", daemon=True)
             _reaper.start()
-    _threads.worker = worker
     return worker
 
 
@@ -355,12 +408,13 @@ def _reap() -> None:
                     worker.lock.release()
         with _workers_lock:
             _workers[:] = [w for w in _workers if w.alive]
+            _spares[:] = [w for w in _spares if w.alive]
 
 
 def _after_fork() -> None:
     """A forked child starts its own workers, with locks no parent thread holds."""
-    global _threads, _workers, _workers_lock, _local_while_starting, _payloads_lock, _reaper
-    _threads, _workers, _workers_lock, _reaper = threading.local(), [], threading.Lock(), None
+    global _threads, _workers, _spares, _workers_lock, _local_while_starting, _payloads_lock, _reaper
+    _threads, _workers, _spares, _workers_lock, _reaper = threading.local(), [], [], threading.Lock(), None
     _local_while_starting, _payloads_lock = threading.Lock(), threading.Lock()
 
 
@@ -379,7 +433,7 @@ def _count_failure(worker: Worker | None) -> None:
 def _shutdown_all() -> None:
     """Close every worker of this process (at exit)."""
     with _workers_lock:
-        workers, _workers[:] = list(_workers), []
+        workers, _workers[:], _spares[:] = list(_workers), [], []
     for worker in workers:
         worker.close()
 

@@ -8,7 +8,8 @@ executable (trace, lowering, XLA compile) that
 
 - *compile*: Triton's compile stages for the kernel's AST and the GPU that
   JAX sees (``_compile_uncached``: ``triton.compile`` without Triton's cache,
-  [Note: kernel artifacts]), once per argument signature (dtypes, int widths,
+  [Note: kernel artifacts]; in a compile worker process where it can,
+  ``_compile_cubin``), once per argument signature (dtypes, int widths,
   constexprs); sizes are plain ints and never specialized, pointers are
   specialized as 16-byte aligned (checked at launch; without it the matmul is
   not pipelined).
@@ -51,7 +52,7 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
-from pallaskit.runtime import interop
+from pallaskit.runtime import interop, triton_compile
 from pallaskit.runtime.triton_compile import (  # noqa: F401 - compiling is there, jax-free for the workers
     _ALIGN, PARSE_LOCK, _Compiled, _compile_uncached, _namespace, ast_source)
 
@@ -384,13 +385,12 @@ class TritonKernel:
         signature = {name: entry for name, (entry, _) in zip(self.arg_names, key)}
         constexprs = {name: value for name, (entry, value) in zip(self.arg_names, key) if entry == "constexpr"}
         major, minor = map(int, cuda.device.compute_capability.split("."))
-        src = ast_source(self.fn, signature, constexprs)
         target = GPUTarget("cuda", 10 * major + minor, 32)
         options = {"num_warps": self.num_warps, "num_stages": self.num_stages}
         artifact = self._artifact_path(key, target, triton.__version__) if self.cache_dir else None
         compiled = _load_artifact(artifact) if artifact else None
         if compiled is None:
-            compiled = _compile_uncached(src, target, options)
+            compiled = _compile_cubin(self.fn, signature, constexprs, options, target)
             if artifact:
                 _store_artifact(compiled, artifact)
         meta = compiled.metadata
@@ -420,6 +420,23 @@ class TritonKernel:
         gave one already, triton having been imported with TRITON_INTERPRET=1."""
         _triton(interpret=True)
         return self.fn
+
+
+def _compile_cubin(fn, signature: dict, constexprs: dict, options: dict, target) -> _Compiled:
+    """``fn``'s cubin, compiled by the calling thread's compile worker where
+    it can be ([Note: compile workers] in runtime/triton_compile.py: Triton's
+    frontend holds the GIL, and an eager program's kernels compile at once on
+    the compile threads), else on this thread, which raises what a compile
+    that fails raises."""
+    from pallaskit.config import config
+
+    def here():
+        return _compile_uncached(ast_source(fn, signature, constexprs), target, options)
+
+    module = triton_compile.module_payload(fn) if config.triton_compile_processes else None
+    job = dict(name=fn.__name__, signature=signature, constexprs=constexprs, options=options,
+               target=(target.backend, target.arch, target.warp_size), until="cubin")
+    return triton_compile.compile_job(module, job, here)
 
 
 # [Note: kernel artifacts]
