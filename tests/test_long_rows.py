@@ -314,6 +314,18 @@ def test_aligned_rows_ints_bools_and_mixed_widths(rng, thirds_last):
     _triton_matches_jax(fn, (b, x, i), long_rows="looped")
 
 
+def test_aligned_rows_in_combo_kernels(rng, thirds_last):
+    """Independent looped rows of 8193 and 8195 joined into one combo kernel
+    ([Note: combo kernels]): each part windows its own rows from its own pid."""
+    def fn(x, y):
+        return jax.nn.softmax(x, -1), jax.nn.logsumexp(y * 2, -1), jax.nn.softmax(y, -1)
+
+    x, y = _rows(rng, 8193, BF16), _rows(rng, 8195, BF16)
+    (src,) = _triton_sources(fn, x, y, long_rows="looped")
+    assert src.count("wa = tl.multiple_of(") == 2 and "combo" in src, src
+    _triton_matches_jax(fn, (x, y), long_rows="looped")
+
+
 def test_aligned_rows_source():
     """The looped cross-entropy kernel over 50,257 bf16 reads the logits and
     writes the gradient from the aligned base (and only with the heuristic on);
