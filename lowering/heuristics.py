@@ -352,7 +352,9 @@ TRITON_ONLINE_SOFTMAX = False
 # Raw-Triton looped one-row reductions over rows whose length is no multiple of a
 # 16-byte vector (a 50,257 vocabulary) index the row from an aligned base so
 # that Triton emits vector loads and stores ([Note: aligned row windows] in
-# lowering/codegen/rows.py); benchmarks/triton_online_softmax.py times it off.
+# lowering/codegen/rows.py): hand-written kernels with such accesses were the
+# fastest cross-entropy (RESULTS.md, "Cross-entropy: why 0.65 ms is not met");
+# benchmarks/triton_online_softmax.py times pallaskit's on and off.
 TRITON_ALIGNED_ROWS = True
 TRITON_MIX_ROWS = 8  # rows a step
 TRITON_MIX_WARPS = 8
