@@ -326,10 +326,11 @@ def test_aligned_rows_in_combo_kernels(rng, thirds_last):
     _triton_matches_jax(fn, (x, y), long_rows="looped")
 
 
-def test_aligned_rows_source():
-    """The looped cross-entropy kernel over 50,257 bf16 reads the logits and
-    writes the gradient from the aligned base (and only with the heuristic on);
-    the labels stay a per-row load, before the loops."""
+def test_aligned_rows_source(monkeypatch):
+    """The looped cross-entropy kernel over 50,257 bf16 (three sweeps) reads the
+    logits and writes the gradient from the aligned base (and only with the
+    heuristic on); the labels stay a per-row load, before the loops."""
+    monkeypatch.setattr(heuristics, "TRITON_ONLINE_SOFTMAX", False)
     args = (jax.ShapeDtypeStruct((64, 50257), BF16), jax.ShapeDtypeStruct((64,), jnp.int32))
     main = _triton_sources(_xent("take_along_axis"), *args, long_rows="looped")[0]
     assert _windowed(main) and "(wrow // 8) * 8" in main, main
@@ -337,9 +338,8 @@ def test_aligned_rows_source():
     assert main.count("tl.load(in_ptr0 + wo, mask=") == 3 and main.count("tl.store(out_ptr2 + wo,") == 2, main
     assert "in_ptr0 + idx" not in main and "out_ptr2 + idx" not in main, main
     assert main.count("tl.load(in_ptr1 + ") == 1 and main.index("tl.load(in_ptr1 + ") < main.index("for chunk"), main
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(heuristics, "TRITON_ALIGNED_ROWS", False)
-        assert not _windowed(_triton_sources(_xent("take_along_axis"), *args, long_rows="looped")[0])
+    monkeypatch.setattr(heuristics, "TRITON_ALIGNED_ROWS", False)
+    assert not _windowed(_triton_sources(_xent("take_along_axis"), *args, long_rows="looped")[0])
 
 
 def test_aligned_rows_only_where_they_help(rng):
@@ -385,6 +385,7 @@ def loss(logits, labels):
 
 opts = CompileOptions(interpret=False, kernel_backend="triton", triton_available=True, long_rows="looped", num_sms=2)
 args = jax.ShapeDtypeStruct((64, 50257), jnp.bfloat16), jax.ShapeDtypeStruct((64,), jnp.int32)
+heuristics.TRITON_ONLINE_SOFTMAX = False  # three sweeps: three loads of the logits
 for aligned in (True, False):
     heuristics.TRITON_ALIGNED_ROWS = aligned
     sched = lowering.compile_jaxpr(jax.make_jaxpr(jax.value_and_grad(loss))(*args), opts).schedule
