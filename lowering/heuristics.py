@@ -349,6 +349,13 @@ def mix_config(rows: int, cols: int, *, whole_rows: bool, programs: int, columns
 # sweep only if this is set: off, two sweeps measured faster (RESULTS.md,
 # "Cross-entropy: raw Triton's online softmax").
 TRITON_ONLINE_SOFTMAX = False
+# Raw-Triton looped one-row reductions over rows whose length is no multiple of a
+# 16-byte vector (a 50,257 vocabulary) index the row from an aligned base so
+# that Triton emits vector loads and stores ([Note: aligned row windows] in
+# lowering/codegen/rows.py): hand-written kernels with such accesses were the
+# fastest cross-entropy (RESULTS.md, "Cross-entropy: why 0.65 ms is not met");
+# benchmarks/triton_online_softmax.py times pallaskit's on and off.
+TRITON_ALIGNED_ROWS = True
 TRITON_MIX_ROWS = 8  # rows a step
 TRITON_MIX_WARPS = 8
 TRITON_MIX_STAGES = 3  # beat 2 and 4

@@ -209,3 +209,217 @@ def test_triton_online_softmax_matches_jax(cols, dtype, online, rng, monkeypatch
     with pallaskit.config.override(kernel_backend="triton", cache=False, **options):
         got = pallaskit.jit(_softmaxes)(x)
     _same(got, jax.jit(_softmaxes)(x))
+
+
+# --------------------------------------------------------------------------- #
+# Aligned row windows ([Note: aligned row windows] in lowering/codegen/rows.py):
+# raw-Triton looped rows of a length that is no multiple of a 16-byte vector
+# read and written from the row's start rounded down to a vector
+# --------------------------------------------------------------------------- #
+_TRITON = dict(kernel_backend="triton", num_sms=2)
+
+
+def _triton_sources(fn, *args, **options):
+    result = lowering.compile_jaxpr(jax.make_jaxpr(fn)(*args),
+                                    CompileOptions(interpret=True, triton_available=True, **{**_TRITON, **options}))
+    assert all(k.triton for k in result.program.kernels), [k.executor for k in result.program.kernels]
+    return [k.source for k in result.program.kernels]
+
+
+def _triton_matches_jax(fn, args, dtype=None, **options):
+    with pallaskit.config.override(cache=False, **_TRITON, **options):
+        got = pallaskit.jit(fn)(*args)
+    _same(got, jax.jit(fn)(*args), dtype)
+
+
+def _windowed(src: str) -> bool:
+    return "wa = tl.multiple_of(" in src
+
+
+@pytest.fixture
+def thirds_last(monkeypatch):
+    """Triton's interpreter runs the programs of a launch one after another in
+    order, so a program writing past its own row would be overwritten by the
+    program of the row it wrote into: this runs the programs 1, 4, 7, ... last,
+    so what they write into either neighbour's row stays. (Their rows start at
+    every offset within a vector when there are 24 or more.)"""
+    pytest.importorskip("triton")
+    from triton.runtime import interpreter
+
+    b = interpreter.interpreter_builder
+    set_idx = type(b).set_grid_idx
+
+    def shuffled(x, y, z):
+        n = b.grid_dim[0]
+        order = [i for i in range(n) if i % 3 != 1] + [i for i in range(n) if i % 3 == 1]
+        set_idx(b, order[x], y, z)
+
+    monkeypatch.setattr(b, "set_grid_idx", shuffled)
+
+
+# (columns, max_persistent_cols, dtype): 7 and 10 loop over one 4096-wide chunk (a
+# row shorter than a bf16 vector, or a few vectors), 8193 over three.
+_ODD = [(7, 4, BF16), (10, 4, BF16), (8193, 8192, BF16), (8193, 8192, jnp.float32)]
+_ODD_IDS = [f"{c}-{'bf16' if d == BF16 else 'f32'}" for c, _, d in _ODD]
+
+
+@pytest.mark.parametrize("online", [False, True], ids=["two_sweeps", "online"])
+@pytest.mark.parametrize("cols,mpc,dtype", _ODD, ids=_ODD_IDS)
+def test_aligned_rows_softmaxes_match_jax(cols, mpc, dtype, online, rng, monkeypatch, thirds_last):
+    """softmax (a row-wise store), log_softmax and logsumexp over rows of -inf,
+    +inf and NaN, each row starting at another offset within a vector."""
+    if online and cols != 8193:
+        pytest.skip("the online sweep on the three-chunk rows")
+    monkeypatch.setattr(heuristics, "TRITON_ONLINE_SOFTMAX", online)
+    x = _rows(rng, cols, dtype)
+    options = dict(long_rows="looped", max_persistent_cols=mpc)
+    (src,) = _triton_sources(_softmaxes, x, **options)
+    assert _windowed(src) and ("onl0_0_m" in src) == online, src
+    _triton_matches_jax(_softmaxes, (x,), **options)
+
+
+@pytest.mark.parametrize("labels_by", ["one_hot", "take_along_axis"])
+@pytest.mark.parametrize("cols,mpc,dtype", [_ODD[0], _ODD[2]], ids=[_ODD_IDS[0], _ODD_IDS[2]])
+def test_aligned_rows_cross_entropy_matches_jax(cols, mpc, dtype, labels_by, rng, thirds_last):
+    """Loss and gradient (the gradient a row-wise store through the window)
+    over 24 rows (the rows run last start at every offset within a vector),
+    labels at both ends of the row, a row with -inf logits, a row with a NaN."""
+    if cols == 7 and labels_by == "take_along_axis":
+        pytest.skip("one label form on the short rows")
+    x = np.asarray(rng.standard_normal((24, cols)) * 3)
+    labels = rng.integers(0, cols, 24).astype(np.int32)
+    labels[:2] = 0, cols - 1
+    x[1, (labels[1] + 1 + np.arange(cols // 2)) % cols] = -np.inf
+    x[2, rng.integers(cols)] = np.nan
+    x[3, rng.integers(cols)] = np.inf
+    args = (jnp.asarray(x, dtype), jnp.asarray(labels))
+    options = dict(long_rows="looped", max_persistent_cols=mpc)
+    assert _windowed(_triton_sources(_xent(labels_by), *args, **options)[0])
+    _triton_matches_jax(_xent(labels_by), args, dtype, **options)
+
+
+def test_aligned_rows_ints_bools_and_mixed_widths(rng, thirds_last):
+    """A bool row (16-element vectors) beside a bf16 one, and int32 rows: the
+    window is aligned for the narrowest; sums, max and row-wise stores."""
+    def fn(b, x, i):
+        return (jnp.where(b, x, 0) - jnp.max(x, -1, keepdims=True), jnp.sum(b, -1),
+                i - jnp.min(i, -1, keepdims=True), jnp.any(b & (i > 0), -1))
+
+    cols = 8193
+    b = jnp.asarray(rng.random((5, cols)) < 0.5)
+    x = _rows(rng, cols, BF16)[:5]
+    i = jnp.asarray(rng.integers(-1000, 1000, (5, cols)), jnp.int32)
+    srcs = _triton_sources(fn, b, x, i, long_rows="looped")
+    assert any("(wrow // 16) * 16" in s for s in srcs), srcs
+    _triton_matches_jax(fn, (b, x, i), long_rows="looped")
+
+
+def test_aligned_rows_in_combo_kernels(rng, thirds_last):
+    """Independent looped rows of 8193 and 8195 joined into one combo kernel
+    ([Note: combo kernels]): each part windows its own rows from its own pid."""
+    def fn(x, y):
+        return jax.nn.softmax(x, -1), jax.nn.logsumexp(y * 2, -1), jax.nn.softmax(y, -1)
+
+    x, y = _rows(rng, 8193, BF16), _rows(rng, 8195, BF16)
+    (src,) = _triton_sources(fn, x, y, long_rows="looped")
+    assert src.count("wa = tl.multiple_of(") == 2 and "combo" in src, src
+    _triton_matches_jax(fn, (x, y), long_rows="looped")
+
+
+def test_aligned_rows_source(monkeypatch):
+    """The looped cross-entropy kernel over 50,257 bf16 (three sweeps) reads the
+    logits and writes the gradient from the aligned base (and only with the
+    heuristic on); the labels stay a per-row load, before the loops."""
+    monkeypatch.setattr(heuristics, "TRITON_ONLINE_SOFTMAX", False)
+    args = (jax.ShapeDtypeStruct((64, 50257), BF16), jax.ShapeDtypeStruct((64,), jnp.int32))
+    main = _triton_sources(_xent("take_along_axis"), *args, long_rows="looped")[0]
+    assert _windowed(main) and "(wrow // 8) * 8" in main, main
+    assert main.count("for chunk in range(0, 13)") == 3
+    assert main.count("tl.load(in_ptr0 + wo, mask=") == 3 and main.count("tl.store(out_ptr2 + wo,") == 2, main
+    assert "in_ptr0 + idx" not in main and "out_ptr2 + idx" not in main, main
+    assert main.count("tl.load(in_ptr1 + ") == 1 and main.index("tl.load(in_ptr1 + ") < main.index("for chunk"), main
+    monkeypatch.setattr(heuristics, "TRITON_ALIGNED_ROWS", False)
+    assert not _windowed(_triton_sources(_xent("take_along_axis"), *args, long_rows="looped")[0])
+
+
+def test_aligned_rows_only_where_they_help(rng):
+    """No window over rows that are not contiguous (a column of a (8193, 6)
+    array, a looped one-row kernel reading every sixth element; its transpose's
+    rows), rows a whole number of vectors long, persistent rows, argmax (its
+    lanes would see columns before the row) or the Pallas renderer."""
+    def strided(x):
+        return jax.nn.softmax(x[:, 1]), jax.nn.logsumexp(x.T, -1)
+
+    x = _rows(rng, 8193, jnp.float32).T
+    srcs = _triton_sources(strided, x, long_rows="looped")
+    assert not any(_windowed(s) for s in srcs) and any("idx0 = 6 * xc + 1" in s for s in srcs), srcs
+    _triton_matches_jax(strided, (x,), long_rows="looped")
+    aligned = jax.ShapeDtypeStruct((6, 8200), BF16)
+    assert not _windowed(_triton_sources(_softmaxes, aligned, long_rows="looped")[0])
+    assert not _windowed(_triton_sources(_softmaxes, jax.ShapeDtypeStruct((6, 1001), BF16))[0])
+    y = _rows(rng, 8193, jnp.float32)
+    def arg(x):
+        return jnp.argmax(x, -1), jax.nn.softmax(x, -1)
+    assert not any(_windowed(s) for s in _triton_sources(arg, y, long_rows="looped"))
+    _triton_matches_jax(arg, (y,), long_rows="looped")
+    (pallas,) = _kernel_sources(_softmaxes, jax.ShapeDtypeStruct((6, 8193), BF16), long_rows="looped", num_sms=2)
+    assert "wrow" not in pallas
+
+
+_PTX_SCRIPT = '''
+import linecache, re, os
+os.environ.pop("TRITON_INTERPRET", None)
+import jax, jax.numpy as jnp, numpy as np
+from triton.backends.compiler import GPUTarget
+import lowering
+from lowering import heuristics
+from lowering.options import CompileOptions
+from lowering.codegen import triton as tc
+from pallaskit.runtime import triton_launch
+
+
+def loss(logits, labels):
+    ls = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.mean(jnp.take_along_axis(ls, labels[:, None], axis=-1)[:, 0].astype(jnp.float32))
+
+
+opts = CompileOptions(interpret=False, kernel_backend="triton", triton_available=True, long_rows="looped", num_sms=2)
+args = jax.ShapeDtypeStruct((64, 50257), jnp.bfloat16), jax.ShapeDtypeStruct((64,), jnp.int32)
+heuristics.TRITON_ONLINE_SOFTMAX = False  # three sweeps: three loads of the logits
+for aligned in (True, False):
+    heuristics.TRITON_ALIGNED_ROWS = aligned
+    sched = lowering.compile_jaxpr(jax.make_jaxpr(jax.value_and_grad(loss))(*args), opts).schedule
+    k = sched.kernels[0]
+    r = tc.render_for_xla(k, sched, opts)
+    src = tc._PRELUDE + "\\n".join(tc.HELPERS[h] for h in sorted(r.helpers)) + "\\n\\n" + r.source
+    name = f"<ptx {k.name} {aligned}>"
+    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+    ns = {"__name__": f"ptx_{aligned}"}
+    exec(compile(src, name, "exec"), ns)
+    kernel = ns[k.name + "_kernel"]
+    dts = [sched.graph.buffer_aval(b)[1] for b in r.reads] + [m.node.dtype for m in k.members if m.store]
+    sig = {a: "*" + triton_launch._triton_dtype(k.name, a, np.dtype(d)) for a, d in zip(kernel.arg_names, dts)}
+    sig.update({a: "constexpr" for a in kernel.arg_names[len(dts):]})
+    ptx = triton_launch._compile_uncached(triton_launch.ast_source(kernel, sig, dict(r.constexprs)),
+                                          GPUTarget("cuda", 90, 32), {"num_warps": r.num_warps, "num_stages": 1},
+                                          until="ptx").cubin.decode()
+    ops = re.findall(r"\\b((?:ld|st)\\.global(?:\\.v\\d)?\\.b\\d+)", ptx)
+    print(aligned, sorted(set(ops)), ops.count("ld.global.b16"), ops.count("ld.global.v4.b32"),
+          ops.count("st.global.v4.b32"))
+'''
+
+
+def test_aligned_rows_are_vector_accesses_in_ptx():
+    """The point of the window: compiled for sm_90 (on the CPU), the cross-entropy
+    kernel over 50,257 bf16 reads the logits with 16-byte loads (no 2-byte ones)
+    and writes the gradient with 16-byte stores; without it every access is 2 bytes."""
+    pytest.importorskip("triton")
+    from conftest import run_python_on_cpu
+
+    proc = run_python_on_cpu(_PTX_SCRIPT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = {line.split()[0]: line for line in proc.stdout.splitlines() if line.startswith(("True", "False"))}
+    on, off = lines["True"], lines["False"]
+    # the counts: scalar 2-byte loads, 16-byte loads, 16-byte stores
+    assert on.endswith(" 0 3 1"), on
+    assert off.split()[-2:] == ["0", "0"] and "st.global.b16" in off and int(off.split()[-3]) > 0, off

@@ -314,6 +314,30 @@ class KernelEmitter:
     # Write many persistent reductions inside an always-true ``if`` (rows.py,
     # [Note: reductions in a region])? The raw-Triton dialect does.
     REDUCTION_REGION = False
+    # Read and write looped one-row reductions' rows from a vector-aligned base
+    # (rows.py, [Note: aligned row windows])? The raw-Triton dialect does.
+    ALIGNED_ROWS = False
+    window = None  # the rows.RowWindow of the row loops being written, if any
+
+    def window_setup(self, row_block: str) -> None:
+        """Before the first row loop: the row's aligned base (``self.window``'s)."""
+        raise NotImplementedError
+
+    def window_columns(self) -> None:
+        """At the top of a row loop's body: ``xc`` and ``cmask`` of the window's chunk."""
+        raise NotImplementedError
+
+    def window_load(self, ld: ir.Load) -> tuple[str, frozenset]:
+        raise NotImplementedError
+
+    def window_store(self, m: Member, var: str, extent) -> None:
+        raise NotImplementedError
+
+    def windowed(self, ld: ir.Load) -> bool:
+        """Is ``ld`` read through the row window ([Note: aligned row windows])?
+        Its lanes outside the row then hold the neighbouring rows' values, not 0."""
+        return (self.window is not None and ld.mask is None and ld.buffer in self.in_refs
+                and self.offset(ld.buffer, ld.index) == self.window.offset)
 
     def loop(self, name: str, index: str, start, stop, carried: list[str], body, stages: int | None = None,
              comment: str = "") -> None:
@@ -490,6 +514,8 @@ class KernelEmitter:
             return self.forwarded[ld.buffer]
         if ld in self.prefetched:
             return self.prefetched[ld]
+        if self.windowed(ld):
+            return self.window_load(ld)
         off, off_ext = self.index(self.offset(ld.buffer, ld.index))
         extent = off_ext
         masks = []
@@ -511,9 +537,14 @@ class KernelEmitter:
         mask_arg = f", mask={mask}, other={other}" if mask else ""
         return self.bind(("load", ref, off, mask), self.load_text(ref, off, mask_arg), extent)
 
+    def store_offset(self, m: Member) -> sympy.Expr:
+        """The flat offset a member's store writes at, in kernel coordinates."""
+        return self.offset(m.name, tuple(sizes.simplify(m.coords.get(s, s)) for s in m.node.symbols))
+
     def store(self, m: Member, var: str, extent):
-        own = tuple(sizes.simplify(m.coords.get(s, s)) for s in m.node.symbols)
-        off, off_ext = self.index(self.offset(m.name, own))
+        if self.window is not None and self.store_offset(m) == self.window.offset:
+            return self.window_store(m, var, extent)
+        off, off_ext = self.index(self.store_offset(m))
         full = off_ext | extent
         off = self.broadcast(off, off_ext, full)
         val = self.broadcast(var, extent, full)

@@ -11,10 +11,10 @@ import functools
 import numpy as np
 import sympy
 
-from lowering import heuristics, ir
-from lowering.codegen.emitter import (acc_dtype, cdiv_source, is_16bit_float, is_float, is_reduction, phases, reduction_identity,
-                                      store_reductions, write_ready_row_values)
-from lowering.scheduler import XC, Kernel, Member
+from lowering import heuristics, ir, sizes
+from lowering.codegen.emitter import (INT32_LIMIT, acc_dtype, cdiv_source, is_16bit_float, is_float, is_reduction, phases,
+                                      reduction_identity, store_reductions, write_ready_row_values)
+from lowering.scheduler import XC, XR, Kernel, Member
 
 FULL = frozenset("rc")
 ROW = frozenset("r")
@@ -27,6 +27,9 @@ def render_rows(em, kernel: Kernel, bodies, cfg, *, row_block="pid", columns_rea
     w.line(f"xr = {row_block} * BLOCK_R + {em.iota_text(0, 'BLOCK_R')}")
     w.line("rmask = xr < ROWS")
     online = online_plans(kernel, bodies) if not cfg.persistent and em.online_softmax else {}
+    em.window = row_window(em, kernel, bodies, cfg) if not cfg.persistent and not columns_ready else None
+    if em.window is not None:
+        em.window_setup(row_block)
     phase, online = online_phases(kernel, online) if online else (phases(kernel), {})
     # the last phase that reduces or stores over columns (row values may follow it)
     last = max((phase[m.name] for m in kernel.members if m.role in ("reduction", "rowwise")), default=-1)
@@ -55,6 +58,7 @@ def render_rows(em, kernel: Kernel, bodies, cfg, *, row_block="pid", columns_rea
                              online={m.name: online[m.name] for m in reds if m.name in online})
         write_ready_row_values(em, kernel, bodies)
     store_reductions(em, kernel)
+    em.window = None
 
 
 # [Note: reductions in a region]
@@ -129,7 +133,8 @@ def zero_where_masked(em, e, dims: frozenset) -> bool:
     RESULTS.md, "Heuristics: raw-Triton mix kernels"."""
     zero = functools.partial(zero_where_masked, em, dims=dims)
     if isinstance(e, ir.Load):
-        return e.buffer not in em.row_values and dims <= em.extent_of(em.offset(e.buffer, e.index))
+        return (e.buffer not in em.row_values and not em.windowed(e)
+                and dims <= em.extent_of(em.offset(e.buffer, e.index)))
     if not isinstance(e, ir.Op):
         return False
     if e.op in ("convert_element_type", "neg"):
@@ -173,10 +178,21 @@ def _render_loop(em, kernel, bodies, reds, rowwise, p, cfg, online=None):
         accs.append((name, acc_dt, m))
     for a, name in groups.items():
         carried += online_init(em, name, a)
+    if em.window is not None:
+        # Row-only loads (a cross-entropy's labels) before the loop: inside it, Triton
+        # gives such a (1, 1) value the chunk's vector layout and loads it once per
+        # element of a thread's vector.
+        for m in reds + rowwise:
+            for ld in ir.loads(bodies[m.name]):
+                if ld.buffer in em.in_refs and row_only(ld):
+                    em.load(ld)
 
     def body():
-        w.line(f"xc = chunk * BLOCK_C + {em.iota_text(1, 'BLOCK_C')}")
-        w.line("cmask = xc < COLS")
+        if em.window is not None:
+            em.window_columns()
+        else:
+            w.line(f"xc = chunk * BLOCK_C + {em.iota_text(1, 'BLOCK_C')}")
+            w.line("cmask = xc < COLS")
         em.scopes.append({})
         outs = []
         for name, acc_dt, m in accs:
@@ -193,7 +209,7 @@ def _render_loop(em, kernel, bodies, reds, rowwise, p, cfg, online=None):
         return outs
 
     # Over a dynamic axis the chunk count is a runtime value (the tile is always looped).
-    n_chunks = cdiv_source(kernel.cols, cfg.block_cols, "COLS", "BLOCK_C")
+    n_chunks = cdiv_source(kernel.cols, cfg.block_cols, "COLS", "BLOCK_C") if em.window is None else em.window.chunks
     em.loop(f"phase{p}", "chunk", 0, n_chunks, carried, body)
     for name, acc_dt, m in accs:
         if m.node.op in ("argmax", "argmin"):
@@ -211,6 +227,70 @@ def _render_loop(em, kernel, bodies, reds, rowwise, p, cfg, online=None):
     for m in reds:
         if m.name in online:
             online_sum(em, groups[online[m.name].shifted], m, online[m.name])
+
+
+# [Note: aligned row windows]
+# A row of a (rows, 50257) bf16 array starts at flat offset row * 50257: for most
+# rows not a multiple of 8 elements, so Triton cannot prove the 16-byte alignment
+# of ``ptr + xc + COLS * xr`` and reads and writes the row one 2-byte element at
+# a time (scalar ``ld.global.b16``). A looped one-row reduction (one row a
+# program) over rows whose length is no multiple of a vector of ``VEC = 16 //
+# itemsize`` elements (of its narrowest row-shaped buffer) instead walks a window
+# that starts at the row's start rounded down to a multiple of VEC: chunk c covers
+# the flat offsets ``wa + c * BLOCK_C + lane``, and the row's columns are
+# ``xc = c * BLOCK_C + lane - wh`` (``wh`` the row's start less ``wa``), so
+# ``cmask = 0 <= xc < COLS`` and everything written over ``xc`` is what it was.
+# Only the row-shaped accesses (flat offset ``xc + COLS * xr``) change:
+# - loads read the window unmasked but for the buffer's end rounded up to a
+#   vector (every mask lane then holds for a whole vector, which Triton needs
+#   to vectorize a masked load), so their lanes outside the row hold the
+#   neighbouring rows' values, not 0: ``zero_where_masked`` says so and every
+#   reduction selects with ``cmask`` as it does for any other value. The last
+#   vector of the buffer is read in full (past the buffer's end for up to
+#   VEC - 1 elements): pointers are 16-byte aligned (Triton's
+#   ``tt.divisibility``, which pallaskit's compiles assume), so that vector
+#   never crosses a page, and its lanes past the end are never used;
+# - stores write whole vectors inside the row under a mask constant over each
+#   vector, and the row's partial first and last vectors apart with a per-lane
+#   mask, only in the chunks that hold them (a second store, of the same values).
+# The loop takes ceil((COLS + VEC - 1) / BLOCK_C) chunks. Not for argmax /
+# argmin (``arg_combine``: every lane takes the first chunk's value, and a
+# lane before the row would keep its negative index), several rows a program,
+# dynamic sizes, or a window whose offsets would pass int32.
+@dataclasses.dataclass(frozen=True)
+class RowWindow:
+    vec: int  # elements a vector of the narrowest row-shaped buffer
+    chunks: int  # the loop's trip count over the window
+    offset: sympy.Expr  # the row-shaped accesses' flat offset, xc + COLS * xr
+    end: int  # the buffer's end rounded up to a vector
+
+
+def row_window(em, kernel: Kernel, bodies, cfg) -> RowWindow | None:
+    """The aligned window of ``kernel``'s row loops ([Note: aligned row
+    windows]), or None where the dialect does not write one or it would not help."""
+    if not (em.ALIGNED_ROWS and heuristics.TRITON_ALIGNED_ROWS) or cfg.block_rows != 1:
+        return None
+    if sizes.is_symbolic((kernel.rows, kernel.cols)):
+        return None
+    if any(m.role == "reduction" and m.node.op in ("argmax", "argmin") for m in kernel.members):
+        return None
+    rows, cols = int(kernel.rows), int(kernel.cols)
+    offset = sizes.simplify(XC + cols * XR)
+    looped = [m for m in kernel.members if m.role in ("reduction", "rowwise")]
+    itemsizes = [np.dtype(ld.dtype).itemsize for m in looped for ld in ir.loads(bodies[m.name])
+                 if ld.buffer in em.in_refs and ld.mask is None and em.offset(ld.buffer, ld.index) == offset]
+    itemsizes += [np.dtype(m.node.dtype).itemsize for m in looped
+                  if m.role == "rowwise" and m.store and em.store_offset(m) == offset]
+    if not itemsizes:
+        return None
+    vec = 16 // min(itemsizes)
+    if cols % vec == 0 or cfg.block_cols % vec:
+        return None  # already aligned; or a chunk is no whole number of vectors
+    chunks = -(-(cols + vec - 1) // cfg.block_cols)
+    end = -(-(rows * cols) // vec) * vec
+    if em.index_dtype_np == np.int32 and end + chunks * cfg.block_cols >= INT32_LIMIT:
+        return None
+    return RowWindow(vec, chunks, offset, end)
 
 
 def arg_combine(em, name, v, op, acc_dt, idx_dt) -> list[str]:

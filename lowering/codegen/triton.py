@@ -768,6 +768,44 @@ class TritonEmitter(KernelEmitter):
         text = f"{fn or ('_clz' if e.op == 'clz' else '_popc') + str(bits)}({x})"
         return f"{text}.to({t}, bitcast=True)" if dt.kind == "u" else f"{text}.to({t})"
 
+    # -- row windows ([Note: aligned row windows] in codegen/rows.py) --------------
+    ALIGNED_ROWS = True
+
+    def window_setup(self, row_block) -> None:
+        vec, w = self.window.vec, self.w
+        w.line(f"wrow = {row_block} * COLS  # the row's flat start ([Note: aligned row windows])")
+        w.line(f"wa = tl.multiple_of((wrow // {vec}) * {vec}, {vec})  # rounded down to a {vec}-element vector")
+        w.line("wh = wrow - wa  # the first chunk's lanes before the row")
+        w.line("wlast = (COLS - 1 + wh) // BLOCK_C  # the chunk of the row's last column")
+
+    def window_columns(self) -> None:
+        w, lane = self.w, self.iota_text(1, "BLOCK_C")
+        w.line(f"xc = chunk * BLOCK_C + {lane} - wh")
+        w.line("cmask = (xc >= 0) & (xc < COLS)")
+        w.line(f"wo = wa + chunk * BLOCK_C + {lane}")
+
+    def window_load(self, ld):
+        full = frozenset("rc")  # BLOCK_R is 1
+        mask = self.bind(("wmask",), f"rmask & (wo < {self.window.end})", full, "mask")[0]
+        ref = self.in_refs[ld.buffer]
+        other = "False" if ld.dtype == np.bool_ else "0"
+        return self.bind(("wload", ref), f"tl.load({ref} + wo, mask={mask}, other={other})", full)
+
+    def window_store(self, m, var, extent) -> None:
+        full, vec = frozenset("rc"), self.window.vec
+        val = self.broadcast(var, extent, full)
+        val = self.bind(("cast", val, m.node.dtype), self.cast_text(val, m.node.dtype), full)[0]
+        starts = self.bind(("wstart",), f"chunk * BLOCK_C + ({self.iota_text(1, 'BLOCK_C')} // {vec}) * {vec} - wh",
+                           full, "idx")[0]  # the column of each lane's vector's first element
+        whole = self.bind(("wfull",), f"rmask & ({starts} >= 0) & ({starts} <= COLS - {vec})", full, "mask")[0]
+        edge = self.bind(("wedge",), f"rmask & cmask & (({starts} < 0) | ({starts} > COLS - {vec}))", full,
+                         "mask")[0]
+        ref = self.out_refs[m.name]
+        self.w.line(f"tl.store({ref} + wo, {val}, mask={whole})  # whole vectors")
+        self.w.line("if (chunk == 0) | (chunk == wlast):  # the row's partial first and last vectors")
+        with self.w.indent():
+            self.w.line(f"tl.store({ref} + wo, {val}, mask={edge})")
+
     def load_text(self, ref, off, mask_arg) -> str:
         return f"tl.load({ref} + {off}{mask_arg})"
 
