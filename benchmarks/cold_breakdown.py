@@ -30,7 +30,8 @@ same code not sharing one function: [Note: shared Triton functions]); ``nosharep
 kernels of the same code each their own launch: [Note: shared Pallas kernels]); ``threads=N`` (raw-Triton
 kernels compile on N threads, not ``triton_call._compile_pool``'s, each with its worker process);
 ``noprocs`` (option ``triton_compile_processes=False``: raw-Triton kernels compile on the threads
-themselves, not in worker processes: [Note: compile workers]).
+themselves, not in worker processes: [Note: compile workers]); ``prestart=N`` (N compile workers started as
+the compile begins, ``orchestrator.PRESTART_WORKERS``).
 
     # on the GPU: the 183-array AdamW of benchmarks/models.py (GPT-2 small shapes)
     JAX_PLATFORMS=cuda PYTHONPATH=. python -m benchmarks.cold_breakdown \\
@@ -236,6 +237,8 @@ def child(workload: str, variant: str) -> dict:
             _tc._compile_pool = lambda: pool
         elif variant == "noprocs":
             pallaskit.config.update(triton_compile_processes=False)
+        elif variant.startswith("prestart="):  # compile workers started as the compile begins (default 2)
+            pallaskit.orchestrator.PRESTART_WORKERS = int(variant.split("=", 1)[1])
         elif variant != "pallaskit":
             raise ValueError(f"unknown variant {variant!r}")
         clock = _Clock()
@@ -331,7 +334,7 @@ def main(argv=None) -> int:
     ap.add_argument("--workloads", default="gpt2_adamw", help="comma-separated: " + ", ".join(WORKLOADS))
     ap.add_argument("--variants", default=DEFAULT_VARIANTS,
                     help="comma-separated: jax.jit, pallaskit, members=K, nocombo, pallas, triton, noshare, "
-                    "nosharepallas, threads=N")
+                    "nosharepallas, threads=N, noprocs, prestart=N")
     ap.add_argument("--kernels", type=int, default=5, help="print the K slowest Triton compiles of each row")
     ap.add_argument("--timeout", type=float, default=600, help="seconds one (workload, variant) process may take")
     ap.add_argument("--output", default="", help="folder for cold_breakdown.json")

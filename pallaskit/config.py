@@ -240,12 +240,12 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "size-dependent branch, a shape computed from a size), each size compiles on its own, and a size that "
            "an equality test in the trace depended on (x.shape[0] == 1) compiles on its own too. Off: one "
            "compilation per size, as jax.jit.", _parse_bool, _check_bool, "true, false"),
-    Option("automatic_dynamic_speculate", False, "Automatic dynamic: while XLA compiles a function's first "
+    Option("automatic_dynamic_speculate", True, "Automatic dynamic: while XLA compiles a function's first "
            "static program, compile in the background the shape-generic program a second size would need, for "
            "a guess of its dynamic axes (each argument's leading axis whose size no other axis has), with its "
            "eager kernels; a second size that changes exactly those axes then runs at once. Only where new sizes "
-           "launch eagerly (option dynamic_launch). It costs a function that never changes size one more "
-           "compile, off the calling thread.", _parse_bool, _check_bool, "true, false"),
+           "launch eagerly (option dynamic_launch), for programs of up to 500 equations. It costs a function that "
+           "never changes size one more compile, off the calling thread.", _parse_bool, _check_bool, "true, false"),
     Option("log_fallbacks", True, "Log one line per primitive run through XLA (once per primitive).",
            _parse_bool, _check_bool, "true, false"),
     Option("partitioner", "min_cut", "How a differentiated function is split into forward and backward "
@@ -280,7 +280,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "([Note: command buffers] in pallaskit/cache). XLA_FLAGS that turn command buffers off still do.",
            _parse_bool, _check_bool, "true, false"),
     Option("triton_compile_processes", True, "On a GPU, compile raw Triton kernels (to PTX inside XLA, to cubin "
-           "for eager launches) in worker processes, one per compile thread, two started as a GPU compile begins "
+           "for eager launches) in worker processes, one per compile thread, started as a GPU compile begins "
            "and more with the threads that need them: Triton's Python frontend holds the GIL, so on threads the "
            "kernels' frontends take turns with each other and with JAX lowering the program ([Note: compile "
            "workers] in pallaskit/runtime/triton_compile.py). Off: on the compile threads.", _parse_bool,

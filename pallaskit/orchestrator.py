@@ -435,19 +435,26 @@ def _warm_up_for_eager(options):
     return triton_launch.warm_up
 
 
+# Compile workers started as a GPU compile begins (``_start_compile_workers``),
+# one for each compile thread (``triton_call._compile_pool``): each starts in a
+# few tenths of a second, beside the passes rather than after them (a ResNet
+# block's 27 kernels: 3.00 s cold with 2 started, 2.28 s with 8; benchmarks/
+# RESULTS.md, "Session 23").
+PRESTART_WORKERS = 8
+
+
 def _start_compile_workers(options) -> None:
     """On a GPU, Triton's compile workers started as the compiler begins
     (``triton_compile.prestart``): they start beside the passes, not after
-    them, when the program's kernels (inside XLA or eager) compile. Only two:
-    more start with the compile threads that need them. None where no raw
-    Triton kernel compiles (Pallas kernels, no eager launches)."""
+    them, when the program's kernels (inside XLA or eager) compile. None where
+    no raw Triton kernel compiles (Pallas kernels, no eager launches)."""
     if options.interpret or not options.triton_available or not config.triton_compile_processes:
         return
     if options.kernel_backend == "pallas" and not eager_wanted(options):
         return
     from pallaskit.runtime import triton_compile
 
-    triton_compile.prestart(min(2, os.cpu_count() or 1))
+    triton_compile.prestart(min(PRESTART_WORKERS, os.cpu_count() or 1))
 
 
 def eager_wanted(options) -> bool:

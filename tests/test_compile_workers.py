@@ -183,7 +183,10 @@ _EAGER_SCRIPT = textwrap.dedent('''
     from lowering.options import CompileOptions
     import pallaskit
     from pallaskit import cache, orchestrator
-    from pallaskit.runtime import eager, triton_compile, triton_launch
+    from pallaskit.runtime import eager, triton_call, triton_compile, triton_launch
+    import concurrent.futures
+    pool = concurrent.futures.ThreadPoolExecutor(2)  # two compile threads, as on a 2-core machine
+    triton_call._compile_pool = lambda: pool  # (a third thread would compile while its worker starts)
 
     SOURCE = """
     import triton

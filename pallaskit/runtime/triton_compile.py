@@ -113,8 +113,8 @@ def _namespace(metadata: dict):
 # process of its own (``compile_job``): a fresh Python (never a fork of a
 # process that may hold CUDA) that imports only triton and this file, and
 # compiles for the GPU target it is given, so it needs no GPU. A worker takes
-# a few tenths of a second to start, so two start as a GPU compile begins
-# (``prestart``, from the orchestrator), beside the passes: the first compile
+# a few tenths of a second to start, so one for each compile thread starts as
+# a GPU compile begins (``prestart``, from the orchestrator), beside the passes: the first compile
 # threads take these spares, and a thread without one starts its own on its
 # first compile. While a thread's worker starts, one thread at a time compiles
 # a kernel of few parameters on its own rather than wait (a small program does
