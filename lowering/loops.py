@@ -281,7 +281,21 @@ def write_loop(w, loop: Loop, write_steps, value):
         init = ops[p["cond_nconsts"] + p["body_nconsts"]:]
         body(cond, ["carry"], [(cond.params, "carry")], value(cond.outputs[0]))
         body(step, ["carry"], [(step.params, "carry")], _tuple([value(o) for o in step.outputs]))
-        w.line(f"{_tuple(outs)} = lax.while_loop({cond.name}, {step.name}, {_tuple(init)})")
+        cond_fn, step_fn = cond.name, step.name
+        if p["cond_jaxpr"].out_avals[0].shape:
+            # A batched predicate (vmap of a while_loop): the loop runs while any
+            # element's predicate holds, and a step keeps the carry of the
+            # elements whose predicate was false, as jax's own lowering does.
+            cond_fn, step_fn = f"{cond.name}_any", f"{step.name}_masked"
+            w.line(f"def {cond_fn}(carry):")
+            with w.indent():
+                w.line(f"return jnp.any({cond.name}(carry))")
+            w.line(f"def {step_fn}(carry):")
+            with w.indent():
+                w.line(f"pred = {cond.name}(carry)")
+                w.line("return tuple(jnp.where(lax.expand_dims(pred, tuple(range(pred.ndim, new.ndim))), new, old)")
+                w.line(f"             for new, old in zip({step.name}(carry), carry))")
+        w.line(f"{_tuple(outs)} = lax.while_loop({cond_fn}, {step_fn}, {_tuple(init)})")
     else:  # cond: lax.switch clamps an index the cond primitive already holds in range
         for b in loop.bodies:
             body(b, list(b.params), [], _tuple([value(o) for o in b.outputs]))

@@ -267,10 +267,16 @@ def _lower_eqn(ctx, eqn, invals, fallbacks):
             return _extern(ctx, eqn, invals)
         except NotImplementedError:
             pass
-    # Literal operands of an extern must be real arrays.
-    if eqn.primitive.name not in fallbacks:
+    # Literal operands of an extern must be real arrays. An empty operand or
+    # result (an optimizer's (0,)-shaped leaf) is no work for a kernel: not a fallback.
+    if eqn.primitive.name not in fallbacks and not any(_empty(a) for a in avals):
         fallbacks.append(eqn.primitive.name)
     return _extern(ctx, eqn, invals)
+
+
+def _empty(aval) -> bool:
+    shape = getattr(aval, "shape", None)
+    return shape is not None and any(isinstance(d, int) and d == 0 for d in shape)
 
 
 def _extern(ctx, eqn, invals):

@@ -177,6 +177,14 @@ def text(expr) -> str:
 
 
 class _Printer(sympy.printing.str.StrPrinter):
+    def _print_Pow(self, e):
+        # A product: a raw-Triton dim is a tensor, which has no ``**`` (x.shape[0] ** 2 of a square's diagonal)
+        base, exp = e.args
+        if exp.is_Integer and int(exp) > 1:
+            b = self._print(base) if base.is_Atom else f"({self._print(base)})"
+            return "(" + " * ".join([b] * int(exp)) + ")"
+        return super()._print_Pow(e)
+
     def _print_FloorDiv(self, e):
         num, den = (self._print(a) if a.is_Atom else f"({self._print(a)})" for a in e.args)
         return f"({num} // {den})"

@@ -160,6 +160,8 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
         with sharding.trace_context(placement):
             closed, out_tree = trace(jf, structs, treedef, static_pos, static_kw, n_args)
     out_tree_box = [out_tree]
+    if xla is not None:
+        xla = xla.for_outputs(out_tree, jf._title())
     metrics.counters["trace_seconds"] += time.perf_counter() - t0
     title = jf._title()
 
@@ -270,7 +272,8 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
         return Compiled(result, closed, dispatcher, constants, out_tree_box[-1], ran=True, guards=guards,
                         delete_after=xla.donate if xla else (), shape_guards=eq_guards)
     if aot:
-        if placement is None and sharding.mentions_mesh(closed):  # e.g. with_sharding_constraint
+        if placement is None and (sharding.mentions_mesh(closed)  # e.g. with_sharding_constraint
+                                  or (xla is not None and xla.names_shardings())):
             placement = (None,) * len(avals)
         if placement is not None:
             xla = (xla or xla_args.XlaArgs()).with_placement(

@@ -170,9 +170,10 @@ class Placed:
     (``placement``, None per leaf that has none) and, computed on first use,
     jax.jit's output shardings for them."""
 
-    def __init__(self, placement_: Sequence, flat_fn, avals):
+    def __init__(self, placement_: Sequence, flat_fn, avals, user_out=None):
         self.placement = tuple(placement_)
         self._flat_fn, self._avals = flat_fn, avals
+        self._user_out = user_out  # the user's out_shardings: one, or one per flat output (None: unspecified)
         self._reference = None
         self.per_shard = None  # a per_shard.Plan when the program runs per shard ([Note: per-shard kernels])
 
@@ -180,11 +181,14 @@ class Placed:
         if self._reference is None:
             structs_ = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=s)
                         for a, s in zip(self._avals, self.placement)]
-            self._reference = jax.jit(self._flat_fn).lower(*structs_).compile()
+            out = self._user_out
+            kw = {} if out is None else {"out_shardings": list(out) if isinstance(out, tuple) else out}
+            self._reference = jax.jit(self._flat_fn, **kw).lower(*structs_).compile()
         return self._reference
 
     def out_shardings(self) -> tuple:
-        """jax.jit's output shardings of the function for these inputs."""
+        """jax.jit's output shardings of the function for these inputs (and the
+        user's ``out_shardings``)."""
         return tuple(self._compiled().output_shardings)
 
     def devices(self) -> list:

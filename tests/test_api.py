@@ -155,6 +155,28 @@ def test_fallback_keeps_results_and_still_fuses(rng, caplog):
     assert sum("sort" in r.message for r in caplog.records) == 1  # logged once
 
 
+def test_empty_leaves_are_no_fallback(rng, caplog):
+    """An optimizer over a pytree with (0,)- and (3, 0)-shaped leaves: their
+    ops run through XLA (no work for a kernel) without a fallback logged, which
+    named mul / sqrt / reduce_sum as if the update had not compiled."""
+    def adam(p, g, m, v):
+        m = jax.tree_util.tree_map(lambda m, g: 0.9 * m + 0.1 * g, m, g)
+        v = jax.tree_util.tree_map(lambda v, g: 0.99 * v + 0.01 * g * g, v, g)
+        norm = jnp.sqrt(sum(jnp.sum(x * x) for x in jax.tree_util.tree_leaves(g)))
+        return jax.tree_util.tree_map(lambda p, m, v: p - 1e-3 * m / (jnp.sqrt(v) + 1e-8), p, m, v), m, v, norm
+
+    shapes = {"w": (5, 3), "b": (3,), "empty": (0,), "empty2": (3, 0)}
+    p, g, m = ({k: jnp.asarray(rng.standard_normal(s), jnp.float32) for k, s in shapes.items()} for _ in range(3))
+    v = jax.tree_util.tree_map(jnp.abs, m)
+    with caplog.at_level(logging.WARNING, logger="pallaskit"):
+        out = pallaskit.jit(adam)(p, g, m, v)
+    for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(jax.jit(adam)(p, g, m, v))):
+        assert a.shape == b.shape
+        assert_close(a, b)
+    assert pallaskit.explain(adam, p, g, m, v).fallbacks == []
+    assert not [r for r in caplog.records if "runs through XLA" in r.message]
+
+
 def test_prng_and_control_flow_run_through_xla(rng):
     def f(key, x):
         noise = jax.random.normal(key, x.shape)

@@ -209,6 +209,28 @@ def test_while_loop_with_a_data_dependent_condition(rng):
     assert "lax.while_loop(" in e.source
 
 
+def test_while_loop_with_a_batched_predicate(rng):
+    """vmap of a while_loop whose condition depends on the batched carry leaves
+    a predicate with the batch's shape: the loop runs while any element's holds,
+    and an element whose predicate is false keeps its carry (a crash before)."""
+    def collatz(n):
+        def body(s):
+            return jnp.where(s[0] % 2 == 0, s[0] // 2, 3 * s[0] + 1), s[1] + 1
+        return jax.lax.while_loop(lambda s: s[0] != 1, body, (n, 0))
+
+    def newton(x):  # a float carry of rank 2 under a predicate of rank 1
+        def cond(s):
+            return (s[0] < 30) & (jnp.max(jnp.abs(s[1] * s[1] - x)) > 1e-4)
+        return jax.lax.while_loop(cond, lambda s: (s[0] + 1, 0.5 * (s[1] + x / s[1])), (0, jnp.ones_like(x)))
+
+    e = _check(jax.vmap(collatz), jnp.arange(1, 12, dtype=jnp.int32))
+    assert "lax.while_loop(" in e.source
+    x = jnp.abs(_normal(rng, (5, 4, 3), jnp.float32, 3.0)).at[2].set(1.0)
+    _check(jax.vmap(newton), x)
+    _check(jax.vmap(jax.vmap(newton)), x)  # a predicate of rank 2
+    _check(jax.vmap(pallaskit.jit(newton)), x)
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.int32, jnp.bool_])
 def test_cond_with_operands_of_several_dtypes(rng, dtype):
     def f(p, x, y):

@@ -370,6 +370,41 @@ def test_in_shardings_with_sharded_argument(rng):
         pallaskit.jit(f, in_shardings=(rep, rep))(jax.device_put(x0, rows), jnp.asarray(y0))
 
 
+@needs8
+def test_out_shardings_prefix_and_in_shardings_of_unplaced_arguments(rng):
+    """out_shardings is a pytree prefix of the outputs, as in jax.jit (a tuple
+    over a (params dict, loss) result crashed: it went to the program of flat
+    outputs as it was), None in it leaves the output to jax.jit's propagation,
+    and in_shardings over arrays on the default device give jax.jit's output
+    shardings (they came out replicated)."""
+    mesh = _mesh((4, 2), ("data", "model"))
+    rows, rep = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())
+    w = {"a": jax.device_put(_special(rng, (6, 4), np.float32), NamedSharding(mesh, P(None, "model"))),
+         "b": jax.device_put(rng.standard_normal(4).astype(np.float32), NamedSharding(mesh, P("model")))}
+    x = jax.device_put(rng.standard_normal((8, 6)).astype(np.float32), rows)
+
+    def step(w, x):
+        loss = lambda w: jnp.mean(jnp.tanh(x @ w["a"] + w["b"]) ** 2)
+        val, g = jax.value_and_grad(loss)(w)
+        return jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, w, g), val
+
+    for out_shardings in ((None, rep), ({"a": rep, "b": None}, None), rep):
+        ref = jax.jit(step, out_shardings=out_shardings)(w, x)
+        _check(pallaskit.jit(step, out_shardings=out_shardings)(w, x), ref)
+
+    def f(x, y):
+        return {"a": jnp.exp(x) * 2.0, "b": [x.sum(0), None, (x * y).T], "c": x[0]}
+
+    x0, y0 = jnp.asarray(_special(rng, (8, 3), np.float32)), jnp.asarray(rng.standard_normal((8, 3)), jnp.float32)
+    for kw in ({"in_shardings": rows}, {"in_shardings": (rows, None)},
+               {"out_shardings": {"a": rows, "b": rep, "c": None}},
+               {"in_shardings": (None, rows), "out_shardings": {"a": None, "b": [rep, None, NamedSharding(mesh, P(None, "data"))],
+                                                         "c": rep}}):
+        _check(pallaskit.jit(f, **kw)(x0, y0), jax.jit(f, **kw)(x0, y0))
+    with pytest.raises(ValueError, match="prefix"):
+        pallaskit.jit(f, out_shardings=(rows, rows))(x0, y0)
+
+
 # --------------------------------------------------------------------------- #
 # kernels per shard ([Note: per-shard kernels] in pallaskit/per_shard.py)
 # --------------------------------------------------------------------------- #

@@ -264,6 +264,20 @@ def test_size_used_as_a_value(rng):
     assert metrics.counters["eager_launches"] == 3
 
 
+def test_square_dynamic_sizes(rng):
+    """A square array's size is n**2: Triton's tensors have no ``**``, so index
+    and extent source writes it as a product (the kernel raised TypeError)."""
+    def fn(x):
+        return jnp.trace(x), jnp.diag(x) * 2, x.T + x
+
+    with pallaskit.config.override(kernel_backend="triton"):
+        f = pallaskit.jit(fn)
+        for n in (4, 6, 7, 1, 6):
+            x = _normal(rng, (n, n), jnp.float32)
+            for got, want in zip(f(x), jax.jit(fn)(x)):
+                assert_close(got, want)
+
+
 def _softmax_f(x, w):
     return jax.nn.softmax(x * w, axis=-1)
 

@@ -197,6 +197,29 @@ def test_bit_ops_every_width(dtype, rng, triton_only):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
+@pytest.mark.parametrize("dtype", INT_DTYPES, ids=lambda d: np.dtype(d).name)
+def test_sign_not_and_float_to_int_every_width(dtype, rng, triton_only):
+    """sign and ~ of unsigned ints (sign compared them with -1, which Triton
+    refuses; the interpreter's ~ built -1 in the unsigned type), and float32 /
+    bfloat16 -> int conversion as XLA does it: NaN is 0, values past the
+    range saturate (a plain cast left them undefined: INT_MIN in the interpreter)."""
+    info = np.iinfo(dtype)
+    x = rng.integers(info.min, info.max, size=(2, 37), endpoint=True).astype(dtype)
+    x[0, :4] = [0, info.max, info.min, 1]
+    edges = [np.nan, np.inf, -np.inf, 0.0, -0.0, -0.7, 0.7, 1e20, -1e20, info.max + 0.5, info.min - 0.5,
+             float(info.max) * 2 + 3, float(info.min) * 2 - 3, info.max - 0.5, info.min + 0.5, 2.0 ** 31, -2.0 ** 31]
+    f = (rng.standard_normal(67) * float(info.max) * 0.7).astype(np.float32)
+    f[:len(edges)] = edges
+
+    def fn(x, f):
+        return jnp.sign(x), ~x, f.astype(dtype), f.astype(BF16).astype(dtype)
+
+    x, f = jnp.asarray(x), jnp.asarray(f)
+    for g, w in zip(pallaskit.jit(fn)(x, f), jax.jit(fn)(x, f)):
+        assert g.dtype == w.dtype
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
 # --------------------------------------------------------------------------- #
 # Reductions: prod, argmax, argmin (persistent and looped)
 # --------------------------------------------------------------------------- #
@@ -289,7 +312,8 @@ _COMPILE_SCRIPT = textwrap.dedent('''
 
     def ints(x):
         return (lax.shift_left(x, x), lax.shift_right_logical(x, x), lax.shift_right_arithmetic(x, x),
-                lax.clz(x), lax.population_count(x))
+                lax.clz(x), lax.population_count(x), jnp.sign(x), ~x,
+                (x.astype(jnp.float32) * 0.5).astype(x.dtype), (x.astype(jnp.bfloat16) * 0.5).astype(x.dtype))
 
     def reductions(x):
         return jnp.argmax(x, -1), jnp.argmin(x, -1), jnp.prod(x, -1)

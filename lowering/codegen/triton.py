@@ -699,11 +699,25 @@ class TritonEmitter(KernelEmitter):
             if is_16bit_float(e.args[0].dtype):  # in float32 (exact): the interpreter's 16-bit math is not
                 return "(({0}.to(tl.float32) - {0}.to(tl.float32)) == 0)"
             return "(({0} - {0}) == 0)"
+        if e.op == "sign" and np.dtype(e.dtype).kind == "u":  # no -1 to compare an unsigned value with
+            return self.cast_text("({0} != 0)", e.dtype)
         if e.op == "sign":  # 0, -0 and NaN are their own sign (integer floor division needs sign)
             return self.cast_text("tl.where({0} > 0, 1, tl.where({0} < 0, -1, {0}))", e.dtype)
+        if e.op == "not" and np.dtype(e.dtype).kind == "u":  # the interpreter's ~ builds -1 in the unsigned type
+            signed = self.dtype_text(np.dtype(f"int{8 * np.dtype(e.dtype).itemsize}"))
+            return f"(~{{0}}.to({signed}, bitcast=True)).to({self.dtype_text(e.dtype)}, bitcast=True)"
         if e.op == "not":
             return "({0} == 0)" if e.dtype == np.bool_ else "(~{0})"
         if e.op == "convert_element_type":
+            new = np.dtype(params["new_dtype"])
+            if new.kind in "iu" and is_float(e.args[0].dtype):
+                # XLA's float -> int: NaN is 0 and out-of-range values saturate
+                # (a plain cast is undefined there: the interpreter gives INT_MIN)
+                lo, hi = np.iinfo(new).min, np.iinfo(new).max
+                # in float32 (exact): the interpreter's 16-bit compares are not
+                x = "{0}.to(tl.float32)" if is_16bit_float(e.args[0].dtype) else "{0}"
+                return self.cast_text(f"tl.where({x} != {x}, 0, tl.where({x} >= {float(hi)!r}, {hi}, "
+                                      f"tl.where({x} <= {float(lo)!r}, {lo}, {x}.to({self.dtype_text(new)}))))", new)
             return self.cast_text("{0}", params["new_dtype"])
         if e.op not in OPS:
             raise TritonUnsupported(f"op {e.op}")

@@ -62,7 +62,32 @@ class XlaArgs:
             elif not have.is_equivalent_to(user, len(avals[i].shape)):
                 raise ValueError(f"Sharding passed to jit does not match the sharding on the respective arg. "
                                  f"Got jit sharding: {user},\narg sharding: {have} for arg type: {avals[i]}")
-        return dataclasses.replace(self, in_shardings=None, placed=sharding.Placed(merged, flat_fn, avals))
+        return dataclasses.replace(self, in_shardings=None,
+                                   placed=sharding.Placed(merged, flat_fn, avals, self.out_shardings))
+
+    def for_outputs(self, out_tree, title: str = "") -> XlaArgs:
+        """These arguments with the user's ``out_shardings`` (a pytree prefix of
+        the function's outputs, as jax.jit takes it) made one per flat output:
+        the generated program returns the flat outputs."""
+        spec = self.out_shardings
+        if spec is None or _is_sharding_leaf(spec):
+            return self  # one sharding: jax.jit gives it to every output
+        spec_tree = jax.tree_util.tree_structure(spec, is_leaf=_is_sharding_leaf)
+        try:
+            subtrees = spec_tree.flatten_up_to(out_tree.unflatten(range(out_tree.num_leaves)))
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"pallaskit.jit: {title}: out_shardings {spec!r} is not a pytree prefix of the "
+                             f"function's outputs {out_tree}: {e}") from None
+        flat = [s for s, sub in zip(jax.tree_util.tree_leaves(spec, is_leaf=_is_sharding_leaf), subtrees)
+                for _ in jax.tree_util.tree_leaves(sub)]
+        return dataclasses.replace(self, out_shardings=tuple(flat))
+
+    def names_shardings(self) -> bool:
+        """Whether the user's ``in_shardings`` / ``out_shardings`` name a sharding
+        (then jax.jit's output shardings are wanted: [Note: sharding])."""
+        return any(isinstance(s, jax.sharding.Sharding)
+                   for spec in (self.in_shardings, self.out_shardings) if spec is not None
+                   for s in jax.tree_util.tree_leaves(spec, is_leaf=_is_sharding_leaf))
 
     def jit_kwargs(self, n_constants: int) -> dict:
         """``jax.jit`` keyword arguments for ``call(*leaves, *constants)``."""
@@ -162,6 +187,8 @@ def lower(call: Callable, structs, constants, xla: XlaArgs | None):
         call = placed.per_shard.wrap(call, len(constants))
     if "out_shardings" not in kw:
         kw["out_shardings"] = placed.out_shardings()  # jax.jit's, for these input shardings
+    else:  # the user's, with jax.jit's propagation where they say None
+        kw["out_shardings"] = placed.out_shardings()
     replicated = placed.replicated()
     const_structs = [jax.ShapeDtypeStruct(np.shape(c), np.asarray(c).dtype, sharding=replicated) for c in constants]
     with placed.context():
