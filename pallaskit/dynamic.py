@@ -45,7 +45,7 @@ log = logging.getLogger("pallaskit")
 # Automatic dynamic compiles the symbolic program when a second size comes,
 # and that size waits for it: on a GPU its trace, passes and, the most of it,
 # Triton compiling the eager kernels. Option ``automatic_dynamic_speculate``
-# (on by default: the dynamic sweep of benchmarks/cold_start.py took 1.2 s with
+# (off by default; the dynamic sweep of benchmarks/cold_start.py took 1.2 s with
 # it, 1.9 s without, in benchmarks/RESULTS.md "Session 23") starts that work earlier, at a signature's first (static) compile, while
 # XLA compiles (``executable.aot_compile``'s ``while_compiling``: XLA leaves
 # the GIL free) on a background thread (runtime/eager.py ``submit``), for a guess of

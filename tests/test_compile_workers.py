@@ -187,6 +187,7 @@ _EAGER_SCRIPT = textwrap.dedent('''
     import concurrent.futures
     pool = concurrent.futures.ThreadPoolExecutor(2)  # two compile threads, as on a 2-core machine
     triton_call._compile_pool = lambda: pool  # (a third thread would compile while its worker starts)
+    orchestrator.PRESTART_WORKERS = 2  # one for each of them (the default: one for each of up to 8)
 
     SOURCE = """
     import triton
