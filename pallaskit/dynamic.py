@@ -45,8 +45,7 @@ log = logging.getLogger("pallaskit")
 # Automatic dynamic compiles the symbolic program when a second size comes,
 # and that size waits for it: on a GPU its trace, passes and, the most of it,
 # Triton compiling the eager kernels. Option ``automatic_dynamic_speculate``
-# (off by default; the dynamic sweep of benchmarks/cold_start.py took 1.2 s with
-# it, 1.9 s without, in benchmarks/RESULTS.md "Session 23") starts that work earlier, at a signature's first (static) compile, while
+# starts that work earlier, at a signature's first (static) compile, while
 # XLA compiles (``executable.aot_compile``'s ``while_compiling``: XLA leaves
 # the GIL free) on a background thread (runtime/eager.py ``submit``), for a guess of
 # the axes (``_guess_axes``: each argument's leading axis whose size no other
@@ -59,7 +58,10 @@ log = logging.getLogger("pallaskit")
 # Triton compiles (``EagerProgram.precompile``, on the compile threads, in
 # their compile workers: [Note: compile workers] in runtime/triton_compile.py)
 # off the GIL too, its trace and passes not, once XLA is done: programs of
-# more than ``SPECULATE_MAX_EQUATIONS`` equations are not guessed for.
+# more than ``SPECULATE_MAX_EQUATIONS`` equations are not guessed for. It is
+# off by default: it made the dynamic sweep faster (benchmarks/RESULTS.md,
+# "Session 23"), but the GPU tests that count compiles, kernels and cache
+# entries do not yet expect the speculative compile.
 
 
 def entry(jf, leaves, avals, treedef, static_pos, static_kw, n_args) -> Compiled | None:

@@ -439,10 +439,10 @@ def _warm_up_for_eager(options):
 
 
 # Compile workers started as a GPU compile begins (``_start_compile_workers``),
-# one for each compile thread (``triton_call._compile_pool``): each starts in a
-# few tenths of a second, beside the passes rather than after them (a ResNet
-# block's 27 kernels: 3.00 s cold with 2 started, 2.28 s with 8; benchmarks/
-# RESULTS.md, "Session 23").
+# one for each compile thread (``triton_call._compile_pool``): each takes a few
+# tenths of a second to start, so they start beside the passes rather than
+# when the first kernels wait for them (two left most threads waiting: a ResNet
+# block's cold compile in benchmarks/RESULTS.md, "Session 23").
 PRESTART_WORKERS = 8
 
 
