@@ -165,3 +165,50 @@ def run_python_on_cpu(script: str, timeout: float):
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
                           timeout=timeout)
+
+
+# An eager program (runtime/eager.py) of two kernels and one that does not compile,
+# and a stand-in for the GPU TritonKernel._compile asks of (an H100: compiled for
+# it, loaded nowhere): test_triton_launch's and test_compile_workers' scripts run
+# it in a fresh process, this text in place of their ``__EAGER_FIXTURE__`` line.
+EAGER_FIXTURE = '''
+SOURCE = """
+import triton
+import triton.language as tl
+
+@triton.jit
+def scale_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 3, mask=offs < n)
+
+@triton.jit
+def gelu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n).to(tl.float32)
+    y = 0.5 * x * (1 + tl.erf(x * 0.7071067811865476))
+    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=offs < n)
+
+@triton.jit
+def broken_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.no_such_op(tl.load(x_ptr + offs)))
+
+def launch(run, kernels, x):
+    n = x.shape[0]
+    a = run.empty((n,), x.dtype)
+    run(kernels["scale"], (triton.cdiv(n, 256),), x, a, n, BLOCK=256)
+    b = run.empty((n,), x.dtype)
+    run(kernels["gelu"], (triton.cdiv(n, 128),), a, b, n, BLOCK=128)
+    if "broken" in kernels:
+        run(kernels["broken"], (1,), b, a, n, BLOCK=128)
+    return run.finish(a, b)
+"""
+
+class Device:
+    compute_capability = "9.0"
+
+class Cuda:  # what TritonKernel._compile asks of the GPU: compiled for an H100, loaded nowhere
+    device = Device()
+    def attribute(self, which): return 232448
+    def load(self, name, cubin, shared): return 1, 1024
+'''

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import run_python_on_cpu
+from tests.conftest import EAGER_FIXTURE, run_python_on_cpu
 
 pytest.importorskip("triton")
 
@@ -189,45 +189,7 @@ _EAGER_SCRIPT = textwrap.dedent('''
     triton_call._compile_pool = lambda: pool  # (a third thread would compile while its worker starts)
     orchestrator.PRESTART_WORKERS = 2  # one for each of them (the default: one for each of up to 8)
 
-    SOURCE = """
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def scale_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 3, mask=offs < n)
-
-    @triton.jit
-    def gelu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        x = tl.load(x_ptr + offs, mask=offs < n).to(tl.float32)
-        y = 0.5 * x * (1 + tl.erf(x * 0.7071067811865476))
-        tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=offs < n)
-
-    @triton.jit
-    def broken_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
-        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(out_ptr + offs, tl.no_such_op(tl.load(x_ptr + offs)))
-
-    def launch(run, kernels, x):
-        n = x.shape[0]
-        a = run.empty((n,), x.dtype)
-        run(kernels["scale"], (triton.cdiv(n, 256),), x, a, n, BLOCK=256)
-        b = run.empty((n,), x.dtype)
-        run(kernels["gelu"], (triton.cdiv(n, 128),), a, b, n, BLOCK=128)
-        if "broken" in kernels:
-            run(kernels["broken"], (1,), b, a, n, BLOCK=128)
-        return run.finish(a, b)
-    """
-
-    class Device:
-        compute_capability = "9.0"
-
-    class Cuda:  # what TritonKernel._compile asks of the GPU: compiled for an H100, loaded nowhere
-        device = Device()
-        def attribute(self, which): return 232448
-        def load(self, name, cubin, shared): return 1, 1024
+    __EAGER_FIXTURE__
 
     triton_launch._cuda_for = lambda device: Cuda()
     cache.enabled = lambda: False  # every program compiles (the artifacts: at the end)
@@ -318,7 +280,7 @@ _EAGER_SCRIPT = textwrap.dedent('''
     triton_compile.Worker.compile = lambda *a: jobs.append("again")
     assert compile_all() == {} and here == [] and jobs[-1] != "again", (here, jobs)  # from the artifacts
     print("ok")
-''')
+''').replace("__EAGER_FIXTURE__", EAGER_FIXTURE)
 
 
 @pytest.mark.skipif(os.name != "posix", reason="compile workers need POSIX pipes")

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.conftest import assert_close, run_python_on_cpu
+from tests.conftest import EAGER_FIXTURE, assert_close, run_python_on_cpu
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
@@ -272,45 +272,7 @@ def test_an_eager_programs_kernels_compile_at_once_on_the_compile_threads(tmp_pa
         # on the threads themselves (in their compile workers: tests/test_compile_workers.py)
         pallaskit.config.update(triton_compile_processes=False)
 
-        SOURCE = """
-        import triton
-        import triton.language as tl
-
-        @triton.jit
-        def scale_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
-            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-            tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 3, mask=offs < n)
-
-        @triton.jit
-        def gelu_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
-            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-            x = tl.load(x_ptr + offs, mask=offs < n).to(tl.float32)
-            y = 0.5 * x * (1 + tl.erf(x * 0.7071067811865476))
-            tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=offs < n)
-
-        @triton.jit
-        def broken_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
-            offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-            tl.store(out_ptr + offs, tl.no_such_op(tl.load(x_ptr + offs)))
-
-        def launch(run, kernels, x):
-            n = x.shape[0]
-            a = run.empty((n,), x.dtype)
-            run(kernels["scale"], (triton.cdiv(n, 256),), x, a, n, BLOCK=256)
-            b = run.empty((n,), x.dtype)
-            run(kernels["gelu"], (triton.cdiv(n, 128),), a, b, n, BLOCK=128)
-            if "broken" in kernels:
-                run(kernels["broken"], (1,), b, a, n, BLOCK=128)
-            return run.finish(a, b)
-        """
-
-        class Device:
-            compute_capability = "9.0"
-
-        class Cuda:  # what TritonKernel._compile asks of the GPU
-            device = Device()
-            def attribute(self, which): return 232448
-            def load(self, name, cubin, shared): return 1, 1024
+        __EAGER_FIXTURE__
 
         threads, compiles = set(), []
         real = triton_launch._compile_uncached
@@ -353,7 +315,7 @@ def test_an_eager_programs_kernels_compile_at_once_on_the_compile_threads(tmp_pa
         else:
             raise AssertionError("no error")
         print("ok")
-    ''')
+    ''').replace("__EAGER_FIXTURE__", EAGER_FIXTURE)
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=str(tmp_path / "triton"),
                ARTIFACTS=str(tmp_path / "pallaskit"))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env)

@@ -599,10 +599,8 @@ def write_pointwise(em, kernel: Kernel, bodies, cfg, runtime_extents: bool = Fal
     ``runtime_extents``: ``ROWS`` / ``COLS`` are values known only at run time
     (a shared combo part's parameters), never written into the body."""
     w = em.w
-    if runtime_extents:
-        w.line("col_blocks = (COLS + BLOCK_C - 1) // BLOCK_C")
-    else:
-        w.line(f"col_blocks = {cdiv_source(kernel.cols, cfg.block_cols, 'COLS', 'BLOCK_C')}")
+    cols = sizes.dim_symbol("COLS") if runtime_extents else kernel.cols
+    w.line(f"col_blocks = {cdiv_source(cols, cfg.block_cols, 'COLS', 'BLOCK_C')}")
     w.line(f"xr = (pid // col_blocks) * BLOCK_R + {em.iota_text(0, 'BLOCK_R')}")
     w.line(f"xc = (pid % col_blocks) * BLOCK_C + {em.iota_text(1, 'BLOCK_C')}")
     w.line("rmask = xr < ROWS")
