@@ -31,7 +31,11 @@ kernels of the same code each their own launch: [Note: shared Pallas kernels]); 
 kernels compile on N threads, not ``triton_call._compile_pool``'s, each with its worker process);
 ``noprocs`` (option ``triton_compile_processes=False``: raw-Triton kernels compile on the threads
 themselves, not in worker processes: [Note: compile workers]); ``prestart=N`` (N compile workers started as
-the compile begins, ``orchestrator.PRESTART_WORKERS``).
+the compile begins, ``orchestrator.PRESTART_WORKERS``); ``nograph`` (option ``command_buffers=False``);
+``xla:FLAGS`` (default options, XLA_FLAGS extended by FLAGS, e.g. ``xla:--xla_gpu_autotune_level=0``). Any
+variant with the suffix ``+warm`` first compiles and runs another small jax.jit program, untimed, so that XLA's
+one-time costs in a process are paid before the clock. Workloads: ``mlp:ROWS`` is the dynamic sweep's gelu
+MLP (bf16 1024 x 4096 x 1024) at ROWS rows.
 
     # on the GPU: the 183-array AdamW of benchmarks/models.py (GPT-2 small shapes)
     JAX_PLATFORMS=cuda PYTHONPATH=. python -m benchmarks.cold_breakdown \\
@@ -57,7 +61,7 @@ import threading
 import time
 
 RESULT = "RESULT "
-WORKLOADS = ("gpt2_adamw", "gpt2_adamw_clip", "gpt2_train[:L]", "adamw:N", "momentum:N", "small", "model:NAME")
+WORKLOADS = ("gpt2_adamw", "mlp:ROWS", "gpt2_adamw_clip", "gpt2_train[:L]", "adamw:N", "momentum:N", "small", "model:NAME")
 DEFAULT_VARIANTS = "jax.jit,pallaskit,members=32,members=8,nocombo"
 
 
@@ -104,6 +108,16 @@ def make(workload: str):
                              f"{', '.join(s['name'] for s in models.MODEL_SPECS)}")
         inputs = spec["make_inputs"](spec["sizes"]["full"], jnp.bfloat16, jax.random.key(0))
         return spec["jax_fn"], [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in inputs], lambda: inputs
+    if workload.startswith("mlp:"):
+        # the dynamic sweep's gelu MLP (benchmarks/workloads.py, bf16 1024 x 4096 x 1024) at ROWS rows
+        from benchmarks.workloads import gelu_mlp
+
+        rows = int(workload.split(":", 1)[1])
+        rng = np.random.default_rng(0)
+        xs = [rng.standard_normal(s) * (s[0] ** -0.5 if i else 1.0) for i, s in
+              enumerate([(rows, 1024), (1024, 4096), (4096, 1024)])]
+        return gelu_mlp, [jax.ShapeDtypeStruct(x.shape, jnp.bfloat16) for x in xs], \
+            lambda: [jnp.asarray(x, jnp.bfloat16) for x in xs]
     if workload == "small":
         def fn(x):
             return jnp.tanh(x) * 2 + jnp.sum(x, -1, keepdims=True)
@@ -192,10 +206,16 @@ def _kernels(result) -> list[dict]:
 
 def child(workload: str, variant: str) -> dict:
     import jax
+    import jax.numpy as jnp
 
     os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
     row = {"workload": workload, "variant": variant, "platform": jax.default_backend()}
     fn, structs, arrays = make(workload)
+    if variant.endswith("+warm"):  # XLA's one-time costs in a process paid before the clock, by another program
+        variant = variant.removesuffix("+warm")
+        jax.block_until_ready(jax.jit(lambda x: jnp.tanh(x) * 2 + 1)(jnp.ones((8, 128))))
+    if variant.startswith("xla:"):  # XLA flags (set in the environment by run_child) with default options
+        variant = "pallaskit"
     cpu0 = time.process_time()
     if variant == "jax.jit":
         t = time.perf_counter()
@@ -235,6 +255,8 @@ def child(workload: str, variant: str) -> dict:
             from pallaskit.runtime import triton_call as _tc
             pool = concurrent.futures.ThreadPoolExecutor(int(variant.split("=", 1)[1]))
             _tc._compile_pool = lambda: pool
+        elif variant == "nograph":  # no command buffer for small programs ([Note: command buffers])
+            pallaskit.config.update(command_buffers=False)
         elif variant == "noprocs":
             pallaskit.config.update(triton_compile_processes=False)
         elif variant.startswith("prestart="):  # compile workers started as the compile begins (default 2)
@@ -298,6 +320,8 @@ def run_child(workload: str, variant: str, timeout: float) -> dict:
     env = dict(os.environ)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
+    if variant.startswith("xla:"):  # e.g. xla:--xla_gpu_autotune_level=0 (space-separated flags)
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + variant[4:].removesuffix("+warm")).strip()
     cmd = [sys.executable, "-m", "benchmarks.cold_breakdown", "--child", json.dumps([workload, variant])]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=repo)

@@ -15,8 +15,8 @@ Rows: ``jax.jit``; ``pallaskit`` (default options: automatic dynamic on);
 imported before the clock, so that ``pallaskit`` minus it is the compiler's
 import time; ``cpu`` is the process's CPU seconds over the same calls (all
 threads; a loaded machine inflates wall seconds, not these); ``pallaskit dynamic=`` (sweep only: the row axis given);
-``pallaskit speculate``: default options plus ``automatic_dynamic_speculate``
-([Note: dynamic speculation] in pallaskit/dynamic.py); ``... eager-threads``:
+``pallaskit nospeculate``: default options but ``automatic_dynamic_speculate``
+off ([Note: dynamic speculation] in pallaskit/dynamic.py); ``... eager-threads``:
 the same with eager kernels compiled on the compile threads themselves, not in
 their compile workers ([Note: compile workers] in
 pallaskit/runtime/triton_compile.py; kernels inside XLA still in workers). ``background``: the
@@ -58,8 +58,8 @@ import threading
 import time
 
 RESULT = "RESULT "
-ROWS = ("jax.jit", "pallaskit", "pallaskit+pre", "pallaskit dynamic=", "pallaskit speculate",
-        "pallaskit eager-threads", "pallaskit speculate eager-threads")
+ROWS = ("jax.jit", "pallaskit", "pallaskit+pre", "pallaskit dynamic=", "pallaskit nospeculate",
+        "pallaskit eager-threads")
 SMOKE_ROWS, SMOKE_DIMS = (5, 17, 33, 64, 100), (32, 64, 32)
 
 
@@ -209,8 +209,8 @@ def spawn(case: str, row: str, smoke: bool, pycache: str | None, timeout: float)
         env.pop("PYTHONDONTWRITEBYTECODE", None)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    if row.startswith("pallaskit speculate"):
-        env["PALLASKIT_AUTOMATIC_DYNAMIC_SPECULATE"] = "1"
+    if row == "pallaskit nospeculate":
+        env["PALLASKIT_AUTOMATIC_DYNAMIC_SPECULATE"] = "0"
     spec = {"case": case, "row": row, "smoke": smoke}
     try:
         proc = subprocess.run([sys.executable, "-m", "benchmarks.cold_start", "--child", json.dumps(spec)], env=env,

@@ -240,8 +240,8 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "size-dependent branch, a shape computed from a size), each size compiles on its own, and a size that "
            "an equality test in the trace depended on (x.shape[0] == 1) compiles on its own too. Off: one "
            "compilation per size, as jax.jit.", _parse_bool, _check_bool, "true, false"),
-    Option("automatic_dynamic_speculate", False, "Automatic dynamic: while XLA compiles a function's first "
-           "static program, compile in the background the shape-generic program a second size would need, for "
+    Option("automatic_dynamic_speculate", True, "Automatic dynamic: while JAX and XLA compile a function's "
+           "first static program, compile in the background the shape-generic program a second size would need, for "
            "a guess of its dynamic axes (each argument's leading axis whose size no other axis has), with its "
            "eager kernels; a second size that changes exactly those axes then runs at once. Only where new sizes "
            "launch eagerly (option dynamic_launch), for programs of up to 500 equations. It costs a function that "

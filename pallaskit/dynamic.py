@@ -45,23 +45,24 @@ log = logging.getLogger("pallaskit")
 # Automatic dynamic compiles the symbolic program when a second size comes,
 # and that size waits for it: on a GPU its trace, passes and, the most of it,
 # Triton compiling the eager kernels. Option ``automatic_dynamic_speculate``
-# starts that work earlier, at a signature's first (static) compile, while
-# XLA compiles (``executable.aot_compile``'s ``while_compiling``: XLA leaves
-# the GIL free) on a background thread (runtime/eager.py ``submit``), for a guess of
-# the axes (``_guess_axes``: each argument's leading axis whose size no other
-# axis has). The guess becomes the symbolic signature a second size changing
-# exactly those axes would get (``_changed_axes``, same symbols), whose
-# ``entry`` takes the result (waiting for it if unfinished) instead of
-# compiling. Another second size compiles as usual; a guess that cannot
-# compile is dropped silently. The cost is a compile that a function that
-# never changes size does not need, off the calling thread: its eager kernels'
-# Triton compiles (``EagerProgram.precompile``, on the compile threads, in
-# their compile workers: [Note: compile workers] in runtime/triton_compile.py)
-# off the GIL too, its trace and passes not, once XLA is done: programs of
-# more than ``SPECULATE_MAX_EQUATIONS`` equations are not guessed for. It is
-# off by default: it made the dynamic sweep faster (benchmarks/RESULTS.md,
-# "Session 23"), but the GPU tests that count compiles, kernels and cache
-# entries do not yet expect the speculative compile.
+# (on by default) starts that work earlier, at a signature's first (static)
+# compile, once the passes are done and before JAX lowers the program
+# (``executable.aot_compile``'s ``while_compiling``): the lowering's wait for
+# the raw-Triton kernels and XLA's compile after it leave the GIL free. It runs
+# on a background thread (runtime/eager.py ``submit``), for a guess of the axes
+# (``_guess_axes``: each argument's leading axis whose size no other axis has).
+# The guess becomes the symbolic signature a second size changing exactly those
+# axes would get (``_changed_axes``, same symbols), whose ``entry`` takes the
+# result (waiting for it if unfinished) instead of compiling. Another second
+# size compiles as usual; a guess that cannot compile is dropped silently. The
+# cost is a compile that a function that never changes size does not need, off
+# the calling thread: its eager kernels' Triton compiles
+# (``EagerProgram.precompile``, on the compile threads, in their compile
+# workers: [Note: compile workers] in runtime/triton_compile.py) off the GIL
+# too, its trace and passes not: programs of more than
+# ``SPECULATE_MAX_EQUATIONS`` equations are not guessed for. Measured in
+# benchmarks/RESULTS.md, "Session 24": the dynamic sweep's second size no
+# longer waits, and a small function's first call moves within the noise.
 
 
 def entry(jf, leaves, avals, treedef, static_pos, static_kw, n_args) -> Compiled | None:
@@ -253,8 +254,8 @@ def speculation(jf, avals, treedef, static_pos, static_kw, n_args):
     """Option ``automatic_dynamic_speculate`` ([Note: dynamic speculation]): at
     a function's first static compile, a callable that starts, on a background
     thread, the symbolic compile a second size changing the guessed axes would
-    run, and its eager kernels' compiles; the orchestrator calls it as XLA
-    compiles (which leaves the GIL free). None where nothing is guessed or new
+    run, and its eager kernels' compiles; the orchestrator calls it before JAX
+    lowers the static program. None where nothing is guessed or new
     sizes would not launch eagerly; the callable takes the static program's
     closed jaxpr and starts nothing for one of more than
     ``SPECULATE_MAX_EQUATIONS`` equations."""

@@ -112,16 +112,17 @@ def aot_compile(call, structs, constants, xla=None, while_compiling: Callable | 
     """The generated program's ``call`` compiled by XLA now (a
     ``jax.stages.Compiled``). ``xla``: the signature's donation and shardings,
     a sharded signature's placement included ([Note: XLA arguments] in
-    runtime/xla_args.py). ``while_compiling``: called once lowering is done,
-    just before XLA compiles (which leaves the GIL free for a thread it starts)."""
-    with gc_pause.paused():  # JAX traces and lowers the program ([Note: no collections while compiling])
-        lowered = xla_args.lower(call, structs, constants, xla)
+    runtime/xla_args.py). ``while_compiling``: called before JAX lowers the
+    program, whose wait for its raw-Triton kernels and XLA's compile after it
+    leave the GIL free for a thread it starts."""
     if while_compiling is not None:
         try:
             while_compiling()
         except Exception as e:  # noqa: BLE001  (work beside the compile: its failure is not the program's)
             logging.getLogger("pallaskit").debug("pallaskit: work started beside XLA's compile failed (%s: %s)",
                                                  type(e).__name__, e)
+    with gc_pause.paused():  # JAX traces and lowers the program ([Note: no collections while compiling])
+        lowered = xla_args.lower(call, structs, constants, xla)
     return lowered.compile(compiler_options=compiler_options() or None)
 
 

@@ -138,8 +138,8 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
     the arguments' shardings ([Note: sharding] in pallaskit/sharding.py),
     which join ``xla`` for the lowering; ``compile_static``: leaves -> (executable,
     constants) of their size's static program, for an eager dispatcher's tier-up;
-    ``while_compiling``: called with the closed jaxpr as XLA compiles a static
-    program (not on a cache hit).
+    ``while_compiling``: called with the closed jaxpr before JAX lowers and XLA
+    compiles a static program (not on a cache hit).
 
     One path, no callbacks: trace -> the compiler (``build``) -> an executable
     (pallaskit/executable.py); the graph cache is asked for an entry first and
@@ -378,7 +378,7 @@ def _from_cache(key, parts, structs, title, started, xla=None) -> Served | None:
 def _compile_new(build, structs, title, started, how: str, key=None, parts=None, xla=None,
                  while_compiling=None) -> Served:
     """Run the compiler and XLA; with a ``key``, keep the result in the cache.
-    ``while_compiling``: started as XLA compiles (``executable.aot_compile``)."""
+    ``while_compiling``: started before JAX lowers the program (``executable.aot_compile``)."""
     result, call, constants = build()
     where = xla.placed.replicated() if xla and xla.placed is not None else None
     compiled = executable.aot_compile(call, structs, constants, xla, while_compiling=while_compiling)
@@ -424,11 +424,12 @@ def _both(first, second):
 
 
 def _warm_up_for_eager(options):
-    """What to start while XLA compiles a static program: where a later new
-    size of an automatic dynamic axis would run eager Triton kernels, triton's
-    import (``triton_launch.warm_up``, once per process), which that size's
-    compile would otherwise wait for beside its passes, both holding the GIL;
-    XLA's compile leaves it free. None where no eager launch can follow."""
+    """What to start beside JAX's lowering and XLA's compile of a static
+    program: where a later new size of an automatic dynamic axis would run
+    eager Triton kernels, triton's import (``triton_launch.warm_up``, once per
+    process), which that size's compile would otherwise wait for beside its
+    passes, both holding the GIL; the lowering's wait for the kernels and XLA's
+    compile leave it free. None where no eager launch can follow."""
     if options.interpret or not options.triton_available or not config.automatic_dynamic:
         return None
     if not eager_wanted(options):

@@ -93,6 +93,8 @@ if DISABLE_PALLAS_TRITON:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "pallas_source: the test inspects Pallas kernels (kernel_backend='pallas')")
+    config.addinivalue_line("markers", "no_speculation: the test counts what a call compiles (compiles, traces, "
+                            "kernels, cache entries, metric rows, dumps) or the collector's state after it")
 
 
 @pytest.fixture(autouse=True)
@@ -104,6 +106,11 @@ def _fresh_state(request):
         # The test reads the Pallas renderer's source (or its lowering): on a GPU, where
         # kernel_backend='auto' means raw Triton, it asks for Pallas.
         pallaskit.config.update(kernel_backend="pallas")
+    if request.node.get_closest_marker("no_speculation"):
+        # On a GPU a function's first compile also starts a speculative symbolic one in the
+        # background ([Note: dynamic speculation] in pallaskit/dynamic.py), with its own trace,
+        # kernels, cache entry, metric rows and collector pause.
+        pallaskit.config.update(automatic_dynamic_speculate=False)
     yield
     pallaskit.wait_compiles()  # background tier-up compiles (runtime/eager.py) end with their test
     pallaskit.config.reset()

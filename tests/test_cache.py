@@ -118,6 +118,7 @@ def _only_entry(tmp_path):
     return os.path.join(tmp_path, "graphs", name)
 
 
+@pytest.mark.no_speculation
 def test_hit_skips_the_compiler_and_replays_metrics(tmp_path, rng, monkeypatch):
     pallaskit.config.update(cache_dir=str(tmp_path))
     args = _args(rng)
@@ -260,6 +261,7 @@ def test_command_buffers_on_the_gpu(rng):
     _command_buffer_cases(rng)
 
 
+@pytest.mark.no_speculation
 def test_eviction_keeps_the_cap_least_recently_used_first(tmp_path, rng):
     pallaskit.config.update(cache_dir=str(tmp_path))
     names = {}

@@ -68,6 +68,7 @@ def test_paused_on_two_threads_turns_it_on_after_the_last(gc_on):
     assert states == [False] and gc.isenabled()
 
 
+@pytest.mark.no_speculation
 def test_the_passes_and_jax_lowering_run_without_collections(gc_on, monkeypatch):
     """The compiler's passes and JAX's trace and lowering of the generated
     program (loaded there) run with the collector off, in ``jit``'s call and

@@ -512,9 +512,10 @@ def test_a_jax_dim_is_parsed_once(monkeypatch):
     assert parsed.count(str(2 * rows + 1)) == 1 and parsed.count(str(rows * cols)) == 1, parsed
 
 
-def test_aot_compile_calls_while_compiling_between_lowering_and_compile(monkeypatch):
-    """executable.aot_compile's hook runs once, after JAX's lowering and before
-    XLA compiles (the window where the GIL is free for the thread it starts)."""
+def test_aot_compile_calls_while_compiling_before_lowering(monkeypatch):
+    """executable.aot_compile's hook runs once, before JAX lowers the program:
+    the lowering's wait for its raw-Triton kernels and XLA's compile after it
+    leave the GIL free for the thread it starts."""
     from pallaskit import executable
     from pallaskit.runtime import xla_args
 
@@ -530,6 +531,7 @@ def test_aot_compile_calls_while_compiling_between_lowering_and_compile(monkeypa
             return self.inner.compile(**kw)
 
     def lower(*a, **k):
+        events.append("lowering")
         out = real_lower(*a, **k)
         events.append("lowered")
         return Lowered(out)
@@ -539,7 +541,7 @@ def test_aot_compile_calls_while_compiling_between_lowering_and_compile(monkeypa
     compiled = executable.aot_compile(lambda a: (a * 2.0,), [jax.ShapeDtypeStruct(x.shape, x.dtype)], [],
                                       while_compiling=lambda: events.append("hook"))
     np.testing.assert_array_equal(np.asarray(compiled(x)[0]), np.asarray(x) * 2.0)
-    assert events == ["lowered", "hook", "compile"]
+    assert events == ["hook", "lowering", "lowered", "compile"]
 
     def broken():
         raise RuntimeError("a side task failed")

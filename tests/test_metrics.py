@@ -31,6 +31,7 @@ def test_unknown_table_name_is_an_error_listing_valid_ones(monkeypatch):
         metrics.log_row("no_such_table", a=1)
 
 
+@pytest.mark.no_speculation
 def test_tables_have_their_columns_and_rows(tmp_path, rng):
     pallaskit.config.update(enabled_metric_tables=",".join(metrics.TABLES), metrics_dir=str(tmp_path))
     x = jnp.asarray(rng.standard_normal((37, 100)), jnp.bfloat16)

@@ -121,6 +121,7 @@ RMS_CASES = [(f, n, d) for f in (rmsnorm_bwd_hand, rmsnorm_bwd_vjp, rmsnorm_grad
 RMS_CASES.append((rmsnorm_bwd_vjp,) + CASES[2])
 
 
+@pytest.mark.no_speculation
 @pytest.mark.parametrize("fn,n,dtype", RMS_CASES, ids=lambda v: getattr(v, "__name__", str(v)))
 def test_rmsnorm_backward_one_pass(fn, n, dtype, rng):
     x, w, _, dy = _inputs(rng, n, dtype)
