@@ -280,8 +280,14 @@ def speculation(jf, avals, treedef, static_pos, static_kw, n_args):
     if sym_key in jf._sym or sym_key in jf._speculated:
         return None
     values = {sym: shape[leaf][axis] for (leaf, axis), sym in axes.items()}
+    context = _trace_context()
 
     def run():
+        if _trace_context() != context:
+            # The caller traces under a context of its own (``with jax.default_matmul_precision(...)``,
+            # a rank-promotion or dtype-promotion mode: thread-local in jax) that this thread lacks.
+            log.debug("pallaskit: %s: no speculative compile (the call's jax context is thread-local)", jf._title())
+            return None
         try:
             return compile_and_load()
         except Exception as e:  # noqa: BLE001  (a guess that fails costs nothing but its time)
@@ -311,6 +317,13 @@ def speculation(jf, avals, treedef, static_pos, static_kw, n_args):
         log.debug("pallaskit: %s: compiling it with %s dynamic in the background (a guess)", jf._title(),
                   ", ".join(sorted(set(axes.values()))))
     return start
+
+
+def _trace_context():
+    """jax's configuration that a trace depends on, thread-local overrides included."""
+    from jax._src import config as jax_config
+
+    return jax_config.trace_context()
 
 
 # A symbolic compile's cost grows with the program: a large one's (a training

@@ -629,7 +629,7 @@ def test_speculation_compiles_the_guessed_program_at_the_first_size(rng, dtype):
 
 
 def test_speculation_off_or_a_wrong_guess_changes_nothing(rng):
-    """Off (the default): nothing compiles ahead. A guess the second size does
+    """Off: nothing compiles ahead. A guess the second size does
     not confirm (its other axis changes) is left unused: that size compiles its
     own symbolic program, as without the option."""
     pallaskit.config.update(dynamic_launch="on", cache=False)  # each run compiles its first size
@@ -662,6 +662,23 @@ def test_a_speculation_that_cannot_compile_is_silent(rng, caplog):
         x = jnp.asarray(rng.standard_normal((8, 4)), jnp.float32)
         assert_close(g(x), jax.jit(f)(x))
     assert metrics.counters["dynamic_fallbacks"] == 1 and metrics.counters["dynamic_speculation_hits"] == 0
+
+
+def test_no_speculation_under_a_thread_local_jax_context(rng):
+    """A call under a jax context (``with jax.default_matmul_precision(...)``:
+    thread-local in jax) is not speculated for: the background thread would
+    trace without it. The second size compiles its own symbolic program
+    under the caller's context."""
+    pallaskit.config.update(dynamic_launch="on", automatic_dynamic_speculate=True)
+    fn = lambda a: a @ a.T + 1.0  # noqa: E731
+    f = pallaskit.jit(fn)
+    with jax.default_matmul_precision("highest"):
+        for n in (5, 9):
+            a = jnp.asarray(rng.standard_normal((n, 6)), jnp.float32)
+            assert_close(f(a), jax.jit(fn)(a))
+            pallaskit.wait_compiles()
+    assert metrics.counters["dynamic_speculations"] == 1
+    assert metrics.counters["dynamic_speculation_hits"] == 0
 
 
 def test_guessed_axes_are_leading_axes_of_sizes_found_nowhere_else():
