@@ -32,9 +32,9 @@ kernels compile on N threads, not ``triton_call._compile_pool``'s, each with its
 ``noprocs`` (option ``triton_compile_processes=False``: raw-Triton kernels compile on the threads
 themselves, not in worker processes: [Note: compile workers]); ``prestart=N`` (N compile workers started as
 the compile begins, ``orchestrator.PRESTART_WORKERS``); ``nograph`` (option ``command_buffers=False``);
-``xla:FLAGS`` (default options, XLA_FLAGS extended by FLAGS, e.g. ``xla:--xla_gpu_autotune_level=0``). Any
-variant with the suffix ``+warm`` first compiles and runs another small jax.jit program, untimed, so that XLA's
-one-time costs in a process are paid before the clock. Workloads: ``mlp:ROWS`` is the dynamic sweep's gelu
+``xla:FLAGS`` (XLA_FLAGS extended by FLAGS, e.g. ``xla:--xla_gpu_autotune_level=0``); ``warm`` (first
+compiles and runs another small jax.jit program, untimed, so that XLA's one-time costs in a process are paid
+before the clock). Variants combine with ``+``: ``threads=16+prestart=16``, ``jax.jit+warm``. Workloads: ``mlp:ROWS`` is the dynamic sweep's gelu
 MLP (bf16 1024 x 4096 x 1024) at ROWS rows.
 
     # on the GPU: the 183-array AdamW of benchmarks/models.py (GPT-2 small shapes)
@@ -204,6 +204,36 @@ def _kernels(result) -> list[dict]:
     return out
 
 
+def _apply_variant(variant: str, lowering, heuristics, pallaskit) -> None:
+    """One variant's change to the compiler or its options, in this child process."""
+    if variant.startswith("members="):
+        heuristics.COMBO_MAX_MEMBERS = int(variant.split("=", 1)[1])
+    elif variant == "nocombo":
+        pallaskit.config.update(combo_kernels=False)
+    elif variant == "pallas":
+        pallaskit.config.update(kernel_backend="pallas")
+    elif variant == "noshare":  # every raw-Triton launch its own function ([Note: shared Triton functions])
+        lowering.codegen.program.share_triton_functions = lambda kernels: None
+    elif variant == "nosharepallas":  # every Pallas launch its own kernel ([Note: shared Pallas kernels])
+        lowering.codegen.program.share_pallas_kernels = lambda kernels: None
+    elif variant == "triton":
+        pallaskit.config.update(kernel_backend="triton")
+    elif variant.startswith("threads="):  # raw-Triton kernels compile on N threads (default min(8, cores))
+        import concurrent.futures
+
+        from pallaskit.runtime import triton_call as _tc
+        pool = concurrent.futures.ThreadPoolExecutor(int(variant.split("=", 1)[1]))
+        _tc._compile_pool = lambda: pool
+    elif variant == "nograph":  # no command buffer for small programs ([Note: command buffers])
+        pallaskit.config.update(command_buffers=False)
+    elif variant == "noprocs":
+        pallaskit.config.update(triton_compile_processes=False)
+    elif variant.startswith("prestart="):  # compile workers started as the compile begins (default 2)
+        pallaskit.orchestrator.PRESTART_WORKERS = int(variant.split("=", 1)[1])
+    elif variant != "pallaskit" and not variant.startswith("xla:"):  # xla: flags set by run_child
+        raise ValueError(f"unknown variant {variant!r}")
+
+
 def child(workload: str, variant: str) -> dict:
     import jax
     import jax.numpy as jnp
@@ -211,13 +241,12 @@ def child(workload: str, variant: str) -> dict:
     os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
     row = {"workload": workload, "variant": variant, "platform": jax.default_backend()}
     fn, structs, arrays = make(workload)
-    if variant.endswith("+warm"):  # XLA's one-time costs in a process paid before the clock, by another program
-        variant = variant.removesuffix("+warm")
+    parts = variant.split("+")
+    if "warm" in parts:  # XLA's one-time costs in a process paid before the clock, by another program
+        parts.remove("warm")
         jax.block_until_ready(jax.jit(lambda x: jnp.tanh(x) * 2 + 1)(jnp.ones((8, 128))))
-    if variant.startswith("xla:"):  # XLA flags (set in the environment by run_child) with default options
-        variant = "pallaskit"
     cpu0 = time.process_time()
-    if variant == "jax.jit":
+    if parts == ["jax.jit"]:
         t = time.perf_counter()
         traced = jax.jit(fn).trace(*structs)
         row["trace_s"] = time.perf_counter() - t
@@ -237,32 +266,8 @@ def child(workload: str, variant: str) -> dict:
         from pallaskit.runtime import loader
 
         pallaskit.config.update(cache_dir=tempfile.mkdtemp(prefix="pallaskit-cold-"))
-        if variant.startswith("members="):
-            heuristics.COMBO_MAX_MEMBERS = int(variant.split("=", 1)[1])
-        elif variant == "nocombo":
-            pallaskit.config.update(combo_kernels=False)
-        elif variant == "pallas":
-            pallaskit.config.update(kernel_backend="pallas")
-        elif variant == "noshare":  # every raw-Triton launch its own function ([Note: shared Triton functions])
-            lowering.codegen.program.share_triton_functions = lambda kernels: None
-        elif variant == "nosharepallas":  # every Pallas launch its own kernel ([Note: shared Pallas kernels])
-            lowering.codegen.program.share_pallas_kernels = lambda kernels: None
-        elif variant == "triton":
-            pallaskit.config.update(kernel_backend="triton")
-        elif variant.startswith("threads="):  # raw-Triton kernels compile on N threads (default min(8, cores))
-            import concurrent.futures
-
-            from pallaskit.runtime import triton_call as _tc
-            pool = concurrent.futures.ThreadPoolExecutor(int(variant.split("=", 1)[1]))
-            _tc._compile_pool = lambda: pool
-        elif variant == "nograph":  # no command buffer for small programs ([Note: command buffers])
-            pallaskit.config.update(command_buffers=False)
-        elif variant == "noprocs":
-            pallaskit.config.update(triton_compile_processes=False)
-        elif variant.startswith("prestart="):  # compile workers started as the compile begins (default 2)
-            pallaskit.orchestrator.PRESTART_WORKERS = int(variant.split("=", 1)[1])
-        elif variant != "pallaskit":
-            raise ValueError(f"unknown variant {variant!r}")
+        for part in parts:  # variants combine: threads=16+prestart=16
+            _apply_variant(part, lowering, heuristics, pallaskit)
         clock = _Clock()
         clock.wrap(lowering.lower, "lower", "lower_s")
         clock.wrap(lowering.scheduler, "schedule", "schedule_s")
@@ -320,8 +325,9 @@ def run_child(workload: str, variant: str, timeout: float) -> dict:
     env = dict(os.environ)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = repo + os.pathsep + env.get("PYTHONPATH", "")
-    if variant.startswith("xla:"):  # e.g. xla:--xla_gpu_autotune_level=0 (space-separated flags)
-        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + variant[4:].removesuffix("+warm")).strip()
+    for part in variant.split("+"):
+        if part.startswith("xla:"):  # e.g. xla:--xla_gpu_autotune_level=0 (space-separated flags)
+            env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + part[4:]).strip()
     cmd = [sys.executable, "-m", "benchmarks.cold_breakdown", "--child", json.dumps([workload, variant])]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=repo)
