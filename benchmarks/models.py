@@ -714,7 +714,7 @@ MODEL_SPECS = [
          make_inputs=_embedding_grad_inputs, sizes={"full": (50257, 768, 8192), "smoke": (301, 24, 97)},
          description="the gradient of GPT-2's token embedding lookup table[ids] (vocab x width x ids; uniform "
                      "ids): a scatter-add of the ids' cotangent rows into the table's shape",
-         tags=frozenset({FAMILY}), family=FAMILY, dtypes=("bfloat16", "float32")),
+         tags=frozenset({FAMILY, "scatter"}), family=FAMILY, dtypes=("bfloat16", "float32")),
     _models(name="lstm_scan", jax_fn=lstm, torch_fn=_whole(_t_lstm), make_inputs=_lstm_inputs,
             sizes={"full": (128, 256, 1024), "smoke": (4, 3, 16)},
             description="LSTM layer under lax.scan (T x B x H; x_t @ Wx + h @ Wh each step); torch: the same "

@@ -62,7 +62,7 @@ class Member:
 @dataclasses.dataclass
 class Kernel:
     name: str
-    kind: str  # "pointwise" | "reduction" | "mix" (row blocks walked by a persistent grid) | "matmul"
+    kind: str  # "pointwise" | "reduction" | "mix" (row blocks walked by a persistent grid) | "matmul" | "scatter"
     rows: int
     cols: int
     members: list[Member]

@@ -231,7 +231,8 @@ def _combiner(eqn) -> str | None:
 
 
 @register_lowering("scatter-add", "scatter-mul", "scatter-min", "scatter-max", "scatter", kind="pointwise",
-                   note="dense: each element applies the few updates that can reach it, in order (else XLA)")
+                   note="dense: each element applies the few updates that can reach it, in order; a scatter-add "
+                        "with more: atomic adds in raw Triton (else XLA)")
 def _scatter(ctx, eqn, operand, indices, updates):
     dn = eqn.params["dimension_numbers"]
     op_shape, idx_shape = tuple(eqn.invars[0].aval.shape), tuple(eqn.invars[1].aval.shape)
