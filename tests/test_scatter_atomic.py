@@ -233,3 +233,23 @@ def test_symbolic_program_with_a_scatter_keeps_its_xla_path(rng):
         y = _values(rng, (n, 4), jnp.float32, special=False)
         for a, b in zip(g(x, idx, v, y), jax.jit(f)(x, idx, v, y)):
             assert_close(a, b)
+
+
+def test_scatter_in_a_scan_body(rng):
+    """A loop body's atomic scatter ([Note: loop bodies]): the carry is the operand."""
+    x = _values(rng, (9, 2), jnp.float32, special=False)
+    idx = jnp.asarray(rng.integers(-2, 11, (4, 30)), jnp.int32)
+    v = _values(rng, (4, 30, 2), jnp.float32, special=False)
+
+    def f(x, idx, v):
+        def body(c, iv):
+            c = c.at[iv[0]].add(jnp.sin(iv[1]))
+            return c, c.sum()
+        return jax.lax.scan(body, x, (idx, v))
+
+    pallaskit.config.update(loop_bodies="on")
+    out, ref = pallaskit.jit(f)(x, idx, v), jax.jit(f)(x, idx, v)
+    for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(ref)):
+        assert_close(a, b)
+    ex = pallaskit.explain(f, x, idx, v)
+    assert ex.fallbacks == [] and any(k.kind == "scatter" and k.scope for k in ex.kernels), str(ex)

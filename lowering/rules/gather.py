@@ -316,7 +316,7 @@ def _atomic_scatter_add(ctx, eqn, operand, indices, updates, mode: str) -> str:
         raise NotImplementedError("an atomic scatter-add without raw Triton")
     dn = eqn.params["dimension_numbers"]
     op_shape = tuple(_int(d) for d in eqn.invars[0].aval.shape)
-    idx_shape = tuple(_int(d) for d in eqn.invars[1].aval.shape)
+    _int(math.prod(eqn.invars[1].aval.shape))  # the indices' dims become kernel constants too
     upd_shape = tuple(_int(d) for d in eqn.invars[2].aval.shape)
     aval = eqn.outvars[0].aval
     dt = np.dtype(aval.dtype)
