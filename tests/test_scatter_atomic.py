@@ -202,6 +202,8 @@ def test_deterministic_scatter_runs_through_xla(rng, caplog):
     from pallaskit import executable
 
     assert executable.compiler_options("gpu")["xla_gpu_exclude_nondeterministic_ops"] is True
+    # XLA knows the flag (DebugOptions are every platform's: an unknown one is refused here too)
+    jax.jit(lambda x: x * 2).lower(table).compile(compiler_options=executable.DETERMINISTIC_OPTIONS)
     pallaskit.config.update(deterministic_scatter=False)
     assert "xla_gpu_exclude_nondeterministic_ops" not in executable.compiler_options("gpu")
 
