@@ -5,14 +5,17 @@ gradient, ``x.at[idx].add(v)`` with a long ``idx``, ``segment_sum``,
 domain (on the CPU in Triton's interpreter), against jax.jit; kernel counts
 through explain; option ``deterministic_scatter``."""
 import logging
+import textwrap
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import pallaskit
-from conftest import assert_close
+pytest.importorskip("triton")
+
+import pallaskit  # noqa: E402
+from conftest import assert_close, run_python_on_cpu  # noqa: E402
 
 BF16 = jnp.bfloat16
 
@@ -255,3 +258,54 @@ def test_scatter_in_a_scan_body(rng):
         assert_close(a, b)
     ex = pallaskit.explain(f, x, idx, v)
     assert ex.fallbacks == [] and any(k.kind == "scatter" and k.scope for k in ex.kernels), str(ex)
+
+
+_GPU_SPELLING = textwrap.dedent('''
+    import linecache, os, re
+    os.environ.pop("TRITON_INTERPRET", None)
+    import jax, jax.numpy as jnp, numpy as np
+    from triton.backends.compiler import GPUTarget
+    import lowering
+    from lowering import heuristics
+    from lowering.codegen import triton as tc
+    from lowering.options import CompileOptions
+    from pallaskit.runtime import triton_launch
+
+    opts = CompileOptions(interpret=False, kernel_backend="triton", triton_available=True)
+    heuristics.ATOMIC_16BIT_IN_FLOAT32 = False  # bfloat16 adds in bfloat16 on a GPU
+    for dt in (jnp.float32, jnp.int32, jnp.uint32, jnp.bfloat16):
+        fn = lambda t, i, w: jnp.zeros_like(t).at[i].add(w * 2, mode="drop")
+        args = (jnp.ones((50, 12), dt), jnp.zeros((40,), jnp.int32), jnp.ones((40, 12), dt))
+        sched = lowering.compile_jaxpr(jax.make_jaxpr(fn)(*args), opts).schedule
+        (k,) = [k for k in sched.kernels if k.kind == "scatter"]
+        r = tc.render_for_xla(k, sched, opts)
+        src = tc._PRELUDE + "\\n".join(tc.HELPERS[h] for h in sorted(r.helpers)) + "\\n\\n" + r.source
+        name = f"<gpu spelling {k.name}>"
+        linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+        ns = {"__name__": "gpu_spelling_" + k.name}
+        exec(compile(src, name, "exec"), ns)
+        kernel = ns[k.name + "_kernel"]
+        dts = [sched.graph.buffer_aval(b)[1] for b in r.reads] + [m.node.dtype for m in k.members if m.store]
+        sig = {a: "*" + triton_launch._triton_dtype(k.name, a, np.dtype(d)) for a, d in zip(kernel.arg_names, dts)}
+        sig.update({a: "constexpr" for a in kernel.arg_names[len(dts):]})
+        for until in ("ptx", "cubin"):
+            c = triton_launch._compile_uncached(triton_launch.ast_source(kernel, sig, dict(r.constexprs)),
+                                                GPUTarget("cuda", 90, 32),
+                                                {"num_warps": r.num_warps, "num_stages": r.num_stages}, until=until)
+            if until == "ptx":
+                ops = sorted(set(re.findall(r"atom\\.global\\.[\\w.]+", c.cubin.decode())))
+        print("ATOMICS", np.dtype(dt).name, " ".join(ops), flush=True)
+''')
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the GPU suite runs the kernels themselves")
+def test_the_gpu_spelling_compiles():
+    """The scatter kernel's GPU spelling goes through Triton's stages to a cubin
+    for sm_90: relaxed atomic adds of float32, int32, uint32 and (with
+    heuristics.ATOMIC_16BIT_IN_FLOAT32 off) bfloat16."""
+    proc = run_python_on_cpu(_GPU_SPELLING, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = dict(ln.split(" ", 2)[1:] for ln in proc.stdout.splitlines() if ln.startswith("ATOMICS"))
+    assert "relaxed.add" in lines["float32"] and "f32" in lines["float32"], lines
+    assert "relaxed.add.u32" in lines["int32"] and "relaxed.add.u32" in lines["uint32"], lines
+    assert "relaxed.add.noftz" in lines["bfloat16"] and "bf16" in lines["bfloat16"], lines

@@ -29,7 +29,7 @@ import jax
 import numpy as np
 import sympy
 
-from lowering import executors, ir, sizes
+from lowering import executors, heuristics, ir, sizes
 from lowering.rules.registry import register_lowering
 
 I32 = np.dtype(np.int32)
@@ -295,9 +295,8 @@ def _scatter(ctx, eqn, operand, indices, updates):
 
 # Dtypes raw Triton adds atomically (tl.atomic_add on sm_90), and where a
 # narrower one accumulates: 16-bit floats in a float32 scratch rounded once at
-# the end (one rounding, not one per add, and no 16-bit atomics, which Triton's
-# interpreter cannot run), narrow ints in 32 bits (the wrapped sum truncates to
-# the same value).
+# the end (heuristics.ATOMIC_16BIT_IN_FLOAT32 says why), narrow ints in 32 bits
+# (the wrapped sum truncates to the same value).
 _ATOMIC_ACC = {"float32": "float32", "int32": "int32", "uint32": "uint32", "float16": "float32",
                "bfloat16": "float32", "int8": "int32", "int16": "int32", "uint8": "uint32", "uint16": "uint32"}
 
@@ -324,6 +323,8 @@ def _atomic_scatter_add(ctx, eqn, operand, indices, updates, mode: str) -> str:
     if acc is None or isinstance(operand, ir.Const) or not all(op_shape) or not all(upd_shape):
         raise NotImplementedError(f"an atomic scatter-add of {dt.name}")
     acc = np.dtype(acc) if acc != dt.name else dt
+    if dt.name in ("float16", "bfloat16") and not heuristics.ATOMIC_16BIT_IN_FLOAT32 and not options.interpret:
+        acc = dt  # 16-bit atomics on the GPU (the interpreter has none)
     window_dims = tuple(dn.update_window_dims)
     to_operand = tuple(dn.scatter_dims_to_operand_dims)
     op_batch = tuple(getattr(dn, "operand_batching_dims", ()))
