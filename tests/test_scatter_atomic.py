@@ -137,6 +137,23 @@ def test_scalar_updates_and_operand_read_after(rng):
     _check(lambda x, i: (x.at[i].add(1.5), x * 3), x, idx)
 
 
+def test_operand_computed_and_read_on_both_sides(rng):
+    """The operand is a kernel's result that the scatter's updates gather from and a
+    later kernel reads again: no pointwise kernel may hold both its producer and
+    that reader (a cycle through the scatter), and the aliased launch must leave
+    the operand's buffer intact for the reader (XLA copies it)."""
+    x = _values(rng, (9, 3), jnp.float32)
+    idx = jnp.asarray(rng.integers(-10, 10, (30,)), jnp.int32)
+    v = _values(rng, (30, 3), jnp.float32)
+
+    def f(x, i, v):
+        y = jnp.sin(x) * 2
+        return y.at[i].add(v * y[i]) + y, jnp.cos(y)
+
+    ex = _check(f, x, idx, v)
+    assert len(ex.kernels) == 3, str(ex)
+
+
 def test_two_dimensional_index_and_window(rng):
     """Indices into two operand dims and a window over the third; int64-free uint8 indices."""
     x = _values(rng, (6, 8, 4), jnp.float32)
