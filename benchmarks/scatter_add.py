@@ -17,11 +17,11 @@ N ids, the cotangent in the table's dtype as jax gives it):
 Each row: agreement with a float32 reference (jax.jit on float32 inputs, norm-wise
 relative error within the dtype's tolerance), whether two runs give the same bits,
 ms per call (benchmarks/timing.py) and, on a GPU, device ms of its kernels.
-``--ids zipf`` draws ids from a Zipf law (frequent tokens: many adds on few rows,
+``--law zipf`` draws ids from a Zipf law (frequent tokens: many adds on few rows,
 contention on the atomics) instead of uniformly.
 
     PYTHONPATH=. python -m benchmarks.scatter_add                      # GPU, GPT-2 sizes
-    PYTHONPATH=. python -m benchmarks.scatter_add --ids zipf
+    PYTHONPATH=. python -m benchmarks.scatter_add --law zipf
     PYTHONPATH=. python -m benchmarks.scatter_add --smoke              # CPU (Triton's interpreter), values only
 """
 from __future__ import annotations
