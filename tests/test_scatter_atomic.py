@@ -94,6 +94,22 @@ def test_embedding_gradient_bf16_accumulates_in_float32(rng):
     assert len(ex.kernels) == 3, str(ex)  # zeros (float32 scratch), the atomic adds, the bf16 result
 
 
+@pytest.mark.skipif(jax.default_backend() == "cpu", reason="Triton's interpreter has no 16-bit atomics")
+def test_16bit_atomics_on_a_gpu(rng, monkeypatch):
+    """heuristics.ATOMIC_16BIT_IN_FLOAT32 off: a GPU adds bfloat16 atomically, no float32 scratch."""
+    from lowering import heuristics
+
+    monkeypatch.setattr(heuristics, "ATOMIC_16BIT_IN_FLOAT32", False)
+    table = _values(rng, (33, 12), BF16, special=False)
+    ids = jnp.asarray(rng.integers(0, 30, (3, 40)), jnp.int32)  # a few repeats each: bf16 sums stay close
+    w = jnp.asarray(rng.standard_normal((3, 40, 12)), BF16)
+    grad = jax.grad(_embedding_loss)
+    truth = jax.jit(jax.grad(lambda t, i, w: _embedding_loss(t.astype(jnp.float32), i, w.astype(jnp.float32))))(
+        table, ids, w).astype(BF16)
+    ex = _check(grad, table, ids, w, reference=truth)
+    assert len(ex.kernels) == 2, str(ex)  # zeros, the atomic adds: in bfloat16
+
+
 def test_embedding_gradient_of_flax_style_lookup_with_take(rng):
     """``jnp.take(table, ids, axis=0)`` (flax's nn.Embed) under value_and_grad with
     an out-of-range id (take's default mode fills the forward, drops the gradient)."""
