@@ -308,6 +308,9 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in [
     Backend("pallaskit_online_softmax_off", JAX, "pallaskit.jit, long_rows='looped', online_softmax=False (max, "
             "then sum, each a sweep of the row)", _build_pallaskit,
             options=(("long_rows", "looped"), ("online_softmax", False)), tags=LONG_ROWS, default=False),
+    Backend("pallaskit_deterministic_scatter", JAX, "pallaskit.jit, deterministic_scatter=True (scatter-adds "
+            "with many updates per element through XLA with xla_gpu_exclude_nondeterministic_ops, not atomics)",
+            _build_pallaskit, options=(("deterministic_scatter", True),), tags=frozenset({"scatter"})),
     Backend("xla", JAX, "jax.jit", _build_xla),
     Backend("torch_eager", TORCH, "torch eager", _build_torch_eager, compiles=False),
     Backend("torch_compile", TORCH, "torch.compile, default options", _build_torch_compile, hinted=True),

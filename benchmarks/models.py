@@ -280,6 +280,14 @@ def lstm(xs, wx, wh, b):
     return hs, c
 
 
+def embedding_grad(table, ids, dy):
+    """The gradient of an embedding lookup ``table[ids]`` with respect to the table,
+    given the rows' cotangent ``dy`` (in the table's dtype, as jax.vjp gives it): a
+    scatter-add of N rows into V, any id hitting any row (pallaskit: atomic adds,
+    [Note: atomic scatter-add] in lowering/ir.py)."""
+    return jax.vjp(lambda t: t[ids], table)[1](dy)[0]
+
+
 def _xent_fwd_bwd(loss):
     def fn(logits, labels):
         return jax.value_and_grad(loss)(logits, labels)
@@ -492,6 +500,16 @@ def _t_lstm(xs, wx, wh, b):
     return torch.stack(hs), c
 
 
+def _t_embedding_grad(compile):
+    """torch: the same gradient by ``index_add_`` (what F.embedding's backward computes)."""
+    def grad(table, ids, dy):
+        import torch
+
+        return torch.zeros_like(table).index_add_(0, ids.long(), dy)
+
+    return compile(grad)
+
+
 def _t_xent(form: str):
     def loss(logits, labels):
         import torch.nn.functional as F
@@ -594,6 +612,12 @@ def _lstm_inputs(size, dtype, key):
             _normal(k[2], (h, 4 * h), dtype, scale=h ** -0.5), _normal(k[3], (4 * h,), dtype, scale=0.1))
 
 
+def _embedding_grad_inputs(size, dtype, key):
+    vocab, d, n = size
+    k = _split(key, 3)
+    return _normal(k[0], (vocab, d), dtype), _labels(k[1], (n,), vocab), _normal(k[2], (n, d), dtype)
+
+
 def _xent_inputs(size, dtype, key):
     n, vocab = size
     k = _split(key, 2)
@@ -686,6 +710,11 @@ MODEL_SPECS = [
     _models(name="xent_one_hot", jax_fn=_xent_fwd_bwd(cross_entropy_one_hot), torch_fn=_t_xent("one_hot"),
             make_inputs=_xent_inputs, sizes=_XENT,
             description="cross-entropy and its gradient as xent_take_along_axis, labels through jax.nn.one_hot"),
+    dict(name="embedding_grad", jax_fn=embedding_grad, torch_fn=_t_embedding_grad,
+         make_inputs=_embedding_grad_inputs, sizes={"full": (50257, 768, 8192), "smoke": (301, 24, 97)},
+         description="the gradient of GPT-2's token embedding lookup table[ids] (vocab x width x ids; uniform "
+                     "ids): a scatter-add of the ids' cotangent rows into the table's shape",
+         tags=frozenset({FAMILY, "scatter"}), family=FAMILY, dtypes=("bfloat16", "float32")),
     _models(name="lstm_scan", jax_fn=lstm, torch_fn=_whole(_t_lstm), make_inputs=_lstm_inputs,
             sizes={"full": (128, 256, 1024), "smoke": (4, 3, 16)},
             description="LSTM layer under lax.scan (T x B x H; x_t @ Wx + h @ Wh each step); torch: the same "

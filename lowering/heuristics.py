@@ -356,6 +356,14 @@ TRITON_ONLINE_SOFTMAX = False
 # fastest cross-entropy (RESULTS.md, "Cross-entropy: why 0.65 ms is not met");
 # benchmarks/triton_online_softmax.py times pallaskit's on and off.
 TRITON_ALIGNED_ROWS = True
+# Atomic scatter-adds of 16-bit floats ([Note: atomic scatter-add] in lowering/ir.py)
+# accumulate in a float32 scratch rounded once at the end: one rounding instead of one
+# per add (a frequent token's embedding row takes many), and atomics that Triton's
+# interpreter runs (the CPU tests). Off, a GPU adds in the 16-bit dtype itself, as
+# jax.jit and torch do (sm_90's atom.add.noftz.v4.bf16: tests/test_scatter_atomic.py
+# compiles it): no float32 scratch to fill and convert. Not measured yet:
+# benchmarks/scatter_add.py times both.
+ATOMIC_16BIT_IN_FLOAT32 = True
 TRITON_MIX_ROWS = 8  # rows a step
 TRITON_MIX_WARPS = 8
 TRITON_MIX_STAGES = 3  # beat 2 and 4

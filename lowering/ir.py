@@ -618,6 +618,48 @@ class Matmul(Node):
                 f"n {list(self.n)} k {list(self.k)} ({self.precision}) {{ {format_expr(self.body)} }}")
 
 
+# [Note: atomic scatter-add]
+# A scatter-add with many update positions per output element (an embedding's
+# gradient: any id can hit any row) cannot be written densely, each element
+# gathering its updates (rules/gather.py, MAX_SCATTER_TERMS). As Inductor's
+# ``ops.store(..., mode="atomic_add")`` does, a ``ScatterAdd`` node is a kernel
+# over the *updates'* domain: its output starts as a copy of the operand (the
+# raw-Triton launch aliases the operand buffer to its output, so XLA writes the
+# operand there in place or copies it), then each update position adds its
+# value atomically at the position it scatters to. Its body is
+# ``scatter_add(target, update, ok)``: ``target`` a load of the operand at the
+# destination (indirect indices, clamped per the primitive's mode), whose
+# offset is where the atomic add lands; ``update`` the value (inlined
+# producers: the cotangent's pointwise chain fuses into it); ``ok`` false
+# where the mode drops the window. Symbols ``i*`` index ``domain``, not the
+# node's shape. Float sums land in whatever order the atomics run: not
+# bitwise reproducible (option ``deterministic_scatter`` runs such scatters
+# through XLA instead). Only the raw-Triton renderer writes it.
+@dataclasses.dataclass
+class ScatterAdd(Node):
+    """``value = operand; value[target(i)] += update(i) where ok(i)`` over the
+    updates' ``domain``, atomically ([Note: atomic scatter-add])."""
+
+    body: Expr = None  # Op("scatter_add", (target Load of ``operand``, update, ok))
+    operand: str = ""
+    domain: tuple[int, ...] = ()
+
+    @property
+    def symbols(self):
+        return sizes.index_symbols("i", len(self.domain))
+
+    @property
+    def target(self) -> Load:
+        return self.body.args[0]
+
+    def reads(self):
+        return sorted({ld.buffer for ld in loads(self.body)})
+
+    def format(self):
+        return (f"{self.name}: {self.dtype.name}{list(self.shape)} = scatter_add into {self.operand} over "
+                f"{list(self.domain)} {{ {format_expr(self.body)} }}")
+
+
 @dataclasses.dataclass
 class Extern(Node):
     """A primitive run by XLA. ``outputs`` names the buffers it defines (this node's

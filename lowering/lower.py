@@ -107,6 +107,11 @@ class LoweringContext:
                             body=body, reduced=tuple(reduced), axes=tuple(axes), op=op)
         return self._add(node)
 
+    def scatter_add(self, shape, dtype, operand: str, body, domain) -> str:
+        """[Note: atomic scatter-add] in ir.py."""
+        return self._add(ir.ScatterAdd(self.new_name(), tuple(shape), np.dtype(dtype), (self.current_eqn,),
+                                       body=body, operand=operand, domain=tuple(domain)))
+
     def extern(self, eqn, args, params=None) -> list[str]:
         """``params``: the equation's, unless given (a dot_general with permuted operands)."""
         if symbolic.params_symbolic(eqn.params):

@@ -62,7 +62,7 @@ class Member:
 @dataclasses.dataclass
 class Kernel:
     name: str
-    kind: str  # "pointwise" | "reduction" | "mix" (row blocks walked by a persistent grid) | "matmul"
+    kind: str  # "pointwise" | "reduction" | "mix" (row blocks walked by a persistent grid) | "matmul" | "scatter"
     rows: int
     cols: int
     members: list[Member]
@@ -138,6 +138,8 @@ def materialized(graph: ir.Graph, live: set[str], options: CompileOptions | None
             keep.update(n.reads())
         elif isinstance(n, ir.Matmul):
             keep.add(n.name)
+        elif isinstance(n, ir.ScatterAdd):  # its launch aliases the operand's buffer to its output
+            keep.update((n.name, n.operand))
     for n in graph.nodes.values():
         if isinstance(n, ir.Matmul) and n.name in live:
             keep.update(matmul_operand_buffers(graph, n, keep))
@@ -469,10 +471,19 @@ def build_groups(graph, keep, live, inliner) -> list[_Group]:
             groups.append(_Group("pointwise", 1, node.numel, node.shape, [m], pos))
         elif isinstance(node, ir.Matmul):
             groups.append(_matmul_group(node, inliner.body(node), pos))
+        elif isinstance(node, ir.ScatterAdd):
+            groups.append(_scatter_group(node, inliner.body(node), pos))
     return groups
 
 
-_KIND_RANK = {"pointwise": 0, "reduction": 1, "mix": 2, "matmul": 3}
+def _scatter_group(node: ir.ScatterAdd, body, pos) -> _Group:
+    """[Note: atomic scatter-add] in ir.py: a kernel of its own, flat over the
+    updates' domain; it merges with nothing (its producers are inlined)."""
+    member = Member(node, "scatter", body, dict(zip(node.symbols, sizes.unravel(XC, node.domain))))
+    return _Group("scatter", 1, sizes.numel(node.domain), node, [member], pos)
+
+
+_KIND_RANK = {"pointwise": 0, "reduction": 1, "mix": 2, "matmul": 3, "scatter": 4}
 
 
 def _merge(a: _Group, b: _Group, order: dict, members_memo: dict | None = None) -> _Group | None:
@@ -484,6 +495,8 @@ def _merge(a: _Group, b: _Group, order: dict, members_memo: dict | None = None) 
     if _KIND_RANK[a.kind] < _KIND_RANK[b.kind]:
         a, b = b, a
     base = a
+    if base.kind == "scatter":
+        return None
     if base.kind == "matmul":
         return _merge_into_matmul(a, b, order)
     if base.kind == "pointwise":
@@ -998,7 +1011,7 @@ class Fuser:
 def _class_of(g: _Group, combos: bool = False):
     """Pairs of one class score at least (0, 1) whatever they share; None: no class.
     ``combos``: pointwise groups have none (``Fuser.fusion_score``)."""
-    return None if g.kind == "matmul" or (combos and g.kind == "pointwise") else (g.kind, g.domain)
+    return None if g.kind in ("matmul", "scatter") or (combos and g.kind == "pointwise") else (g.kind, g.domain)
 
 
 def _never_fuse(a: _Group, b: _Group) -> bool:
@@ -1006,6 +1019,8 @@ def _never_fuse(a: _Group, b: _Group) -> bool:
     only keeps pairs out of the queue that could never be chosen)."""
     if a.kind == "pointwise" and b.kind == "pointwise":
         return a.domain != b.domain
+    if "scatter" in (a.kind, b.kind):
+        return True
     if "pointwise" in (a.kind, b.kind):
         return False
     if "matmul" in (a.kind, b.kind):
@@ -1230,10 +1245,12 @@ def _to_kernel(g: _Group, index: int, graph, keep=frozenset()) -> Kernel:
                 ops.append(e.op)
         if isinstance(m.node, (ir.Reduction, ir.PartialReduction)):
             ops.append(m.node.op)
-    prefix = {"reduction": "red", "pointwise": "poi", "mix": "mix", "matmul": "mm"}[g.kind]
+    prefix = {"reduction": "red", "pointwise": "poi", "mix": "mix", "matmul": "mm", "scatter": "sca"}[g.kind]
     name = f"{prefix}_fused_{'_'.join(ops[:4]) or 'copy'}_{index}"
     if g.kind == "matmul" and not ops:
         name = f"mm_{index}"
+    if g.kind == "scatter":
+        name = f"scatter_add_{index}"
     origin = []
     for m in g.members:
         origin += [o for o in _origins(graph, m, keep) if o not in origin]

@@ -74,11 +74,22 @@ class Compiled:
 GRAPH_OPTIONS = {"xla_gpu_graph_min_graph_size": 1}
 
 
+# Option ``deterministic_scatter``: the scatter-adds pallaskit would run with
+# atomics run through XLA, and XLA itself picks its deterministic scatter (and
+# GEMM, convolution) implementations ([Note: atomic scatter-add] in lowering/ir.py).
+DETERMINISTIC_OPTIONS = {"xla_gpu_exclude_nondeterministic_ops": True}
+
+
 def compiler_options(platform: str | None = None) -> dict:
     """XLA compiler options of pallaskit's executables for ``platform`` (default:
     the default device's) under the current options ([Note: command buffers])."""
     platform = platform or jax.devices()[0].platform
-    return dict(GRAPH_OPTIONS) if config.command_buffers and platform == "gpu" else {}
+    if platform != "gpu":
+        return {}
+    options = dict(GRAPH_OPTIONS) if config.command_buffers else {}
+    if config.deterministic_scatter:
+        options.update(DETERMINISTIC_OPTIONS)
+    return options
 
 
 def jit(call, xla=None, n_constants: int = 0):

@@ -51,6 +51,25 @@ def test_steady_calls_do_not_enter_python(rng):
 
 
 @needs_cpp
+def test_unused_arguments_in_steady_calls(rng):
+    """Arguments the program never reads (an embedding gradient's table: only its
+    shape) are pruned by XLA: C++ must still be told about every argument (it
+    passed too few, and the second call raised INVALID_ARGUMENT)."""
+    def f(table, ids, dy):
+        return jax.vjp(lambda t: t[ids], table)[1](dy)[0], dy * 2
+
+    g = pallaskit.jit(f)
+    seen = _count_python_calls(g)
+    table = jnp.asarray(rng.standard_normal((11, 3)), jnp.float32)
+    ids = jnp.asarray(rng.integers(0, 11, (5,)), jnp.int32)
+    dy = jnp.asarray(rng.standard_normal((5, 3)), jnp.float32)
+    for _ in range(3):
+        _close(g(table, ids, dy), jax.jit(f)(table, ids, dy))
+        _close(g(ids=ids, dy=dy, table=table), jax.jit(f)(table, ids, dy))
+    assert len(seen) == 2  # one compile per call form; C++ ran the others
+
+
+@needs_cpp
 def test_the_python_call_alone_gives_the_same_results(rng):
     f, g = pallaskit.jit(_step), pallaskit.jit(_step)
     g._cpp = None

@@ -38,6 +38,8 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> emit
             rendered, choice = _render_triton_xla(k, ks, options, choice)
         if rendered is not None:
             rk, hs = rendered
+        elif k.kind == "scatter":  # the rule makes one only where raw Triton runs it
+            raise NotImplementedError(f"{k.name}: an atomic scatter-add has no Pallas kernel ({choice.reason})")
         elif k.kind == "combo":  # [Note: combo kernels]
             rk, hs = combo.render_pallas(k, ks, options)
         else:
@@ -279,8 +281,9 @@ def _render_triton_xla(kernel: Kernel, schedule: Schedule, options: CompileOptio
     with w.indent():
         operands = "".join(f"{a}, " for a in args)  # none for a kernel of constants
         w.line(f"return TRITON_CALL({kernel.name}_kernel, {r.grid}, ({', '.join(out_shapes)},), {operands}")
+        aliases = f"aliases={r.aliases}, " if r.aliases else ""
         w.line(f"                   {scalars}num_warps={r.num_warps}, num_stages={r.num_stages}, "
-               f"interpret=INTERPRET, {constexprs})")
+               f"interpret=INTERPRET, {aliases}{constexprs})")
     rk = emitter.RenderedKernel(kernel.name, w.source(), list(kernel.origin), r.config, list(r.dims), list(r.guards),
                         triton=True)
     return (rk, r.helpers), choice

@@ -1031,6 +1031,45 @@ def render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
     return _wrap(kernel, schedule, em, header, extents, blocks, grid, cfg.num_warps, cfg.num_stages)
 
 
+def render_scatter(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> Rendered:
+    """An atomic scatter-add ([Note: atomic scatter-add] in lowering/ir.py): a
+    flat tile of ``BLOCK_C`` update positions a program; each computes its
+    update value (producers inlined), its destination's offset (indirect
+    indices) and whether the mode keeps it, and adds it with
+    ``tl.atomic_add`` into the output, which the launch aliases to the
+    operand's buffer (``Rendered.aliases``). Relaxed order: the adds only need
+    to be atomic, the launch's end publishes them."""
+    (m,) = kernel.members
+    node = m.node
+    if kernel.kind != "scatter" or sizes.is_symbolic(kernel.cols):
+        raise TritonUnsupported(f"kernel {kernel.name} is not a static scatter-add")
+    cfg = heuristics.pointwise_config(1, int(kernel.cols))
+    if options.num_warps:
+        cfg = dataclasses.replace(cfg, num_warps=options.num_warps)
+    em = TritonEmitter(kernel, schedule, cfg, options)
+    w = em.w
+    target, update, ok = kernel_coords_body(m).args
+    w.line(em.pid_line())
+    w.line(f"xc = pid * BLOCK_C + {em.iota_text(1, 'BLOCK_C')}")
+    w.line("cmask = xc < COLS")
+    full = frozenset("c")
+    val = em.broadcast(*em.value(update), full)
+    off = em.broadcast(*em.index(em.offset(node.operand, target.index)), full)
+    mask = "cmask"
+    if not (isinstance(ok, ir.Const) and ok.value):
+        keep = em.broadcast(*em.value(ok), full)
+        mask = em.bind(("and", ("cmask", keep)), f"cmask & {keep}", full, "mask")[0]
+    w.line(f"tl.atomic_add({em.out_refs[node.name]} + {off}, {em.cast_text(val, node.dtype)}, mask={mask}, "
+           "sem='relaxed')")
+    header = (f"# kernel {kernel.name}: atomic scatter-add (raw Triton) of {kernel.cols} updates "
+              f"{list(node.domain)} into {list(node.shape)}, block {cfg.block_cols}\n"
+              "# from:\n" + "\n".join(f"#   {eq}" for eq in kernel.origin))
+    rendered = _wrap(kernel, schedule, em, header, [f"COLS = {int(kernel.cols)}"],
+                     {"BLOCK_R": 1, "BLOCK_C": cfg.block_cols}, _grid_cdiv(kernel.cols, cfg.block_cols),
+                     cfg.num_warps, cfg.num_stages)
+    return dataclasses.replace(rendered, config=cfg, aliases=((kernel.reads.index(node.operand), 0),))
+
+
 @dataclasses.dataclass
 class Rendered:
     name: str
@@ -1044,6 +1083,7 @@ class Rendered:
     helpers: set
     config: object = None  # the tile (TileConfig, or MatmulConfig for the template)
     guards: list = dataclasses.field(default_factory=list)  # symbolic kernels: what the int32 indices assume
+    aliases: tuple = ()  # (read, output) pairs: that output starts as that read (an atomic scatter-add's operand)
 
 
 def _wrap(kernel, schedule, em, header, extents, constexprs, grid, num_warps, num_stages) -> Rendered:
@@ -1076,6 +1116,8 @@ def render_for_xla(kernel: Kernel, schedule: Schedule, options: CompileOptions) 
     ``TritonUnsupported`` for what this renderer does not write."""
     if kernel.kind in KIND_RENDERERS:
         return KIND_RENDERERS[kernel.kind](kernel, schedule, options)
+    if kernel.kind == "scatter":
+        return render_scatter(kernel, schedule, options)
     if kernel.kind == "matmul":
         return dataclasses.replace(render_matmul(kernel, schedule, options),
                                    config=matmul.matmul_kernel_config(kernel, options))
@@ -1098,6 +1140,8 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Trit
     for step in schedule.steps:
         if not isinstance(step, Kernel):
             raise TritonUnsupported(f"{step.primitive.name} runs through XLA")
+        if step.kind == "scatter":  # Launch has no aliased outputs
+            raise TritonUnsupported("an atomic scatter-add (its output starts as its operand) in eager launches")
         if step.kind == "mix":  # split column sums, alone (column tiles) or with the row work
             fn = render_mix if whole_rows(step) else render_column
         else:

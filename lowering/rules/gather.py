@@ -15,18 +15,21 @@ Scatters (add, mul, min, max, set) are written densely: each output element
 applies the updates that land on it, in update order, over the update
 positions that can reach it (deterministic; a set's last update wins); only
 when there are few of those (``MAX_SCATTER_TERMS``: the gradient of
-``take_along_axis`` has one per element) is it lowered. Other scatters run
-through XLA.
+``take_along_axis`` has one per element) is it lowered. A scatter-add with
+more (an embedding's gradient, ``segment_sum``, a histogram) is a
+``ScatterAdd`` node, atomic adds over the updates' domain in raw Triton
+([Note: atomic scatter-add] in ir.py). Other scatters run through XLA.
 """
 from __future__ import annotations
 
 import itertools
 import math
 
+import jax
 import numpy as np
 import sympy
 
-from lowering import ir, sizes
+from lowering import executors, heuristics, ir, sizes
 from lowering.rules.registry import register_lowering
 
 I32 = np.dtype(np.int32)
@@ -228,7 +231,8 @@ def _combiner(eqn) -> str | None:
 
 
 @register_lowering("scatter-add", "scatter-mul", "scatter-min", "scatter-max", "scatter", kind="pointwise",
-                   note="dense: each element applies the few updates that can reach it, in order (else XLA)")
+                   note="dense: each element applies the few updates that can reach it, in order; a scatter-add "
+                        "with more: atomic adds in raw Triton (else XLA)")
 def _scatter(ctx, eqn, operand, indices, updates):
     dn = eqn.params["dimension_numbers"]
     op_shape, idx_shape = tuple(eqn.invars[0].aval.shape), tuple(eqn.invars[1].aval.shape)
@@ -249,6 +253,8 @@ def _scatter(ctx, eqn, operand, indices, updates):
     free = [j for j in range(len(idx_shape) - 1) if j not in idx_batch_dims]
     terms = _int(math.prod(idx_shape[j] for j in free))
     if terms > MAX_SCATTER_TERMS:
+        if combine == "add":
+            return [_atomic_scatter_add(ctx, eqn, operand, indices, updates, mode)]
         raise NotImplementedError(f"{eqn.primitive.name} with {terms} updates per element")
     out = ctx.symbols(len(op_shape))
     dt = np.dtype(aval.dtype)
@@ -285,3 +291,72 @@ def _scatter(ctx, eqn, operand, indices, updates):
         new = u if combine is None else ir.Op(combine, (acc, u), dt)
         acc = ir.Op("select_n", (_all(hits), acc, new), dt)
     return [ctx.pointwise(aval, acc)]
+
+
+# Dtypes raw Triton adds atomically (tl.atomic_add on sm_90), and where a
+# narrower one accumulates: 16-bit floats in a float32 scratch rounded once at
+# the end (heuristics.ATOMIC_16BIT_IN_FLOAT32 says why), narrow ints in 32 bits
+# (the wrapped sum truncates to the same value).
+_ATOMIC_ACC = {"float32": "float32", "int32": "int32", "uint32": "uint32", "float16": "float32",
+               "bfloat16": "float32", "int8": "int32", "int16": "int32", "uint8": "uint32", "uint16": "uint32"}
+
+
+def _atomic_scatter_add(ctx, eqn, operand, indices, updates, mode: str) -> str:
+    """A scatter-add with many updates per element as a ``ScatterAdd`` node
+    ([Note: atomic scatter-add] in ir.py): the operand, then each update added
+    atomically at its destination. The index logic is the dense rule's:
+    ``CLIP`` clamps a window's start into the operand, other modes drop a
+    window whose start is out of bounds. Runs through XLA where raw Triton
+    does not run the kernel, or under ``deterministic_scatter``."""
+    options = ctx.options
+    if options.deterministic_scatter:
+        raise NotImplementedError("an atomic scatter-add under deterministic_scatter")
+    if not executors.wants_triton("scatter", options):
+        raise NotImplementedError("an atomic scatter-add without raw Triton")
+    dn = eqn.params["dimension_numbers"]
+    op_shape = tuple(_int(d) for d in eqn.invars[0].aval.shape)
+    _int(math.prod(eqn.invars[1].aval.shape))  # the indices' dims become kernel constants too
+    upd_shape = tuple(_int(d) for d in eqn.invars[2].aval.shape)
+    aval = eqn.outvars[0].aval
+    dt = np.dtype(aval.dtype)
+    acc = _ATOMIC_ACC.get(dt.name)
+    if acc is None or isinstance(operand, ir.Const) or not all(op_shape) or not all(upd_shape):
+        raise NotImplementedError(f"an atomic scatter-add of {dt.name}")
+    acc = np.dtype(acc) if acc != dt.name else dt
+    if dt.name in ("float16", "bfloat16") and not heuristics.ATOMIC_16BIT_IN_FLOAT32 and not options.interpret:
+        acc = dt  # 16-bit atomics on the GPU (the interpreter has none)
+    window_dims = tuple(dn.update_window_dims)
+    to_operand = tuple(dn.scatter_dims_to_operand_dims)
+    op_batch = tuple(getattr(dn, "operand_batching_dims", ()))
+    idx_batch_dims = tuple(getattr(dn, "scatter_indices_batching_dims", ()))
+    inserted = tuple(dn.inserted_window_dims)
+    scatter_upd_dims = [p for p in range(len(upd_shape)) if p not in window_dims]  # one per indices dim but the last
+    window_of = dict(zip([d for d in range(len(op_shape)) if d not in inserted and d not in op_batch], window_dims))
+    u = ctx.symbols(len(upd_shape))
+    jidx = tuple(u[p] for p in scatter_upd_dims)  # the indices' batch coordinate of update position u
+    index, oks = [], []
+    for d in range(len(op_shape)):
+        if d in op_batch:
+            index.append(jidx[idx_batch_dims[op_batch.index(d)]])
+            continue
+        off = u[window_of[d]] if d in window_of else sympy.Integer(0)
+        if d not in to_operand:
+            index.append(off)
+            continue
+        hi = op_shape[d] - (upd_shape[window_of[d]] if d in window_of else 1)
+        v = _as_index(ctx.load(indices, jidx + (to_operand.index(d),)))
+        if mode != "CLIP":  # XLA drops a window whose start is out of bounds
+            oks.append(_in_range(v, hi))
+        index.append(ir.indirect_index(_clamped(v, hi)) + off)
+    if acc != dt:  # a scratch of the accumulating dtype, converted back at the end
+        wide = jax.core.ShapedArray(op_shape, acc)
+        operand = ctx.pointwise(wide, ctx.load(operand, ctx.symbols(len(op_shape))))
+    update = ctx.load(updates, u)
+    if update.dtype != acc:
+        update = ir.Op("convert_element_type", (update,), acc, (("new_dtype", acc),))
+    target = ctx.load(operand, tuple(index))
+    ok = _all(oks) if oks else ir.Const(True, BOOL)
+    out = ctx.scatter_add(op_shape, acc, operand, ir.Op("scatter_add", (target, update, ok), acc), upd_shape)
+    if acc == dt:
+        return out
+    return ctx.pointwise(aval, ctx.load(out, ctx.symbols(len(op_shape))))

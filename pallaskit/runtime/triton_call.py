@@ -134,18 +134,22 @@ def _kernel(fn, num_warps: int, num_stages: int) -> _Kernel:
 
 
 def triton_call(fn, grid: int, out_shapes, *args, scalars=(), num_warps: int, num_stages: int, interpret: bool,
-                **constexprs) -> tuple:
+                aliases=(), **constexprs) -> tuple:
     """Run ``fn`` (``@triton.jit``, parameters: ``args``' pointers, then one
     per output, then ``scalars`` (ints known when the program is traced: a
     symbolic program's sizes), then ``constexprs``) on a 1-D grid of ``grid``
-    programs; the outputs (``jax.ShapeDtypeStruct``s) are fresh arrays."""
+    programs; the outputs (``jax.ShapeDtypeStruct``s) are fresh arrays, but
+    for ``aliases``' (input index, output index) pairs: that output starts
+    as that input (XLA's ``input_output_aliases``: in place where the input is
+    not used after, else XLA copies it first; an atomic scatter-add's operand)."""
     out_avals = tuple(jax.core.ShapedArray(tuple(s.shape), np.dtype(s.dtype)) for s in out_shapes)
     kernel, scalars = _kernel(fn, num_warps, num_stages), tuple(int(v) for v in scalars)
     if not interpret:
         _start_compile(kernel, [np.dtype(a.dtype) for a in args], [a.dtype for a in out_avals], scalars, constexprs)
     return tuple(triton_call_p.bind(
-        *args, kernel=kernel, grid=int(grid), out_avals=out_avals,
-        scalars=scalars, constexprs=tuple(constexprs.items()), interpret=bool(interpret)))
+        *args, kernel=kernel, grid=int(grid), out_avals=out_avals, scalars=scalars,
+        constexprs=tuple(constexprs.items()), interpret=bool(interpret),
+        aliases=tuple((int(i), int(o)) for i, o in aliases)))
 
 
 def _signature(kernel: _Kernel, dtypes, scalars) -> dict:
@@ -219,7 +223,7 @@ def _assemble(kernel, in_dtypes, out_dtypes, scalars, constexprs) -> None:
 
     def one_kernel(*args):
         return triton_call_p.bind(*args, kernel=kernel, grid=1, out_avals=outs, scalars=scalars,
-                                  constexprs=constexprs, interpret=False)
+                                  constexprs=constexprs, interpret=False, aliases=())
 
     try:
         jax.jit(one_kernel).lower(*(jax.ShapeDtypeStruct((1,), dt) for dt in in_dtypes)).compile()
@@ -232,10 +236,12 @@ def _abstract_eval(*avals, out_avals, **_):
     return list(out_avals)
 
 
-def _interpreted(*args, kernel, grid, out_avals, scalars, constexprs):
+def _interpreted(*args, kernel, grid, out_avals, scalars, constexprs, aliases=()):
     """The kernel in Triton's interpreter, on host copies, through a callback."""
     def host(*arrays):
         outs = [np.empty(a.shape, a.dtype) for a in out_avals]
+        for i, o in aliases:  # an aliased output starts as its input
+            outs[o] = np.array(arrays[i], dtype=out_avals[o].dtype).reshape(out_avals[o].shape)
         tensors = [triton_launch._HostTensor(np.array(x)) for x in arrays] + [triton_launch._HostTensor(o)
                                                                               for o in outs]
         kernel.fn[(grid, 1, 1)](*tensors, *scalars, **dict(constexprs))
@@ -249,12 +255,12 @@ def _scalar_type(value: int) -> str:
     return "i32" if -2**31 <= value < 2**31 else "i64"
 
 
-def _lowering(ctx, *args, kernel, grid, out_avals, scalars, constexprs, interpret):
+def _lowering(ctx, *args, kernel, grid, out_avals, scalars, constexprs, interpret, aliases=()):
     from jax._src.interpreters import mlir
 
     if interpret:
         return mlir.lower_fun(functools.partial(_interpreted, kernel=kernel, grid=grid, out_avals=out_avals,
-                                                scalars=scalars, constexprs=constexprs),
+                                                scalars=scalars, constexprs=constexprs, aliases=aliases),
                               multiple_results=True)(ctx, *args)
     if tuple(ctx.module_context.platforms) != ("cuda",):
         raise triton_launch.LaunchError(f"{kernel.name}: raw Triton kernels run on a CUDA GPU or in interpret "
@@ -284,7 +290,8 @@ def _lowering(ctx, *args, kernel, grid, out_avals, scalars, constexprs, interpre
     return mlir.custom_call(
         ffi_targets.triton_target(), result_types=result_types, operands=list(args),
         backend_config=dict(name=ir.StringAttr.get(meta.name), opaque=ir.StringAttr.get(opaque)),
-        operand_layouts=layouts(ctx.avals_in), result_layouts=layouts(ctx.avals_out)).results
+        operand_layouts=layouts(ctx.avals_in), result_layouts=layouts(ctx.avals_out),
+        operand_output_aliases=dict(aliases) or None).results
 
 
 def _register():

@@ -104,12 +104,14 @@ _interpreter_patched = False
 
 
 def _patch_interpreter() -> None:
-    """Two fixes to Triton 3.6's interpreter (CPU tests run raw Triton there).
+    """Three fixes to Triton 3.6's interpreter (CPU tests run raw Triton there).
     It holds a scalar kernel argument as a 1-element array and converts it with
     ``int(array)``, which NumPy 2.4 refuses, so a loop over a runtime trip count
     (``range(0, n)``: dynamic sizes) raises; Triton's later interpreter squeezes
-    the array first, as this does. And its float32 -> bfloat16 cast truncates
-    (``_rounding_cast``). Where the interpreter's internals moved, nothing is patched."""
+    the array first, as this does. Its float32 -> bfloat16 cast truncates
+    (``_rounding_cast``). Its atomics read their operands' memory as flat
+    arrays, wrong for a broadcast one (``_contiguous_atomics``). Where the
+    interpreter's internals moved, nothing is patched."""
     global _interpreter_patched
     if _interpreter_patched:
         return
@@ -127,6 +129,21 @@ def _patch_interpreter() -> None:
     builder = getattr(interpreter, "InterpreterBuilder", None)
     if builder is not None and hasattr(builder, "cast_impl") and hasattr(interpreter, "TensorHandle"):
         builder.cast_impl = _rounding_cast(builder.cast_impl, interpreter)
+    if builder is not None and hasattr(builder, "create_atomic_rmw") and hasattr(interpreter, "TensorHandle"):
+        builder.create_atomic_rmw = _contiguous_atomics(builder.create_atomic_rmw, interpreter)
+
+
+def _contiguous_atomics(atomic_rmw, interpreter):
+    """The interpreter's atomic read-modify-write, its operands made contiguous
+    first: its C++ side walks each one's memory flat, so a broadcast value (an
+    atomic scatter-add of a scalar update: stride 0) added garbage."""
+    def contiguous(h):
+        return interpreter.TensorHandle(np.ascontiguousarray(h.data), h.dtype)
+
+    def rmw(self, op, ptr, val, mask, sem, scope):
+        return atomic_rmw(self, op, contiguous(ptr), contiguous(val), contiguous(mask), sem, scope)
+
+    return rmw
 
 
 def _rounding_cast(cast_impl, interpreter):

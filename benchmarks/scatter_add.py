@@ -1,0 +1,176 @@
+"""Atomic scatter-adds: the gradient of an embedding lookup (GPT-2's token table).
+
+pallaskit writes a scatter-add with many updates per element as raw-Triton atomic
+adds over the updates ([Note: atomic scatter-add] in lowering/ir.py). This times,
+for ``jax.vjp(lambda t: t[ids], table)`` given the rows' cotangent (V x D table,
+N ids, the cotangent in the table's dtype as jax gives it):
+
+- ``jax.jit`` (XLA's scatter);
+- ``pallaskit`` (defaults: 16-bit floats accumulate in a float32 scratch,
+  ``heuristics.ATOMIC_16BIT_IN_FLOAT32``);
+- ``pallaskit 16-bit atomics`` (that heuristic off while compiling: adds in the
+  table's dtype; bfloat16 / float16 rows only);
+- ``pallaskit deterministic`` (option ``deterministic_scatter``: XLA's scatter with
+  ``xla_gpu_exclude_nondeterministic_ops``);
+- torch ``index_add_`` eager and under ``torch.compile`` (where torch is installed).
+
+Each row: agreement with a float32 reference (jax.jit on float32 inputs, norm-wise
+relative error within the dtype's tolerance), whether two runs give the same bits,
+ms per call (benchmarks/timing.py) and, on a GPU, device ms of its kernels.
+``--law zipf`` draws ids from a Zipf law (frequent tokens: many adds on few rows,
+contention on the atomics) instead of uniformly.
+
+    PYTHONPATH=. python -m benchmarks.scatter_add                      # GPU, GPT-2 sizes
+    PYTHONPATH=. python -m benchmarks.scatter_add --law zipf
+    PYTHONPATH=. python -m benchmarks.scatter_add --smoke              # CPU (Triton's interpreter), values only
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+
+
+def embedding_grad(table, ids, dy):
+    import jax
+
+    return jax.vjp(lambda t: t[ids], table)[1](dy)[0]
+
+
+def _inputs(vocab, d, n, dtype, ids_law, seed=0):
+    import jax.numpy as jnp
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    if ids_law == "zipf":
+        ids = (rng.zipf(1.2, n) - 1) % vocab
+    else:
+        ids = rng.integers(0, vocab, n)
+    table = rng.standard_normal((vocab, d), np.float32)
+    dy = rng.standard_normal((n, d), np.float32)
+    return jnp.asarray(table, dtype), jnp.asarray(ids, jnp.int32), jnp.asarray(dy, dtype)
+
+
+def _error(got, want) -> float:
+    import numpy as np
+
+    g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.linalg.norm(g - w) / max(np.linalg.norm(w), 1e-30))
+
+
+@contextlib.contextmanager
+def _heuristics(**values):
+    """``lowering.heuristics`` constants set while pallaskit compiles (its first call)."""
+    from lowering import heuristics
+
+    old = {k: getattr(heuristics, k) for k in values}
+    for k, v in values.items():
+        setattr(heuristics, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(heuristics, k, v)
+
+
+def _torch_rows(args, table, ids, dy, want, tol, row):
+    try:
+        import torch
+    except ImportError:
+        row["torch"] = "not installed"
+        return
+    import numpy as np
+
+    if not torch.cuda.is_available() and not args.smoke:
+        row["torch"] = "no CUDA device"
+        return
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[table.dtype.name]
+    t = torch.tensor(np.asarray(table, np.float32), device=device).to(tdt)
+    i = torch.tensor(np.asarray(ids), device=device).long()
+    g = torch.tensor(np.asarray(dy, np.float32), device=device).to(tdt)
+
+    def grad(t, i, g):
+        return torch.zeros_like(t).index_add_(0, i, g)
+
+    def sync(_):
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    from benchmarks import timing
+
+    for name, fn in (("torch eager", grad), ("torch.compile", torch.compile(grad))):
+        out = fn(t, i, g)
+        sync(out)
+        row[f"{name} error"] = _error(out.float().cpu().numpy(), want)
+        row[f"{name} agrees"] = row[f"{name} error"] <= tol
+        if not args.smoke:
+            row[f"{name} ms"] = timing.time_ms(lambda: fn(t, i, g), sync, args.rounds)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--vocab", type=int, default=50257)
+    ap.add_argument("--width", type=int, default=768)
+    ap.add_argument("--ids", type=int, default=8192, help="ids looked up (rows of the cotangent)")
+    ap.add_argument("--law", choices=["uniform", "zipf"], default="uniform", dest="law")
+    ap.add_argument("--dtypes", nargs="*", default=["bfloat16", "float32"])
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU, values only")
+    args = ap.parse_args(argv)
+    if args.smoke:  # raw Triton in its interpreter; set before triton is first imported
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import pallaskit
+    from benchmarks import timing
+
+    vocab, width, n = (301, 24, 997) if args.smoke else (args.vocab, args.width, args.ids)
+    sync = jax.block_until_ready
+    variants = [("pallaskit", dict(kernel_backend="triton") if args.smoke else {}, {}),
+                ("pallaskit 16-bit atomics", dict(kernel_backend="triton") if args.smoke else {},
+                 dict(ATOMIC_16BIT_IN_FLOAT32=False)),
+                ("pallaskit deterministic", dict(deterministic_scatter=True), {})]
+    print(json.dumps({"vocab": vocab, "width": width, "ids": n, "law": args.law,
+                      "device": str(jax.devices()[0])}), flush=True)
+    out = []
+    for dtype in (jnp.dtype(d) for d in args.dtypes):
+        table, ids, dy = _inputs(vocab, width, n, dtype, args.law)
+        want = np.asarray(jax.jit(embedding_grad)(table.astype(jnp.float32), ids, dy.astype(jnp.float32)))
+        tol = {"bfloat16": 2e-2, "float16": 5e-3}.get(dtype.name, 1e-5)
+        row = {"dtype": dtype.name, "distinct ids": int(np.unique(np.asarray(ids)).size)}
+        ref = jax.jit(embedding_grad)
+        row["jax.jit error"] = _error(ref(table, ids, dy), want)
+        if not args.smoke:
+            row["jax.jit ms"] = timing.time_ms(lambda: ref(table, ids, dy), sync, args.rounds)
+            row["jax.jit device ms"] = timing.kernel_ms(lambda: ref(table, ids, dy), sync)
+        for vname, opts, patch in variants:
+            if patch and dtype.name not in ("bfloat16", "float16"):
+                continue
+            with pallaskit.config.override(cache=False, **opts), _heuristics(**patch):
+                f = pallaskit.jit(embedding_grad)
+                got = np.asarray(f(table, ids, dy))
+                ex = pallaskit.explain(embedding_grad, table, ids, dy)
+            row[f"{vname} kernels"] = [f"{k.name} ({k.executor})" for k in ex.kernels] + [
+                f"{p} (xla)" for p in ex.fallbacks]
+            row[f"{vname} error"] = _error(got, want)
+            row[f"{vname} agrees"] = row[f"{vname} error"] <= tol
+            row[f"{vname} same bits twice"] = got.tobytes() == np.asarray(f(table, ids, dy)).tobytes()
+            if not args.smoke:
+                row[f"{vname} ms"] = timing.time_ms(lambda: f(table, ids, dy), sync, args.rounds)
+                row[f"{vname} device ms"] = timing.kernel_ms(lambda: f(table, ids, dy), sync)
+        _torch_rows(args, table, ids, dy, want, tol, row)
+        print(json.dumps(row), flush=True)
+        out.append(row)
+    bad = [r for r in out if not all(v for k, v in r.items() if k.endswith("agrees"))]
+    print("AGREE" if not bad else f"DISAGREE {len(bad)}")
+    return 0 if not bad else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
