@@ -39,7 +39,8 @@ class JitFunction:
 
     def __init__(self, fn: Callable, static_argnums=None, static_argnames=None, dynamic=None, *,
                  donate_argnums=None, donate_argnames=None, keep_unused: bool = False,
-                 in_shardings=xla_args.UNSET, out_shardings=xla_args.UNSET):
+                 in_shardings=xla_args.UNSET, out_shardings=xla_args.UNSET, device=None, backend=None,
+                 inline: bool = False, compiler_options: dict | None = None):
         if not callable(fn):
             raise TypeError(f"pallaskit.jit expects a callable, got {type(fn).__name__}")
         self.fn = fn
@@ -48,8 +49,18 @@ class JitFunction:
         # overlap) and raises its own errors; pallaskit then resolves them the same way.
         sharding_kw = {k: v for k, v in (("in_shardings", in_shardings), ("out_shardings", out_shardings))
                        if v is not xla_args.UNSET}
-        jax.jit(fn, static_argnums=static_argnums, static_argnames=static_argnames, donate_argnums=donate_argnums,
-                donate_argnames=donate_argnames, keep_unused=keep_unused, **sharding_kw)
+        checked = jax.jit(fn, static_argnums=static_argnums, static_argnames=static_argnames,
+                          donate_argnums=donate_argnums, donate_argnames=donate_argnames, keep_unused=keep_unused,
+                          device=device, backend=backend, inline=inline, compiler_options=compiler_options,
+                          **sharding_kw)
+        # ``inline`` only shapes the caller's jaxpr: nothing to do. A device, a
+        # backend or XLA options of the user's: pallaskit's executables take
+        # none of them, so jax.jit runs the function (one log line per call site).
+        self._xla_instead = None
+        if device is not None or backend is not None or compiler_options:
+            given = [k for k, v in (("device", device), ("backend", backend), ("compiler_options", compiler_options))
+                     if v]
+            self._xla_instead = (checked, f"{'/'.join(given)} given: jax.jit runs the function")
         self.static_argnums, self.static_argnames = _infer_argnums(self._sig, static_argnums, static_argnames)
         self.donate_argnums, self.donate_argnames = _infer_argnums(self._sig, donate_argnums, donate_argnames)
         self.static_argnums = tuple(sorted({i if i >= 0 or self._sig is None else i + _n_positional(self._sig)
@@ -72,7 +83,7 @@ class JitFunction:
         # jax.jit's C++ dispatch, with the Python call as its miss ([Note: the call fast
         # path]); static arguments keep the Python call (pallaskit tells 1 from True, C++ does not).
         self._cpp = None
-        if not self.static_argnums and not self.static_argnames:
+        if not self.static_argnums and not self.static_argnames and self._xla_instead is None:
             self._cpp = fastpath.cpp_function(self._title(), _python_call(self), self._cache_miss)
         # updated=(): a function wrapping a JitFunction (jax.grad(f) of one) carries its
         # __dict__ (fn, _cache); copying that would make this one run the wrapped function.
@@ -148,6 +159,10 @@ class JitFunction:
 
     def _call(self, args, kwargs):
         """(result, the Compiled entry that ran or None, its flat outputs)."""
+        if self._xla_instead is not None:
+            checked, why = self._xla_instead
+            autodiff.fallback_log(self, why)
+            return checked(*args, **kwargs), None, None
         fast = self._fast_key(args, kwargs)
         if fast is not None:
             entry = self._fast.get(fast[0])
@@ -172,15 +187,10 @@ class JitFunction:
             key = (*key, placement)
         entry = self._cache.get(key)
         if entry is None:
-            if placement is None:
-                entry = dynamic_dims.entry(self, leaves, avals, treedef, static_pos, static_kw, len(args))
-            if entry is None:
-                speculate = (dynamic_dims.speculation(self, avals, treedef, static_pos, static_kw, len(args))
-                             if placement is None else None)
-                entry = self._compile(avals, treedef, static_pos, static_kw, len(args),
-                                      xla=self._xla_args(treedef, len(args)), placement=placement,
-                                      while_compiling=speculate)
-            self._cache[key] = entry
+            try:
+                entry = self._miss(key, leaves, avals, treedef, static_pos, static_kw, len(args), placement)
+            except signature.ClosedOverTracers as e:  # JAX traces it into the enclosing trace, as jax.jit would
+                return autodiff.fallback(self, args, kwargs, str(e)), None, None
         outs = entry.executable(*leaves, *entry.constants)
         if entry.delete_after:
             xla_args.delete_donated(leaves, entry.delete_after, outs)
@@ -190,6 +200,20 @@ class JitFunction:
         if fast is not None:
             self._fast[fast[0]] = entry
         return jax.tree_util.tree_unflatten(entry.out_tree, outs), entry, outs
+
+    def _miss(self, key, leaves, avals, treedef, static_pos, static_kw, n_args, placement) -> Compiled:
+        """The entry of a signature not in ``_cache``, compiled (or served by a symbolic graph) and kept."""
+        entry = None
+        if placement is None:
+            entry = dynamic_dims.entry(self, leaves, avals, treedef, static_pos, static_kw, n_args)
+        if entry is None:
+            speculate = (dynamic_dims.speculation(self, avals, treedef, static_pos, static_kw, n_args)
+                         if placement is None else None)
+            entry = self._compile(avals, treedef, static_pos, static_kw, n_args,
+                                  xla=self._xla_args(treedef, n_args), placement=placement,
+                                  while_compiling=speculate)
+        self._cache[key] = entry
+        return entry
 
     def _fast_key(self, args, kwargs):
         """(key, leaves) of a call whose dynamic leaves are all concrete
@@ -210,6 +234,8 @@ class JitFunction:
         ``.out_info``, ``.lower()``); arrays or ``jax.ShapeDtypeStruct``s."""
         from pallaskit import stages
 
+        if self._xla_instead is not None:
+            return self._xla_instead[0].trace(*args, **kwargs)
         return stages.Traced(stages._Signature(self, args, kwargs))
 
     def lower(self, *args, **kwargs):
@@ -260,7 +286,8 @@ def _python_call(jf):
 def jit(fn: Callable | None = None, *, in_shardings=xla_args.UNSET, out_shardings=xla_args.UNSET,
         static_argnums: int | Sequence[int] | None = None, static_argnames: str | Sequence[str] | None = None,
         donate_argnums: int | Sequence[int] | None = None, donate_argnames: str | Sequence[str] | None = None,
-        keep_unused: bool = False, dynamic: dict | None = None):
+        keep_unused: bool = False, device=None, backend: str | None = None, inline: bool = False,
+        compiler_options: dict | None = None, dynamic: dict | None = None):
     """Compile ``fn`` with pallaskit. Usable as ``@pallaskit.jit``,
     ``@pallaskit.jit(static_argnums=...)`` or ``pallaskit.jit(fn, ...)``.
 
@@ -269,7 +296,9 @@ def jit(fn: Callable | None = None, *, in_shardings=xla_args.UNSET, out_sharding
     ``donate_argnums`` / ``donate_argnames`` (a donated argument's buffers may
     hold the outputs; the caller's array is deleted by the call),
     ``in_shardings`` / ``out_shardings`` and ``keep_unused`` (forwarded to the
-    XLA executable, [Note: XLA arguments] in pallaskit/runtime/xla_args.py).
+    XLA executable, [Note: XLA arguments] in pallaskit/runtime/xla_args.py);
+    ``inline`` is accepted; with ``device``, ``backend`` or
+    ``compiler_options``, jax.jit runs the function (a log line says so).
     The result has jax.jit's ``trace``, ``lower`` (then ``compile``) and
     ``eval_shape``.
 
@@ -282,7 +311,8 @@ def jit(fn: Callable | None = None, *, in_shardings=xla_args.UNSET, out_sharding
     def make(f):
         return JitFunction(f, static_argnums, static_argnames, dynamic, donate_argnums=donate_argnums,
                            donate_argnames=donate_argnames, keep_unused=keep_unused, in_shardings=in_shardings,
-                           out_shardings=out_shardings)
+                           out_shardings=out_shardings, device=device, backend=backend, inline=inline,
+                           compiler_options=compiler_options)
 
     return make if fn is None else make(fn)
 

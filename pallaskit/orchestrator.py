@@ -102,6 +102,8 @@ def trace(jf, structs, treedef, static_pos, static_kw, n_args):
     raised by the user's code name the function and its arguments."""
     full, kwargs = signature.full_args(structs, treedef, static_pos, static_kw, n_args)
     traced = jf._tracer.trace(*full, **kwargs)
+    if getattr(traced, "_consts", None):  # jax lifts closed-over tracers to leading arguments
+        raise signature.ClosedOverTracers("it closes over a tracer of an enclosing transformation or a mutable array")
     return traced.jaxpr, jax.tree_util.tree_structure(traced.out_info)
 
 

@@ -278,3 +278,67 @@ def test_errors_raised_while_tracing_read_as_jax_jits(fn, args):
     assert "flat_fn" not in got[1] and "leaves[" not in got[1]
     if fn is _branchy:
         assert "function _branchy" in got[1] and "params['w']" in got[1]
+
+
+# --------------------------------------------------------------------------- #
+# jax.jit's other keywords; closures over tracers; jax.linearize
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("kwargs", [
+    dict(inline=True), dict(inline=False), dict(backend="cpu"), dict(compiler_options={}),
+    dict(compiler_options={"xla_cpu_enable_fast_math": False}), dict(device="first"), dict(device=None, backend=None),
+    dict(backend="nonesuch"), dict(device="first", backend="cpu"),
+], ids=str)
+def test_jax_jit_keywords_are_accepted_as_jax_accepts_them(kwargs, rng):
+    """``inline``, ``device``, ``backend`` and ``compiler_options`` as jax.jit
+    takes them (with a device, a backend or XLA options, jax.jit runs the
+    function); what jax.jit rejects, pallaskit.jit rejects the same way."""
+    kwargs = {k: jax.devices()[0] if v == "first" else v for k, v in kwargs.items()}
+    x = jnp.asarray(rng.standard_normal((5, 3)), jnp.float32)
+
+    def f(a, b=2.0):
+        return jnp.sin(a) * b
+
+    expected = _outcome(lambda: jax.jit(f, **kwargs)(x))
+    got = _outcome(lambda: pallaskit.jit(f, **kwargs)(x))
+    assert got == expected
+    if expected is None:
+        assert_close(pallaskit.jit(**kwargs)(f)(x, 3.0), jax.jit(f, **kwargs)(x, 3.0))
+        assert pallaskit.jit(f, **kwargs).lower(x).compile()(x).shape == (5, 3)
+
+
+@pytest.mark.parametrize("where", ["jit", "grad", "vmap", "jit_grad"])
+def test_function_closing_over_an_enclosing_tracer(where, rng):
+    """A pallaskit function created inside a transformation that closes over
+    one of its values (not an argument) is traced into the enclosing
+    computation as jax.jit's is; before, the lifted value went missing
+    (``call() missing 1 required positional argument``)."""
+    x = jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
+    y = jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
+
+    def outer(jit):
+        def h(a):
+            return jit(lambda b: jnp.tanh(a * b) + a)(y).sum()
+        return {"jit": jax.jit(h), "grad": jax.grad(h), "vmap": jax.vmap(h),
+                "jit_grad": jax.jit(jax.grad(h))}[where]
+
+    for _ in range(2):  # a second call traces again with new values
+        assert_close(outer(pallaskit.jit)(x), outer(jax.jit)(x))
+        x = x + 1.0
+
+
+def test_linearize(rng):
+    """``jax.linearize`` of a pallaskit function evaluates (does not
+    transpose) its tangent program: the forward-mode path serves it."""
+    def f(a, b):
+        return jnp.sin(a) * b + a.sum(0)
+
+    a = jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
+    b = jnp.asarray(rng.standard_normal((3,)), jnp.float32)
+    ta, tb = jnp.ones_like(a), jnp.full_like(b, 0.5)
+    out, lin = jax.linearize(pallaskit.jit(f), a, b)
+    ref_out, ref_lin = jax.linearize(jax.jit(f), a, b)
+    assert_close(out, ref_out)
+    assert_close(lin(ta, tb), ref_lin(ta, tb))
+    assert_close(jax.jit(lin)(ta, tb), ref_lin(ta, tb))
+    # reverse mode still takes the partitioned backward
+    assert_close(jax.grad(lambda v: pallaskit.jit(f)(v, b).sum())(a), jax.grad(lambda v: f(v, b).sum())(a))
