@@ -342,3 +342,29 @@ def test_linearize(rng):
     assert_close(jax.jit(lin)(ta, tb), ref_lin(ta, tb))
     # reverse mode still takes the partitioned backward
     assert_close(jax.grad(lambda v: pallaskit.jit(f)(v, b).sum())(a), jax.grad(lambda v: f(v, b).sum())(a))
+
+
+@pytest.mark.parametrize("kernel_backend", ["pallas", "triton"])
+def test_weakly_typed_outputs_stay_weak(kernel_backend, rng):
+    """An output jax.jit returns weakly typed (from Python scalars) comes back
+    weak, so it promotes as jax.jit's does: a learning rate computed from a
+    Python float times bfloat16 gradients stays bfloat16. Before, the program
+    returned it strongly typed float32, and the product was float32."""
+    pallaskit.config.update(kernel_backend=kernel_backend)
+
+    def schedule(step, base):
+        return base * jnp.minimum(1.0, (step + 1) / 10.0), step * 2, jnp.tanh(base)
+
+    g = jnp.asarray(rng.standard_normal((4, 3)), jnp.bfloat16)
+    for args in [(3, 0.5), (jnp.int32(3), 0.5), (3, jnp.float32(0.5))]:
+        ref, got = jax.jit(schedule)(*args), pallaskit.jit(schedule)(*args)
+        for a, b in zip(got, ref):
+            assert (a.dtype, a.weak_type) == (b.dtype, b.weak_type)
+            assert_close(a, b)
+        assert (got[0] * g).dtype == (ref[0] * g).dtype
+    # the steady state (the C++ fast path) and a grad with respect to a Python float
+    f = pallaskit.jit(lambda x, s: jnp.sin(x) * s)
+    x = jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
+    assert f(x, 2.0).weak_type is False and pallaskit.jit(lambda s: s * 2)(2.0).weak_type
+    gs = jax.grad(lambda s: f(x, s).sum())(2.0)
+    assert (gs.dtype, gs.weak_type) == (jnp.float32, True)
