@@ -146,16 +146,26 @@ class Compiled(_Stage):
     def __call__(self, *args, **kwargs):
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
         if tree != self._s.in_tree:
-            raise TypeError(f"{self.fun_name}: function compiled for input pytree {self._s.in_tree}, but called "
-                            f"with {tree} (a compiled function takes the dynamic arguments only)")
-        for i, (x, a) in enumerate(zip(leaves, self._s.avals)):
+            raise TypeError(_pytree_mismatch(tree, self._s.in_tree))
+        errors = []
+        names = _arg_names(self._s.jaxpr, len(self._s.avals))
+        for x, a, name in zip(leaves, self._s.avals, names):
             aval = jax.typeof(x) if hasattr(jax, "typeof") else jax.api_util.shaped_abstractify(x)
             if aval.shape != a.shape or aval.dtype != a.dtype:
-                raise TypeError(f"{self.fun_name}: argument types differ from the types for which this "
-                                f"computation was compiled: leaf {i} is {aval.str_short()}, compiled for "
-                                f"{a.str_short()}")
+                errors.append(f"Argument {name} compiled with {a.str_short()} and called with {aval.str_short()}")
+        if errors:  # jax's Compiled's message
+            head = "The" if len(errors) < 5 else f"The first 5 of {len(errors)}"
+            raise TypeError("Argument types differ from the types for which this computation was compiled. Perhaps "
+                            "you are calling the compiled executable with a different enable_x64 mode than when it "
+                            f"was AOT compiled? {head} mismatches are:\n" + "\n".join(errors[:5]))
         outs = self._compiled(*leaves, *self._constants)
         return jax.tree_util.tree_unflatten(self._s.out_tree, outs)
+
+    @property
+    def out_info(self):
+        """The outputs as ``jax.ShapeDtypeStruct``s with their shardings, as jax's ``Compiled.out_info``."""
+        flat = jax.tree_util.tree_leaves(self._compiled.out_info)
+        return jax.tree_util.tree_unflatten(self._s.out_tree, flat)
 
     def as_text(self) -> str | None:
         return self._compiled.as_text()
@@ -171,8 +181,37 @@ class Compiled(_Stage):
 
     @property
     def input_shardings(self):
-        return self._compiled.input_shardings
+        """Per dynamic argument, as ``in_tree`` (the hoisted constants left out)."""
+        flat = jax.tree_util.tree_leaves(self._compiled.input_shardings, is_leaf=lambda x: x is None)
+        return jax.tree_util.tree_unflatten(self._s.in_tree, flat[:len(self._s.avals)])
 
     @property
     def output_shardings(self):
-        return self._compiled.output_shardings
+        """Per output, as ``out_tree``."""
+        flat = jax.tree_util.tree_leaves(self._compiled.output_shardings, is_leaf=lambda x: x is None)
+        return jax.tree_util.tree_unflatten(self._s.out_tree, flat)
+
+
+def _arg_names(closed, n) -> list[str]:
+    """The user's argument names of the traced jaxpr's inputs ('x', "params['w']")."""
+    info = getattr(closed.jaxpr, "debug_info", None)
+    names = list(getattr(info, "arg_names", None) or ())
+    return [f"'{names[i]}'" if i < len(names) and names[i] else f"'args[{i}]'" for i in range(n)]
+
+
+def _pytree_mismatch(given, compiled) -> str:
+    """jax's ``Compiled`` message for a call whose pytree differs from the compiled one."""
+    try:
+        from jax._src import tree_util as _tree_util
+
+        errs = list(_tree_util.equality_errors_pytreedef(given, compiled))
+        lines = ["Function compiled with input pytree does not match the input pytree it was called with. "
+                 f"There are {len(errs)} mismatches, including:"]
+        for path, thing1, thing2, explanation in errs:
+            fst, *rest = path
+            lines.append(f"    * at {['args', 'kwargs'][fst.idx]}{jax.tree_util.keystr(tuple(rest))}, seen {thing2} "
+                         f"but now given {thing1}, so {explanation}")
+        return "\n".join(lines)
+    except Exception:  # noqa: BLE001  (another jax's internals: pallaskit's own words)
+        return (f"Function compiled with input pytree does not match the input pytree it was called with: "
+                f"compiled for {compiled}, called with {given} (a compiled function takes the dynamic arguments only)")

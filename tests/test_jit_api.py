@@ -368,3 +368,25 @@ def test_weakly_typed_outputs_stay_weak(kernel_backend, rng):
     assert f(x, 2.0).weak_type is False and pallaskit.jit(lambda s: s * 2)(2.0).weak_type
     gs = jax.grad(lambda s: f(x, s).sum())(2.0)
     assert (gs.dtype, gs.weak_type) == (jnp.float32, True)
+
+
+def test_compiled_stage_reads_as_jaxs(rng):
+    """A ``Compiled``'s shardings and out_info have jax's structure (per
+    argument and per output, not the program's flat lists), and a call with
+    the wrong pytree or types raises jax's TypeError, word for word."""
+    def f(x, y):
+        return {"a": jnp.tanh(x) @ y, "b": x.sum()}
+
+    x = jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
+    y = jnp.asarray(rng.standard_normal((3, 2)), jnp.float32)
+    ours, theirs = pallaskit.jit(f).lower(x, y).compile(), jax.jit(f).lower(x, y).compile()
+    assert ours.input_shardings == theirs.input_shardings
+    assert ours.output_shardings == theirs.output_shardings
+    assert ours.out_info == theirs.out_info
+    one = pallaskit.jit(jnp.sin).lower(x).compile()
+    assert one.output_shardings == jax.jit(jnp.sin).lower(x).compile().output_shardings
+    for call in [lambda c: c(x[:3], y), lambda c: c(x.astype(jnp.bfloat16), y), lambda c: c(x),
+                 lambda c: c(x, y, x), lambda c: c(x, y=y)]:
+        expected = _outcome(lambda: call(theirs))
+        assert expected is not None and expected[0] is TypeError
+        assert _outcome(lambda: call(ours)) == expected
