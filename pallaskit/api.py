@@ -56,6 +56,7 @@ class JitFunction:
         # ``inline`` only shapes the caller's jaxpr: nothing to do. A device, a
         # backend or XLA options of the user's: pallaskit's executables take
         # none of them, so jax.jit runs the function (one log line per call site).
+        self._jax = checked  # jax.jit of the function, for what pallaskit leaves to JAX
         self._xla_instead = None
         if device is not None or backend is not None or compiler_options:
             given = [k for k, v in (("device", device), ("backend", backend), ("compiler_options", compiler_options))
@@ -189,8 +190,9 @@ class JitFunction:
         if entry is None:
             try:
                 entry = self._miss(key, leaves, avals, treedef, static_pos, static_kw, len(args), placement)
-            except signature.ClosedOverTracers as e:  # JAX traces it into the enclosing trace, as jax.jit would
-                return autodiff.fallback(self, args, kwargs, str(e)), None, None
+            except signature.JaxOnly as e:  # jax.jit runs it (traced into an enclosing trace, if any)
+                autodiff.fallback_log(self, f"{e}; running it with jax.jit")
+                return self._jax(*args, **kwargs), None, None
         outs = entry.executable(*leaves, *entry.constants)
         if entry.delete_after:
             xla_args.delete_donated(leaves, entry.delete_after, outs)

@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 
+from pallaskit import sharding
 from pallaskit.runtime import gc_pause
 
 
@@ -27,11 +28,13 @@ class _Signature:
 
     def __init__(self, jf, args, kwargs):
         self.jf = jf
-        key, _, self.avals, self.treedef, self.static_pos, self.static_kw = jf._split(args, kwargs)
+        key, leaves, self.avals, self.treedef, self.static_pos, self.static_kw = jf._split(args, kwargs)
         self.n_args = len(args)
         self.xla = jf._xla_args(self.treedef, self.n_args)
-        self.jaxpr, self.out_tree = jf._trace(_structs(self.avals), self.treedef, self.static_pos, self.static_kw,
-                                              self.n_args)
+        self.placement = _placement(leaves)
+        with sharding.trace_context(self.placement):
+            self.jaxpr, self.out_tree = jf._trace(_structs(self.avals), self.treedef, self.static_pos,
+                                                  self.static_kw, self.n_args)
         dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(self.treedef, list(range(len(self.avals))))
         self.in_tree = jax.tree_util.tree_structure((tuple(dyn_args), dyn_kwargs))
 
@@ -48,6 +51,21 @@ class _Signature:
 
     def in_avals(self):
         return jax.tree_util.tree_unflatten(self.in_tree, list(self.avals))
+
+
+def _placement(leaves):
+    """The arguments' shardings where one is off the default device, as a call
+    takes them (``sharding.placement``); a ``jax.ShapeDtypeStruct``'s own."""
+    placed = list(sharding.placement([None if isinstance(x, jax.ShapeDtypeStruct) else x for x in leaves])
+                  or [None] * len(leaves))
+    default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    other = any(s is not None for s in placed)
+    for i, x in enumerate(leaves):
+        s = getattr(x, "sharding", None) if isinstance(x, jax.ShapeDtypeStruct) else None
+        if isinstance(s, jax.sharding.Sharding):
+            placed[i] = s
+            other = other or not s.is_equivalent_to(default, len(x.shape))
+    return tuple(placed) if other else None
 
 
 class _Stage:
@@ -99,7 +117,7 @@ class Traced(_Stage):
     def lower(self) -> Lowered:
         s = self._s
         entry = s.jf._compile(s.avals, s.treedef, s.static_pos, s.static_kw, s.n_args, aot=False, xla=s.xla,
-                              traced=(s.jaxpr, s.out_tree))
+                              traced=(s.jaxpr, s.out_tree), placement=s.placement)
         return Lowered(s, entry)
 
 
@@ -141,7 +159,8 @@ class Compiled(_Stage):
 
     def __init__(self, signature: _Signature, entry, compiled):
         self._s, self._entry, self._compiled = signature, entry, compiled
-        self._constants = [jax.device_put(c) for c in entry.constants]
+        where = entry.executable.replicated() if hasattr(entry.executable, "replicated") else None
+        self._constants = [jax.device_put(c, where) for c in entry.constants]
 
     def __call__(self, *args, **kwargs):
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
@@ -183,7 +202,10 @@ class Compiled(_Stage):
     def input_shardings(self):
         """Per dynamic argument, as ``in_tree`` (the hoisted constants left out)."""
         flat = jax.tree_util.tree_leaves(self._compiled.input_shardings, is_leaf=lambda x: x is None)
-        return jax.tree_util.tree_unflatten(self._s.in_tree, flat[:len(self._s.avals)])
+        flat = flat[:len(self._s.avals)]
+        if self._s.placement is not None:  # an explicit mesh's, not the Auto twin the program was lowered over
+            flat = [p if p is not None else s for p, s in zip(self._s.placement, flat)]
+        return jax.tree_util.tree_unflatten(self._s.in_tree, flat)
 
     @property
     def output_shardings(self):
