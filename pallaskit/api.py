@@ -186,6 +186,9 @@ class JitFunction:
         placement = sharding.placement(leaves)  # [Note: sharding] in pallaskit/sharding.py
         if placement is not None:
             key = (*key, placement)
+            if key not in self._cache and len({frozenset(s.device_set) for s in placement if s is not None}) > 1:
+                # Arrays on different devices: jax.jit's error, naming the function and its arguments.
+                self._jax.lower(*args, **kwargs)
         entry = self._cache.get(key)
         if entry is None:
             try:

@@ -582,3 +582,24 @@ def test_ahead_of_time_stages_of_sharded_arguments(explicit, rng):
         assert ours.input_shardings == theirs.input_shardings
         assert all(a.is_equivalent_to(b, 2 - i) for i, (a, b) in
                    enumerate(zip(ours.output_shardings, theirs.output_shardings)))
+
+
+@needs8
+def test_arguments_on_incompatible_devices_raise_as_jax_does(rng):
+    """Arrays committed to different devices: jax.jit's ValueError, naming the
+    user's function and arguments (before: pallaskit's ``flat_fn`` and
+    ``leaves[0]``)."""
+    def add(a, b):
+        return a + b
+
+    mesh = _mesh((8,), ("x",))
+    a3 = jax.device_put(rng.standard_normal((8, 5)).astype(np.float32), jax.devices()[3])
+    for b in [jax.device_put(np.ones((8, 5), np.float32), jax.devices()[2]),
+              jax.device_put(np.ones((8, 5), np.float32), NamedSharding(mesh, P("x")))]:
+        with pytest.raises(ValueError) as theirs:
+            jax.jit(add)(a3, b)
+        with pytest.raises(ValueError) as ours:
+            pallaskit.jit(add)(a3, b)
+        assert str(ours.value).startswith("Received incompatible devices for jitted computation")
+        assert str(theirs.value).startswith("Received incompatible devices for jitted computation")
+        assert "argument a of add" in str(ours.value) and "argument b of add" in str(ours.value)
