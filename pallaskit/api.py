@@ -168,7 +168,7 @@ class JitFunction:
         if fast is not None:
             entry = self._fast.get(fast[0])
             if entry is not None:  # a signature seen before, concrete arrays
-                outs = entry.executable(*fast[1], *entry.constants)
+                outs = _run(entry, fast[1])
                 if entry.delete_after:
                     xla_args.delete_donated(fast[1], entry.delete_after, outs)
                 return jax.tree_util.tree_unflatten(entry.out_tree, outs), entry, outs
@@ -196,7 +196,7 @@ class JitFunction:
             except signature.JaxOnly as e:  # jax.jit runs it (traced into an enclosing trace, if any)
                 autodiff.fallback_log(self, f"{e}; running it with jax.jit")
                 return self._jax(*args, **kwargs), None, None
-        outs = entry.executable(*leaves, *entry.constants)
+        outs = _run(entry, leaves)
         if entry.delete_after:
             xla_args.delete_donated(leaves, entry.delete_after, outs)
         if not entry.ran:
@@ -278,6 +278,20 @@ class JitFunction:
     def _compile(self, avals, treedef, static_pos, static_kw, n_args, **kw) -> Compiled:
         """One signature traced and compiled: ``orchestrator.compile_signature``."""
         return orchestrator.compile_signature(self, avals, treedef, static_pos, static_kw, n_args, **kw)
+
+
+def _run(entry: Compiled, leaves) -> list:
+    """The entry's executable on the leaves. A deleted (donated) array raises
+    jax.jit's ValueError, whichever executable met it first (eager launches read
+    it as a NumPy array, which raises RuntimeError)."""
+    try:
+        return entry.executable(*leaves, *entry.constants)
+    except RuntimeError:
+        for i, x in enumerate(leaves):
+            if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and x.is_deleted():
+                raise ValueError(f"INVALID_ARGUMENT: Invalid buffer passed to Execute() as argument {i} to replica "
+                                 f"0: INVALID_ARGUMENT: Buffer has been deleted or donated.") from None
+        raise
 
 
 def _python_call(jf):

@@ -390,3 +390,21 @@ def test_compiled_stage_reads_as_jaxs(rng):
         expected = _outcome(lambda: call(theirs))
         assert expected is not None and expected[0] is TypeError
         assert _outcome(lambda: call(ours)) == expected
+
+
+@pytest.mark.parametrize("kernel_backend", ["pallas", "triton"])
+def test_calling_with_a_donated_array_raises_as_jax_does(kernel_backend, rng):
+    """A donated (deleted) array passed again: jax.jit's ValueError with either
+    renderer (before, Triton's eager launches raised NumPy's RuntimeError)."""
+    pallaskit.config.update(kernel_backend=kernel_backend)
+
+    def run(jit):
+        x = jnp.asarray(rng.standard_normal((5,)), jnp.float32)
+        f = jit(lambda a: jnp.tanh(a) * 2, donate_argnums=0)
+        f(x)
+        return _outcome(lambda: f(x))
+
+    expected = run(jax.jit)
+    assert expected is not None and expected[0] is ValueError
+    got = run(pallaskit.jit)
+    assert got is not None and got[0] is ValueError and "deleted or donated" in got[1]
