@@ -13,11 +13,13 @@ is kept under the signature; ``_cache_miss`` hands its executable to C++.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import logging
 import sys
 import threading
+import types
 from typing import Callable, Sequence
 
 import jax
@@ -44,6 +46,10 @@ class JitFunction:
         if not callable(fn):
             raise TypeError(f"pallaskit.jit expects a callable, got {type(fn).__name__}")
         self.fn = fn
+        self._init = dict(static_argnums=static_argnums, static_argnames=static_argnames, dynamic=dynamic,
+                          donate_argnums=donate_argnums, donate_argnames=donate_argnames, keep_unused=keep_unused,
+                          in_shardings=in_shardings, out_shardings=out_shardings, device=device, backend=backend,
+                          inline=inline, compiler_options=compiler_options)
         self._sig = _signature(fn)
         # jax.jit checks the arguments (types, ranges, names, static/donated
         # overlap) and raises its own errors; pallaskit then resolves them the same way.
@@ -89,6 +95,27 @@ class JitFunction:
         # updated=(): a function wrapping a JitFunction (jax.grad(f) of one) carries its
         # __dict__ (fn, _cache); copying that would make this one run the wrapped function.
         functools.update_wrapper(self, fn, updated=())
+
+    def __get__(self, obj, objtype=None):
+        """As jax.jit's: a method's ``self`` is the first argument (``static_argnums=0`` makes it static)."""
+        return self if obj is None else types.MethodType(self, obj)
+
+    def __copy__(self):
+        return type(self)(self.fn, **self._init)
+
+    def __deepcopy__(self, memo):
+        return type(self)(copy.deepcopy(self.fn, memo), **self._init)
+
+    def clear_cache(self) -> None:
+        """Forget every compiled signature of this function (jax.jit's
+        ``clear_cache``); the on-disk graph cache keeps its entries."""
+        for d in (self._cache, self._fast, self._sym, self._seen, self._speculated, self._xla):
+            d.clear()
+        autodiff.forget(self)
+        self._refresh_fast_path()
+
+    def _cache_size(self) -> int:
+        return len(self._cache)
 
     def _refresh_fast_path(self) -> None:
         """Start jax's C++ dispatch over. It keeps its first answer per

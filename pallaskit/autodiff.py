@@ -192,6 +192,11 @@ def _store(jf) -> dict:
     return store
 
 
+def forget(jf) -> None:
+    """Drop what this module keeps for ``jf`` (its ``clear_cache``)."""
+    _STORES.pop(jf, None)
+
+
 def _title(jf) -> str:
     return getattr(jf.fn, "__qualname__", "fn")
 

@@ -408,3 +408,51 @@ def test_calling_with_a_donated_array_raises_as_jax_does(kernel_backend, rng):
     assert expected is not None and expected[0] is ValueError
     got = run(pallaskit.jit)
     assert got is not None and got[0] is ValueError and "deleted or donated" in got[1]
+
+
+def test_methods_copies_and_clear_cache_as_jax_jit(rng):
+    """A pallaskit function in a class body binds ``self`` as jax.jit's does
+    (``static_argnums=0`` makes the instance static; before, the call lost
+    ``self`` and the array was taken as the static argument); ``copy`` and
+    ``deepcopy`` make a new function (before: a pickling error);
+    ``clear_cache`` forgets the compiled signatures."""
+    import copy
+    import functools
+
+    x = jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
+
+    def make(jit):
+        class Model:
+            def __init__(self, scale):
+                self.scale = scale
+
+            def __hash__(self):
+                return hash(self.scale)
+
+            def __eq__(self, other):
+                return isinstance(other, Model) and other.scale == self.scale
+
+            @functools.partial(jit, static_argnums=0)
+            def apply(self, v):
+                return jnp.tanh(v) * self.scale
+
+            @functools.partial(jit, static_argnames="self")
+            def apply_named(self, v):
+                return v + self.scale
+
+        return Model
+
+    ours, theirs = make(pallaskit.jit), make(jax.jit)
+    for scale in (2.0, 3.0):
+        assert_close(ours(scale).apply(x), theirs(scale).apply(x))
+        assert_close(ours(scale).apply_named(x), theirs(scale).apply_named(x))
+    assert_close(ours.apply(ours(5.0), x), theirs.apply(theirs(5.0), x))  # unbound, as a function
+    f = pallaskit.jit(lambda v: v * 2.0)
+    f(x)
+    assert f._cache_size() == 1
+    f.clear_cache()
+    assert f._cache_size() == 0
+    assert_close(f(x), x * 2.0)
+    for g in (copy.copy(f), copy.deepcopy(f)):
+        assert g is not f and isinstance(g, type(f))
+        assert_close(g(x), x * 2.0)
