@@ -72,7 +72,7 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> emit
         w.line()
     externs = []
     w.line()
-    if any(graph.weak_outputs):
+    if any(graph.weak_outputs) and len(graph.weak_outputs) == len(graph.outputs):
         w.lines.extend(WEAK_HELPER.splitlines())
         w.line()
     w.line(f"def call({', '.join(graph.inputs)}):")
@@ -88,7 +88,7 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> emit
         launched = {rk.name: rk for rk in kernels + inline}
         _write_steps(w, schedule, launched, externs)
         outs = [_value_source(o) for o in graph.outputs]
-        if any(graph.weak_outputs):
+        if any(graph.weak_outputs) and len(graph.weak_outputs) == len(outs):
             outs = [f"_weak({o})" if weak else o for o, weak in zip(outs, graph.weak_outputs)]
         w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     source = w.source()
