@@ -687,6 +687,9 @@ class Graph:
     nodes: dict[str, Node]  # insertion order is a topological order
     outputs: list  # buffer name, or Const for a literal output
     constants: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    # Outputs whose jaxpr aval is weakly typed (a Python scalar's dtype): the
+    # program returns them weak, as jax.jit does, so they promote as jax.jit's.
+    weak_outputs: tuple[bool, ...] = ()
 
     def node(self, name: str) -> Node:
         return self.nodes[name]

@@ -166,7 +166,8 @@ def lower(closed: jex_core.ClosedJaxpr, options: CompileOptions | None = None) -
         ctx.constants[name] = c
         consts.append(name)
     outs = _lower_jaxpr(ctx, closed.jaxpr, consts, args, fallbacks)
-    graph = ir.Graph(inputs=list(ctx.inputs), nodes=ctx.nodes, outputs=list(outs), constants=ctx.constants)
+    graph = ir.Graph(inputs=list(ctx.inputs), nodes=ctx.nodes, outputs=list(outs), constants=ctx.constants,
+                     weak_outputs=tuple(bool(getattr(v.aval, "weak_type", False)) for v in closed.jaxpr.outvars))
     return LoweredGraph(graph, fallbacks)
 
 

@@ -13,11 +13,13 @@ is kept under the signature; ``_cache_miss`` hands its executable to C++.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import logging
 import sys
 import threading
+import types
 from typing import Callable, Sequence
 
 import jax
@@ -39,17 +41,33 @@ class JitFunction:
 
     def __init__(self, fn: Callable, static_argnums=None, static_argnames=None, dynamic=None, *,
                  donate_argnums=None, donate_argnames=None, keep_unused: bool = False,
-                 in_shardings=xla_args.UNSET, out_shardings=xla_args.UNSET):
+                 in_shardings=xla_args.UNSET, out_shardings=xla_args.UNSET, device=None, backend=None,
+                 inline: bool = False, compiler_options: dict | None = None):
         if not callable(fn):
             raise TypeError(f"pallaskit.jit expects a callable, got {type(fn).__name__}")
         self.fn = fn
+        self._init = dict(static_argnums=static_argnums, static_argnames=static_argnames, dynamic=dynamic,
+                          donate_argnums=donate_argnums, donate_argnames=donate_argnames, keep_unused=keep_unused,
+                          in_shardings=in_shardings, out_shardings=out_shardings, device=device, backend=backend,
+                          inline=inline, compiler_options=compiler_options)
         self._sig = _signature(fn)
         # jax.jit checks the arguments (types, ranges, names, static/donated
         # overlap) and raises its own errors; pallaskit then resolves them the same way.
         sharding_kw = {k: v for k, v in (("in_shardings", in_shardings), ("out_shardings", out_shardings))
                        if v is not xla_args.UNSET}
-        jax.jit(fn, static_argnums=static_argnums, static_argnames=static_argnames, donate_argnums=donate_argnums,
-                donate_argnames=donate_argnames, keep_unused=keep_unused, **sharding_kw)
+        checked = jax.jit(fn, static_argnums=static_argnums, static_argnames=static_argnames,
+                          donate_argnums=donate_argnums, donate_argnames=donate_argnames, keep_unused=keep_unused,
+                          device=device, backend=backend, inline=inline, compiler_options=compiler_options,
+                          **sharding_kw)
+        # ``inline`` only shapes the caller's jaxpr: nothing to do. A device, a
+        # backend or XLA options of the user's: pallaskit's executables take
+        # none of them, so jax.jit runs the function (one log line per call site).
+        self._jax = checked  # jax.jit of the function, for what pallaskit leaves to JAX
+        self._xla_instead = None
+        if device is not None or backend is not None or compiler_options:
+            given = [k for k, v in (("device", device), ("backend", backend), ("compiler_options", compiler_options))
+                     if v]
+            self._xla_instead = (checked, f"{'/'.join(given)} given: jax.jit runs the function")
         self.static_argnums, self.static_argnames = _infer_argnums(self._sig, static_argnums, static_argnames)
         self.donate_argnums, self.donate_argnames = _infer_argnums(self._sig, donate_argnums, donate_argnames)
         self.static_argnums = tuple(sorted({i if i >= 0 or self._sig is None else i + _n_positional(self._sig)
@@ -72,11 +90,32 @@ class JitFunction:
         # jax.jit's C++ dispatch, with the Python call as its miss ([Note: the call fast
         # path]); static arguments keep the Python call (pallaskit tells 1 from True, C++ does not).
         self._cpp = None
-        if not self.static_argnums and not self.static_argnames:
+        if not self.static_argnums and not self.static_argnames and self._xla_instead is None:
             self._cpp = fastpath.cpp_function(self._title(), _python_call(self), self._cache_miss)
         # updated=(): a function wrapping a JitFunction (jax.grad(f) of one) carries its
         # __dict__ (fn, _cache); copying that would make this one run the wrapped function.
         functools.update_wrapper(self, fn, updated=())
+
+    def __get__(self, obj, objtype=None):
+        """As jax.jit's: a method's ``self`` is the first argument (``static_argnums=0`` makes it static)."""
+        return self if obj is None else types.MethodType(self, obj)
+
+    def __copy__(self):
+        return type(self)(self.fn, **self._init)
+
+    def __deepcopy__(self, memo):
+        return type(self)(copy.deepcopy(self.fn, memo), **self._init)
+
+    def clear_cache(self) -> None:
+        """Forget every compiled signature of this function (jax.jit's
+        ``clear_cache``); the on-disk graph cache keeps its entries."""
+        for d in (self._cache, self._fast, self._sym, self._seen, self._speculated, self._xla):
+            d.clear()
+        autodiff.forget(self)
+        self._refresh_fast_path()
+
+    def _cache_size(self) -> int:
+        return len(self._cache)
 
     def _refresh_fast_path(self) -> None:
         """Start jax's C++ dispatch over. It keeps its first answer per
@@ -148,11 +187,15 @@ class JitFunction:
 
     def _call(self, args, kwargs):
         """(result, the Compiled entry that ran or None, its flat outputs)."""
+        if self._xla_instead is not None:
+            checked, why = self._xla_instead
+            autodiff.fallback_log(self, why)
+            return checked(*args, **kwargs), None, None
         fast = self._fast_key(args, kwargs)
         if fast is not None:
             entry = self._fast.get(fast[0])
             if entry is not None:  # a signature seen before, concrete arrays
-                outs = entry.executable(*fast[1], *entry.constants)
+                outs = _run(entry, fast[1])
                 if entry.delete_after:
                     xla_args.delete_donated(fast[1], entry.delete_after, outs)
                 return jax.tree_util.tree_unflatten(entry.out_tree, outs), entry, outs
@@ -170,18 +213,17 @@ class JitFunction:
         placement = sharding.placement(leaves)  # [Note: sharding] in pallaskit/sharding.py
         if placement is not None:
             key = (*key, placement)
+            if key not in self._cache and len({frozenset(s.device_set) for s in placement if s is not None}) > 1:
+                # Arrays on different devices: jax.jit's error, naming the function and its arguments.
+                self._jax.lower(*args, **kwargs)
         entry = self._cache.get(key)
         if entry is None:
-            if placement is None:
-                entry = dynamic_dims.entry(self, leaves, avals, treedef, static_pos, static_kw, len(args))
-            if entry is None:
-                speculate = (dynamic_dims.speculation(self, avals, treedef, static_pos, static_kw, len(args))
-                             if placement is None else None)
-                entry = self._compile(avals, treedef, static_pos, static_kw, len(args),
-                                      xla=self._xla_args(treedef, len(args)), placement=placement,
-                                      while_compiling=speculate)
-            self._cache[key] = entry
-        outs = entry.executable(*leaves, *entry.constants)
+            try:
+                entry = self._miss(key, leaves, avals, treedef, static_pos, static_kw, len(args), placement)
+            except signature.JaxOnly as e:  # jax.jit runs it (traced into an enclosing trace, if any)
+                autodiff.fallback_log(self, f"{e}; running it with jax.jit")
+                return self._jax(*args, **kwargs), None, None
+        outs = _run(entry, leaves)
         if entry.delete_after:
             xla_args.delete_donated(leaves, entry.delete_after, outs)
         if not entry.ran:
@@ -190,6 +232,20 @@ class JitFunction:
         if fast is not None:
             self._fast[fast[0]] = entry
         return jax.tree_util.tree_unflatten(entry.out_tree, outs), entry, outs
+
+    def _miss(self, key, leaves, avals, treedef, static_pos, static_kw, n_args, placement) -> Compiled:
+        """The entry of a signature not in ``_cache``, compiled (or served by a symbolic graph) and kept."""
+        entry = None
+        if placement is None:
+            entry = dynamic_dims.entry(self, leaves, avals, treedef, static_pos, static_kw, n_args)
+        if entry is None:
+            speculate = (dynamic_dims.speculation(self, avals, treedef, static_pos, static_kw, n_args)
+                         if placement is None else None)
+            entry = self._compile(avals, treedef, static_pos, static_kw, n_args,
+                                  xla=self._xla_args(treedef, n_args), placement=placement,
+                                  while_compiling=speculate)
+        self._cache[key] = entry
+        return entry
 
     def _fast_key(self, args, kwargs):
         """(key, leaves) of a call whose dynamic leaves are all concrete
@@ -210,6 +266,8 @@ class JitFunction:
         ``.out_info``, ``.lower()``); arrays or ``jax.ShapeDtypeStruct``s."""
         from pallaskit import stages
 
+        if self._xla_instead is not None:
+            return self._xla_instead[0].trace(*args, **kwargs)
         return stages.Traced(stages._Signature(self, args, kwargs))
 
     def lower(self, *args, **kwargs):
@@ -249,6 +307,20 @@ class JitFunction:
         return orchestrator.compile_signature(self, avals, treedef, static_pos, static_kw, n_args, **kw)
 
 
+def _run(entry: Compiled, leaves) -> list:
+    """The entry's executable on the leaves. A deleted (donated) array raises
+    jax.jit's ValueError, whichever executable met it first (eager launches read
+    it as a NumPy array, which raises RuntimeError)."""
+    try:
+        return entry.executable(*leaves, *entry.constants)
+    except RuntimeError:
+        for i, x in enumerate(leaves):
+            if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and x.is_deleted():
+                raise ValueError(f"INVALID_ARGUMENT: Invalid buffer passed to Execute() as argument {i} to replica "
+                                 f"0: INVALID_ARGUMENT: Buffer has been deleted or donated.") from None
+        raise
+
+
 def _python_call(jf):
     """What the C++ call runs where jit is disabled: the Python call."""
     def python_call(*args, **kwargs):
@@ -260,7 +332,8 @@ def _python_call(jf):
 def jit(fn: Callable | None = None, *, in_shardings=xla_args.UNSET, out_shardings=xla_args.UNSET,
         static_argnums: int | Sequence[int] | None = None, static_argnames: str | Sequence[str] | None = None,
         donate_argnums: int | Sequence[int] | None = None, donate_argnames: str | Sequence[str] | None = None,
-        keep_unused: bool = False, dynamic: dict | None = None):
+        keep_unused: bool = False, device=None, backend: str | None = None, inline: bool = False,
+        compiler_options: dict | None = None, dynamic: dict | None = None):
     """Compile ``fn`` with pallaskit. Usable as ``@pallaskit.jit``,
     ``@pallaskit.jit(static_argnums=...)`` or ``pallaskit.jit(fn, ...)``.
 
@@ -269,7 +342,9 @@ def jit(fn: Callable | None = None, *, in_shardings=xla_args.UNSET, out_sharding
     ``donate_argnums`` / ``donate_argnames`` (a donated argument's buffers may
     hold the outputs; the caller's array is deleted by the call),
     ``in_shardings`` / ``out_shardings`` and ``keep_unused`` (forwarded to the
-    XLA executable, [Note: XLA arguments] in pallaskit/runtime/xla_args.py).
+    XLA executable, [Note: XLA arguments] in pallaskit/runtime/xla_args.py);
+    ``inline`` is accepted; with ``device``, ``backend`` or
+    ``compiler_options``, jax.jit runs the function (a log line says so).
     The result has jax.jit's ``trace``, ``lower`` (then ``compile``) and
     ``eval_shape``.
 
@@ -282,7 +357,8 @@ def jit(fn: Callable | None = None, *, in_shardings=xla_args.UNSET, out_sharding
     def make(f):
         return JitFunction(f, static_argnums, static_argnames, dynamic, donate_argnums=donate_argnums,
                            donate_argnames=donate_argnames, keep_unused=keep_unused, in_shardings=in_shardings,
-                           out_shardings=out_shardings)
+                           out_shardings=out_shardings, device=device, backend=backend, inline=inline,
+                           compiler_options=compiler_options)
 
     return make if fn is None else make(fn)
 

@@ -19,9 +19,9 @@ jacfwd) composes:
 
 What pallaskit does not handle runs the original function under JAX's own
 transformation (through XLA), with one log line: nested differentiation (grad
-of grad, jvp of grad, hessians) and tracers of other transformations. Known
-limit: ``jax.linearize`` of a pallaskit function fails like ``jax.linearize``
-of any ``custom_vjp`` function; ``jax.jvp`` works.
+of grad, jvp of grad, hessians) and tracers of other transformations.
+``jax.linearize`` (a linearize trace that is not a vjp's) takes the
+forward-mode path: a ``custom_vjp`` has no rule for it.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from jax._src.interpreters import partial_eval as _pe
 
 from pallaskit import metrics
 from pallaskit.config import config
-from pallaskit.signature import Signature, flat_function
+from pallaskit.signature import ClosedOverTracers, Signature, flat_function
 
 # jax.extend imports all of its modules, Pallas among them, and the
 # compiler's modules import sympy: both load on first use, so that a process
@@ -91,7 +91,11 @@ def call_staged(jf, args, kwargs):
     store = _store(jf)
     program = store.get(("staged", key))
     if program is None:
-        program = store[("staged", key)] = jf._compile(avals, treedef, static_pos, static_kw, len(args), aot=False)
+        try:
+            program = jf._compile(avals, treedef, static_pos, static_kw, len(args), aot=False)
+        except ClosedOverTracers as e:  # JAX traces it into the caller's jaxpr, as jax.jit would
+            return fallback(jf, args, kwargs, str(e))
+        store[("staged", key)] = program
 
     def run(*xs):
         return program.executable(*xs, *program.constants)
@@ -124,7 +128,9 @@ def _inner(x):
 
 def _is_reverse(x) -> bool:
     if isinstance(x, _REVERSE):
-        return True
+        # jax.linearize evaluates the tangent program instead of transposing it,
+        # and a custom_vjp has no forward-mode rule: the jvp path serves it.
+        return getattr(x._trace, "is_vjp", True)
     # jvp + partial evaluation (jax without direct linearize): the tangent is unknown
     return isinstance(x, _FORWARD) and isinstance(getattr(x, "tangent", None), _PARTIAL)
 
@@ -145,7 +151,7 @@ def _plan(leaves) -> tuple[str, str]:
     top = [x for x in leaves if isinstance(x, _Tracer)]
     if any(_is_reverse(x) for x in top):
         return "vjp", ""
-    if any(isinstance(x, _FORWARD) for x in top):
+    if any(isinstance(x, (_FORWARD, _REVERSE)) for x in top):
         return "jvp", ""
     return "vmap", ""
 
@@ -159,6 +165,11 @@ def _log_once(jf, message):
     if config.log_fallbacks and (title, message) not in _logged:
         _logged.add((title, message))
         log.warning("pallaskit: %s: %s", title, message)
+
+
+def fallback_log(jf, message):
+    """Counts a call pallaskit leaves to JAX; logs its reason once per function."""
+    _log_once(jf, message)
 
 
 def fallback(jf, args, kwargs, reason):
@@ -179,6 +190,11 @@ def _store(jf) -> dict:
     if store is None:
         store = _STORES[jf] = {}
     return store
+
+
+def forget(jf) -> None:
+    """Drop what this module keeps for ``jf`` (its ``clear_cache``)."""
+    _STORES.pop(jf, None)
 
 
 def _title(jf) -> str:

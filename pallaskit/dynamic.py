@@ -379,6 +379,8 @@ def _compile_symbolic(jf, avals, axes, values, treedef, static_pos, static_kw, n
             variants=variants, positions=[(n, positions[n]) for n in names], first_sizes=values,
             xla=jf._xla_args(treedef, n_args),
             compile_static=functools.partial(compile_static, jf, treedef, static_pos, static_kw, n_args))
+    except signature.ClosedOverTracers:
+        raise
     except Exception as e:  # noqa: BLE001  (anything the symbolic path cannot take: per-size compiles)
         reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         if speculative:

@@ -119,6 +119,23 @@ class _TopLevelJit:
         return self.top(*args)
 
 
+class Placed:
+    """A sharded signature's program, not yet lowered (``pallaskit.stages``):
+    ``lower`` lowers it for the placement's shardings, as a call would."""
+
+    def __init__(self, call, xla):
+        self.call, self.xla = call, xla
+
+    def lower(self, *structs_and_constants):
+        constants = structs_and_constants[len(self.xla.placed.placement):]
+        with gc_pause.paused():  # [Note: no collections while compiling]
+            return xla_args.lower(self.call, self.xla.placed.structs(), constants, self.xla)
+
+    def replicated(self):
+        """Where its hoisted constants go."""
+        return self.xla.placed.replicated()
+
+
 def aot_compile(call, structs, constants, xla=None, while_compiling: Callable | None = None):
     """The generated program's ``call`` compiled by XLA now (a
     ``jax.stages.Compiled``). ``xla``: the signature's donation and shardings,

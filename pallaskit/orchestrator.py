@@ -12,6 +12,7 @@ calls back into it.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib.util
@@ -102,6 +103,8 @@ def trace(jf, structs, treedef, static_pos, static_kw, n_args):
     raised by the user's code name the function and its arguments."""
     full, kwargs = signature.full_args(structs, treedef, static_pos, static_kw, n_args)
     traced = jf._tracer.trace(*full, **kwargs)
+    if getattr(traced, "_consts", None):  # jax lifts closed-over tracers to leading arguments
+        raise signature.ClosedOverTracers("it closes over a tracer of an enclosing transformation or a mutable array")
     return traced.jaxpr, jax.tree_util.tree_structure(traced.out_info)
 
 
@@ -157,8 +160,22 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
     elif symbolic:
         closed, out_tree, eq_guards = trace_symbolic(jf, structs, treedef, static_pos, static_kw, n_args)
     else:
-        with sharding.trace_context(placement):
-            closed, out_tree = trace(jf, structs, treedef, static_pos, static_kw, n_args)
+        context = sharding.trace_context(placement)
+        try:
+            with context:
+                closed, out_tree = trace(jf, structs, treedef, static_pos, static_kw, n_args)
+        except signature.JaxOnly:
+            raise
+        except Exception as e:
+            if isinstance(context, contextlib.nullcontext):
+                raise
+            # Traced over the Auto twin of an explicit mesh: code naming the explicit
+            # mesh itself (a shard_map over it) refuses that context. Traced as
+            # jax.jit traces it, it runs under JAX; an error there is the user's own.
+            trace(jf, [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=p)
+                       for a, p in zip(avals, placement)], treedef, static_pos, static_kw, n_args)
+            raise signature.JaxOnly(f"cannot be traced over the Auto twin of an explicit mesh "
+                                    f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
     out_tree_box = [out_tree]
     if xla is not None:
         xla = xla.for_outputs(out_tree, jf._title())
@@ -285,6 +302,13 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
             _dump(config.debug_dir, title, closed, None, served.source)
         log.debug("pallaskit served %s in %.3fs (cache: %s)", title, time.perf_counter() - t0, served.cache)
         return Compiled(served.result, closed, served.executable, served.constants, out_tree_box[-1], ran=True)
+    if placement is not None:  # the stages of a sharded signature: lowered for the arguments' shardings
+        xla = (xla or xla_args.XlaArgs()).with_placement(
+            placement, signature.flat_function(jf.fn, treedef, static_pos, static_kw, n_args), avals)
+        build = per_shard.attach(xla.placed, closed, avals, build, options, config.shard_kernels, title)
+        result, call, constants = build()
+        metrics.apply_deltas(metrics.graph_deltas(result))
+        return Compiled(result, closed, executable.Placed(call, xla), constants, out_tree_box[-1])
     result, call, constants = build()
     metrics.apply_deltas(metrics.graph_deltas(result))
     return Compiled(result, closed, executable.jit(call, xla, len(constants)), constants, out_tree_box[-1])

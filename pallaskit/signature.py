@@ -24,6 +24,18 @@ class Static:
         return isinstance(other, Static) and type(self.value) is type(other.value) and self.value == other.value
 
 
+class JaxOnly(Exception):
+    """A signature pallaskit cannot compile, found while tracing it: the call
+    runs the function under JAX instead (its message, the log line's reason)."""
+
+
+class ClosedOverTracers(JaxOnly):
+    """The function closes over a tracer of an enclosing transformation (a value
+    of the caller's ``jax.jit`` or ``jax.grad``): its program holds a value that
+    exists only in that trace, so it is no program to compile and keep; the call
+    runs the function under JAX instead."""
+
+
 def hashable(v) -> Static:
     try:
         hash(v)

@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 
+from pallaskit import sharding
 from pallaskit.runtime import gc_pause
 
 
@@ -27,11 +28,13 @@ class _Signature:
 
     def __init__(self, jf, args, kwargs):
         self.jf = jf
-        key, _, self.avals, self.treedef, self.static_pos, self.static_kw = jf._split(args, kwargs)
+        key, leaves, self.avals, self.treedef, self.static_pos, self.static_kw = jf._split(args, kwargs)
         self.n_args = len(args)
         self.xla = jf._xla_args(self.treedef, self.n_args)
-        self.jaxpr, self.out_tree = jf._trace(_structs(self.avals), self.treedef, self.static_pos, self.static_kw,
-                                              self.n_args)
+        self.placement = _placement(leaves)
+        with sharding.trace_context(self.placement):
+            self.jaxpr, self.out_tree = jf._trace(_structs(self.avals), self.treedef, self.static_pos,
+                                                  self.static_kw, self.n_args)
         dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(self.treedef, list(range(len(self.avals))))
         self.in_tree = jax.tree_util.tree_structure((tuple(dyn_args), dyn_kwargs))
 
@@ -48,6 +51,21 @@ class _Signature:
 
     def in_avals(self):
         return jax.tree_util.tree_unflatten(self.in_tree, list(self.avals))
+
+
+def _placement(leaves):
+    """The arguments' shardings where one is off the default device, as a call
+    takes them (``sharding.placement``); a ``jax.ShapeDtypeStruct``'s own."""
+    placed = list(sharding.placement([None if isinstance(x, jax.ShapeDtypeStruct) else x for x in leaves])
+                  or [None] * len(leaves))
+    default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    other = any(s is not None for s in placed)
+    for i, x in enumerate(leaves):
+        s = getattr(x, "sharding", None) if isinstance(x, jax.ShapeDtypeStruct) else None
+        if isinstance(s, jax.sharding.Sharding):
+            placed[i] = s
+            other = other or not s.is_equivalent_to(default, len(x.shape))
+    return tuple(placed) if other else None
 
 
 class _Stage:
@@ -99,7 +117,7 @@ class Traced(_Stage):
     def lower(self) -> Lowered:
         s = self._s
         entry = s.jf._compile(s.avals, s.treedef, s.static_pos, s.static_kw, s.n_args, aot=False, xla=s.xla,
-                              traced=(s.jaxpr, s.out_tree))
+                              traced=(s.jaxpr, s.out_tree), placement=s.placement)
         return Lowered(s, entry)
 
 
@@ -141,21 +159,32 @@ class Compiled(_Stage):
 
     def __init__(self, signature: _Signature, entry, compiled):
         self._s, self._entry, self._compiled = signature, entry, compiled
-        self._constants = [jax.device_put(c) for c in entry.constants]
+        where = entry.executable.replicated() if hasattr(entry.executable, "replicated") else None
+        self._constants = [jax.device_put(c, where) for c in entry.constants]
 
     def __call__(self, *args, **kwargs):
         leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
         if tree != self._s.in_tree:
-            raise TypeError(f"{self.fun_name}: function compiled for input pytree {self._s.in_tree}, but called "
-                            f"with {tree} (a compiled function takes the dynamic arguments only)")
-        for i, (x, a) in enumerate(zip(leaves, self._s.avals)):
+            raise TypeError(_pytree_mismatch(tree, self._s.in_tree))
+        errors = []
+        names = _arg_names(self._s.jaxpr, len(self._s.avals))
+        for x, a, name in zip(leaves, self._s.avals, names):
             aval = jax.typeof(x) if hasattr(jax, "typeof") else jax.api_util.shaped_abstractify(x)
             if aval.shape != a.shape or aval.dtype != a.dtype:
-                raise TypeError(f"{self.fun_name}: argument types differ from the types for which this "
-                                f"computation was compiled: leaf {i} is {aval.str_short()}, compiled for "
-                                f"{a.str_short()}")
+                errors.append(f"Argument {name} compiled with {a.str_short()} and called with {aval.str_short()}")
+        if errors:  # jax's Compiled's message
+            head = "The" if len(errors) < 5 else f"The first 5 of {len(errors)}"
+            raise TypeError("Argument types differ from the types for which this computation was compiled. Perhaps "
+                            "you are calling the compiled executable with a different enable_x64 mode than when it "
+                            f"was AOT compiled? {head} mismatches are:\n" + "\n".join(errors[:5]))
         outs = self._compiled(*leaves, *self._constants)
         return jax.tree_util.tree_unflatten(self._s.out_tree, outs)
+
+    @property
+    def out_info(self):
+        """The outputs as ``jax.ShapeDtypeStruct``s with their shardings, as jax's ``Compiled.out_info``."""
+        flat = jax.tree_util.tree_leaves(self._compiled.out_info)
+        return jax.tree_util.tree_unflatten(self._s.out_tree, flat)
 
     def as_text(self) -> str | None:
         return self._compiled.as_text()
@@ -171,8 +200,40 @@ class Compiled(_Stage):
 
     @property
     def input_shardings(self):
-        return self._compiled.input_shardings
+        """Per dynamic argument, as ``in_tree`` (the hoisted constants left out)."""
+        flat = jax.tree_util.tree_leaves(self._compiled.input_shardings, is_leaf=lambda x: x is None)
+        flat = flat[:len(self._s.avals)]
+        if self._s.placement is not None:  # an explicit mesh's, not the Auto twin the program was lowered over
+            flat = [p if p is not None else s for p, s in zip(self._s.placement, flat)]
+        return jax.tree_util.tree_unflatten(self._s.in_tree, flat)
 
     @property
     def output_shardings(self):
-        return self._compiled.output_shardings
+        """Per output, as ``out_tree``."""
+        flat = jax.tree_util.tree_leaves(self._compiled.output_shardings, is_leaf=lambda x: x is None)
+        return jax.tree_util.tree_unflatten(self._s.out_tree, flat)
+
+
+def _arg_names(closed, n) -> list[str]:
+    """The user's argument names of the traced jaxpr's inputs ('x', "params['w']")."""
+    info = getattr(closed.jaxpr, "debug_info", None)
+    names = list(getattr(info, "arg_names", None) or ())
+    return [f"'{names[i]}'" if i < len(names) and names[i] else f"'args[{i}]'" for i in range(n)]
+
+
+def _pytree_mismatch(given, compiled) -> str:
+    """jax's ``Compiled`` message for a call whose pytree differs from the compiled one."""
+    try:
+        from jax._src import tree_util as _tree_util
+
+        errs = list(_tree_util.equality_errors_pytreedef(given, compiled))
+        lines = ["Function compiled with input pytree does not match the input pytree it was called with. "
+                 f"There are {len(errs)} mismatches, including:"]
+        for path, thing1, thing2, explanation in errs:
+            fst, *rest = path
+            lines.append(f"    * at {['args', 'kwargs'][fst.idx]}{jax.tree_util.keystr(tuple(rest))}, seen {thing2} "
+                         f"but now given {thing1}, so {explanation}")
+        return "\n".join(lines)
+    except Exception:  # noqa: BLE001  (another jax's internals: pallaskit's own words)
+        return (f"Function compiled with input pytree does not match the input pytree it was called with: "
+                f"compiled for {compiled}, called with {given} (a compiled function takes the dynamic arguments only)")

@@ -278,3 +278,181 @@ def test_errors_raised_while_tracing_read_as_jax_jits(fn, args):
     assert "flat_fn" not in got[1] and "leaves[" not in got[1]
     if fn is _branchy:
         assert "function _branchy" in got[1] and "params['w']" in got[1]
+
+
+# --------------------------------------------------------------------------- #
+# jax.jit's other keywords; closures over tracers; jax.linearize
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("kwargs", [
+    dict(inline=True), dict(inline=False), dict(backend="cpu"), dict(compiler_options={}),
+    dict(compiler_options={"xla_cpu_enable_fast_math": False}), dict(device="first"), dict(device=None, backend=None),
+    dict(backend="nonesuch"), dict(device="first", backend="cpu"),
+], ids=str)
+def test_jax_jit_keywords_are_accepted_as_jax_accepts_them(kwargs, rng):
+    """``inline``, ``device``, ``backend`` and ``compiler_options`` as jax.jit
+    takes them (with a device, a backend or XLA options, jax.jit runs the
+    function); what jax.jit rejects, pallaskit.jit rejects the same way."""
+    kwargs = {k: jax.devices()[0] if v == "first" else v for k, v in kwargs.items()}
+    x = jnp.asarray(rng.standard_normal((5, 3)), jnp.float32)
+
+    def f(a, b=2.0):
+        return jnp.sin(a) * b
+
+    expected = _outcome(lambda: jax.jit(f, **kwargs)(x))
+    got = _outcome(lambda: pallaskit.jit(f, **kwargs)(x))
+    assert got == expected
+    if expected is None:
+        assert_close(pallaskit.jit(**kwargs)(f)(x, 3.0), jax.jit(f, **kwargs)(x, 3.0))
+        assert pallaskit.jit(f, **kwargs).lower(x).compile()(x).shape == (5, 3)
+
+
+@pytest.mark.parametrize("where", ["jit", "grad", "vmap", "jit_grad"])
+def test_function_closing_over_an_enclosing_tracer(where, rng):
+    """A pallaskit function created inside a transformation that closes over
+    one of its values (not an argument) is traced into the enclosing
+    computation as jax.jit's is; before, the lifted value went missing
+    (``call() missing 1 required positional argument``)."""
+    x = jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
+    y = jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
+
+    def outer(jit):
+        def h(a):
+            return jit(lambda b: jnp.tanh(a * b) + a)(y).sum()
+        return {"jit": jax.jit(h), "grad": jax.grad(h), "vmap": jax.vmap(h),
+                "jit_grad": jax.jit(jax.grad(h))}[where]
+
+    for _ in range(2):  # a second call traces again with new values
+        assert_close(outer(pallaskit.jit)(x), outer(jax.jit)(x))
+        x = x + 1.0
+
+
+def test_linearize(rng):
+    """``jax.linearize`` of a pallaskit function evaluates (does not
+    transpose) its tangent program: the forward-mode path serves it."""
+    def f(a, b):
+        return jnp.sin(a) * b + a.sum(0)
+
+    a = jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
+    b = jnp.asarray(rng.standard_normal((3,)), jnp.float32)
+    ta, tb = jnp.ones_like(a), jnp.full_like(b, 0.5)
+    out, lin = jax.linearize(pallaskit.jit(f), a, b)
+    ref_out, ref_lin = jax.linearize(jax.jit(f), a, b)
+    assert_close(out, ref_out)
+    assert_close(lin(ta, tb), ref_lin(ta, tb))
+    assert_close(jax.jit(lin)(ta, tb), ref_lin(ta, tb))
+    # reverse mode still takes the partitioned backward
+    assert_close(jax.grad(lambda v: pallaskit.jit(f)(v, b).sum())(a), jax.grad(lambda v: f(v, b).sum())(a))
+
+
+@pytest.mark.parametrize("kernel_backend", ["pallas", "triton"])
+def test_weakly_typed_outputs_stay_weak(kernel_backend, rng):
+    """An output jax.jit returns weakly typed (from Python scalars) comes back
+    weak, so it promotes as jax.jit's does: a learning rate computed from a
+    Python float times bfloat16 gradients stays bfloat16. Before, the program
+    returned it strongly typed float32, and the product was float32."""
+    pallaskit.config.update(kernel_backend=kernel_backend)
+
+    def schedule(step, base):
+        return base * jnp.minimum(1.0, (step + 1) / 10.0), step * 2, jnp.tanh(base)
+
+    g = jnp.asarray(rng.standard_normal((4, 3)), jnp.bfloat16)
+    for args in [(3, 0.5), (jnp.int32(3), 0.5), (3, jnp.float32(0.5))]:
+        ref, got = jax.jit(schedule)(*args), pallaskit.jit(schedule)(*args)
+        for a, b in zip(got, ref):
+            assert (a.dtype, a.weak_type) == (b.dtype, b.weak_type)
+            assert_close(a, b)
+        assert (got[0] * g).dtype == (ref[0] * g).dtype
+    # the steady state (the C++ fast path) and a grad with respect to a Python float
+    f = pallaskit.jit(lambda x, s: jnp.sin(x) * s)
+    x = jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
+    assert f(x, 2.0).weak_type is False and pallaskit.jit(lambda s: s * 2)(2.0).weak_type
+    gs = jax.grad(lambda s: f(x, s).sum())(2.0)
+    assert (gs.dtype, gs.weak_type) == (jnp.float32, True)
+
+
+def test_compiled_stage_reads_as_jaxs(rng):
+    """A ``Compiled``'s shardings and out_info have jax's structure (per
+    argument and per output, not the program's flat lists), and a call with
+    the wrong pytree or types raises jax's TypeError, word for word."""
+    def f(x, y):
+        return {"a": jnp.tanh(x) @ y, "b": x.sum()}
+
+    x = jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
+    y = jnp.asarray(rng.standard_normal((3, 2)), jnp.float32)
+    ours, theirs = pallaskit.jit(f).lower(x, y).compile(), jax.jit(f).lower(x, y).compile()
+    assert ours.input_shardings == theirs.input_shardings
+    assert ours.output_shardings == theirs.output_shardings
+    assert ours.out_info == theirs.out_info
+    one = pallaskit.jit(jnp.sin).lower(x).compile()
+    assert one.output_shardings == jax.jit(jnp.sin).lower(x).compile().output_shardings
+    for call in [lambda c: c(x[:3], y), lambda c: c(x.astype(jnp.bfloat16), y), lambda c: c(x),
+                 lambda c: c(x, y, x), lambda c: c(x, y=y)]:
+        expected = _outcome(lambda: call(theirs))
+        assert expected is not None and expected[0] is TypeError
+        assert _outcome(lambda: call(ours)) == expected
+
+
+@pytest.mark.parametrize("kernel_backend", ["pallas", "triton"])
+def test_calling_with_a_donated_array_raises_as_jax_does(kernel_backend, rng):
+    """A donated (deleted) array passed again: jax.jit's ValueError with either
+    renderer (before, Triton's eager launches raised NumPy's RuntimeError)."""
+    pallaskit.config.update(kernel_backend=kernel_backend)
+
+    def run(jit):
+        x = jnp.asarray(rng.standard_normal((5,)), jnp.float32)
+        f = jit(lambda a: jnp.tanh(a) * 2, donate_argnums=0)
+        f(x)
+        return _outcome(lambda: f(x))
+
+    expected = run(jax.jit)
+    assert expected is not None and expected[0] is ValueError
+    got = run(pallaskit.jit)
+    assert got is not None and got[0] is ValueError and "deleted or donated" in got[1]
+
+
+def test_methods_copies_and_clear_cache_as_jax_jit(rng):
+    """A pallaskit function in a class body binds ``self`` as jax.jit's does
+    (``static_argnums=0`` makes the instance static; before, the call lost
+    ``self`` and the array was taken as the static argument); ``copy`` and
+    ``deepcopy`` make a new function (before: a pickling error);
+    ``clear_cache`` forgets the compiled signatures."""
+    import copy
+    import functools
+
+    x = jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
+
+    def make(jit):
+        class Model:
+            def __init__(self, scale):
+                self.scale = scale
+
+            def __hash__(self):
+                return hash(self.scale)
+
+            def __eq__(self, other):
+                return isinstance(other, Model) and other.scale == self.scale
+
+            @functools.partial(jit, static_argnums=0)
+            def apply(self, v):
+                return jnp.tanh(v) * self.scale
+
+            @functools.partial(jit, static_argnames="self")
+            def apply_named(self, v):
+                return v + self.scale
+
+        return Model
+
+    ours, theirs = make(pallaskit.jit), make(jax.jit)
+    for scale in (2.0, 3.0):
+        assert_close(ours(scale).apply(x), theirs(scale).apply(x))
+        assert_close(ours(scale).apply_named(x), theirs(scale).apply_named(x))
+    assert_close(ours.apply(ours(5.0), x), theirs.apply(theirs(5.0), x))  # unbound, as a function
+    f = pallaskit.jit(lambda v: v * 2.0)
+    f(x)
+    assert f._cache_size() == 1
+    f.clear_cache()
+    assert f._cache_size() == 0
+    assert_close(f(x), x * 2.0)
+    for g in (copy.copy(f), copy.deepcopy(f)):
+        assert g is not f and isinstance(g, type(f))
+        assert_close(g(x), x * 2.0)

@@ -530,3 +530,76 @@ def test_scheduler_fuses_per_shard_fsdp_program(rng):
     closed = jax.make_jaxpr(lambda *a: _sgd_step(*jax.tree_util.tree_unflatten(tree, a)))(*leaves)
     plan = pallaskit.per_shard.plan(closed, [a.sharding for a in leaves], [a.aval for a in leaves])
     lowering.compile_jaxpr(plan.local, pallaskit.api.compile_options(), "fsdp_step")
+
+
+@needs8
+@pytest.mark.parametrize("check_vma", [True, False])
+def test_shard_map_over_an_explicit_mesh(check_vma, rng):
+    """pallaskit.jit of a shard_map over a mesh with Explicit axes (what
+    ``jax.make_mesh`` gives by default) on arrays sharded over it: the
+    program cannot be traced over the mesh's Auto twin (shard_map names the
+    explicit mesh), so jax.jit runs it; before, the call raised "The context
+    mesh ... should match the mesh passed to shard_map"."""
+    mesh = _mesh((2, 4), ("a", "b"), explicit=True)
+
+    def body(x, w):
+        h = jnp.tanh(x) * w
+        idx = jax.lax.axis_index("b").astype(h.dtype)
+        shifted = jax.lax.ppermute(h, "b", [(k, (k + 1) % 4) for k in range(4)])
+        return jax.lax.psum(h.sum(0), "a") + idx, jax.lax.psum(shifted, "b")
+
+    f = jax.shard_map(body, mesh=mesh, in_specs=(P("a", "b"), P(None, "b")), out_specs=(P("b"), P("a")),
+                      check_vma=check_vma)
+    x = jax.device_put(_special(rng, (8, 16), np.float32), NamedSharding(mesh, P("a", "b")))
+    w = jax.device_put(rng.standard_normal((1, 16)).astype(np.float32), NamedSharding(mesh, P(None, "b")))
+    _check(pallaskit.jit(f)(x, w), jax.jit(f)(x, w))
+    gx = jax.jit(jax.grad(lambda v: pallaskit.jit(f)(v, w)[0].sum()))(x)
+    _check(gx, jax.jit(jax.grad(lambda v: jax.jit(f)(v, w)[0].sum()))(x))
+    for jit in (jax.jit, pallaskit.jit):  # the user's own error still reads as jax.jit's
+        with pytest.raises(ValueError, match="pytree structure error"):
+            jit(lambda v: f(v, w, v))(x)
+
+
+@needs8
+@pytest.mark.parametrize("explicit", [False, True])
+def test_ahead_of_time_stages_of_sharded_arguments(explicit, rng):
+    """``lower(x).compile()`` of sharded arrays (or ShapeDtypeStructs carrying
+    the sharding) compiles for those shardings, as jax.jit's stages do;
+    before, the executable was compiled for the default device and calling it
+    with the sharded arrays raised."""
+    mesh = _mesh((2, 4), ("a", "b"), explicit)
+    s = NamedSharding(mesh, P("a", "b"))
+
+    def f(x, y):
+        return jnp.exp(x) / jnp.exp(x).sum(-1, keepdims=True) + y, x.sum(0)
+
+    x = jax.device_put(_special(rng, (8, 12), np.float32), s)
+    y = jax.device_put(rng.standard_normal((8, 12)).astype(np.float32), s)
+    ref = jax.jit(f)(x, y)
+    for args in [(x, y), (jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), y)]:
+        ours, theirs = pallaskit.jit(f).lower(*args).compile(), jax.jit(f).lower(*args).compile()
+        _check(ours(x, y), ref)
+        assert ours.input_shardings == theirs.input_shardings
+        assert all(a.is_equivalent_to(b, 2 - i) for i, (a, b) in
+                   enumerate(zip(ours.output_shardings, theirs.output_shardings)))
+
+
+@needs8
+def test_arguments_on_incompatible_devices_raise_as_jax_does(rng):
+    """Arrays committed to different devices: jax.jit's ValueError, naming the
+    user's function and arguments (before: pallaskit's ``flat_fn`` and
+    ``leaves[0]``)."""
+    def add(a, b):
+        return a + b
+
+    mesh = _mesh((8,), ("x",))
+    a3 = jax.device_put(rng.standard_normal((8, 5)).astype(np.float32), jax.devices()[3])
+    for b in [jax.device_put(np.ones((8, 5), np.float32), jax.devices()[2]),
+              jax.device_put(np.ones((8, 5), np.float32), NamedSharding(mesh, P("x")))]:
+        with pytest.raises(ValueError) as theirs:
+            jax.jit(add)(a3, b)
+        with pytest.raises(ValueError) as ours:
+            pallaskit.jit(add)(a3, b)
+        assert str(ours.value).startswith("Received incompatible devices for jitted computation")
+        assert str(theirs.value).startswith("Received incompatible devices for jitted computation")
+        assert "argument a of add" in str(ours.value) and "argument b of add" in str(ours.value)
