@@ -62,7 +62,8 @@ NOT_IN_TRITON: dict = {}
 F32, I32, BOOL = np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.bool_)
 _INT_OPS = {"and", "or", "xor", "not", "shift_left", "shift_right_logical", "shift_right_arithmetic",
             "population_count", "clz"}
-_PARAMS = {"integer_pow": (("y", 3),), "round": (("rounding_method", 1),), "convert_element_type": (("new_dtype", I32),)}
+_PARAMS = {"integer_pow": (("y", 3),), "round": (("rounding_method", 1),), "convert_element_type": (("new_dtype", I32),),
+           "bitcast_convert_type": (("new_dtype", I32),)}
 
 
 def _op_of(name):
