@@ -270,6 +270,10 @@ def _lower_eqn(ctx, eqn, invals, fallbacks):
             return _extern(ctx, eqn, invals)
         except NotImplementedError:
             pass
+    if rule is not None and eqn.primitive.name in prng.KEY_SHAPE_PRIMITIVES and prng.touches_keys(eqn):
+        outs = prng.lower_key_shape_eqn(ctx, eqn, invals, rule)  # split keys picked apart
+        if outs is not None:
+            return outs
     if prng.touches_keys(eqn):  # an extern takes keys as keys, not as the data a rule made
         invals = [prng.key_value(ctx, x, v.aval) for x, v in zip(invals, eqn.invars)]
     # Literal operands of an extern must be real arrays. An empty operand or

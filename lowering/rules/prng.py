@@ -239,3 +239,72 @@ def _random_unwrap(ctx, eqn, key):
     if not is_threefry_key(aval):
         raise NotImplementedError("not a threefry key")
     return [key_data(ctx, key, aval)]
+
+
+# -- shape primitives on keys ----------------------------------------------------------------
+class _Var:
+    __slots__ = ("aval",)
+
+    def __init__(self, aval):
+        self.aval = aval
+
+
+class _DataEqn:
+    """A shape equation on keys restated on their data (one more, trailing dim of 2)."""
+
+    def __init__(self, eqn, params):
+        self.primitive, self.effects, self.params, self.ctx = eqn.primitive, eqn.effects, params, eqn.ctx
+        self.invars = [_Var(_data_aval(v.aval)) for v in eqn.invars]
+        self.outvars = [_Var(_data_aval(v.aval)) for v in eqn.outvars]
+
+
+def _data_aval(aval):
+    import jax
+
+    return jax.core.ShapedArray(tuple(aval.shape) + (2,), U32)
+
+
+def _data_params(eqn):
+    """The params of ``eqn`` (a shape primitive on keys) on the keys' data, or None."""
+    p, name = dict(eqn.params), eqn.primitive.name
+    nd = len(eqn.outvars[0].aval.shape)
+    if name == "slice":
+        p["start_indices"] = tuple(p["start_indices"]) + (0,)
+        p["limit_indices"] = tuple(p["limit_indices"]) + (2,)
+        if p.get("strides") is not None:
+            p["strides"] = tuple(p["strides"]) + (1,)
+    elif name == "reshape":
+        if p.get("dimensions") is not None:
+            return None
+        p["new_sizes"] = tuple(p["new_sizes"]) + (2,)
+    elif name == "broadcast_in_dim":
+        p["shape"] = tuple(p["shape"]) + (2,)
+        p["broadcast_dimensions"] = tuple(p["broadcast_dimensions"]) + (nd,)
+    elif name == "transpose":
+        p["permutation"] = tuple(p["permutation"]) + (nd,)
+    elif name == "squeeze":
+        n_in = len(eqn.invars[0].aval.shape)
+        p["dimensions"] = tuple(d % n_in for d in p["dimensions"])
+    elif name != "concatenate":  # its dimension stays
+        return None
+    return p
+
+
+KEY_SHAPE_PRIMITIVES = frozenset({"slice", "reshape", "broadcast_in_dim", "transpose", "squeeze", "concatenate"})
+
+
+def lower_key_shape_eqn(ctx, eqn, invals, rule):
+    """A shape primitive whose operands and result are threefry keys, lowered
+    by ``rule`` (the primitive's own) on the keys' data; None where it does not apply."""
+    if eqn.effects or not all(is_threefry_key(v.aval) for v in list(eqn.invars) + list(eqn.outvars)):
+        return None
+    if any(sizes.is_symbolic(d) for v in list(eqn.invars) + list(eqn.outvars) for d in v.aval.shape):
+        return None
+    params = _data_params(eqn)
+    if params is None:
+        return None
+    data = [key_data(ctx, x, v.aval) for x, v in zip(invals, eqn.invars)]
+    try:
+        return rule.fn(ctx, _DataEqn(eqn, params), *data)
+    except NotImplementedError:
+        return None
