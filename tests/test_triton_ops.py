@@ -319,7 +319,11 @@ _COMPILE_SCRIPT = textwrap.dedent('''
     def reductions(x):
         return jnp.argmax(x, -1), jnp.argmin(x, -1), jnp.prod(x, -1)
 
-    kernels = 0
+    def dropout(kd, x):  # threefry's uint32 rounds, the float bits, the mask (lowering/rules/prng.py)
+        k = jax.random.wrap_key_data(kd)
+        return jnp.where(jax.random.bernoulli(k, 0.9, x.shape), x / 0.9, 0), jax.random.bits(k, (7,), jnp.uint8)
+
+    kernels = compile_gpu(dropout, jnp.zeros(2, jnp.uint32), jnp.ones((5, 150), jnp.float32))
     for dt in (jnp.float32, jnp.bfloat16):
         x = jnp.ones(300, dt)
         kernels += compile_gpu(floats, x)
