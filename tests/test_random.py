@@ -13,6 +13,7 @@ import pytest
 import pallaskit
 from lowering import ir
 
+CPU = jax.default_backend() == "cpu"
 BACKENDS = ["pallas", pytest.param("triton", marks=pytest.mark.skipif(
     __import__("importlib").util.find_spec("triton") is None, reason="triton not installed"))]
 
@@ -73,10 +74,10 @@ def test_distributions_are_jax_distributions(backend):
 
     want, got, ex = _run(draw, jax.random.key(3), x)
     _assert_equal(want[:4], got[:4])
-    # normal is erf_inv of a uniform: the Triton interpreter's erf_inv is
-    # float64 math rounded once, which may differ from XLA's in the last bits.
+    # normal is erf_inv of a uniform, the same bits; erf_inv's polynomial
+    # rounded step by step in Triton (or on a GPU) may end an ulp or two from XLA's.
     np.testing.assert_array_max_ulp(np.asarray(got[4]), np.asarray(want[4]), maxulp=4)
-    if backend == "pallas":
+    if backend == "pallas" and CPU:
         _assert_equal(want[4:], got[4:])
     assert ex.fallbacks == []
 
@@ -89,9 +90,9 @@ def _dropout(k, x, rate=0.1):
 def _assert_dropout_equal(want, got, backend):
     want, got = np.asarray(want), np.asarray(got)
     np.testing.assert_array_equal(got == 0, want == 0)  # the mask, exactly
-    if backend == "pallas":
+    if backend == "pallas" and CPU:  # Pallas's interpreter runs XLA's ops
         np.testing.assert_array_equal(got, want)
-    else:  # XLA divides by a constant as x * (1 / c): one rounding more than Triton's x / c
+    else:  # XLA:CPU divides by a constant as x * (1 / c): one rounding more than Triton's x / c
         np.testing.assert_array_max_ulp(got, want, maxulp=1)
 
 

@@ -118,7 +118,8 @@ def _rotl(x, d):
 def threefry2x32(k0, k1, x0, x1) -> tuple:
     """jax's ``_threefry2x32_lowering`` (unrolled) on uint32 expressions."""
     ks = (k0, k1, _op("xor", _op("xor", k0, k1), _c(0x1BD11BDA)))
-    x0, x1 = _op("add", x0, ks[0]), _op("add", x1, ks[1])
+    x0 = ks[0] if x0 == _c(0) else _op("add", x0, ks[0])  # the counter's high word is 0 below 2**32
+    x1 = _op("add", x1, ks[1])
     for i in range(5):
         for r in _ROTATIONS[i % 2]:
             x0 = _op("add", x0, x1)
@@ -201,7 +202,6 @@ def _random_split(ctx, eqn, key):
 
 @register_lowering("random_fold_in", kind="pointwise", note="threefry keys: the new keys' data")
 def _random_fold_in(ctx, eqn, key, msgs):
-    _partitionable(eqn)  # fold_in does not depend on it; kept for one rule of thumb
     out = eqn.outvars[0].aval
     kaval, maval = eqn.invars[0].aval, eqn.invars[1].aval
     oshape = _static(out.shape)
