@@ -253,7 +253,8 @@ class _DataEqn:
     """A shape equation on keys restated on their data (one more, trailing dim of 2)."""
 
     def __init__(self, eqn, params):
-        self.primitive, self.effects, self.params, self.ctx = eqn.primitive, eqn.effects, params, eqn.ctx
+        self.primitive, self.effects, self.params = eqn.primitive, eqn.effects, params
+        self.ctx = getattr(eqn, "ctx", None)
         self.invars = [_Var(_data_aval(v.aval)) for v in eqn.invars]
         self.outvars = [_Var(_data_aval(v.aval)) for v in eqn.outvars]
 
