@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import hashlib
 import operator
+import threading
 from typing import Callable, Iterator
 
 import numpy as np
@@ -45,6 +46,13 @@ class Expr:
 
     def children(self) -> tuple["Expr", ...]:
         return ()
+
+
+class _EqMemo(threading.local):
+    pairs = None  # (id, id) of the node pairs found equal in the comparison under way
+
+
+_EQ_MEMO = _EqMemo()
 
 
 def _cached_hash(cls):
@@ -67,7 +75,23 @@ def _cached_hash(cls):
             return True
         if other.__class__ is not self.__class__ or hash(self) != hash(other):
             return False
-        return all(getattr(self, n) == getattr(other, n) for n in field_names)
+        # Two equal DAGs that are distinct objects (a body and its rewritten copy)
+        # compare each pair of nodes once: walked as trees, a deep body whose
+        # nodes are used twice (threefry's rounds) would take exponential time.
+        memo = _EQ_MEMO.pairs
+        if memo is None:
+            _EQ_MEMO.pairs = set()
+            try:
+                return all(getattr(self, n) == getattr(other, n) for n in field_names)
+            finally:
+                _EQ_MEMO.pairs = None
+        key = (id(self), id(other))
+        if key in memo:
+            return True
+        eq = all(getattr(self, n) == getattr(other, n) for n in field_names)
+        if eq:
+            memo.add(key)
+        return eq
 
     init = cls.__init__
 

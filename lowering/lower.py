@@ -13,7 +13,7 @@ from jax.extend import core as jex_core
 
 from lowering import ir, loops, sizes, symbolic, trace
 from lowering.options import CompileOptions
-from lowering.rules import RULES, PreferXLA
+from lowering.rules import RULES, PreferXLA, prng
 from lowering.rules.matmul import gemm_operands
 
 log = logging.getLogger("pallaskit")
@@ -166,6 +166,7 @@ def lower(closed: jex_core.ClosedJaxpr, options: CompileOptions | None = None) -
         ctx.constants[name] = c
         consts.append(name)
     outs = _lower_jaxpr(ctx, closed.jaxpr, consts, args, fallbacks)
+    outs = [prng.key_value(ctx, o, v.aval) for o, v in zip(outs, closed.jaxpr.outvars)]  # [Note: key values]
     graph = ir.Graph(inputs=list(ctx.inputs), nodes=ctx.nodes, outputs=list(outs), constants=ctx.constants,
                      weak_outputs=tuple(bool(getattr(v.aval, "weak_type", False)) for v in closed.jaxpr.outvars))
     return LoweredGraph(graph, fallbacks)
@@ -266,13 +267,21 @@ def _lower_eqn(ctx, eqn, invals, fallbacks):
     # Symbolic dims: rules see sympy sizes ([Note: symbolic dims]); externs get the equation itself.
     view = symbolic.EqnView(eqn) if symbolic.eqn_symbolic(eqn) else eqn
     avals = [v.aval for v in view.invars] + [v.aval for v in view.outvars]
-    if rule is not None and not eqn.effects and all(symbolic.is_plain(a) for a in avals):
+    keys = eqn.primitive.name in prng.KEY_PRIMITIVES  # rules that take threefry keys ([Note: key values])
+    if rule is not None and not eqn.effects and all(
+            symbolic.is_plain(a) or (keys and prng.is_threefry_key(a)) for a in avals):
         try:
             return rule.fn(ctx, view, *invals)
         except PreferXLA:
             return _extern(ctx, eqn, invals)
         except NotImplementedError:
             pass
+    if rule is not None and eqn.primitive.name in prng.KEY_SHAPE_PRIMITIVES and prng.touches_keys(eqn):
+        outs = prng.lower_key_shape_eqn(ctx, eqn, invals, rule)  # split keys picked apart
+        if outs is not None:
+            return outs
+    if prng.touches_keys(eqn):  # an extern takes keys as keys, not as the data a rule made
+        invals = [prng.key_value(ctx, x, v.aval) for x, v in zip(invals, eqn.invars)]
     # Literal operands of an extern must be real arrays. An empty operand or
     # result (an optimizer's (0,)-shaped leaf) is no work for a kernel: not a fallback.
     if eqn.primitive.name not in fallbacks and not any(_empty(a) for a in avals):

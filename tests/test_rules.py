@@ -297,6 +297,23 @@ op("convert_int32_to_f32", "convert_element_type", lambda x: x.astype(jnp.float3
    args(full_int32), (I32,), tol="exact")
 op("convert_bool_to_f32", "convert_element_type", lambda x: x.astype(jnp.float32),
    args(bools()), (BOOL,), tol="exact")
+op("bitcast_f32_to_u32", "bitcast_convert_type", lambda x: lax.bitcast_convert_type(x, jnp.uint32),
+   args(normal(100.0)), (F32,), tol="exact")
+op("bitcast_int32_to_f32", "bitcast_convert_type", lambda x: lax.bitcast_convert_type(x & 0x3FFFFFFF, jnp.float32),
+   args(full_int32), (I32,), tol="exact")
+
+# -- threefry random bits (lowering/rules/prng.py; more in tests/test_random.py) ---
+_KEY = lambda rng, s, d: [rng.integers(0, 2 ** 32, size=(2,), dtype=np.uint64).astype(np.uint32),  # noqa: E731
+                          normal(1.0)(rng, s, d)]
+_WRAP = jax.random.wrap_key_data
+op("random_bits", "random_bits", lambda kd, x: jax.random.bits(_WRAP(kd), x.shape), _KEY, (F32,), tol="exact")
+op("random_wrap", "random_wrap", lambda kd, x: jnp.where(jax.random.bernoulli(_WRAP(kd), 0.7, x.shape), x, 0),
+   _KEY, (F32,), tol="exact")
+op("random_split", "random_split", lambda kd, x: jax.random.key_data(jax.random.split(_WRAP(kd), x.shape[:2])),
+   _KEY, (F32,), tol="exact")
+op("random_fold_in", "random_fold_in", lambda kd, x: jax.random.key_data(jax.random.fold_in(_WRAP(kd), 77)),
+   _KEY, (F32,), tol="exact")
+op("random_unwrap", "random_unwrap", lambda kd, x: jax.random.key_data(_WRAP(kd)) + 1, _KEY, (F32,), tol="exact")
 
 # -- iota ----------------------------------------------------------------------
 op("arange", "iota", lambda x: x + jnp.arange(x.shape[-1], dtype=x.dtype), args(normal(2.0)), NUM, tol="exact")

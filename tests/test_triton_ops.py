@@ -62,7 +62,8 @@ NOT_IN_TRITON: dict = {}
 F32, I32, BOOL = np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.bool_)
 _INT_OPS = {"and", "or", "xor", "not", "shift_left", "shift_right_logical", "shift_right_arithmetic",
             "population_count", "clz"}
-_PARAMS = {"integer_pow": (("y", 3),), "round": (("rounding_method", 1),), "convert_element_type": (("new_dtype", I32),)}
+_PARAMS = {"integer_pow": (("y", 3),), "round": (("rounding_method", 1),), "convert_element_type": (("new_dtype", I32),),
+           "bitcast_convert_type": (("new_dtype", I32),)}
 
 
 def _op_of(name):
@@ -318,7 +319,11 @@ _COMPILE_SCRIPT = textwrap.dedent('''
     def reductions(x):
         return jnp.argmax(x, -1), jnp.argmin(x, -1), jnp.prod(x, -1)
 
-    kernels = 0
+    def dropout(kd, x):  # threefry's uint32 rounds, the float bits, the mask (lowering/rules/prng.py)
+        k = jax.random.wrap_key_data(kd)
+        return jnp.where(jax.random.bernoulli(k, 0.9, x.shape), x / 0.9, 0), jax.random.bits(k, (7,), jnp.uint8)
+
+    kernels = compile_gpu(dropout, jnp.zeros(2, jnp.uint32), jnp.ones((5, 150), jnp.float32))
     for dt in (jnp.float32, jnp.bfloat16):
         x = jnp.ones(300, dt)
         kernels += compile_gpu(floats, x)

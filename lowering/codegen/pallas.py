@@ -48,6 +48,7 @@ OPS = {
     "shift_right_arithmetic": "lax.shift_right_arithmetic({0}, {1})",
     "population_count": "lax.population_count({0})", "clz": "lax.clz({0})",
     "convert_element_type": "lax.convert_element_type({0}, {new_dtype})",
+    "bitcast_convert_type": "lax.bitcast_convert_type({0}, {new_dtype})",
 }
 
 # Ops computed in float32 when their operands are 16-bit floats, then rounded

@@ -113,6 +113,19 @@ def _weak(x):
 '''
 
 
+def _key_view(step) -> str | None:
+    """A threefry key's view of its data, or back ([Note: key values] in
+    lowering/rules/prng.py), written as jax.random's own call: no extern
+    callable, so the program loads from its source alone."""
+    name = step.primitive.name
+    if name == "random_unwrap":
+        return f"jax.random.key_data({step.inputs[0]})"
+    impl = getattr(step.params.get("impl"), "name", None) if name == "random_wrap" else None
+    if impl == "threefry2x32":
+        return f"jax.random.wrap_key_data({step.inputs[0]}, impl={impl!r})"
+    return None
+
+
 def _value_source(x) -> str:
     """A value in the wrapper: a buffer's name, or a literal as a 0-d array."""
     if isinstance(x, ir.Const):
@@ -137,6 +150,8 @@ def _write_steps(w: SourceWriter, schedule: Schedule, launched: dict, externs: l
                     w.line(f"{m.name} = {m.name}.reshape({emitter.shape_source(m.node.shape)})")
         elif isinstance(step, loops.Loop):
             loops.write_loop(w, step, lambda w, s: _write_steps(w, s, launched, externs), _value_source)
+        elif _key_view(step) is not None:
+            w.line(f"{step.outputs[0]} = {_key_view(step)}  # {step.primitive.name}")
         else:
             args = [_value_source(x) for x in step.inputs]
             lhs = f"{', '.join(step.outputs)}, = " if step.outputs else ""  # an effect may return nothing

@@ -719,6 +719,8 @@ class TritonEmitter(KernelEmitter):
                 return self.cast_text(f"tl.where({x} != {x}, 0, tl.where({x} >= {float(hi)!r}, {hi}, "
                                       f"tl.where({x} <= {float(lo)!r}, {lo}, {x}.to({self.dtype_text(new)}))))", new)
             return self.cast_text("{0}", params["new_dtype"])
+        if e.op == "bitcast_convert_type":  # same width (the rule's condition)
+            return f"{{0}}.to({self.dtype_text(np.dtype(params['new_dtype']))}, bitcast=True)"
         if e.op not in OPS:
             raise TritonUnsupported(f"op {e.op}")
         if e.op in ("erf", "erfc") and is_16bit_float(e.dtype):  # not upcast by the emitter; tl.erf is f32

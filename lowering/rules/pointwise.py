@@ -36,6 +36,7 @@ _KEPT_PARAMS = {
     "integer_pow": ("y",),
     "convert_element_type": ("new_dtype",),
     "round": ("rounding_method",),
+    "bitcast_convert_type": ("new_dtype",),
 }
 
 
@@ -91,3 +92,13 @@ def _one_minus_square(ctx, eqn, x):
     one = ir.Const(1.0, dtype)
     body = ir.Op("mul", (ir.Op("add", (one, v), dtype), ir.Op("sub", (one, v), dtype)), dtype)
     return [ctx.pointwise(aval, body)]
+
+
+@register_lowering("bitcast_convert_type", kind="pointwise", note="32-bit to 32-bit (random floats' bits)")
+def _bitcast(ctx, eqn, x):
+    # 16-bit floats live in float32 inside kernels (emitter.UPCAST_16BIT) and
+    # other widths change the shape: those run through XLA.
+    src, out = np.dtype(eqn.invars[0].aval.dtype), np.dtype(eqn.outvars[0].aval.dtype)
+    if src.itemsize != 4 or out.itemsize != 4 or np.bool_ in (src, out):
+        raise NotImplementedError("bitcast_convert_type other than 32-bit to 32-bit")
+    return _elementwise(ctx, eqn, x)
