@@ -244,6 +244,28 @@ def test_trace_lower_compile_match_jax(rng):
     assert jf.trace(shapes, 3, w=w).out_info == jtraced.out_info  # shapes alone trace too
 
 
+def test_compiled_shardings_and_formats_follow_the_users_pytrees(rng):
+    """As jax.jit's Compiled: input shardings / formats by ((args), {kwargs}) of the dynamic arguments, output
+    ones by the output's structure (a lone array's a lone sharding), hoisted constants not among them."""
+    x = jnp.asarray(rng.standard_normal((7, 5)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((5,)), jnp.float32)
+
+    def lone(x, unused):
+        return x + jnp.arange(5.0)  # a constant the program may hoist into an argument
+
+    for fn, args, kwargs, static in ((_model, (x, 3), {"w": w}, 1), (lone, (x, w), {}, None)):
+        compiled = pallaskit.jit(fn, static_argnums=static).lower(*args, **kwargs).compile()
+        ref = jax.jit(fn, static_argnums=static).lower(*args, **kwargs).compile()
+        for name in ("input_shardings", "output_shardings", "input_formats", "output_formats"):
+            got, want = getattr(compiled, name), getattr(ref, name)
+            is_none = lambda v: v is None  # noqa: E731  (an argument XLA dropped)
+            assert jax.tree_util.tree_structure(got, is_leaf=is_none) == \
+                jax.tree_util.tree_structure(want, is_leaf=is_none), name
+            if name.endswith("shardings"):
+                assert jax.tree_util.tree_leaves(got, is_leaf=is_none) == \
+                    jax.tree_util.tree_leaves(want, is_leaf=is_none), name
+
+
 def test_compiled_stage_donates(rng):
     params, grads = _params(rng), _params(rng)
     ref = jax.jit(_sgd, static_argnums=2)(params, grads, 0.5)
