@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from lowering import heuristics, ir, sizes
+from lowering import heuristics, ir, sizes, symbolic
 from lowering.rules.registry import PreferXLA, register_lowering
 
 # Operand and result dtypes the template handles: Triton's tensor-core dot takes
@@ -174,7 +174,10 @@ def gemm_operands(ctx, eqn, lhs, rhs):
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
     lc, rc, lb, rb = (tuple(int(d) for d in ds) for ds in (lc, rc, lb, rb))
     lshape, rshape = tuple(eqn.invars[0].aval.shape), tuple(eqn.invars[1].aval.shape)
-    if any(isinstance(x, ir.Const) for x in (lhs, rhs)) or sizes.is_symbolic(lshape + rshape):
+    # The extern gets the jaxpr's own equation: its symbolic dims are jax's, not sympy's; a permuted
+    # copy of such an operand would be a kernel of jax-dim extents, which no tile heuristic can size
+    if (any(isinstance(x, ir.Const) for x in (lhs, rhs)) or sizes.is_symbolic(lshape + rshape)
+            or symbolic.has_symbolic(lshape + rshape)):
         return lhs, rhs, eqn.params
     pairs = sorted(zip(lc, rc))  # contracting dims in the lhs's order; the rhs's must follow
     lc, rc = tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)
