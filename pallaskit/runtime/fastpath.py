@@ -114,7 +114,8 @@ def fastpath_data(compiled, out_tree, outs):
         flat, tree = reflatten(out_tree, list(outs))
         if not all(isinstance(x, ArrayImpl) for x in flat):
             return None
-        kept = [i in executable._kept_var_idx for i in range(len(executable.in_avals))]
+        # one bit per flat argument, dead ones included: ``in_avals`` holds only the arguments XLA kept
+        kept = [i in executable._kept_var_idx for i in range(compiled.in_tree.num_leaves)]
         in_shardings = [physical(a, s) if extended(a) else s
                         for s, a in zip(executable._in_shardings, executable.in_avals)]
         return Data(executable.xla_executable, tree, in_shardings, executable._out_shardings,
