@@ -645,6 +645,7 @@ class Graph:
     nodes: dict[str, Node]  # insertion order is a topological order
     outputs: list  # buffer name, or Const for a literal output
     constants: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    weak_outputs: tuple = ()  # per output: weakly typed in the jaxpr (a Python scalar's type), as jax.jit returns it
 
     def node(self, name: str) -> Node:
         return self.nodes[name]

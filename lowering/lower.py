@@ -161,7 +161,9 @@ def lower(closed: jex_core.ClosedJaxpr, options: CompileOptions | None = None) -
         ctx.constants[name] = c
         consts.append(name)
     outs = _lower_jaxpr(ctx, closed.jaxpr, consts, args, fallbacks)
-    graph = ir.Graph(inputs=list(ctx.inputs), nodes=ctx.nodes, outputs=list(outs), constants=ctx.constants)
+    weak = tuple(bool(getattr(v.aval, "weak_type", False)) for v in closed.jaxpr.outvars)
+    graph = ir.Graph(inputs=list(ctx.inputs), nodes=ctx.nodes, outputs=list(outs), constants=ctx.constants,
+                     weak_outputs=weak if any(weak) else ())
     return LoweredGraph(graph, fallbacks)
 
 

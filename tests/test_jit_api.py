@@ -300,3 +300,22 @@ def test_errors_raised_while_tracing_read_as_jax_jits(fn, args):
     assert "flat_fn" not in got[1] and "leaves[" not in got[1]
     if fn is _branchy:
         assert "function _branchy" in got[1] and "params['w']" in got[1]
+
+
+@pytest.mark.parametrize("kernel_backend", ["pallas", "triton"])
+def test_weakly_typed_outputs_stay_weak(kernel_backend, rng):
+    """As jax.jit: a loop counter started at a Python 0, a returned Python scalar or a weak argument's sum come
+    back weakly typed (the dtype of what the caller computes from them next: ``counter + int8`` stays int8)."""
+    def f(x, s):
+        y, n = jax.lax.fori_loop(0, 3, lambda i, c: (c[0] * 1.5, c[1] + 1), (x, 0))
+        z, m = jax.lax.while_loop(lambda c: c[1] < 2.5, lambda c: (jnp.tanh(c[0]), c[1] + 1.0), (y, 0.0))
+        return y, n, z, m, s + 1, 2.0, x.sum() * s
+
+    x = jnp.asarray(rng.standard_normal((3, 5)), jnp.float32)
+    with pallaskit.config.override(kernel_backend=kernel_backend, cache=False):
+        out = pallaskit.jit(f)(x, 2.0)
+    ref = jax.jit(f)(x, 2.0)
+    for a, b in zip(out, ref):
+        assert (a.dtype, a.weak_type) == (b.dtype, b.weak_type)
+        assert_close(a, b)
+    assert (out[1] + jnp.int8(1)).dtype == jnp.int8

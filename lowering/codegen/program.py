@@ -85,13 +85,27 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> emit
         launched = {rk.name: rk for rk in kernels + inline}
         _write_steps(w, schedule, launched, externs)
         outs = [_value_source(o) for o in graph.outputs]
+        if any(graph.weak_outputs):
+            outs = [f"_weak_type({o})" if weak else o for o, weak in zip(outs, graph.weak_outputs)]
         w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+    if any(graph.weak_outputs):
+        w.lines.extend(WEAK_TYPE_HELPER.splitlines())
     source = w.source()
     if not re.search(r"(?<![\w.])plt\.", source):
         # No Pallas kernel reads Pallas's Triton module: a program of raw Triton
         # kernels does not import it (and the GPU dialect bindings it loads).
         source = source.replace(pallas.PLT_IMPORT + "\n", "", 1)
     return emitter.RenderedProgram(source, kernels, externs, dims, guards)
+
+
+# A kernel's result is strongly typed; jax.jit returns a weakly typed output (a loop counter started at a Python
+# 0, a Python scalar returned) as weak, which decides the dtype of what the caller computes from it next.
+WEAK_TYPE_HELPER = """
+
+def _weak_type(x):
+    from jax._src.lax import lax as lax_internal
+    convert = getattr(lax_internal, "_convert_element_type", None)
+    return x if convert is None else convert(x, weak_type=True)"""
 
 
 def _value_source(x) -> str:
