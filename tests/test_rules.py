@@ -399,6 +399,9 @@ op("stack_last", "stack", lambda a, b: jnp.stack([a, -b], axis=-1), N2, _VIEW, t
 op("stack_one", "stack", lambda a: jnp.stack([a]), _X, _VIEW, tol="exact")
 op("unstack_first", "unstack", lambda x: jnp.unstack(x, axis=0), _X, _VIEW, tol="exact")
 op("unstack_last", "unstack", lambda x: jnp.unstack(x, axis=-1), _X, _VIEW, tol="exact")
+op("reduce_precision_own_bits", "reduce_precision",
+   lambda x: lax.reduce_precision(jnp.sin(x), np.finfo(x.dtype).nexp, np.finfo(x.dtype).nmant) * 2.0, _X,
+   [np.float32])
 op("split_last", "split", lambda x: jnp.split(x, [7, 20], axis=-1), _X, _VIEW, tol="exact")
 op("split_first", "split", lambda x: jnp.split(x, [1, 2], axis=0), _X, _VIEW, tol="exact")
 
