@@ -190,7 +190,7 @@ def _lower_jaxpr(ctx, jaxpr, consts, args, fallbacks):
             raise NotImplementedError("non-scalar literal")
         return env[v]
 
-    for eqn in _fold_transposed_dots(jaxpr):
+    for eqn in _live_equations(_fold_transposed_dots(jaxpr), jaxpr.outvars):
         invals = [read(v) for v in eqn.invars]
         body = trace.inlined_body(eqn)
         if body is not None:
@@ -202,6 +202,18 @@ def _lower_jaxpr(ctx, jaxpr, consts, args, fallbacks):
         for v, val in zip(eqn.outvars, outs):
             env[v] = val
     return [read(v) for v in jaxpr.outvars]
+
+
+def _live_equations(eqns, outvars) -> list:
+    """The equations an output or an effect depends on. The scheduler drops dead nodes anyway, but a dead
+    extern (flax's RNN splits a PRNG key it never uses) would be logged as a primitive run through XLA."""
+    live = {v for v in outvars if not isinstance(v, jex_core.Literal)}
+    kept = []
+    for eqn in reversed(eqns):
+        if eqn.effects or any(v in live for v in eqn.outvars):
+            kept.append(eqn)
+            live.update(v for v in eqn.invars if not isinstance(v, jex_core.Literal))
+    return kept[::-1]
 
 
 def _fold_transposed_dots(jaxpr) -> list:

@@ -198,6 +198,16 @@ class Compiled(_Stage):
     def runtime_executable(self) -> Any:
         return self._compiled.runtime_executable()
 
+    # XLA compiled the flat ``call(*leaves, *constants)``: its shardings come as that call's pytrees, which are
+    # regrouped as jax.jit's Compiled gives them, by the user's argument and output structure (constants dropped)
+    def _regroup_inputs(self, flat_tree):
+        flat = jax.tree_util.tree_leaves(flat_tree, is_leaf=lambda v: v is None)[:len(self._s.avals)]
+        return jax.tree_util.tree_unflatten(self._s.in_tree, flat)
+
+    def _regroup_outputs(self, flat_tree):
+        return jax.tree_util.tree_unflatten(self._s.out_tree,
+                                            jax.tree_util.tree_leaves(flat_tree, is_leaf=lambda v: v is None))
+
     @property
     def input_shardings(self):
         """Per dynamic argument, as ``in_tree`` (the hoisted constants left out)."""
@@ -212,6 +222,14 @@ class Compiled(_Stage):
         """Per output, as ``out_tree``."""
         flat = jax.tree_util.tree_leaves(self._compiled.output_shardings, is_leaf=lambda x: x is None)
         return jax.tree_util.tree_unflatten(self._s.out_tree, flat)
+
+    @property
+    def input_formats(self):
+        return self._regroup_inputs(self._compiled.input_formats)
+
+    @property
+    def output_formats(self):
+        return self._regroup_outputs(self._compiled.output_formats)
 
 
 def _arg_names(closed, n) -> list[str]:

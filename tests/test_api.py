@@ -181,6 +181,32 @@ def test_empty_leaves_are_no_fallback(rng, caplog):
     assert not [r for r in caplog.records if "runs through XLA" in r.message]
 
 
+def test_dead_equations_are_no_fallback(rng, caplog):
+    """A key split and never used (flax's ``nn.RNN`` makes its carry that way) or a sort whose result is
+    dropped runs nowhere: no fallback named, values as jax.jit; an unused effect still runs."""
+    def f(x):
+        k1, k2 = jax.random.split(jax.random.key(0))  # random_seed, random_split, slice, squeeze on keys: dead
+        _ = jnp.sort(x, axis=-1)
+        carry = jnp.zeros((x.shape[0], 4))
+        h = jax.lax.scan(lambda c, xt: (jnp.tanh(c + xt.sum()), c), carry, x.T)[0]
+        return h * 2.0
+
+    x = jnp.asarray(rng.standard_normal((3, 7)), jnp.float32)
+    with caplog.at_level(logging.WARNING, logger="pallaskit"):
+        assert_close(pallaskit.jit(f)(x), jax.jit(f)(x))
+    assert pallaskit.explain(f, x).fallbacks == []
+    assert not [r for r in caplog.records if "runs through XLA" in r.message]
+
+    seen = []
+
+    def g(x):
+        jax.debug.callback(lambda v: seen.append(np.asarray(v)), x.sum())  # dead result, kept effect
+        return x + 1.0
+
+    assert_close(pallaskit.jit(g)(x), x + 1.0)
+    assert len(seen) == 1
+
+
 def test_prng_and_control_flow_run_through_xla(rng):
     def f(key, x):
         noise = jax.random.normal(key, x.shape)

@@ -295,3 +295,25 @@ def test_tanh_derivative_is_recomputed():
     g = pallaskit.jit(jax.grad(lambda y: f(y)[0]))
     assert pallaskit.explain(g, xv).fallbacks == []
     assert_close(g(xv), jax.jit(jax.grad(lambda y: f(y)[0]))(xv))
+
+
+@pytest.mark.parametrize("policy", ["names", "dots"])
+def test_remat_policies_compile_without_fallbacks(policy, rng):
+    """jax.checkpoint with a policy marks residuals with ``name`` (checkpoint_name) and rounds them with
+    ``reduce_precision`` at the dtype's own bits: both identities on float32, neither a fallback."""
+    from jax.ad_checkpoint import checkpoint_name
+
+    def block(w, h):
+        h = checkpoint_name(jnp.tanh(h @ w), "act")
+        return jax.nn.gelu(h @ w.T) + h.sum(-1, keepdims=True) * 0.1
+
+    pol = (jax.checkpoint_policies.save_only_these_names("act") if policy == "names"
+           else jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+    blk = jax.checkpoint(block, policy=pol)
+    step = jax.value_and_grad(lambda w, h: (blk(w, blk(w, h)) ** 2).mean(), argnums=(0, 1))
+    w = jnp.asarray(rng.standard_normal((9, 9)) * 0.3, jnp.float32)
+    h = jnp.asarray(rng.standard_normal((5, 9)), jnp.float32).at[0, 0].set(-0.0)
+    got, want = pallaskit.jit(step)(w, h), jax.jit(step)(w, h)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-5, atol=2e-6)
+    assert pallaskit.explain(step, w, h).fallbacks == []

@@ -736,3 +736,24 @@ def test_no_speculation_for_a_large_program(rng, monkeypatch):
         assert_close(pallaskit.jit(fn)(a), fn(a))
         pallaskit.wait_compiles()
         assert metrics.counters["dynamic_speculations"] == started
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="compile counts of interpret mode (values: the other dynamic tests)")
+def test_automatic_dynamic_attention_einsums_over_heads(rng):
+    """Flax's attention (``...qhd,...khd->...hqk`` then ``...hqk,...khd->...qhd``) at a new batch size: the
+    dots' operands, computed by kernels, are stored in gemm order only in static graphs; a symbolic one
+    made permuted copies of jax-dim extents, whose tile raised, and every size compiled on its own."""
+    def attention(x, wq, wk, wv):
+        q, k, v = (jnp.einsum("bld,dhe->blhe", jnp.tanh(x), w) for w in (wq, wk, wv))
+        s = jnp.einsum("...qhd,...khd->...hqk", q * 0.5, k + 1.0)
+        p = jax.nn.softmax(s, axis=-1)
+        return jnp.einsum("...hqk,...khd->...qhd", p, v * 2.0)
+
+    f = pallaskit.jit(attention)
+    ws = [jnp.asarray(rng.standard_normal((6, 3, 4)) * 0.3, jnp.float32) for _ in range(3)]
+    before = counters()
+    for n in (2, 3, 5, 1):
+        x = jnp.asarray(rng.standard_normal((n, 7, 6)), jnp.float32)
+        assert_close(f(x, *ws), jax.jit(attention)(x, *ws), jnp.float32)
+    assert delta(before, "dynamic_fallbacks") == 0
+    assert delta(before, "graphs_compiled") == 2

@@ -122,6 +122,32 @@ def test_donated_arguments_are_consumed_on_every_call(rng):
         f(old, g)
 
 
+@needs_cpp
+@pytest.mark.parametrize("donate", [(), (0,)])
+def test_unused_arguments_on_steady_calls(rng, donate):
+    """Arguments the program never reads (an optimizer state's placeholder that the update replaces, as
+    optax's adafactor does with its unfactored rows) are dropped by XLA: C++ must skip exactly those, and
+    the second call, the first C++ runs, raised "Execution supplied 1 arguments but compiled program
+    expected 2"."""
+    def step(state, x):
+        a, _placeholder, c = state
+        return (a + x.sum(), jnp.zeros((1,), a.dtype), c * 2.0), a.sum()
+
+    f = pallaskit.jit(step, donate_argnums=donate)
+    seen = _count_python_calls(f)
+    x = jnp.asarray(rng.standard_normal(5), jnp.float32)
+    state = tuple(jnp.asarray(rng.standard_normal(n), jnp.float32) for n in (17, 1, 3))
+    want = jax.tree_util.tree_map(np.asarray, state)
+    for _ in range(4):
+        want = jax.jit(step)(want, x)[0]
+        state, total = f(state, x)
+        _close(state, jax.tree_util.tree_map(jnp.asarray, want))
+    assert len(seen) == 1
+    unused_first = pallaskit.jit(lambda u, a, b: (a * 2.0, b - 1.0))
+    for _ in range(3):
+        _close(unused_first(x, x, state[0]), (x * 2.0, state[0] - 1.0))
+
+
 def test_transformations_after_steady_calls(rng):
     f = pallaskit.jit(lambda x: jnp.sum(jnp.tanh(x) ** 2))
     x = jnp.asarray(rng.standard_normal(11), jnp.float32)

@@ -244,6 +244,28 @@ def test_trace_lower_compile_match_jax(rng):
     assert jf.trace(shapes, 3, w=w).out_info == jtraced.out_info  # shapes alone trace too
 
 
+def test_compiled_shardings_and_formats_follow_the_users_pytrees(rng):
+    """As jax.jit's Compiled: input shardings / formats by ((args), {kwargs}) of the dynamic arguments, output
+    ones by the output's structure (a lone array's a lone sharding), hoisted constants not among them."""
+    x = jnp.asarray(rng.standard_normal((7, 5)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((5,)), jnp.float32)
+
+    def lone(x, unused):
+        return x + jnp.arange(5.0)  # a constant the program may hoist into an argument
+
+    for fn, args, kwargs, static in ((_model, (x, 3), {"w": w}, 1), (lone, (x, w), {}, None)):
+        compiled = pallaskit.jit(fn, static_argnums=static).lower(*args, **kwargs).compile()
+        ref = jax.jit(fn, static_argnums=static).lower(*args, **kwargs).compile()
+        for name in ("input_shardings", "output_shardings", "input_formats", "output_formats"):
+            got, want = getattr(compiled, name), getattr(ref, name)
+            is_none = lambda v: v is None  # noqa: E731  (an argument XLA dropped)
+            assert jax.tree_util.tree_structure(got, is_leaf=is_none) == \
+                jax.tree_util.tree_structure(want, is_leaf=is_none), name
+            if name.endswith("shardings"):
+                assert jax.tree_util.tree_leaves(got, is_leaf=is_none) == \
+                    jax.tree_util.tree_leaves(want, is_leaf=is_none), name
+
+
 def test_compiled_stage_donates(rng):
     params, grads = _params(rng), _params(rng)
     ref = jax.jit(_sgd, static_argnums=2)(params, grads, 0.5)
@@ -456,3 +478,22 @@ def test_methods_copies_and_clear_cache_as_jax_jit(rng):
     for g in (copy.copy(f), copy.deepcopy(f)):
         assert g is not f and isinstance(g, type(f))
         assert_close(g(x), x * 2.0)
+
+
+@pytest.mark.parametrize("kernel_backend", ["pallas", "triton"])
+def test_loop_counters_and_python_scalars_come_back_weak(kernel_backend, rng):
+    """As jax.jit: a loop counter started at a Python 0, a returned Python scalar or a weak argument's sum come
+    back weakly typed (the dtype of what the caller computes from them next: ``counter + int8`` stays int8)."""
+    def f(x, s):
+        y, n = jax.lax.fori_loop(0, 3, lambda i, c: (c[0] * 1.5, c[1] + 1), (x, 0))
+        z, m = jax.lax.while_loop(lambda c: c[1] < 2.5, lambda c: (jnp.tanh(c[0]), c[1] + 1.0), (y, 0.0))
+        return y, n, z, m, s + 1, 2.0, x.sum() * s
+
+    x = jnp.asarray(rng.standard_normal((3, 5)), jnp.float32)
+    with pallaskit.config.override(kernel_backend=kernel_backend, cache=False):
+        out = pallaskit.jit(f)(x, 2.0)
+    ref = jax.jit(f)(x, 2.0)
+    for a, b in zip(out, ref):
+        assert (a.dtype, a.weak_type) == (b.dtype, b.weak_type)
+        assert_close(a, b)
+    assert (out[1] + jnp.int8(1)).dtype == jnp.int8

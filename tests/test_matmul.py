@@ -283,6 +283,23 @@ def test_algorithm_precision_stays_with_xla(rng):
           fallbacks=["dot_general"])
 
 
+@pytest.mark.parametrize("dtype,preset", [(BF16, "BF16_BF16_F32"), (F32, "F32_F32_F32")])  # XLA:CPU has no F16_F16_F32
+def test_the_algorithm_of_the_templates_own_arithmetic_is_taken(rng, dtype, preset):
+    """The preset naming what the template computes for these operands (jax.nn.dot_product_attention asks
+    bf16 x bf16 with float32 accumulation by name) is its default (16-bit) or HIGHEST (float32) precision:
+    the attention's dots compiled, where they all ran through XLA."""
+    x, w = _operands(rng, dtype, (7, 12), (12, 5), k=12)
+    alg = getattr(lax.DotAlgorithmPreset, preset)
+    e = check(lambda a, b: jnp.tanh(lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=alg,
+                                                    preferred_element_type=F32)), x, w)
+    assert [k.kind for k in e.kernels] == ["matmul"]
+    if dtype == BF16:
+        q, k = (_normal(rng, (2, 7, n, 8), BF16) for n in (4, 2))
+        check(lambda q, k: jax.nn.dot_product_attention(q, k, k * 0.5, is_causal=True), q, k)
+    other = lax.DotAlgorithmPreset.F32_F32_F32 if dtype != F32 else lax.DotAlgorithmPreset.BF16_BF16_F32
+    check(lambda a, b: jnp.dot(a, b, precision=other, preferred_element_type=F32), x, w, fallbacks=["dot_general"])
+
+
 def test_long_k_with_a_tiny_output_stays_with_xla(rng):
     """No split-K in the template: such products stay with XLA on a GPU-sized grid."""
     x, w = _operands(rng, F32, (16, 4096), (4096, 16), k=4096)

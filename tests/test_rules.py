@@ -410,6 +410,15 @@ op("concatenate_last", "concatenate", lambda a, b, c: jnp.concatenate([a, b, c],
    _VIEW, tol="exact")
 op("concatenate_first", "concatenate", lambda a, b, c: jnp.concatenate([a, b, c], axis=0), _pieces(0),
    _VIEW, tol="exact")
+op("stack_mid", "stack", lambda a, b, c: jnp.stack([a, b, c], axis=1), args(normal(2.0), normal(2.0), normal(2.0)),
+   _VIEW, tol="exact")
+op("stack_last", "stack", lambda a, b: jnp.stack([a, -b], axis=-1), N2, _VIEW, tol="exact")
+op("stack_one", "stack", lambda a: jnp.stack([a]), _X, _VIEW, tol="exact")
+op("unstack_first", "unstack", lambda x: jnp.unstack(x, axis=0), _X, _VIEW, tol="exact")
+op("unstack_last", "unstack", lambda x: jnp.unstack(x, axis=-1), _X, _VIEW, tol="exact")
+op("reduce_precision_own_bits", "reduce_precision",
+   lambda x: lax.reduce_precision(jnp.sin(x), np.finfo(x.dtype).nexp, np.finfo(x.dtype).nmant) * 2.0, _X,
+   [np.float32])
 op("split_last", "split", lambda x: jnp.split(x, [7, 20], axis=-1), _X, _VIEW, tol="exact")
 op("split_first", "split", lambda x: jnp.split(x, [1, 2], axis=0), _X, _VIEW, tol="exact")
 

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from lowering import heuristics, ir, sizes
+from lowering import heuristics, ir, sizes, symbolic
 from lowering.rules.registry import PreferXLA, register_lowering
 
 # Operand and result dtypes the template handles: Triton's tensor-core dot takes
@@ -24,7 +24,7 @@ from lowering.rules.registry import PreferXLA, register_lowering
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(jnp.bfloat16), np.dtype(np.float16))
 
 
-def precision_of(precision) -> str | None:
+def precision_of(precision, dtype=None) -> str | None:
     """'default' or 'highest' for the precisions the template honours; None
     for the rest (they stay with XLA).
 
@@ -37,7 +37,13 @@ def precision_of(precision) -> str | None:
     if precision is None:
         return "default"
     if isinstance(precision, lax.DotAlgorithmPreset):
-        return "default" if precision == lax.DotAlgorithmPreset.DEFAULT else None
+        if precision == lax.DotAlgorithmPreset.DEFAULT:
+            return "default"
+        # The algorithm that names the template's own arithmetic for these operands (jax.nn.dot_product_attention
+        # asks bf16 x bf16 -> float32 accumulation by name): no other rounding
+        own = {np.dtype(jnp.bfloat16): ("BF16_BF16_F32", "default"), np.dtype(np.float16): ("F16_F16_F32", "default"),
+               np.dtype(np.float32): ("F32_F32_F32", "highest")}.get(np.dtype(dtype) if dtype is not None else None)
+        return own[1] if own is not None and precision == getattr(lax.DotAlgorithmPreset, own[0], None) else None
     if isinstance(precision, lax.Precision):
         precision = (precision, precision)
     if not isinstance(precision, tuple) or len(precision) != 2:
@@ -65,7 +71,7 @@ def unsupported(eqn, options) -> str:
         # Integer dots (int8 x int8 -> int32 included) and float64: XLA's are exact
         # and fast; the template's float32 accumulator is neither.
         return f"{lhs.dtype} x {rhs.dtype} -> {out.dtype} is not a float16/bfloat16/float32 dot"
-    if precision_of(eqn.params.get("precision")) is None:
+    if precision_of(eqn.params.get("precision"), lhs.dtype) is None:
         return f"precision {eqn.params.get('precision')} is not DEFAULT or HIGHEST on both operands"
     b, m, n, k = _sizes(eqn)
     m = sizes.hint(m, options.size_hints)
@@ -137,7 +143,7 @@ def _dot_general(ctx, eqn, lhs, rhs):
     body = ir.Op("dot_general", (a, b), np.dtype(out_aval.dtype))
     dims = dict(batch=tuple(lshape[d] for d in lb), m=tuple(lshape[d] for d in lfree),
                 n=tuple(rshape[d] for d in rfree), k=tuple(lshape[d] for d in lc),
-                precision=precision_of(eqn.params.get("precision")))
+                precision=precision_of(eqn.params.get("precision"), eqn.invars[0].aval.dtype))
     # jaxprs repeat equations (``x @ w`` written twice): one node computes both.
     for node in ctx.nodes.values():
         if (isinstance(node, ir.Matmul) and node.body == body and node.shape == tuple(out_aval.shape)
@@ -174,7 +180,10 @@ def gemm_operands(ctx, eqn, lhs, rhs):
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
     lc, rc, lb, rb = (tuple(int(d) for d in ds) for ds in (lc, rc, lb, rb))
     lshape, rshape = tuple(eqn.invars[0].aval.shape), tuple(eqn.invars[1].aval.shape)
-    if any(isinstance(x, ir.Const) for x in (lhs, rhs)) or sizes.is_symbolic(lshape + rshape):
+    # The extern gets the jaxpr's own equation: its symbolic dims are jax's, not sympy's; a permuted
+    # copy of such an operand would be a kernel of jax-dim extents, which no tile heuristic can size
+    if (any(isinstance(x, ir.Const) for x in (lhs, rhs)) or sizes.is_symbolic(lshape + rshape)
+            or symbolic.has_symbolic(lshape + rshape)):
         return lhs, rhs, eqn.params
     pairs = sorted(zip(lc, rc))  # contracting dims in the lhs's order; the rhs's must follow
     lc, rc = tuple(p[0] for p in pairs), tuple(p[1] for p in pairs)

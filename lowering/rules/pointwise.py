@@ -28,7 +28,8 @@ ELEMENTWISE = (
     "convert_element_type",
 )
 
-IDENTITY = ("copy", "copy_p", "stop_gradient", "optimization_barrier_identity", "reduce_precision_identity")
+IDENTITY = ("copy", "copy_p", "stop_gradient", "optimization_barrier_identity", "reduce_precision_identity",
+            "name")  # name: checkpoint_name's marker for remat policies
 
 # Static parameters that change what an op computes; everything else
 # (shardings, accuracy=None, out_dtype=None) is dropped.
@@ -71,6 +72,19 @@ register_lowering(*ELEMENTWISE, kind="pointwise")(_elementwise)
 
 @register_lowering(*IDENTITY, kind="pointwise", note="identity")
 def _identity(ctx, eqn, x):
+    return [x]
+
+
+@register_lowering("reduce_precision", kind="pointwise", note="identity at a 32/64-bit float's own precision")
+def _reduce_precision(ctx, eqn, x):
+    # jax.checkpoint's policies put reduce_precision at the dtype's own bits on saved residuals; a 32/64-bit
+    # float kernel holds exactly that precision, a 16-bit one computes in float32 and would have to round
+    dtype = np.dtype(eqn.outvars[0].aval.dtype)
+    if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise NotImplementedError(f"reduce_precision of {dtype}")
+    info = np.finfo(dtype)
+    if (eqn.params["exponent_bits"], eqn.params["mantissa_bits"]) != (info.nexp, info.nmant):
+        raise NotImplementedError("reduce_precision below the dtype's precision")
     return [x]
 
 

@@ -135,6 +135,32 @@ def _concatenate(ctx, eqn, *xs):
     return [ctx.pointwise(aval, body)]
 
 
+@register_lowering("stack", kind="view", note="select over loads")
+def _stack(ctx, eqn, *xs):
+    # jnp.stack binds its own primitive in newer jax (no concatenate of expand_dims): operand k at index k of
+    # the new axis, every operand loaded at the other indices
+    aval = eqn.outvars[0].aval
+    axis = eqn.params["axis"] % len(aval.shape)
+    out = ctx.symbols(len(aval.shape))
+    o = out[axis]
+    idx = tuple(out[:axis]) + tuple(out[axis + 1:])
+    body = ctx.load(xs[-1], idx)
+    for k in reversed(range(len(xs) - 1)):
+        cond = ir.IndexValue(sympy.Eq(o, k), np.dtype(bool))
+        body = ir.Op("select_n", (cond, body, ctx.load(xs[k], idx)), body.dtype)
+    return [ctx.pointwise(aval, body)]
+
+
+@register_lowering("unstack", kind="view")
+def _unstack(ctx, eqn, x):
+    axis = eqn.params["axis"] % len(_in_shape(eqn))
+    outs = []
+    for k, v in enumerate(eqn.outvars):
+        sym = list(ctx.symbols(len(v.aval.shape)))
+        outs.append(ctx.pointwise(v.aval, ctx.load(x, tuple(sym[:axis] + [sympy.Integer(k)] + sym[axis:]))))
+    return outs
+
+
 @register_lowering("split", kind="view")
 def _split(ctx, eqn, x):
     axis = eqn.params["axis"]
