@@ -36,6 +36,23 @@ log = logging.getLogger("pallaskit")
 _MISS = threading.local()
 
 
+def _deleted_as_jax_does(call):
+    """``call`` (``JitFunction._call``) raising jax.jit's ValueError for a
+    deleted (donated) array, whichever step met it first: its placement, an
+    eager launch reading it as a NumPy array, the executable (RuntimeError)."""
+    @functools.wraps(call)
+    def checked(self, args, kwargs):
+        try:
+            return call(self, args, kwargs)
+        except RuntimeError:
+            for i, x in enumerate(jax.tree_util.tree_leaves((args, kwargs))):
+                if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and x.is_deleted():
+                    raise ValueError(f"INVALID_ARGUMENT: Invalid buffer passed to Execute() as argument {i} to "
+                                     "replica 0: INVALID_ARGUMENT: Buffer has been deleted or donated.") from None
+            raise
+    return checked
+
+
 class JitFunction:
     """A function compiled by pallaskit, with jax.jit's semantics."""
 
@@ -185,6 +202,7 @@ class JitFunction:
         _MISS.out = out
         return out, data, False
 
+    @_deleted_as_jax_does
     def _call(self, args, kwargs):
         """(result, the Compiled entry that ran or None, its flat outputs)."""
         if self._xla_instead is not None:
@@ -195,7 +213,7 @@ class JitFunction:
         if fast is not None:
             entry = self._fast.get(fast[0])
             if entry is not None:  # a signature seen before, concrete arrays
-                outs = _run(entry, fast[1])
+                outs = entry.executable(*fast[1], *entry.constants)
                 if entry.delete_after:
                     xla_args.delete_donated(fast[1], entry.delete_after, outs)
                 return jax.tree_util.tree_unflatten(entry.out_tree, outs), entry, outs
@@ -223,7 +241,7 @@ class JitFunction:
             except signature.JaxOnly as e:  # jax.jit runs it (traced into an enclosing trace, if any)
                 autodiff.fallback_log(self, f"{e}; running it with jax.jit")
                 return self._jax(*args, **kwargs), None, None
-        outs = _run(entry, leaves)
+        outs = entry.executable(*leaves, *entry.constants)
         if entry.delete_after:
             xla_args.delete_donated(leaves, entry.delete_after, outs)
         if not entry.ran:
@@ -305,20 +323,6 @@ class JitFunction:
     def _compile(self, avals, treedef, static_pos, static_kw, n_args, **kw) -> Compiled:
         """One signature traced and compiled: ``orchestrator.compile_signature``."""
         return orchestrator.compile_signature(self, avals, treedef, static_pos, static_kw, n_args, **kw)
-
-
-def _run(entry: Compiled, leaves) -> list:
-    """The entry's executable on the leaves. A deleted (donated) array raises
-    jax.jit's ValueError, whichever executable met it first (eager launches read
-    it as a NumPy array, which raises RuntimeError)."""
-    try:
-        return entry.executable(*leaves, *entry.constants)
-    except RuntimeError:
-        for i, x in enumerate(leaves):
-            if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and x.is_deleted():
-                raise ValueError(f"INVALID_ARGUMENT: Invalid buffer passed to Execute() as argument {i} to replica "
-                                 f"0: INVALID_ARGUMENT: Buffer has been deleted or donated.") from None
-        raise
 
 
 def _python_call(jf):

@@ -497,3 +497,21 @@ def test_loop_counters_and_python_scalars_come_back_weak(kernel_backend, rng):
         assert (a.dtype, a.weak_type) == (b.dtype, b.weak_type)
         assert_close(a, b)
     assert (out[1] + jnp.int8(1)).dtype == jnp.int8
+
+
+def test_weak_outputs_of_eagerly_launched_sizes(rng):
+    """Sizes that a symbolic program launches eagerly (raw Triton, here in its
+    interpreter) return weak outputs weak, as the compiled sizes do."""
+    pytest.importorskip("triton")
+    pallaskit.config.update(dynamic_launch="on")
+
+    def schedule(x, base):
+        return x * base, base * 2.0, jnp.tanh(x).sum()
+
+    ours = pallaskit.jit(schedule)
+    for n in (6, 9, 17):  # the second size makes the rows dynamic; the third launches eagerly too
+        x = jnp.asarray(rng.integers(-5, 5, (n, 4)), jnp.int32)
+        for a, b in zip(ours(x, 0.5), jax.jit(schedule)(x, 0.5)):
+            assert (a.dtype, a.weak_type) == (b.dtype, b.weak_type)
+            assert_close(a, b)
+    assert pallaskit.metrics.counters["eager_launches"] >= 2

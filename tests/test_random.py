@@ -126,6 +126,19 @@ def test_keys_split_and_folded_inside(backend):
     assert ex.fallbacks == [], str(ex)
 
 
+def test_unstacked_keys(backend):
+    """``a, b, c = jnp.unstack(keys)``: jax 0.11 also unpacks ``k1, k2 = split(k)``
+    with unstack; a view on the keys' data like slice and squeeze."""
+    def step(k, x):
+        a, b, c = jnp.unstack(jax.random.split(k, 3))
+        d, e = jnp.unstack(jax.random.split(k, (2, 2)), axis=-1)
+        return x * jax.random.uniform(b, x.shape) + jax.random.bits(c, x.shape), a, d, e
+
+    want, got, ex = _run(step, jax.random.key(3), jnp.ones((4, 5), jnp.float32))
+    _assert_equal(want, got)
+    assert ex.fallbacks == [], str(ex)
+
+
 def test_legacy_keys_split_inside():
     def step(k):
         k1, k2 = jax.random.split(k)
@@ -159,6 +172,7 @@ def test_bits_in_a_loop_body(backend):
         return k, acc + jax.random.uniform(sub, acc.shape)
 
     f = lambda k: jax.lax.fori_loop(0, 3, body, (k, jnp.zeros((2, 5))))  # noqa: E731
+    pallaskit.config.update(loop_bodies="on")  # the GPU's default leaves loops to XLA
     want, got, ex = _run(f, jax.random.PRNGKey(1))
     _assert_equal(want, got)
     assert ex.fallbacks == [], str(ex)

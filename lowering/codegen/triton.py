@@ -1180,6 +1180,7 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Trit
             if isinstance(o, ir.Const):
                 raise TritonUnsupported("a constant output")
             outs.append(o)
-        w.line(f"return run.finish({', '.join(outs)})")
+        weak = graph.weak_outputs if any(graph.weak_outputs) and len(graph.weak_outputs) == len(outs) else ()
+        w.line(f"return run.finish({', '.join(outs)}{f', weak={tuple(weak)}' if weak else ''})")
     kernels = [TritonKernelSource(r.name, r.num_warps, r.num_stages) for r in rendered]
     return TritonProgram(w.source(), kernels)

@@ -286,12 +286,15 @@ def _data_params(eqn):
     elif name == "squeeze":
         n_in = len(eqn.invars[0].aval.shape)
         p["dimensions"] = tuple(d % n_in for d in p["dimensions"])
+    elif name in ("unstack", "split"):  # jax 0.11 unpacks ``k1, k2 = split(k)`` with unstack
+        p["axis"] = p["axis"] % len(eqn.invars[0].aval.shape)
     elif name != "concatenate":  # its dimension stays
         return None
     return p
 
 
-KEY_SHAPE_PRIMITIVES = frozenset({"slice", "reshape", "broadcast_in_dim", "transpose", "squeeze", "concatenate"})
+KEY_SHAPE_PRIMITIVES = frozenset({"slice", "reshape", "broadcast_in_dim", "transpose", "squeeze", "concatenate",
+                                  "unstack", "split"})
 
 
 def lower_key_shape_eqn(ctx, eqn, invals, rule):

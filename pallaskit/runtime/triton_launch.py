@@ -556,6 +556,14 @@ def _cuda_for(device: jax.Device) -> _Cuda:
         return _cudas[device]
 
 
+def _weak_type(x):
+    """``x`` marked weakly typed (jax's private conversion; unchanged where this jax lacks it)."""
+    from jax._src.lax import lax as lax_internal
+
+    convert = getattr(lax_internal, "_convert_element_type", None)
+    return x if convert is None else convert(x, weak_type=True)
+
+
 class Launch:
     """One sequence of kernel launches on one device, fenced once on each side.
 
@@ -611,8 +619,10 @@ class Launch:
         self.cuda.make_current()
         loaded.launcher(grid, self.cuda.stream, pointers)
 
-    def finish(self, *outputs) -> tuple[jax.Array, ...]:
-        """Outputs as JAX arrays once every launch so far has finished."""
+    def finish(self, *outputs, weak=()) -> tuple[jax.Array, ...]:
+        """Outputs as JAX arrays once every launch so far has finished;
+        ``weak``: per output, weakly typed as jax.jit returns it (a Python
+        scalar's type: it decides what the caller's next op promotes to)."""
         if self.interpret:
             results = tuple(jax.device_put(self._on_host(o), self.device) for o in outputs)
         else:
@@ -621,6 +631,8 @@ class Launch:
         self._keep.clear()  # with it the ids below may be reused: forget them too
         self._fenced.clear()
         self._host.clear()
+        if any(weak):
+            results = tuple(_weak_type(r) if w else r for r, w in zip(results, weak))
         return results
 
     def _on_host(self, array) -> np.ndarray:
