@@ -248,7 +248,9 @@ class JitFunction:
             entry.ran = True
             metrics.counters["kernels_compiled"] += len(entry.result.program.kernels)
         if fast is not None:
-            self._fast[fast[0]] = entry
+            # A recurring size's static program, filed by its tier-up on the background thread
+            # while this call ran the dispatcher (dynamic.compile_static), is kept.
+            self._fast.setdefault(fast[0], entry)
         return jax.tree_util.tree_unflatten(entry.out_tree, outs), entry, outs
 
     def _miss(self, key, leaves, avals, treedef, static_pos, static_kw, n_args, placement) -> Compiled:
