@@ -37,14 +37,17 @@ _MISS = threading.local()
 
 
 def _deleted_as_jax_does(call):
-    """``call`` (``JitFunction._call``) raising jax.jit's ValueError for a
-    deleted (donated) array, whichever step met it first: its placement, an
-    eager launch reading it as a NumPy array, the executable (RuntimeError)."""
+    """``call`` (``JitFunction._call``) raising jax.jit's error for a deleted
+    (donated) array, whichever step met it first (its placement, an eager
+    launch reading it as a NumPy array: RuntimeError): on the CPU jax.jit
+    raises XLA's ValueError, on a GPU its own RuntimeError."""
     @functools.wraps(call)
     def checked(self, args, kwargs):
         try:
             return call(self, args, kwargs)
         except RuntimeError:
+            if jax.default_backend() != "cpu":  # jax.jit's own RuntimeError there: "Array has been deleted"
+                raise
             for i, x in enumerate(jax.tree_util.tree_leaves((args, kwargs))):
                 if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) and x.is_deleted():
                     raise ValueError(f"INVALID_ARGUMENT: Invalid buffer passed to Execute() as argument {i} to "

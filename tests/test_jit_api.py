@@ -416,8 +416,8 @@ def test_compiled_stage_reads_as_jaxs(rng):
 
 @pytest.mark.parametrize("kernel_backend", ["pallas", "triton"])
 def test_calling_with_a_donated_array_raises_as_jax_does(kernel_backend, rng):
-    """A donated (deleted) array passed again: jax.jit's ValueError with either
-    renderer (before, Triton's eager launches raised NumPy's RuntimeError)."""
+    """A donated (deleted) array passed again: jax.jit's error with either
+    renderer (before, Triton's eager launches raised NumPy's RuntimeError on the CPU)."""
     pallaskit.config.update(kernel_backend=kernel_backend)
 
     def run(jit):
@@ -426,10 +426,10 @@ def test_calling_with_a_donated_array_raises_as_jax_does(kernel_backend, rng):
         f(x)
         return _outcome(lambda: f(x))
 
-    expected = run(jax.jit)
-    assert expected is not None and expected[0] is ValueError
+    expected = run(jax.jit)  # CPU: XLA's ValueError; GPU: jax's RuntimeError ("Array has been deleted")
+    assert expected is not None and "deleted" in expected[1]
     got = run(pallaskit.jit)
-    assert got is not None and got[0] is ValueError and "deleted or donated" in got[1]
+    assert got is not None and got[0] is expected[0] and "deleted" in got[1]
 
 
 def test_methods_copies_and_clear_cache_as_jax_jit(rng):
