@@ -27,7 +27,6 @@ contention on the atomics) instead of uniformly.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -58,21 +57,6 @@ def _error(got, want) -> float:
 
     g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
     return float(np.linalg.norm(g - w) / max(np.linalg.norm(w), 1e-30))
-
-
-@contextlib.contextmanager
-def _heuristics(**values):
-    """``lowering.heuristics`` constants set while pallaskit compiles (its first call)."""
-    from lowering import heuristics
-
-    old = {k: getattr(heuristics, k) for k in values}
-    for k, v in values.items():
-        setattr(heuristics, k, v)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            setattr(heuristics, k, v)
 
 
 def _torch_rows(args, table, ids, dy, want, tol, row):
@@ -152,7 +136,7 @@ def main(argv=None):
         for vname, opts, patch in variants:
             if patch and dtype.name not in ("bfloat16", "float16"):
                 continue
-            with pallaskit.config.override(cache=False, **opts), _heuristics(**patch):
+            with pallaskit.config.override(cache=False, **opts), timing.heuristics_set(**patch):
                 f = pallaskit.jit(embedding_grad)
                 got = np.asarray(f(table, ids, dy))
                 ex = pallaskit.explain(embedding_grad, table, ids, dy)

@@ -28,6 +28,7 @@ XLA's launches too): a lower bound of the device time (gaps left out).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Any, Callable
@@ -164,3 +165,19 @@ def kernel_ms(call: Callable[[], Any], sync: Callable[[Any], None], calls: int =
     total_us = sum(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
                    for e in prof.key_averages())
     return total_us / calls / 1e3
+
+
+@contextlib.contextmanager
+def heuristics_set(**values):
+    """``lowering.heuristics`` constants set while pallaskit compiles (its first
+    call), restored after: an experiment's variant of a heuristic."""
+    from lowering import heuristics
+
+    old = {k: getattr(heuristics, k) for k in values}
+    for k, v in values.items():
+        setattr(heuristics, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(heuristics, k, v)

@@ -24,7 +24,6 @@ program; looped rows under 64 KB take two (``heuristics.LOOPED_ONE_ROW_BYTES``):
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 
 import jax
@@ -76,21 +75,6 @@ def _agree(got, want, dtype) -> bool:
         if not np.allclose(np.where(finite, g64, 0), np.where(finite, w64, 0), rtol=tol, atol=tol):
             return False
     return True
-
-
-@contextlib.contextmanager
-def _heuristics(**values):
-    """``lowering.heuristics`` constants set while pallaskit compiles (its first call)."""
-    from lowering import heuristics
-
-    old = {k: getattr(heuristics, k) for k in values}
-    for k, v in values.items():
-        setattr(heuristics, k, v)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            setattr(heuristics, k, v)
 
 
 def _main_kernel(fn, args) -> str:
@@ -150,7 +134,7 @@ def main(argv=None):
                     row["jax.jit device ms"] = timing.kernel_ms(lambda: ref(*fargs), sync)
                 for vname, opts, patch in variants:
                     with pallaskit.config.override(long_rows="looped", cache=False, **opts), \
-                            _heuristics(**one_row, **patch):
+                            timing.heuristics_set(**one_row, **patch):
                         f = pallaskit.jit(fn)
                         got = f(*fargs)
                         row[f"{vname} kernel"] = _main_kernel(fn, fargs)

@@ -219,3 +219,33 @@ class Cuda:  # what TritonKernel._compile asks of the GPU: compiled for an H100,
     def attribute(self, which): return 232448
     def load(self, name, cubin, shared): return 1, 1024
 '''
+
+# A kernel of a schedule in the raw-Triton renderer's GPU spelling, compiled by
+# Triton for an H100 (sm_90) without a GPU: test_triton_ops's and
+# test_scatter_atomic's scripts run it in a fresh process (TRITON_INTERPRET
+# unset), this text in place of their ``__GPU_SPELLING__`` line.
+GPU_SPELLING_FIXTURE = '''
+def compile_for_gpu(k, sched, opts, until="cubin"):
+    """Kernel ``k`` of ``sched`` rendered for XLA and compiled for sm_90 up to ``until``."""
+    import linecache
+
+    import numpy as np
+    from triton.backends.compiler import GPUTarget
+
+    from lowering.codegen import triton as tc
+    from pallaskit.runtime import triton_launch
+
+    r = tc.render_for_xla(k, sched, opts)
+    src = tc._PRELUDE + "\\n".join(tc.HELPERS[h] for h in sorted(r.helpers)) + "\\n\\n" + r.source
+    name = f"<gpu spelling {k.name}>"
+    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+    ns = {"__name__": "gpu_spelling_" + k.name}
+    exec(compile(src, name, "exec"), ns)
+    kernel = ns[k.name + "_kernel"]
+    dts = [sched.graph.buffer_aval(b)[1] for b in r.reads] + [m.node.dtype for m in k.members if m.store]
+    sig = {a: "*" + triton_launch._triton_dtype(k.name, a, np.dtype(d)) for a, d in zip(kernel.arg_names, dts)}
+    sig.update({a: "constexpr" if a in r.constexprs else "i32" for a in kernel.arg_names[len(dts):]})
+    return triton_launch._compile_uncached(triton_launch.ast_source(kernel, sig, dict(r.constexprs)),
+                                           GPUTarget("cuda", 90, 32),
+                                           {"num_warps": r.num_warps, "num_stages": r.num_stages}, until=until)
+'''

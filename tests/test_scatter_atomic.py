@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("triton")
 
 import pallaskit  # noqa: E402
-from conftest import assert_close, run_python_on_cpu  # noqa: E402
+from conftest import GPU_SPELLING_FIXTURE, assert_close, run_python_on_cpu  # noqa: E402
 
 BF16 = jnp.bfloat16
 
@@ -294,15 +294,14 @@ def test_scatter_in_a_scan_body(rng):
 
 
 _GPU_SPELLING = textwrap.dedent('''
-    import linecache, os, re
+    import os, re
     os.environ.pop("TRITON_INTERPRET", None)
     import jax, jax.numpy as jnp, numpy as np
-    from triton.backends.compiler import GPUTarget
     import lowering
     from lowering import heuristics
-    from lowering.codegen import triton as tc
     from lowering.options import CompileOptions
-    from pallaskit.runtime import triton_launch
+
+    __GPU_SPELLING__
 
     opts = CompileOptions(interpret=False, kernel_backend="triton", triton_available=True)
     heuristics.ATOMIC_16BIT_IN_FLOAT32 = False  # bfloat16 adds in bfloat16 on a GPU
@@ -311,24 +310,10 @@ _GPU_SPELLING = textwrap.dedent('''
         args = (jnp.ones((50, 12), dt), jnp.zeros((40,), jnp.int32), jnp.ones((40, 12), dt))
         sched = lowering.compile_jaxpr(jax.make_jaxpr(fn)(*args), opts).schedule
         (k,) = [k for k in sched.kernels if k.kind == "scatter"]
-        r = tc.render_for_xla(k, sched, opts)
-        src = tc._PRELUDE + "\\n".join(tc.HELPERS[h] for h in sorted(r.helpers)) + "\\n\\n" + r.source
-        name = f"<gpu spelling {k.name}>"
-        linecache.cache[name] = (len(src), None, src.splitlines(True), name)
-        ns = {"__name__": "gpu_spelling_" + k.name}
-        exec(compile(src, name, "exec"), ns)
-        kernel = ns[k.name + "_kernel"]
-        dts = [sched.graph.buffer_aval(b)[1] for b in r.reads] + [m.node.dtype for m in k.members if m.store]
-        sig = {a: "*" + triton_launch._triton_dtype(k.name, a, np.dtype(d)) for a, d in zip(kernel.arg_names, dts)}
-        sig.update({a: "constexpr" for a in kernel.arg_names[len(dts):]})
-        for until in ("ptx", "cubin"):
-            c = triton_launch._compile_uncached(triton_launch.ast_source(kernel, sig, dict(r.constexprs)),
-                                                GPUTarget("cuda", 90, 32),
-                                                {"num_warps": r.num_warps, "num_stages": r.num_stages}, until=until)
-            if until == "ptx":
-                ops = sorted(set(re.findall(r"atom\\.global\\.[\\w.]+", c.cubin.decode())))
+        ops = sorted(set(re.findall(r"atom\\.global\\.[\\w.]+", compile_for_gpu(k, sched, opts, "ptx").cubin.decode())))
+        compile_for_gpu(k, sched, opts, "cubin")
         print("ATOMICS", np.dtype(dt).name, " ".join(ops), flush=True)
-''')
+''').replace("__GPU_SPELLING__", GPU_SPELLING_FIXTURE)
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the GPU suite runs the kernels themselves")

@@ -27,7 +27,7 @@ pytest.importorskip("triton")
 
 import lowering.executors  # noqa: E402
 import pallaskit  # noqa: E402
-from conftest import cpu_reference, run_python_on_cpu  # noqa: E402
+from conftest import GPU_SPELLING_FIXTURE, cpu_reference, run_python_on_cpu  # noqa: E402
 from lowering import ir  # noqa: E402
 from lowering.codegen import pallas, triton as triton_codegen  # noqa: E402
 
@@ -272,37 +272,22 @@ def test_prod_argmax_argmin(dtype, max_persistent_cols, rng, triton_only):
 # The GPU spelling compiles (without a GPU)
 # --------------------------------------------------------------------------- #
 _COMPILE_SCRIPT = textwrap.dedent('''
-    import linecache, os, sys
+    import os, sys
     os.environ.pop("TRITON_INTERPRET", None)
     import jax, jax.numpy as jnp, numpy as np
     from jax import lax
-    from triton.backends.compiler import GPUTarget
     import lowering
     from lowering.options import CompileOptions
-    from lowering.codegen import triton as tc
-    from pallaskit.runtime import triton_launch
+
+    __GPU_SPELLING__
 
     def compile_gpu(fn, *args, max_persistent_cols=8192):
         opts = CompileOptions(interpret=False, kernel_backend="triton", triton_available=True,
                               max_persistent_cols=max_persistent_cols)
         sched = lowering.compile_jaxpr(jax.make_jaxpr(fn)(*args), opts).schedule
-        n = 0
         for k in sched.kernels:
-            r = tc.render_for_xla(k, sched, opts)
-            src = tc._PRELUDE + "\\n".join(tc.HELPERS[h] for h in sorted(r.helpers)) + "\\n\\n" + r.source
-            name = f"<gpu spelling {k.name}>"
-            linecache.cache[name] = (len(src), None, src.splitlines(True), name)
-            ns = {"__name__": "gpu_spelling_" + k.name}
-            exec(compile(src, name, "exec"), ns)
-            kernel = ns[k.name + "_kernel"]
-            dts = [sched.graph.buffer_aval(b)[1] for b in r.reads] + [m.node.dtype for m in k.members if m.store]
-            sig = {a: "*" + triton_launch._triton_dtype(k.name, a, np.dtype(d)) for a, d in zip(kernel.arg_names, dts)}
-            sig.update({a: "constexpr" if a in r.constexprs else "i32" for a in kernel.arg_names[len(dts):]})
-            triton_launch._compile_uncached(triton_launch.ast_source(kernel, sig, dict(r.constexprs)),
-                                            GPUTarget("cuda", 90, 32),
-                                            {"num_warps": r.num_warps, "num_stages": r.num_stages}, until="cubin")
-            n += 1
-        return n
+            compile_for_gpu(k, sched, opts)
+        return len(sched.kernels)
 
     def floats(x):
         y = x[::-1]
@@ -341,7 +326,7 @@ _COMPILE_SCRIPT = textwrap.dedent('''
             kernels += compile_gpu(lambda x: (jax.nn.softmax(x, -1), jax.nn.logsumexp(x, -1)),
                                    jnp.ones((5, 150), dt), max_persistent_cols=64)
     print("COMPILED", kernels)
-''')
+''').replace("__GPU_SPELLING__", GPU_SPELLING_FIXTURE)
 
 
 @pytest.mark.parametrize("dtype,spelling", [(jnp.bfloat16, "sqrt.approx.f32 $0, $1;"), (jnp.float32, "tl.sqrt_rn(")])
