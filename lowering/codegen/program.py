@@ -74,9 +74,6 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> emit
         w.line()
     externs = []
     w.line()
-    if any(graph.weak_outputs) and len(graph.weak_outputs) == len(graph.outputs):
-        w.lines.extend(WEAK_HELPER.splitlines())
-        w.line()
     w.line(f"def call({', '.join(graph.inputs)}):")
     with w.indent():
         if dims:
@@ -91,7 +88,7 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> emit
         _write_steps(w, schedule, launched, externs)
         outs = [_value_source(o) for o in graph.outputs]
         if any(graph.weak_outputs) and len(graph.weak_outputs) == len(outs):
-            outs = [f"_weak({o})" if weak else o for o, weak in zip(outs, graph.weak_outputs)]
+            outs = [f"WEAK_TYPE({o})" if weak else o for o, weak in zip(outs, graph.weak_outputs)]
         w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     source = w.source()
     if not re.search(r"(?<![\w.])plt\.", source):
@@ -99,18 +96,6 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> emit
         # kernels does not import it (and the GPU dialect bindings it loads).
         source = source.replace(pallas.PLT_IMPORT + "\n", "", 1)
     return emitter.RenderedProgram(source, kernels, externs, dims, guards)
-
-
-# jax has no public way to mark an array weakly typed; a jax without this
-# private function returns the output strongly typed (its values unchanged).
-WEAK_HELPER = '''\
-from jax._src.lax import lax as _lax_internal  # noqa: E402
-
-
-def _weak(x):
-    convert = getattr(_lax_internal, "_convert_element_type", None)
-    return x if convert is None else convert(x, weak_type=True)
-'''
 
 
 def _key_view(step) -> str | None:

@@ -34,6 +34,17 @@ def _triton_module(interpret: bool):
     return triton_call.triton_module(interpret)
 
 
+def weak_type(x):
+    """``WEAK_TYPE``: ``x`` marked weakly typed, as jax.jit returns an output of
+    Python-scalar type (it decides what the caller's next op promotes to). jax
+    has no public way to do it; where its private conversion is missing, ``x``
+    stays strongly typed (its values unchanged)."""
+    from jax._src.lax import lax as lax_internal
+
+    convert = getattr(lax_internal, "_convert_element_type", None)
+    return x if convert is None else convert(x, weak_type=True)
+
+
 def _triton_call(*args, **kwargs):
     """``TRITON_CALL``: ``triton_call.triton_call``."""
     from pallaskit.runtime import triton_call
@@ -51,7 +62,8 @@ def load(program: RenderedProgram):
     # tl.reduce combine): without __name__ here it is None and compilation fails.
     namespace = {"__name__": f"pallaskit_program_{digest}",
                  "EXTERNS": [_extern_callable(p, params) for p, params in program.externs],
-                 "TRITON": _triton_module, "TRITON_CALL": _triton_call}
+                 "TRITON": _triton_module, "TRITON_CALL": _triton_call,
+                 "WEAK_TYPE": weak_type}
     exec(compile(program.source, filename, "exec"), namespace)
     if any(getattr(k, "triton", False) for k in getattr(program, "kernels", ())) and not namespace.get("INTERPRET"):
         _hash_triton_functions(namespace)

@@ -556,14 +556,6 @@ def _cuda_for(device: jax.Device) -> _Cuda:
         return _cudas[device]
 
 
-def _weak_type(x):
-    """``x`` marked weakly typed (jax's private conversion; unchanged where this jax lacks it)."""
-    from jax._src.lax import lax as lax_internal
-
-    convert = getattr(lax_internal, "_convert_element_type", None)
-    return x if convert is None else convert(x, weak_type=True)
-
-
 class Launch:
     """One sequence of kernel launches on one device, fenced once on each side.
 
@@ -632,7 +624,9 @@ class Launch:
         self._fenced.clear()
         self._host.clear()
         if any(weak):
-            results = tuple(_weak_type(r) if w else r for r, w in zip(results, weak))
+            from pallaskit.runtime.loader import weak_type
+
+            results = tuple(weak_type(r) if w else r for r, w in zip(results, weak))
         return results
 
     def _on_host(self, array) -> np.ndarray:
