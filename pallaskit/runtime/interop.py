@@ -47,3 +47,15 @@ def import_capsule(capsule, device, stream, device_type: int) -> jax.Array:
     if EXTENSION >= 467:
         return to_buffer(capsule, device, stream, False, device_type)
     return to_buffer(capsule, device, stream, False)
+
+
+def weak_type(x):
+    """``x`` marked weakly typed, as jax.jit returns an output of Python-scalar
+    type (it decides what the caller's next op promotes to): a generated
+    program's ``WEAK_TYPE`` (runtime/loader.py), an eager launch's weak outputs.
+    jax has no public way to do it; where its private conversion is missing,
+    ``x`` stays strongly typed (its values unchanged)."""
+    from jax._src.lax import lax as lax_internal
+
+    convert = getattr(lax_internal, "_convert_element_type", None)
+    return x if convert is None else convert(x, weak_type=True)

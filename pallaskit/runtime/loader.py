@@ -34,15 +34,11 @@ def _triton_module(interpret: bool):
     return triton_call.triton_module(interpret)
 
 
-def weak_type(x):
-    """``WEAK_TYPE``: ``x`` marked weakly typed, as jax.jit returns an output of
-    Python-scalar type (it decides what the caller's next op promotes to). jax
-    has no public way to do it; where its private conversion is missing, ``x``
-    stays strongly typed (its values unchanged)."""
-    from jax._src.lax import lax as lax_internal
+def _weak_type(x):
+    """``WEAK_TYPE``: ``interop.weak_type``."""
+    from pallaskit.runtime import interop
 
-    convert = getattr(lax_internal, "_convert_element_type", None)
-    return x if convert is None else convert(x, weak_type=True)
+    return interop.weak_type(x)
 
 
 def _triton_call(*args, **kwargs):
@@ -63,7 +59,7 @@ def load(program: RenderedProgram):
     namespace = {"__name__": f"pallaskit_program_{digest}",
                  "EXTERNS": [_extern_callable(p, params) for p, params in program.externs],
                  "TRITON": _triton_module, "TRITON_CALL": _triton_call,
-                 "WEAK_TYPE": weak_type}
+                 "WEAK_TYPE": _weak_type}
     exec(compile(program.source, filename, "exec"), namespace)
     if any(getattr(k, "triton", False) for k in getattr(program, "kernels", ())) and not namespace.get("INTERPRET"):
         _hash_triton_functions(namespace)

@@ -624,9 +624,7 @@ class Launch:
         self._fenced.clear()
         self._host.clear()
         if any(weak):
-            from pallaskit.runtime.loader import weak_type
-
-            results = tuple(weak_type(r) if w else r for r, w in zip(results, weak))
+            results = tuple(interop.weak_type(r) if w else r for r, w in zip(results, weak))
         return results
 
     def _on_host(self, array) -> np.ndarray:
