@@ -1,7 +1,7 @@
 """Atomic scatter-adds: the gradient of an embedding lookup (GPT-2's token table).
 
 pallaskit writes a scatter-add with many updates per element as raw-Triton atomic
-adds over the updates ([Note: atomic scatter-add] in lowering/ir.py). This times,
+adds over the updates ([Note: atomic scatters] in lowering/ir.py). This times,
 for ``jax.vjp(lambda t: t[ids], table)`` given the rows' cotangent (V x D table,
 N ids, the cotangent in the table's dtype as jax gives it):
 
