@@ -1,9 +1,10 @@
-"""Atomic scatter-adds ([Note: atomic scatters] in lowering/ir.py): scatter-adds
-with more updates per element than the dense rule unrolls (an embedding's
-gradient, ``x.at[idx].add(v)`` with a long ``idx``, ``segment_sum``,
-``bincount``) as a raw-Triton kernel of ``tl.atomic_add`` over the updates'
-domain (on the CPU in Triton's interpreter), against jax.jit; kernel counts
-through explain; option ``deterministic_scatter``."""
+"""Atomic scatters ([Note: atomic scatters] in lowering/ir.py): scatters with
+more updates per element than the dense rule unrolls (an embedding's gradient,
+``x.at[idx].add(v)`` / ``.max`` / ``.min`` / ``.multiply`` / ``.set`` with a long
+``idx``, ``segment_sum`` / ``segment_max`` / ``segment_prod``, ``bincount``,
+masks) as a raw-Triton kernel of atomics over the updates' domain (on the CPU in
+Triton's interpreter), against jax.jit; kernel counts through explain; option
+``deterministic_scatter``."""
 import logging
 import textwrap
 
