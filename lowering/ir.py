@@ -657,7 +657,10 @@ class Matmul(Node):
 # offset is where the update lands; ``update`` the value (inlined producers:
 # the cotangent's pointwise chain fuses into it); ``ok`` false where the mode
 # drops the window. Symbols ``i*`` index ``domain``, not the node's shape.
-# Only the raw-Triton renderer writes it. ``combine`` says how an update meets
+# Where the updates or the indices read the operand (``x.at[p].set(x[q])``,
+# ``y.at[i].add(v * y[i])``), the operand is first copied (the rule's
+# ``_reads``): updated in place, its buffer would be read half updated by other
+# programs. Only the raw-Triton renderer writes it. ``combine`` says how an update meets
 # the element, and each has its own atomic (render_scatter in codegen/triton.py):
 # - ``add``: ``tl.atomic_add``. Float sums land in whatever order the atomics
 #   run: not bitwise reproducible. Integer sums wrap: exact, any order.

@@ -6,6 +6,7 @@ masks) as a raw-Triton kernel of atomics over the updates' domain (on the CPU in
 Triton's interpreter), against jax.jit; kernel counts through explain; option
 ``deterministic_scatter``."""
 import logging
+import re
 import textwrap
 
 import jax
@@ -158,17 +159,24 @@ def test_operand_computed_and_read_on_both_sides(rng):
     """The operand is a kernel's result that the scatter's updates gather from and a
     later kernel reads again: no pointwise kernel may hold both its producer and
     that reader (a cycle through the scatter), and the aliased launch must leave
-    the operand's buffer intact for the reader (XLA copies it)."""
+    the operand's buffer intact for the reader (XLA copies it). The updates read
+    the operand (so does ``x.at[p].set(x[::-1])``'s): the launch updates a copy,
+    or other programs would read it half updated (a GPU race the interpreter,
+    which copies aliased buffers, cannot show; hence the check on the source)."""
     x = _values(rng, (9, 3), jnp.float32)
     idx = jnp.asarray(rng.integers(-10, 10, (30,)), jnp.int32)
     v = _values(rng, (30, 3), jnp.float32)
+    perm = jnp.asarray(rng.permutation(9), jnp.int32)
 
-    def f(x, i, v):
+    def f(x, i, v, p):
         y = jnp.sin(x) * 2
-        return y.at[i].add(v * y[i]) + y, jnp.cos(y)
+        return y.at[i].add(v * y[i]) + y, jnp.cos(y), x.at[p].set(x[::-1], unique_indices=True)
 
-    ex = _check(f, x, idx, v)
-    assert len(ex.kernels) == 3, str(ex)
+    ex = _check(f, x, idx, v, perm, scatters=2)
+    assert len(ex.kernels) == 4, str(ex)  # y and its copy, cos(y) / the two scatters / the sum
+    for k in _scatter_kernels(ex):
+        aliased = int(re.search(r"aliases=\(\((\d+), 0\),\)", k.source).group(1))
+        assert f"in_ptr{aliased} +" not in k.source, k.source
 
 
 def test_two_dimensional_index_and_window(rng):

@@ -349,6 +349,23 @@ def _one_nan(v: ir.Expr, negative: bool) -> ir.Expr:
     return ir.Op("select_n", (ir.Op("ne", (v, v), BOOL), v, nan), dt)
 
 
+def _reads(ctx, value, buffer: str) -> bool:
+    """Can ``value``, with the pointwise producers the scheduler may inline
+    into the scatter's kernel, read ``buffer``?"""
+    stack, seen = [value], set()
+    while stack:
+        v = stack.pop()
+        if not isinstance(v, str) or v in seen:
+            continue
+        if v == buffer:
+            return True
+        seen.add(v)
+        node = ctx.nodes.get(v)
+        if isinstance(node, ir.Pointwise):
+            stack += [ld.buffer for ld in ir.loads(node.body)]
+    return False
+
+
 def _atomic_scatter(ctx, eqn, operand, indices, updates, mode: str, combine: str) -> str:
     """A scatter with many updates per element as a ``Scatter`` node ([Note:
     atomic scatters] in ir.py): the operand, then each update combined
@@ -396,7 +413,10 @@ def _atomic_scatter(ctx, eqn, operand, indices, updates, mode: str, combine: str
             oks.append(_in_range(v, hi))
         index.append(ir.indirect_index(_clamped(v, hi)) + off)
     one_nan = combine in ("max", "min") and acc.kind == "f"
-    if acc != dt or one_nan:  # the operand's copy: in the scratch's dtype, its NaNs of one sign
+    # The launch updates the operand's buffer in place: where the updates or the indices read it
+    # (``x.at[p].set(x)``, ``y.at[i].add(v * y[i])``), other programs would read it half updated. A copy.
+    read = _reads(ctx, updates, operand) or _reads(ctx, indices, operand)
+    if acc != dt or one_nan or read:  # the operand's copy: in the scratch's dtype, its NaNs of one sign
         start = ctx.load(operand, ctx.symbols(len(op_shape)))
         if acc != dt:
             start = ir.Op("convert_element_type", (start,), acc, (("new_dtype", acc),))
