@@ -310,8 +310,8 @@ def _scratch_dtype(combine: str, dt: np.dtype, options) -> np.dtype:
         return dt
     if dt.name not in _SCRATCH or (combine == "add" and dt == BOOL):
         raise NotImplementedError(f"an atomic scatter-{combine} of {dt.name}")
-    if combine == "add" and dt.itemsize == 2 and dt.kind != "i" and dt.kind != "u" \
-            and not heuristics.ATOMIC_16BIT_IN_FLOAT32 and not options.interpret:
+    if combine == "add" and dt.name in ("float16", "bfloat16") and not heuristics.ATOMIC_16BIT_IN_FLOAT32 \
+            and not options.interpret:
         return dt  # 16-bit float atomic adds on the GPU (the interpreter has none)
     return np.dtype(_SCRATCH[dt.name])
 
