@@ -686,9 +686,10 @@ class Matmul(Node):
 # every combiner, float max / min, and a set with unique indices; option
 # ``deterministic_scatter`` runs the others (float add / mul, a set with
 # repeated indices) through XLA (rules/gather.py ``_deterministic``).
-# Symbolic shapes run through XLA: the rule's clamps and the kernel's extent are
-# constants, and eager launches (a symbolic program's new sizes) have no
-# aliased outputs.
+# Symbolic shapes run through XLA, as the dense rule's do: both write their
+# clamps as constants, this kernel's extent is one too, and eager launches (a
+# symbolic program's new sizes) have no aliased outputs, so each new size would
+# wait for XLA's compile anyway (runtime/eager.py would need them first).
 SCATTER_COMBINERS = ("add", "max", "min", "mul", "set")
 
 
