@@ -660,8 +660,10 @@ class Matmul(Node):
 # Where the updates or the indices read the operand (``x.at[p].set(x[q])``,
 # ``y.at[i].add(v * y[i])``), the operand is first copied (the rule's
 # ``_reads``): updated in place, its buffer would be read half updated by other
-# programs. Only the raw-Triton renderer writes it. ``combine`` says how an update meets
-# the element, and each has its own atomic (render_scatter in codegen/triton.py):
+# programs. Only the raw-Triton renderer writes it. ``combine`` says how an
+# update meets the element, each with its atomic (codegen/triton.py
+# ``render_scatter``); the modes (drop / clip) are the index logic's, the same
+# for all:
 # - ``add``: ``tl.atomic_add``. Float sums land in whatever order the atomics
 #   run: not bitwise reproducible. Integer sums wrap: exact, any order.
 # - ``max`` / ``min``: ``tl.atomic_max`` / ``tl.atomic_min``. Integers are
@@ -677,20 +679,21 @@ class Matmul(Node):
 #   exact, any order; float products round in the order the swaps win.
 # - ``set``: a plain store. Where indices repeat, which update lands is
 #   unspecified (jax's too, unless ``unique_indices``; XLA:CPU's last one):
-#   each element holds the operand's value or one of its updates' values.
+#   each element holds the operand's value or one of its updates' values
+#   (an aligned store is never torn), as users of ``.at[ids].set`` expect.
 # Narrow dtypes have no atomics in Triton (or none in its interpreter): the rule
 # combines in a 32-bit scratch (16-bit floats in float32: a max, min or
 # conversion is exact there; a sum or product rounds once at the end; ints and
 # bools in int32, whose wrapped sum or product truncates to the same value) and
-# converts back. What is deterministic anyway: integer and bool scatters of
-# every combiner, float max / min, and a set with unique indices; option
-# ``deterministic_scatter`` runs the others (float add / mul, a set with
-# repeated indices) through XLA (rules/gather.py ``_deterministic``).
+# converts back; 64-bit dtypes (x64) combine as they are. What is deterministic
+# anyway: integer and bool scatters of every combiner, float max / min, a set
+# with unique indices or of one value (a mask's broadcast True); option
+# ``deterministic_scatter`` runs the others (float add / mul, other sets)
+# through XLA (rules/gather.py ``_deterministic``).
 # Symbolic shapes run through XLA, as the dense rule's do: both write their
 # clamps as constants, this kernel's extent is one too, and eager launches (a
 # symbolic program's new sizes) have no aliased outputs, so each new size would
 # wait for XLA's compile anyway (runtime/eager.py would need them first).
-SCATTER_COMBINERS = ("add", "max", "min", "mul", "set")
 
 
 @dataclasses.dataclass
@@ -702,7 +705,7 @@ class Scatter(Node):
     body: Expr = None  # Op("scatter", (target Load of ``operand``, update, ok))
     operand: str = ""
     domain: tuple[int, ...] = ()
-    combine: str = "add"  # one of SCATTER_COMBINERS
+    combine: str = "add"  # add, max, min, mul or set
 
     @property
     def symbols(self):
