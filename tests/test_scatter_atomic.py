@@ -434,6 +434,18 @@ def test_pallas_backend_leaves_it_to_xla(rng):
     assert pallaskit.explain(f, x, idx, v).fallbacks == ["scatter-add"]
 
 
+def test_dtypes_raw_triton_cannot_store_stay_on_xla(rng):
+    """A float8 set (raw Triton neither loads nor stores float8) runs through XLA, not into a kernel the
+    renderer then refuses."""
+    x = jnp.asarray(rng.standard_normal((7, 3)), jnp.float8_e4m3fn)
+    idx = jnp.asarray(rng.integers(0, 7, (30,)), jnp.int32)
+    v = jnp.asarray(rng.standard_normal((30, 3)), jnp.float8_e4m3fn)
+    f = lambda x, i, v: x.at[i].set(v)  # noqa: E731
+    np.testing.assert_array_equal(np.asarray(pallaskit.jit(f)(x, idx, v), np.float32),
+                                  np.asarray(jax.jit(f)(x, idx, v), np.float32))
+    assert pallaskit.explain(f, x, idx, v).fallbacks == ["scatter"]
+
+
 def test_symbolic_program_with_a_scatter_keeps_its_xla_path(rng):
     """Eager launches refuse a program with an atomic scatter (Launch has no
     aliased outputs): each size runs its XLA program, right."""

@@ -298,7 +298,8 @@ def _scatter(ctx, eqn, operand, indices, updates):
 # interpreter): 16-bit floats in float32 (a sum or product rounded once at the
 # end; heuristics.ATOMIC_16BIT_IN_FLOAT32 says why a sum too), narrow ints and
 # bools in int32 / uint32 (a wrapped sum or product truncates to the same
-# value; a max or min converts exactly). A set stores any dtype as it is.
+# value; a max or min converts exactly). A set stores any of these as it is
+# (not float8 and the like, which raw Triton does not load or store).
 _ATOMIC_DTYPES = frozenset({"float32", "float64", "int32", "uint32", "int64", "uint64"})
 _SCRATCH = {"float16": "float32", "bfloat16": "float32", "int8": "int32", "int16": "int32", "uint8": "uint32",
             "uint16": "uint32", "bool": "int32"}
@@ -306,9 +307,9 @@ _SCRATCH = {"float16": "float32", "bfloat16": "float32", "int8": "int32", "int16
 
 def _scratch_dtype(combine: str, dt: np.dtype, options) -> np.dtype:
     """The dtype an atomic scatter of ``dt`` combines in (``_SCRATCH``)."""
-    if combine == "set" or dt.name in _ATOMIC_DTYPES:
+    if dt.name in _ATOMIC_DTYPES or combine == "set" and dt.name in _SCRATCH:
         return dt
-    if dt.name not in _SCRATCH or (combine == "add" and dt == BOOL):
+    if dt.name not in _SCRATCH or combine == "set" or (combine == "add" and dt == BOOL):
         raise NotImplementedError(f"an atomic scatter-{combine} of {dt.name}")
     if combine == "add" and dt.name in ("float16", "bfloat16") and not heuristics.ATOMIC_16BIT_IN_FLOAT32 \
             and not options.interpret:
