@@ -72,7 +72,8 @@ def test_paused_on_two_threads_turns_it_on_after_the_last(gc_on):
 def test_the_passes_and_jax_lowering_run_without_collections(gc_on, monkeypatch):
     """The compiler's passes and JAX's trace and lowering of the generated
     program (loaded there) run with the collector off, in ``jit``'s call and
-    in ``trace(...).lower()``; it is on again after."""
+    in ``trace(...).lower()``; a call's trace of the function too; it is on
+    again after."""
     import lowering
     from pallaskit.runtime import loader, xla_args
 
@@ -91,6 +92,7 @@ def test_the_passes_and_jax_lowering_run_without_collections(gc_on, monkeypatch)
     spy(loader, "load")
 
     def f(x, y):
+        seen.setdefault("trace", []).append(gc.isenabled())
         return jnp.tanh(x) * y + 1, jnp.sum(x * y, -1)
 
     x = jnp.asarray(np.random.default_rng(0).standard_normal((9, 33)), jnp.float32)
@@ -102,6 +104,7 @@ def test_the_passes_and_jax_lowering_run_without_collections(gc_on, monkeypatch)
     assert seen["compile_jaxpr"] == [False, False], seen
     assert seen["lower"] == [False], seen
     assert seen["load"] and not any(seen["load"]), seen
+    assert seen["trace"][0] is False, seen
     for a, e in zip(got, jax.jit(f)(x, x[::-1])):
         assert_close(a, e)
 
