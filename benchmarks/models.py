@@ -284,7 +284,7 @@ def embedding_grad(table, ids, dy):
     """The gradient of an embedding lookup ``table[ids]`` with respect to the table,
     given the rows' cotangent ``dy`` (in the table's dtype, as jax.vjp gives it): a
     scatter-add of N rows into V, any id hitting any row (pallaskit: atomic adds,
-    [Note: atomic scatter-add] in lowering/ir.py)."""
+    [Note: atomic scatters] in lowering/ir.py)."""
     return jax.vjp(lambda t: t[ids], table)[1](dy)[0]
 
 

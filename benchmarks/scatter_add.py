@@ -1,9 +1,13 @@
-"""Atomic scatter-adds: the gradient of an embedding lookup (GPT-2's token table).
+"""Atomic scatters: the gradient of an embedding lookup (GPT-2's token table), and
+``segment_max`` (a GNN's max pooling of messages into their nodes).
 
-pallaskit writes a scatter-add with many updates per element as raw-Triton atomic
-adds over the updates ([Note: atomic scatter-add] in lowering/ir.py). This times,
+pallaskit writes a scatter with many updates per element as raw-Triton atomics
+over the updates ([Note: atomic scatters] in lowering/ir.py). This times,
 for ``jax.vjp(lambda t: t[ids], table)`` given the rows' cotangent (V x D table,
-N ids, the cotangent in the table's dtype as jax gives it):
+N ids, the cotangent in the table's dtype as jax gives it), or with
+``--workload segment_max`` ``jax.ops.segment_max(messages, ids, V)`` (N x D
+messages; ``tl.atomic_max``, exact and deterministic, 16-bit floats in a float32
+scratch):
 
 - ``jax.jit`` (XLA's scatter);
 - ``pallaskit`` (defaults: 16-bit floats accumulate in a float32 scratch,
@@ -12,17 +16,20 @@ N ids, the cotangent in the table's dtype as jax gives it):
   table's dtype; bfloat16 / float16 rows only);
 - ``pallaskit deterministic`` (option ``deterministic_scatter``: XLA's scatter with
   ``xla_gpu_exclude_nondeterministic_ops``);
-- torch ``index_add_`` eager and under ``torch.compile`` (where torch is installed).
+- torch ``index_add_`` (segment_max: ``scatter_reduce_(..., "amax")`` into -inf)
+  eager and under ``torch.compile`` (where torch is installed).
 
 Each row: agreement with a float32 reference (jax.jit on float32 inputs, norm-wise
-relative error within the dtype's tolerance), whether two runs give the same bits,
+relative error within the dtype's tolerance; segment_max: jax.jit's max, exactly),
+whether two runs give the same bits,
 ms per call (benchmarks/timing.py) and, on a GPU, device ms of its kernels.
 ``--law zipf`` draws ids from a Zipf law (frequent tokens: many adds on few rows,
 contention on the atomics) instead of uniformly.
 
     PYTHONPATH=. python -m benchmarks.scatter_add                      # GPU, GPT-2 sizes
     PYTHONPATH=. python -m benchmarks.scatter_add --law zipf
-    PYTHONPATH=. python -m benchmarks.scatter_add --smoke              # CPU (Triton's interpreter), values only
+    PYTHONPATH=. python -m benchmarks.scatter_add --workload segment_max --vocab 20000 --ids 500000 --width 64
+    PYTHONPATH=. python -m benchmarks.scatter_add --smoke [--workload segment_max]  # CPU (Triton's interpreter)
 """
 from __future__ import annotations
 
@@ -36,6 +43,16 @@ def embedding_grad(table, ids, dy):
     import jax
 
     return jax.vjp(lambda t: t[ids], table)[1](dy)[0]
+
+
+def pooled_max(table, ids, messages):
+    """segment_max of the messages into the table's rows (the table gives only their number)."""
+    import jax
+
+    return jax.ops.segment_max(messages, ids, num_segments=table.shape[0])
+
+
+WORKLOADS = {"embedding_grad": embedding_grad, "segment_max": pooled_max}
 
 
 def _inputs(vocab, d, n, dtype, ids_law, seed=0):
@@ -56,7 +73,10 @@ def _error(got, want) -> float:
     import numpy as np
 
     g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return float(np.linalg.norm(g - w) / max(np.linalg.norm(w), 1e-30))
+    same = (g == w) | (np.isnan(g) & np.isnan(w))  # segment_max's empty segments: -inf in both
+    scale = np.linalg.norm(np.where(np.isfinite(w), w, 0.0))
+    with np.errstate(invalid="ignore"):  # inf - inf where they agree, left out by ``same``
+        return float(np.linalg.norm(np.where(same, 0.0, g - w)) / max(scale, 1e-30))
 
 
 def _torch_rows(args, table, ids, dy, want, tol, row):
@@ -79,13 +99,18 @@ def _torch_rows(args, table, ids, dy, want, tol, row):
     def grad(t, i, g):
         return torch.zeros_like(t).index_add_(0, i, g)
 
+    def pooled(t, i, g):
+        out = torch.full_like(t, float("-inf"))
+        return out.scatter_reduce_(0, i[:, None].expand(-1, g.shape[1]), g, "amax", include_self=True)
+
     def sync(_):
         if device == "cuda":
             torch.cuda.synchronize()
 
     from benchmarks import timing
 
-    for name, fn in (("torch eager", grad), ("torch.compile", torch.compile(grad))):
+    fn = pooled if args.workload == "segment_max" else grad
+    for name, fn in (("torch eager", fn), ("torch.compile", torch.compile(fn))):
         out = fn(t, i, g)
         sync(out)
         row[f"{name} error"] = _error(out.float().cpu().numpy(), want)
@@ -96,9 +121,11 @@ def _torch_rows(args, table, ids, dy, want, tol, row):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--vocab", type=int, default=50257)
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="embedding_grad")
+    ap.add_argument("--vocab", type=int, default=50257, help="table rows (segment_max: segments)")
     ap.add_argument("--width", type=int, default=768)
-    ap.add_argument("--ids", type=int, default=8192, help="ids looked up (rows of the cotangent)")
+    ap.add_argument("--ids", type=int, default=8192,
+                    help="ids looked up (rows of the cotangent; segment_max: messages)")
     ap.add_argument("--law", choices=["uniform", "zipf"], default="uniform", dest="law")
     ap.add_argument("--dtypes", nargs="*", default=["bfloat16", "float32"])
     ap.add_argument("--rounds", type=int, default=15)
@@ -116,19 +143,23 @@ def main(argv=None):
 
     vocab, width, n = (301, 24, 997) if args.smoke else (args.vocab, args.width, args.ids)
     sync = jax.block_until_ready
-    variants = [("pallaskit", dict(kernel_backend="triton") if args.smoke else {}, {}),
-                ("pallaskit 16-bit atomics", dict(kernel_backend="triton") if args.smoke else {},
-                 dict(ATOMIC_16BIT_IN_FLOAT32=False)),
-                ("pallaskit deterministic", dict(deterministic_scatter=True), {})]
-    print(json.dumps({"vocab": vocab, "width": width, "ids": n, "law": args.law,
+    triton = dict(kernel_backend="triton") if args.smoke else {}
+    variants = [("pallaskit", triton, {}),
+                ("pallaskit 16-bit atomics", triton, dict(ATOMIC_16BIT_IN_FLOAT32=False)),
+                # a float sum through XLA; a max is deterministic anyway: atomic still
+                ("pallaskit deterministic", dict(triton, deterministic_scatter=True), {})]
+    if args.workload == "segment_max":  # the heuristic is a sum's: a 16-bit max always combines in float32
+        variants = [v for v in variants if not v[2]]
+    fn = WORKLOADS[args.workload]
+    print(json.dumps({"workload": args.workload, "vocab": vocab, "width": width, "ids": n, "law": args.law,
                       "device": str(jax.devices()[0])}), flush=True)
     out = []
     for dtype in (jnp.dtype(d) for d in args.dtypes):
         table, ids, dy = _inputs(vocab, width, n, dtype, args.law)
-        want = np.asarray(jax.jit(embedding_grad)(table.astype(jnp.float32), ids, dy.astype(jnp.float32)))
-        tol = {"bfloat16": 2e-2, "float16": 5e-3}.get(dtype.name, 1e-5)
+        want = np.asarray(jax.jit(fn)(table.astype(jnp.float32), ids, dy.astype(jnp.float32)))
+        tol = 0.0 if args.workload == "segment_max" else {"bfloat16": 2e-2, "float16": 5e-3}.get(dtype.name, 1e-5)
         row = {"dtype": dtype.name, "distinct ids": int(np.unique(np.asarray(ids)).size)}
-        ref = jax.jit(embedding_grad)
+        ref = jax.jit(fn)
         row["jax.jit error"] = _error(ref(table, ids, dy), want)
         if not args.smoke:
             row["jax.jit ms"] = timing.time_ms(lambda: ref(table, ids, dy), sync, args.rounds)
@@ -137,9 +168,9 @@ def main(argv=None):
             if patch and dtype.name not in ("bfloat16", "float16"):
                 continue
             with pallaskit.config.override(cache=False, **opts), timing.heuristics_set(**patch):
-                f = pallaskit.jit(embedding_grad)
+                f = pallaskit.jit(fn)
                 got = np.asarray(f(table, ids, dy))
-                ex = pallaskit.explain(embedding_grad, table, ids, dy)
+                ex = pallaskit.explain(fn, table, ids, dy)
             row[f"{vname} kernels"] = [f"{k.name} ({k.executor})" for k in ex.kernels] + [
                 f"{p} (xla)" for p in ex.fallbacks]
             row[f"{vname} error"] = _error(got, want)

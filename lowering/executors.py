@@ -53,9 +53,9 @@ GPU_AUTO = {
     # its PTX early (benchmarks/RESULTS.md, "Kernel backends: the matmul template in raw Triton").
     "matmul": (TRITON_XLA, _DEPRECATED),
     "combo": (TRITON_XLA, _DEPRECATED),  # independent kernels in one launch (lowering/combo.py)
-    # Atomic scatter-adds ([Note: atomic scatter-add] in lowering/ir.py): only raw Triton writes them;
+    # Atomic scatters ([Note: atomic scatters] in lowering/ir.py): only raw Triton writes them;
     # where ``choose`` says Pallas the rule leaves the scatter to XLA (``wants_triton``).
-    "scatter": (TRITON_XLA, "atomic scatter-add: raw Triton's tl.atomic_add inside XLA"),
+    "scatter": (TRITON_XLA, "atomic scatter: raw Triton's atomics inside XLA"),
 }
 
 

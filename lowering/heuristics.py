@@ -356,7 +356,7 @@ TRITON_ONLINE_SOFTMAX = False
 # fastest cross-entropy (RESULTS.md, "Cross-entropy: why 0.65 ms is not met");
 # benchmarks/triton_online_softmax.py times pallaskit's on and off.
 TRITON_ALIGNED_ROWS = True
-# Atomic scatter-adds of 16-bit floats ([Note: atomic scatter-add] in lowering/ir.py)
+# Atomic scatter-adds of 16-bit floats ([Note: atomic scatters] in lowering/ir.py)
 # accumulate in a float32 scratch rounded once at the end: one rounding instead of one
 # per add (a frequent token's embedding row takes many), and atomics that Triton's
 # interpreter runs (the CPU tests). Off, a GPU adds in the 16-bit dtype itself, as

@@ -661,31 +661,70 @@ class Matmul(Node):
                 f"n {list(self.n)} k {list(self.k)} ({self.precision}) {{ {format_expr(self.body)} }}")
 
 
-# [Note: atomic scatter-add]
-# A scatter-add with many update positions per output element (an embedding's
-# gradient: any id can hit any row) cannot be written densely, each element
-# gathering its updates (rules/gather.py, MAX_SCATTER_TERMS). As Inductor's
-# ``ops.store(..., mode="atomic_add")`` does, a ``ScatterAdd`` node is a kernel
+# [Note: atomic scatters]
+# A scatter with many update positions per output element (an embedding's
+# gradient: any id can hit any row; ``segment_max``; a mask built by
+# ``.at[ids].set(True)``) cannot be written densely, each element gathering
+# its updates (rules/gather.py, MAX_SCATTER_TERMS). As Inductor's
+# ``ops.store(..., mode="atomic_add")`` does, a ``Scatter`` node is a kernel
 # over the *updates'* domain: its output starts as a copy of the operand (the
 # raw-Triton launch aliases the operand buffer to its output, so XLA writes the
-# operand there in place or copies it), then each update position adds its
-# value atomically at the position it scatters to. Its body is
-# ``scatter_add(target, update, ok)``: ``target`` a load of the operand at the
+# operand there in place or copies it), then each update position combines its
+# value atomically into the position it scatters to. Its body is
+# ``scatter(target, update, ok)``: ``target`` a load of the operand at the
 # destination (indirect indices, clamped per the primitive's mode), whose
-# offset is where the atomic add lands; ``update`` the value (inlined
-# producers: the cotangent's pointwise chain fuses into it); ``ok`` false
-# where the mode drops the window. Symbols ``i*`` index ``domain``, not the
-# node's shape. Float sums land in whatever order the atomics run: not
-# bitwise reproducible (option ``deterministic_scatter`` runs such scatters
-# through XLA instead). Only the raw-Triton renderer writes it.
-@dataclasses.dataclass
-class ScatterAdd(Node):
-    """``value = operand; value[target(i)] += update(i) where ok(i)`` over the
-    updates' ``domain``, atomically ([Note: atomic scatter-add])."""
+# offset is where the update lands; ``update`` the value (inlined producers:
+# the cotangent's pointwise chain fuses into it); ``ok`` false where the mode
+# drops the window. Symbols ``i*`` index ``domain``, not the node's shape.
+# Where the updates or the indices read the operand (``x.at[p].set(x[q])``,
+# ``y.at[i].add(v * y[i])``), the operand is first copied (the rule's
+# ``_reads``): updated in place, its buffer would be read half updated by other
+# programs. Only the raw-Triton renderer writes it. ``combine`` says how an
+# update meets the element, each with its atomic (codegen/triton.py
+# ``render_scatter``); the modes (drop / clip) are the index logic's, the same
+# for all:
+# - ``add``: ``tl.atomic_add``. Float sums land in whatever order the atomics
+#   run: not bitwise reproducible. Integer sums wrap: exact, any order.
+# - ``max`` / ``min``: ``tl.atomic_max`` / ``tl.atomic_min``. Integers are
+#   exact. Triton does a float's on its bits (a signed max where the update's
+#   sign bit is clear, an unsigned min where it is set), which is the max under
+#   IEEE's total order: -0 < +0 (jax's lax.max gives +0 for the pair, min -0,
+#   in either order: the same), NaN above +inf when its sign bit is clear and
+#   below -inf when set. So that any NaN wins, as in jax, the rule gives every
+#   NaN of the update and of the operand's copy one sign (clear for max, set
+#   for min): exact, and deterministic (a max under a total order).
+# - ``mul``: no atomic multiply: a compare-and-swap loop per update on the
+#   element's bits (NaN compares equal to itself there). Integer products wrap:
+#   exact, any order; float products round in the order the swaps win.
+# - ``set``: a plain store. Where indices repeat, which update lands is
+#   unspecified (jax's too, unless ``unique_indices``; XLA:CPU's last one):
+#   each element holds the operand's value or one of its updates' values
+#   (an aligned store is never torn), as users of ``.at[ids].set`` expect.
+# Narrow dtypes have no atomics in Triton (or none in its interpreter): the rule
+# combines in a 32-bit scratch (16-bit floats in float32: a max, min or
+# conversion is exact there; a sum or product rounds once at the end; ints and
+# bools in int32, whose wrapped sum or product truncates to the same value) and
+# converts back; 64-bit dtypes (x64) combine as they are. What is deterministic
+# anyway: integer and bool scatters of every combiner, float max / min, a set
+# with unique indices or of one value (a mask's broadcast True); option
+# ``deterministic_scatter`` runs the others (float add / mul, other sets)
+# through XLA (rules/gather.py ``_deterministic``).
+# Symbolic shapes run through XLA, as the dense rule's do: both write their
+# clamps as constants, this kernel's extent is one too, and eager launches (a
+# symbolic program's new sizes) have no aliased outputs, so each new size would
+# wait for XLA's compile anyway (runtime/eager.py would need them first).
 
-    body: Expr = None  # Op("scatter_add", (target Load of ``operand``, update, ok))
+
+@dataclasses.dataclass
+class Scatter(Node):
+    """``value = operand; value[target(i)] = combine(value[target(i)], update(i))
+    where ok(i)`` over the updates' ``domain``, atomically ([Note: atomic
+    scatters])."""
+
+    body: Expr = None  # Op("scatter", (target Load of ``operand``, update, ok))
     operand: str = ""
     domain: tuple[int, ...] = ()
+    combine: str = "add"  # add, max, min, mul or set
 
     @property
     def symbols(self):
@@ -699,8 +738,8 @@ class ScatterAdd(Node):
         return sorted({ld.buffer for ld in loads(self.body)})
 
     def format(self):
-        return (f"{self.name}: {self.dtype.name}{list(self.shape)} = scatter_add into {self.operand} over "
-                f"{list(self.domain)} {{ {format_expr(self.body)} }}")
+        return (f"{self.name}: {self.dtype.name}{list(self.shape)} = scatter_{self.combine} into {self.operand} "
+                f"over {list(self.domain)} {{ {format_expr(self.body)} }}")
 
 
 @dataclasses.dataclass

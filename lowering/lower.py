@@ -107,10 +107,10 @@ class LoweringContext:
                             body=body, reduced=tuple(reduced), axes=tuple(axes), op=op)
         return self._add(node)
 
-    def scatter_add(self, shape, dtype, operand: str, body, domain) -> str:
-        """[Note: atomic scatter-add] in ir.py."""
-        return self._add(ir.ScatterAdd(self.new_name(), tuple(shape), np.dtype(dtype), (self.current_eqn,),
-                                       body=body, operand=operand, domain=tuple(domain)))
+    def scatter(self, shape, dtype, operand: str, body, domain, combine: str) -> str:
+        """[Note: atomic scatters] in ir.py."""
+        return self._add(ir.Scatter(self.new_name(), tuple(shape), np.dtype(dtype), (self.current_eqn,),
+                                    body=body, operand=operand, domain=tuple(domain), combine=combine))
 
     def extern(self, eqn, args, params=None) -> list[str]:
         """``params``: the equation's, unless given (a dot_general with permuted operands)."""

@@ -32,8 +32,9 @@ class CompileOptions:
     combo_kernels: bool = True  # independent kernels of different shapes in one launch (lowering/combo.py)
     loop_bodies: bool = True  # compile scan / while / cond bodies as programs of their own (lowering/loops.py)
     scan_hoisting: bool = True  # a scan body's input projections as one batched matmul before the loop (scan_hoist.py)
-    # Scatter-adds with many updates per element run through XLA (with its
-    # deterministic-ops flag) instead of raw Triton's atomics ([Note: atomic scatter-add]).
+    # Scatters with many updates per element whose result depends on the order the
+    # atomics land in (float add / mul, a set with repeated indices) run through XLA
+    # (with its deterministic-ops flag) instead of raw Triton's atomics ([Note: atomic scatters]).
     deterministic_scatter: bool = False
     # Symbolic (dynamic) dims: (symbol name, size) pairs the heuristics read a
     # symbolic size at (the first concrete call's sizes). Index expressions,

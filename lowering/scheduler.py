@@ -138,7 +138,7 @@ def materialized(graph: ir.Graph, live: set[str], options: CompileOptions | None
             keep.update(n.reads())
         elif isinstance(n, ir.Matmul):
             keep.add(n.name)
-        elif isinstance(n, ir.ScatterAdd):  # its launch aliases the operand's buffer to its output
+        elif isinstance(n, ir.Scatter):  # its launch aliases the operand's buffer to its output
             keep.update((n.name, n.operand))
     for n in graph.nodes.values():
         if isinstance(n, ir.Matmul) and n.name in live:
@@ -471,13 +471,13 @@ def build_groups(graph, keep, live, inliner) -> list[_Group]:
             groups.append(_Group("pointwise", 1, node.numel, node.shape, [m], pos))
         elif isinstance(node, ir.Matmul):
             groups.append(_matmul_group(node, inliner.body(node), pos))
-        elif isinstance(node, ir.ScatterAdd):
+        elif isinstance(node, ir.Scatter):
             groups.append(_scatter_group(node, inliner.body(node), pos))
     return groups
 
 
-def _scatter_group(node: ir.ScatterAdd, body, pos) -> _Group:
-    """[Note: atomic scatter-add] in ir.py: a kernel of its own, flat over the
+def _scatter_group(node: ir.Scatter, body, pos) -> _Group:
+    """[Note: atomic scatters] in ir.py: a kernel of its own, flat over the
     updates' domain; it merges with nothing (its producers are inlined)."""
     member = Member(node, "scatter", body, dict(zip(node.symbols, sizes.unravel(XC, node.domain))))
     return _Group("scatter", 1, sizes.numel(node.domain), node, [member], pos)
@@ -1250,7 +1250,7 @@ def _to_kernel(g: _Group, index: int, graph, keep=frozenset()) -> Kernel:
     if g.kind == "matmul" and not ops:
         name = f"mm_{index}"
     if g.kind == "scatter":
-        name = f"scatter_add_{index}"
+        name = f"scatter_{g.members[0].node.combine}_{index}"
     origin = []
     for m in g.members:
         origin += [o for o in _origins(graph, m, keep) if o not in origin]

@@ -219,12 +219,15 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
     Option("combo_kernels", True, "Run independent pointwise kernels and row reductions of different shapes "
            "(an optimizer update over many arrays, the sums of squares of a global-norm clip) as one launch, each "
            "member over its own range of program ids.", _parse_bool, _check_bool, "true, false"),
-    Option("deterministic_scatter", False, "Keep a float scatter-add's order from run to run. A scatter-add "
-           "with many updates per element (an embedding's gradient, segment_sum, a histogram) is by default "
-           "a raw-Triton kernel of atomic adds, as XLA's and Inductor's are: fast, but a float sum then lands "
-           "in a different order on each run (results differ in the last bits). On, such scatters run through "
-           "XLA, and every GPU executable compiles with XLA's xla_gpu_exclude_nondeterministic_ops (which also "
-           "makes XLA's own scatters, and some GEMMs and convolutions, deterministic and slower).",
+    Option("deterministic_scatter", False, "Keep a scatter's result the same from run to run. A scatter "
+           "with many updates per element (an embedding's gradient, segment_sum / segment_max, a histogram, a "
+           "mask set at many ids) is by default a raw-Triton kernel of atomics, as XLA's and Inductor's are: "
+           "fast, but a float sum or product then lands in a different order on each run (results differ in "
+           "the last bits), and a set with repeated indices keeps whichever update lands last. On, those "
+           "scatters run through XLA (integer and bool scatters, float max / min, and sets with unique "
+           "indices or one value give the same bits anyway and stay atomic), and every GPU executable "
+           "compiles with XLA's xla_gpu_exclude_nondeterministic_ops (which also makes XLA's own scatters, "
+           "and some GEMMs and convolutions, deterministic and slower).",
            _parse_bool, _check_bool, "true, false"),
     Option("split_reductions", True, "Run a long reduction with few outputs in two stages so it fills the GPU.",
            _parse_bool, _check_bool, "true, false"),

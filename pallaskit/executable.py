@@ -74,9 +74,9 @@ class Compiled:
 GRAPH_OPTIONS = {"xla_gpu_graph_min_graph_size": 1}
 
 
-# Option ``deterministic_scatter``: the scatter-adds pallaskit would run with
-# atomics run through XLA, and XLA itself picks its deterministic scatter (and
-# GEMM, convolution) implementations ([Note: atomic scatter-add] in lowering/ir.py).
+# Option ``deterministic_scatter``: the scatters pallaskit would run with
+# atomics in an order-dependent way run through XLA, and XLA itself picks its deterministic scatter (and
+# GEMM, convolution) implementations ([Note: atomic scatters] in lowering/ir.py).
 DETERMINISTIC_OPTIONS = {"xla_gpu_exclude_nondeterministic_ops": True}
 
 

@@ -39,7 +39,7 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> emit
         if rendered is not None:
             rk, hs = rendered
         elif k.kind == "scatter":  # the rule makes one only where raw Triton runs it
-            raise NotImplementedError(f"{k.name}: an atomic scatter-add has no Pallas kernel ({choice.reason})")
+            raise NotImplementedError(f"{k.name}: an atomic scatter has no Pallas kernel ({choice.reason})")
         elif k.kind == "combo":  # [Note: combo kernels]
             rk, hs = combo.render_pallas(k, ks, options)
         else:

@@ -1033,18 +1033,22 @@ def render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
     return _wrap(kernel, schedule, em, header, extents, blocks, grid, cfg.num_warps, cfg.num_stages)
 
 
+_ATOMIC_RMW = {"add": "tl.atomic_add", "max": "tl.atomic_max", "min": "tl.atomic_min"}
+
+
 def render_scatter(kernel: Kernel, schedule: Schedule, options: CompileOptions) -> Rendered:
-    """An atomic scatter-add ([Note: atomic scatter-add] in lowering/ir.py): a
-    flat tile of ``BLOCK_C`` update positions a program; each computes its
-    update value (producers inlined), its destination's offset (indirect
-    indices) and whether the mode keeps it, and adds it with
-    ``tl.atomic_add`` into the output, which the launch aliases to the
-    operand's buffer (``Rendered.aliases``). Relaxed order: the adds only need
+    """An atomic scatter ([Note: atomic scatters] in lowering/ir.py): a flat
+    tile of ``BLOCK_C`` update positions a program; each computes its update
+    value (producers inlined), its destination's offset (indirect indices) and
+    whether the mode keeps it, and combines it into the output, which the
+    launch aliases to the operand's buffer (``Rendered.aliases``): with
+    ``tl.atomic_add`` / ``atomic_max`` / ``atomic_min``, a compare-and-swap
+    loop (mul) or a plain store (set). Relaxed order: each update only needs
     to be atomic, the launch's end publishes them."""
     (m,) = kernel.members
     node = m.node
     if kernel.kind != "scatter" or sizes.is_symbolic(kernel.cols):
-        raise TritonUnsupported(f"kernel {kernel.name} is not a static scatter-add")
+        raise TritonUnsupported(f"kernel {kernel.name} is not a static scatter")
     cfg = heuristics.pointwise_config(1, int(kernel.cols))
     if options.num_warps:
         cfg = dataclasses.replace(cfg, num_warps=options.num_warps)
@@ -1055,21 +1059,53 @@ def render_scatter(kernel: Kernel, schedule: Schedule, options: CompileOptions) 
     w.line(f"xc = pid * BLOCK_C + {em.iota_text(1, 'BLOCK_C')}")
     w.line("cmask = xc < COLS")
     full = frozenset("c")
-    val = em.broadcast(*em.value(update), full)
+    val = em.cast_text(em.broadcast(*em.value(update), full), node.dtype)
     off = em.broadcast(*em.index(em.offset(node.operand, target.index)), full)
     mask = "cmask"
     if not (isinstance(ok, ir.Const) and ok.value):
         keep = em.broadcast(*em.value(ok), full)
         mask = em.bind(("and", ("cmask", keep)), f"cmask & {keep}", full, "mask")[0]
-    w.line(f"tl.atomic_add({em.out_refs[node.name]} + {off}, {em.cast_text(val, node.dtype)}, mask={mask}, "
-           "sem='relaxed')")
-    header = (f"# kernel {kernel.name}: atomic scatter-add (raw Triton) of {kernel.cols} updates "
+    out = em.out_refs[node.name]
+    if node.combine in _ATOMIC_RMW:
+        w.line(f"{_ATOMIC_RMW[node.combine]}({out} + {off}, {val}, mask={mask}, sem='relaxed')")
+    elif node.combine == "set":
+        w.line(f"tl.store({out} + {off}, {val}, mask={mask})")
+    elif node.combine == "mul":
+        _write_cas_mul(em, out, off, val, mask, node.dtype)
+    else:
+        raise TritonUnsupported(f"a scatter combining with {node.combine}")
+    header = (f"# kernel {kernel.name}: atomic scatter-{node.combine} (raw Triton) of {kernel.cols} updates "
               f"{list(node.domain)} into {list(node.shape)}, block {cfg.block_cols}\n"
               "# from:\n" + "\n".join(f"#   {eq}" for eq in kernel.origin))
     rendered = _wrap(kernel, schedule, em, header, [f"COLS = {int(kernel.cols)}"],
                      {"BLOCK_R": 1, "BLOCK_C": cfg.block_cols}, _grid_cdiv(kernel.cols, cfg.block_cols),
                      cfg.num_warps, cfg.num_stages)
     return dataclasses.replace(rendered, config=cfg, aliases=((kernel.reads.index(node.operand), 0),))
+
+
+def _write_cas_mul(em, out, off, val, mask, dt) -> None:
+    """``out[off] *= val`` where ``mask``, atomically: no atomic multiplies, so
+    each lane swaps in its product until no other update landed in between.
+    The swaps compare bits (a float's as an int: NaN equals itself there);
+    lanes done or masked off swap an element with itself (no change; at
+    offset 0, so the address is valid)."""
+    dt = np.dtype(dt)
+    bits = f"tl.int{8 * dt.itemsize}" if dt.kind == "f" else em.dtype_text(dt)
+    w = em.w
+    w.line(f"ptr = {out} + tl.where({mask}, {off}, 0)")
+    if dt.kind == "f":
+        w.line(f"ptr = ptr.to(tl.pointer_type({bits}))")
+    w.line(f"old = tl.load(ptr, mask={mask}, other=0)")
+    w.line(f"todo = {mask}")
+    w.line("while tl.max(todo.to(tl.int32)) > 0:")
+    with w.indent():
+        if dt.kind == "f":
+            w.line(f"new = (old.to({em.dtype_text(dt)}, bitcast=True) * {val}).to({bits}, bitcast=True)")
+        else:
+            w.line(f"new = old * {val}")
+        w.line("seen = tl.atomic_cas(ptr, old, tl.where(todo, new, old), sem='relaxed')")
+        w.line("todo = todo & (seen != old)")
+        w.line("old = seen")
 
 
 @dataclasses.dataclass
@@ -1085,7 +1121,7 @@ class Rendered:
     helpers: set
     config: object = None  # the tile (TileConfig, or MatmulConfig for the template)
     guards: list = dataclasses.field(default_factory=list)  # symbolic kernels: what the int32 indices assume
-    aliases: tuple = ()  # (read, output) pairs: that output starts as that read (an atomic scatter-add's operand)
+    aliases: tuple = ()  # (read, output) pairs: that output starts as that read (an atomic scatter's operand)
 
 
 def _wrap(kernel, schedule, em, header, extents, constexprs, grid, num_warps, num_stages) -> Rendered:
@@ -1143,7 +1179,7 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Trit
         if not isinstance(step, Kernel):
             raise TritonUnsupported(f"{step.primitive.name} runs through XLA")
         if step.kind == "scatter":  # Launch has no aliased outputs
-            raise TritonUnsupported("an atomic scatter-add (its output starts as its operand) in eager launches")
+            raise TritonUnsupported("an atomic scatter (its output starts as its operand) in eager launches")
         if step.kind == "mix":  # split column sums, alone (column tiles) or with the row work
             fn = render_mix if whole_rows(step) else render_column
         else:

@@ -13,12 +13,13 @@ normalised by jnp in the jaxpr, before the primitive.
 
 Scatters (add, mul, min, max, set) are written densely: each output element
 applies the updates that land on it, in update order, over the update
-positions that can reach it (deterministic; a set's last update wins); only
-when there are few of those (``MAX_SCATTER_TERMS``: the gradient of
-``take_along_axis`` has one per element) is it lowered. A scatter-add with
-more (an embedding's gradient, ``segment_sum``, a histogram) is a
-``ScatterAdd`` node, atomic adds over the updates' domain in raw Triton
-([Note: atomic scatter-add] in ir.py). Other scatters run through XLA.
+positions that can reach it (deterministic; a set's last update wins), where
+there are few of those (``MAX_SCATTER_TERMS``: the gradient of
+``take_along_axis`` has one per element). A scatter with more (an embedding's
+gradient, ``segment_sum`` / ``segment_max``, a histogram, a mask set at many
+ids) is a ``Scatter`` node, atomics over the updates' domain in raw Triton
+([Note: atomic scatters] in ir.py); where raw Triton does not run, it runs
+through XLA.
 """
 from __future__ import annotations
 
@@ -231,8 +232,8 @@ def _combiner(eqn) -> str | None:
 
 
 @register_lowering("scatter-add", "scatter-mul", "scatter-min", "scatter-max", "scatter", kind="pointwise",
-                   note="dense: each element applies the few updates that can reach it, in order; a scatter-add "
-                        "with more: atomic adds in raw Triton (else XLA)")
+                   note="dense: each element applies the few updates that can reach it, in order; with more: "
+                        "atomics in raw Triton (else XLA)")
 def _scatter(ctx, eqn, operand, indices, updates):
     dn = eqn.params["dimension_numbers"]
     op_shape, idx_shape = tuple(eqn.invars[0].aval.shape), tuple(eqn.invars[1].aval.shape)
@@ -253,9 +254,7 @@ def _scatter(ctx, eqn, operand, indices, updates):
     free = [j for j in range(len(idx_shape) - 1) if j not in idx_batch_dims]
     terms = _int(math.prod(idx_shape[j] for j in free))
     if terms > MAX_SCATTER_TERMS:
-        if combine == "add":
-            return [_atomic_scatter_add(ctx, eqn, operand, indices, updates, mode)]
-        raise NotImplementedError(f"{eqn.primitive.name} with {terms} updates per element")
+        return [_atomic_scatter(ctx, eqn, operand, indices, updates, mode, combine or "set")]
     out = ctx.symbols(len(op_shape))
     dt = np.dtype(aval.dtype)
     acc = ctx.load(operand, out)
@@ -293,38 +292,104 @@ def _scatter(ctx, eqn, operand, indices, updates):
     return [ctx.pointwise(aval, acc)]
 
 
-# Dtypes raw Triton adds atomically (tl.atomic_add on sm_90), and where a
-# narrower one accumulates: 16-bit floats in a float32 scratch rounded once at
-# the end (heuristics.ATOMIC_16BIT_IN_FLOAT32 says why), narrow ints in 32 bits
-# (the wrapped sum truncates to the same value).
-_ATOMIC_ACC = {"float32": "float32", "int32": "int32", "uint32": "uint32", "float16": "float32",
-               "bfloat16": "float32", "int8": "int32", "int16": "int32", "uint8": "uint32", "uint16": "uint32"}
+# [Note: atomic scatters] in ir.py: the dtypes raw Triton combines atomically
+# (32- and 64-bit: tl.atomic_add / max / min / cas on sm_90), and the 32-bit
+# scratch where a narrower one combines (none has atomics, or none in Triton's
+# interpreter): 16-bit floats in float32 (a sum or product rounded once at the
+# end; heuristics.ATOMIC_16BIT_IN_FLOAT32 says why a sum too), narrow ints and
+# bools in int32 / uint32 (a wrapped sum or product truncates to the same
+# value; a max or min converts exactly). A set stores any of these as it is
+# (not float8 and the like, which raw Triton does not load or store).
+_ATOMIC_DTYPES = frozenset({"float32", "float64", "int32", "uint32", "int64", "uint64"})
+_SCRATCH = {"float16": "float32", "bfloat16": "float32", "int8": "int32", "int16": "int32", "uint8": "uint32",
+            "uint16": "uint32", "bool": "int32"}
 
 
-def _atomic_scatter_add(ctx, eqn, operand, indices, updates, mode: str) -> str:
-    """A scatter-add with many updates per element as a ``ScatterAdd`` node
-    ([Note: atomic scatter-add] in ir.py): the operand, then each update added
+def _scratch_dtype(combine: str, dt: np.dtype, options) -> np.dtype:
+    """The dtype an atomic scatter of ``dt`` combines in (``_SCRATCH``)."""
+    if dt.name in _ATOMIC_DTYPES or combine == "set" and dt.name in _SCRATCH:
+        return dt
+    if dt.name not in _SCRATCH or combine == "set" or (combine == "add" and dt == BOOL):
+        raise NotImplementedError(f"an atomic scatter-{combine} of {dt.name}")
+    if combine == "add" and dt.name in ("float16", "bfloat16") and not heuristics.ATOMIC_16BIT_IN_FLOAT32 \
+            and not options.interpret:
+        return dt  # 16-bit float atomic adds on the GPU (the interpreter has none)
+    return np.dtype(_SCRATCH[dt.name])
+
+
+def _deterministic(combine: str, dt: np.dtype, eqn, constant_update: bool) -> bool:
+    """Does the atomic scatter give the same bits whatever order its updates
+    land in ([Note: atomic scatters] in ir.py)? Integer and bool combiners (a
+    wrapped sum or product, a max, a min) and a float max / min (a total
+    order) do; a float sum or product rounds in that order; a set where
+    indices repeat keeps whichever update lands last, unless the indices are
+    unique or every update is the same value."""
+    if combine == "set":
+        return bool(eqn.params.get("unique_indices")) or constant_update
+    return combine in ("max", "min") or not (dt.kind == "f" or dt.name == "bfloat16")
+
+
+def _constant(ctx, value) -> bool:
+    """A literal, or a kernel value that is one everywhere (a broadcast literal)."""
+    if isinstance(value, ir.Const):
+        return True
+    node = ctx.nodes.get(value)
+    return isinstance(node, ir.Pointwise) and isinstance(node.body, ir.Const)
+
+
+def _one_nan(v: ir.Expr, negative: bool) -> ir.Expr:
+    """``v`` with each NaN replaced by the quiet NaN whose sign bit is set
+    (``negative``) or clear: the atomic max / min of a float orders NaNs by
+    that bit ([Note: atomic scatters] in ir.py)."""
+    dt = np.dtype(v.dtype)
+    bits = np.dtype(f"int{8 * dt.itemsize}")
+    nan = int(np.array(np.nan, dt).view(bits))  # the positive quiet NaN's bits
+    if negative:
+        nan -= 1 << (8 * dt.itemsize - 1)  # its sign bit set, as a signed int
+    nan = ir.Op("bitcast_convert_type", (ir.Const(nan, bits),), dt, (("new_dtype", dt),))
+    return ir.Op("select_n", (ir.Op("ne", (v, v), BOOL), v, nan), dt)
+
+
+def _reads(ctx, value, buffer: str) -> bool:
+    """Can ``value``, with the pointwise producers the scheduler may inline
+    into the scatter's kernel, read ``buffer``?"""
+    stack, seen = [value], set()
+    while stack:
+        v = stack.pop()
+        if not isinstance(v, str) or v in seen:
+            continue
+        if v == buffer:
+            return True
+        seen.add(v)
+        node = ctx.nodes.get(v)
+        if isinstance(node, ir.Pointwise):
+            stack += [ld.buffer for ld in ir.loads(node.body)]
+    return False
+
+
+def _atomic_scatter(ctx, eqn, operand, indices, updates, mode: str, combine: str) -> str:
+    """A scatter with many updates per element as a ``Scatter`` node ([Note:
+    atomic scatters] in ir.py): the operand, then each update combined
     atomically at its destination. The index logic is the dense rule's:
     ``CLIP`` clamps a window's start into the operand, other modes drop a
     window whose start is out of bounds. Runs through XLA where raw Triton
-    does not run the kernel, or under ``deterministic_scatter``."""
+    does not run the kernel, and under ``deterministic_scatter`` where the
+    result would depend on the order the updates land in."""
     options = ctx.options
-    if options.deterministic_scatter:
-        raise NotImplementedError("an atomic scatter-add under deterministic_scatter")
+    name = eqn.primitive.name
     if not executors.wants_triton("scatter", options):
-        raise NotImplementedError("an atomic scatter-add without raw Triton")
+        raise NotImplementedError(f"an atomic {name} without raw Triton")
     dn = eqn.params["dimension_numbers"]
     op_shape = tuple(_int(d) for d in eqn.invars[0].aval.shape)
     _int(math.prod(eqn.invars[1].aval.shape))  # the indices' dims become kernel constants too
     upd_shape = tuple(_int(d) for d in eqn.invars[2].aval.shape)
     aval = eqn.outvars[0].aval
     dt = np.dtype(aval.dtype)
-    acc = _ATOMIC_ACC.get(dt.name)
-    if acc is None or isinstance(operand, ir.Const) or not all(op_shape) or not all(upd_shape):
-        raise NotImplementedError(f"an atomic scatter-add of {dt.name}")
-    acc = np.dtype(acc) if acc != dt.name else dt
-    if dt.name in ("float16", "bfloat16") and not heuristics.ATOMIC_16BIT_IN_FLOAT32 and not options.interpret:
-        acc = dt  # 16-bit atomics on the GPU (the interpreter has none)
+    if isinstance(operand, ir.Const) or not all(op_shape) or not all(upd_shape):
+        raise NotImplementedError(f"an atomic {name} of a literal or empty operand")
+    acc = _scratch_dtype(combine, dt, options)
+    if options.deterministic_scatter and not _deterministic(combine, dt, eqn, _constant(ctx, updates)):
+        raise NotImplementedError(f"an atomic {name} of {dt.name} under deterministic_scatter")
     window_dims = tuple(dn.update_window_dims)
     to_operand = tuple(dn.scatter_dims_to_operand_dims)
     op_batch = tuple(getattr(dn, "operand_batching_dims", ()))
@@ -348,15 +413,24 @@ def _atomic_scatter_add(ctx, eqn, operand, indices, updates, mode: str) -> str:
         if mode != "CLIP":  # XLA drops a window whose start is out of bounds
             oks.append(_in_range(v, hi))
         index.append(ir.indirect_index(_clamped(v, hi)) + off)
-    if acc != dt:  # a scratch of the accumulating dtype, converted back at the end
-        wide = jax.core.ShapedArray(op_shape, acc)
-        operand = ctx.pointwise(wide, ctx.load(operand, ctx.symbols(len(op_shape))))
+    one_nan = combine in ("max", "min") and acc.kind == "f"
+    # The launch updates the operand's buffer in place: where the updates or the indices read it
+    # (``x.at[p].set(x)``, ``y.at[i].add(v * y[i])``), other programs would read it half updated. A copy.
+    read = _reads(ctx, updates, operand) or _reads(ctx, indices, operand)
+    if acc != dt or one_nan or read:  # the operand's copy: in the scratch's dtype, its NaNs of one sign
+        start = ctx.load(operand, ctx.symbols(len(op_shape)))
+        if acc != dt:
+            start = ir.Op("convert_element_type", (start,), acc, (("new_dtype", acc),))
+        operand = ctx.pointwise(jax.core.ShapedArray(op_shape, acc),
+                                _one_nan(start, combine == "min") if one_nan else start)
     update = ctx.load(updates, u)
     if update.dtype != acc:
         update = ir.Op("convert_element_type", (update,), acc, (("new_dtype", acc),))
+    if one_nan:
+        update = _one_nan(update, combine == "min")
     target = ctx.load(operand, tuple(index))
     ok = _all(oks) if oks else ir.Const(True, BOOL)
-    out = ctx.scatter_add(op_shape, acc, operand, ir.Op("scatter_add", (target, update, ok), acc), upd_shape)
+    out = ctx.scatter(op_shape, acc, operand, ir.Op("scatter", (target, update, ok), acc), upd_shape, combine)
     if acc == dt:
         return out
     return ctx.pointwise(aval, ctx.load(out, ctx.symbols(len(op_shape))))

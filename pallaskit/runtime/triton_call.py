@@ -141,7 +141,7 @@ def triton_call(fn, grid: int, out_shapes, *args, scalars=(), num_warps: int, nu
     programs; the outputs (``jax.ShapeDtypeStruct``s) are fresh arrays, but
     for ``aliases``' (input index, output index) pairs: that output starts
     as that input (XLA's ``input_output_aliases``: in place where the input is
-    not used after, else XLA copies it first; an atomic scatter-add's operand)."""
+    not used after, else XLA copies it first; an atomic scatter's operand)."""
     out_avals = tuple(jax.core.ShapedArray(tuple(s.shape), np.dtype(s.dtype)) for s in out_shapes)
     kernel, scalars = _kernel(fn, num_warps, num_stages), tuple(int(v) for v in scalars)
     if not interpret:

@@ -131,19 +131,24 @@ def _patch_interpreter() -> None:
         builder.cast_impl = _rounding_cast(builder.cast_impl, interpreter)
     if builder is not None and hasattr(builder, "create_atomic_rmw") and hasattr(interpreter, "TensorHandle"):
         builder.create_atomic_rmw = _contiguous_atomics(builder.create_atomic_rmw, interpreter)
+    if builder is not None and hasattr(builder, "create_atomic_cas") and hasattr(interpreter, "TensorHandle"):
+        builder.create_atomic_cas = _contiguous_atomics(builder.create_atomic_cas, interpreter)
 
 
-def _contiguous_atomics(atomic_rmw, interpreter):
-    """The interpreter's atomic read-modify-write, its operands made contiguous
-    first: its C++ side walks each one's memory flat, so a broadcast value (an
-    atomic scatter-add of a scalar update: stride 0) added garbage."""
+def _contiguous_atomics(atomic, interpreter):
+    """The interpreter's atomic read-modify-write (or compare-and-swap), its
+    operands made contiguous first: its C++ side walks each one's memory flat,
+    so a broadcast value (an atomic scatter of a scalar update: stride 0)
+    combined garbage."""
     def contiguous(h):
+        if not isinstance(h, interpreter.TensorHandle):
+            return h
         return interpreter.TensorHandle(np.ascontiguousarray(h.data), h.dtype)
 
-    def rmw(self, op, ptr, val, mask, sem, scope):
-        return atomic_rmw(self, op, contiguous(ptr), contiguous(val), contiguous(mask), sem, scope)
+    def op(self, *args):
+        return atomic(self, *[contiguous(a) for a in args])
 
-    return rmw
+    return op
 
 
 def _rounding_cast(cast_impl, interpreter):
