@@ -28,7 +28,7 @@ import functools
 import hashlib
 import operator
 import threading
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 import sympy
@@ -232,31 +232,50 @@ class Op(Expr):
         return f"{self.op}({', '.join(str(a) for a in self.args)}{p})"
 
 
-def walk(expr: Expr, indirect: bool = True) -> Iterator[Expr]:
+def walk(expr: Expr, indirect: bool = True) -> list[Expr]:
     """Every distinct sub-expression of ``expr``, children before parents;
     ``indirect``: the values of loads' indirect indices too."""
-    # ``ids`` settles an object met before without hashing it (a Python call
-    # per node); ``seen`` still tells equal objects apart from new ones.
-    seen, ids = set(), set()
-    stack = [(expr, False)]
+    # ``ids`` settles an object met before without hashing it; ``seen`` tells
+    # equal objects apart from new ones by the hash each node keeps (no Python
+    # ``__hash__`` call per node), ``collided`` holds unequal nodes of one hash.
+    # A list, not a generator: every caller takes most of it, and a walk is the
+    # passes' innermost loop.
+    ids, seen, collided, out = set(), {}, None, []
+    stack = [expr]
+    push, pop = stack.append, stack.pop
     while stack:
-        e, done = stack.pop()
-        if done:
-            yield e
+        e = pop()
+        if e is None:  # the marker pushed above a node's children: they are out
+            out.append(pop())
             continue
         if id(e) in ids:
             continue
         ids.add(id(e))
-        n = len(seen)
-        seen.add(e)
-        if len(seen) == n:
+        h = e.__dict__.get("_hash")
+        if h is None:
+            h = hash(e)
+        first = seen.setdefault(h, e)
+        if first is not e:
+            if first == e:
+                continue
+            if collided is None:
+                collided = set()
+            if e in collided:
+                continue
+            collided.add(e)
+        push(e)
+        push(None)
+        kind = type(e)
+        if kind is Op:
+            children = e.args
+        elif kind is Load and not indirect:
             continue
-        stack.append((e, True))
-        if not indirect and isinstance(e, Load):
-            continue
-        for c in reversed(e.children()):
+        else:
+            children = e.children()
+        for c in reversed(children):
             if id(c) not in ids:
-                stack.append((c, False))
+                push(c)
+    return out
 
 
 def loads(expr: Expr) -> tuple[Load, ...]:

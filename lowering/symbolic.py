@@ -34,7 +34,10 @@ def is_jax_dim(d) -> bool:
 
 
 def has_symbolic(shape) -> bool:
-    return any(is_jax_dim(d) for d in shape)
+    for d in shape:  # a loop, not any(): every equation's avals are checked, nearly all of ints
+        if type(d) is not int and is_jax_dim(d):
+            return True
+    return False
 
 
 def to_sympy(d):
@@ -127,18 +130,36 @@ class EqnView:
 
 
 def eqn_symbolic(eqn) -> bool:
-    return (any(has_symbolic(getattr(v.aval, "shape", ())) for v in list(eqn.invars) + list(eqn.outvars))
-            or params_symbolic(eqn.params))
+    for vs in (eqn.invars, eqn.outvars):
+        for v in vs:
+            if has_symbolic(getattr(v.aval, "shape", ())):
+                return True
+    return params_symbolic(eqn.params)
 
 
 def is_plain(aval) -> bool:
     """Arrays a kernel can hold: numeric or bool, non-empty, a shape of ints or
     of sympy sizes over dim symbols (a symbolic graph: [Note: symbolic dims])."""
-    if not _plain_dtype(aval.dtype):
+    if isinstance(aval, SymAval):
+        return _is_plain(tuple(aval.shape), aval.dtype)
+    try:  # a jax aval: its dims are ints or jax dims (canonical), which no other dim equals
+        return _jax_aval_is_plain(tuple(aval.shape), aval.dtype)
+    except TypeError:  # unhashable
+        return _is_plain(tuple(aval.shape), aval.dtype)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _jax_aval_is_plain(shape: tuple, dtype) -> bool:
+    # Memoized: every equation's avals are checked, and a program has a few shapes.
+    return _is_plain(shape, dtype)
+
+
+def _is_plain(shape: tuple, dtype) -> bool:
+    if not _plain_dtype(dtype):
         return False
-    if not all(isinstance(d, int) or isinstance(d, sympy.Expr) for d in aval.shape):
+    if not all(isinstance(d, int) or isinstance(d, sympy.Expr) for d in shape):
         return False
-    n = sizes.numel(aval.shape)
+    n = sizes.numel(shape)
     return n > 0 if isinstance(n, int) else sympy.sympify(n).is_positive is True
 
 

@@ -75,11 +75,20 @@ def _dtype_name(dtype) -> str:
     return getattr(dtype, "name", str(dtype))
 
 
+@functools.lru_cache(maxsize=1 << 12)
+def _aval_text(dtype, shape: tuple) -> str:
+    # Memoized: every equation's outputs are typed, and a program has a few shapes.
+    return f"{_dtype_name(dtype)}[{','.join(str(d) for d in shape)}]"
+
+
 def equation_text(eqn, names: VarNames) -> str:
     """One line naming a jaxpr equation, like jaxpr's own printing."""
     def typed(v):
         a = v.aval
-        return f"{names(v)}:{_dtype_name(a.dtype)}[{','.join(str(d) for d in a.shape)}]"
+        try:
+            return f"{names(v)}:{_aval_text(a.dtype, tuple(a.shape))}"
+        except TypeError:  # unhashable
+            return f"{names(v)}:{_aval_text.__wrapped__(a.dtype, tuple(a.shape))}"
 
     outs = " ".join(typed(v) for v in eqn.outvars)
     params = [f"{k}={eqn.params[k]}" for k in _SHOWN_PARAMS if k in eqn.params]

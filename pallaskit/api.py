@@ -28,7 +28,7 @@ from pallaskit import autodiff, metrics, orchestrator, sharding, signature
 from pallaskit import dynamic as dynamic_dims
 from pallaskit.executable import Compiled
 from pallaskit.orchestrator import compile_options  # noqa: F401  (the public name: tests, benchmarks, explain)
-from pallaskit.runtime import fastpath, xla_args
+from pallaskit.runtime import fastpath, gc_pause, xla_args
 
 log = logging.getLogger("pallaskit")
 
@@ -239,12 +239,17 @@ class JitFunction:
                 self._jax.lower(*args, **kwargs)
         entry = self._cache.get(key)
         if entry is None:
-            try:
-                entry = self._miss(key, leaves, avals, treedef, static_pos, static_kw, len(args), placement)
-            except signature.JaxOnly as e:  # jax.jit runs it (traced into an enclosing trace, if any)
-                autodiff.fallback_log(self, f"{e}; running it with jax.jit")
-                return self._jax(*args, **kwargs), None, None
-        outs = entry.executable(*leaves, *entry.constants)
+            # A new signature's first call: trace, compile and first run with no
+            # collections ([Note: no collections while compiling]).
+            with gc_pause.paused():
+                try:
+                    entry = self._miss(key, leaves, avals, treedef, static_pos, static_kw, len(args), placement)
+                except signature.JaxOnly as e:  # jax.jit runs it (traced into an enclosing trace, if any)
+                    autodiff.fallback_log(self, f"{e}; running it with jax.jit")
+                    return self._jax(*args, **kwargs), None, None
+                outs = entry.executable(*leaves, *entry.constants)
+        else:
+            outs = entry.executable(*leaves, *entry.constants)
         if entry.delete_after:
             xla_args.delete_donated(leaves, entry.delete_after, outs)
         if not entry.ran:

@@ -72,7 +72,8 @@ def test_paused_on_two_threads_turns_it_on_after_the_last(gc_on):
 def test_the_passes_and_jax_lowering_run_without_collections(gc_on, monkeypatch):
     """The compiler's passes and JAX's trace and lowering of the generated
     program (loaded there) run with the collector off, in ``jit``'s call and
-    in ``trace(...).lower()``; it is on again after."""
+    in ``trace(...).lower()``; a call's trace of the function too; it is on
+    again after."""
     import lowering
     from pallaskit.runtime import loader, xla_args
 
@@ -91,6 +92,7 @@ def test_the_passes_and_jax_lowering_run_without_collections(gc_on, monkeypatch)
     spy(loader, "load")
 
     def f(x, y):
+        seen.setdefault("trace", []).append(gc.isenabled())
         return jnp.tanh(x) * y + 1, jnp.sum(x * y, -1)
 
     x = jnp.asarray(np.random.default_rng(0).standard_normal((9, 33)), jnp.float32)
@@ -102,6 +104,7 @@ def test_the_passes_and_jax_lowering_run_without_collections(gc_on, monkeypatch)
     assert seen["compile_jaxpr"] == [False, False], seen
     assert seen["lower"] == [False], seen
     assert seen["load"] and not any(seen["load"]), seen
+    assert seen["trace"][0] is False, seen
     for a, e in zip(got, jax.jit(f)(x, x[::-1])):
         assert_close(a, e)
 
@@ -232,3 +235,35 @@ def test_walk_yields_equal_subexpressions_once():
     out = list(ir.walk(e))
     assert out == [a, ir.Op("mul", (a, a), f32), e]
     assert ir.loads(e) == (a,)
+
+
+def _update(step, xs, ys):
+    # Members of one code over arrays of repeated and new shapes and dtypes, an
+    # array used twice in one member (x * x), a transposed read and a bf16 one.
+    out = [x * 0.9 + y * step for x, y in zip(xs, ys)]
+    out += [xs[0] * xs[0] + ys[0], xs[1] * ys[1] + ys[1], xs[2].T * 2.0 + ys[2], (xs[4] * 3).astype(jnp.bfloat16)]
+    return out
+
+
+@pytest.mark.parametrize("interpret", [True, False], ids=["pallas", "triton"])
+def test_combo_parts_of_one_structure_are_written_once(interpret, monkeypatch):
+    """[Note: combo part memo] in lowering/codegen/combo.py: a combo's parts of equal
+    structure take the first one's tile and code, refs mapped, and the program is
+    the one written part by part."""
+    import lowering
+    from lowering.codegen import combo
+    from lowering.options import CompileOptions
+
+    shapes = [(64,), (8, 8), (8, 8), (3, 5), (64,), (8, 8), (9, 33), (64,), (64,), (8, 8), (3, 5)]
+    xs = [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]
+    closed = jax.make_jaxpr(_update)(jax.ShapeDtypeStruct((), jnp.float32), xs, xs)
+    opts = CompileOptions(interpret=interpret, triton_available=True, num_sms=132, loop_bodies=False,
+                          kernel_backend="pallas" if interpret else "triton")
+    written = []
+    write = combo._write_part
+    monkeypatch.setattr(combo, "_write_part", lambda *a: written.append(a[1]) or write(*a))
+    result = lowering.compile_jaxpr(closed, opts)
+    parts = sum(len(k.parts) for k in result.schedule.kernels if hasattr(k, "parts"))
+    assert parts >= len(shapes) and len(written) <= parts - 3
+    monkeypatch.setattr(combo, "_structure", lambda *a: None)
+    assert lowering.compile_jaxpr(closed, opts).program.source == result.program.source

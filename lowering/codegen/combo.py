@@ -25,7 +25,7 @@ import dataclasses
 import math
 import re
 
-from lowering import heuristics
+from lowering import heuristics, ir
 from lowering.codegen import pallas, triton
 from lowering.codegen.emitter import RenderedKernel, kernel_coords_body, write_pointwise
 from lowering.codegen.rows import render_rows
@@ -41,9 +41,83 @@ class Part:
     config: heuristics.TileConfig
     start: int  # first program id of this member
     programs: int
+    # (the kernel's structure, its buffers in that structure's order) or None ([Note: combo part memo])
+    structure: tuple | None = None
 
 
-def part_config(part: Kernel, schedule: Schedule, options: CompileOptions) -> heuristics.TileConfig:
+# [Note: combo part memo]
+# An optimizer's combos hold a thousand members, most of them the same code
+# over other arrays, which ``write_parts`` writes once and shares. Writing each
+# member only to find its code equal to an earlier one was most of rendering
+# (a coordinate substitution, the tile choice and the emitter per member). So a
+# pointwise part is first reduced to its structure: every member's node (type,
+# shape, dtype, role, store, coordinates) and body, each body as a tuple in
+# ``ir.walk``'s order with every buffer replaced by its position in order of
+# first appearance, and each buffer's role (member, read) and aval. Parts of
+# equal structure are the same kernel over renamed buffers, so they get the same
+# tile and the same code, the refs mapped through the positions: the tile and
+# the code are computed for the first part of each structure in the program
+# (kept on the schedule) and reused. Anything the structure does not cover
+# (indirect indices, a read no body loads, other kinds) is written as before.
+def _structure(k: Kernel, schedule: Schedule) -> tuple | None:
+    if k.kind != "pointwise":
+        return None
+    positions: dict[str, int] = {}
+    for m in k.members:
+        positions.setdefault(m.name, len(positions))
+    members = []
+    for m in k.members:
+        body = _body_structure(m.body, positions)
+        if body is None:
+            return None
+        node = m.node
+        members.append((positions[m.name], type(node).__name__, tuple(node.shape), node.dtype, m.role, m.store,
+                        tuple(m.coords.items()), body))
+    reads = set(k.reads)
+    if not reads <= positions.keys():
+        return None
+    member_names = {m.name for m in k.members}
+    buffers = tuple((b in member_names, b in reads, schedule.graph.buffer_aval(b)) for b in positions)
+    return (k.kind, k.rows, k.cols, tuple(members), buffers), list(positions)
+
+
+def _body_structure(expr: ir.Expr, positions: dict) -> tuple | None:
+    """``expr`` as a tuple of its nodes in ``ir.walk`` order (operands by their
+    place in it, buffers by their place in ``positions``, which grows)."""
+    place, out = {}, []
+    for e in ir.walk(expr):
+        kind = type(e)
+        if kind is ir.Load:
+            if e.children():  # indirect indices name other values inside the index
+                return None
+            item = ("L", positions.setdefault(e.buffer, len(positions)), e.index, e.dtype, e.mask)
+        elif kind is ir.Op:
+            item = ("O", e.op, tuple(place[a] for a in e.args), e.dtype, e.params)
+        elif kind is ir.Const:
+            item = ("C", e._key(), e.dtype)
+        elif kind is ir.IndexValue:
+            item = ("I", e.expr, e.dtype)
+        else:
+            return None
+        place[e] = len(out)
+        out.append(item)
+    return tuple(out)
+
+
+def _memo(schedule: Schedule, name: str) -> dict:
+    """A memo of the program being rendered ([Note: combo part memo]), kept on its schedule."""
+    return schedule.__dict__.setdefault(name, {})
+
+
+def part_config(part: Kernel, schedule: Schedule, options: CompileOptions,
+                structure: tuple | None = None) -> heuristics.TileConfig:
+    if structure is not None:  # [Note: combo part memo]
+        memo = _memo(schedule, "_combo_part_configs")
+        key = (structure[0], options)
+        cfg = memo.get(key)
+        if cfg is None:
+            cfg = memo[key] = part_config(part, schedule, options)
+        return cfg
     if part.kind == "pointwise" and not transposed_load(part, schedule):
         cfg = heuristics.combo_pointwise_config(int(part.rows), int(part.cols))
         if options.num_warps:
@@ -56,11 +130,12 @@ def layout(kernel, schedule: Schedule, options: CompileOptions) -> list[Part]:
     """Each part with its tile and its range of program ids, in launch order."""
     out, start = [], 0
     for p in kernel.parts:
-        cfg = part_config(p, schedule, options)
+        structure = _structure(p, schedule)
+        cfg = part_config(p, schedule, options, structure)
         n = -(-int(p.rows) // cfg.block_rows)
         if p.kind == "pointwise":
             n *= -(-int(p.cols) // cfg.block_cols)
-        out.append(Part(p, cfg, start, n))
+        out.append(Part(p, cfg, start, n, structure))
         start += n
     return out
 
@@ -114,19 +189,21 @@ def write_parts(w: SourceWriter, emitter_cls, kernel, parts: list[Part], schedul
     in size share it too. Returns (helpers, [(function name, refs in its
     parameters' order)])."""
     helpers, calls, shared = set(), [], {}
+    memo = _memo(schedule, "_combo_part_code")
     for i, part in enumerate(parts):
-        em = _part_emitter(emitter_cls, part, schedule, options, ins, outs)
-        k = part.kernel
-        if k.kind == "pointwise":
-            write_pointwise(em, k, _bodies(part), part.config, runtime_extents)
+        key = None if part.structure is None else (part.structure[0], part.config, emitter_cls, options,
+                                                   part_function, runtime_extents)
+        hit = memo.get(key) if key is not None else None
+        if hit is not None:  # [Note: combo part memo]
+            code, part_helpers, named = hit
+            refs = _mapped_refs(part, named, ins, outs)
         else:
-            render_rows(em, k, _bodies(part), part.config)
-        helpers |= em.helpers
-        body = em.w.source().rstrip("\n")
-        refs = _refs_in_order(body, list(em.in_refs.values()) + list(em.out_refs.values()))
-        head = SourceWriter()
-        part_function(head, _NAME, [f"ref{j}" for j in range(len(refs))], part, em)
-        code = head.source() + _positional_refs(body, refs)
+            code, part_helpers, refs, n_named = _write_part(emitter_cls, part, schedule, options, ins, outs,
+                                                            part_function, runtime_extents)
+            named = _ref_places(part, refs[:n_named], ins, outs) if key is not None else None
+            if named is not None:
+                memo[key] = code, part_helpers, named
+        helpers |= part_helpers
         _describe(w, i, part)
         fn = shared.get(code)
         if fn is None:
@@ -138,6 +215,52 @@ def write_parts(w: SourceWriter, emitter_cls, kernel, parts: list[Part], schedul
         w.line()
         calls.append((fn, refs))
     return helpers, calls
+
+
+def _write_part(emitter_cls, part: Part, schedule, options, ins, outs, part_function, runtime_extents):
+    """(the part's function with positional refs and name ``_NAME``, its helpers,
+    its refs in order, how many of them its code names)."""
+    em = _part_emitter(emitter_cls, part, schedule, options, ins, outs)
+    k = part.kernel
+    if k.kind == "pointwise":
+        write_pointwise(em, k, _bodies(part), part.config, runtime_extents)
+    else:
+        render_rows(em, k, _bodies(part), part.config)
+    body = em.w.source().rstrip("\n")
+    refs = _refs_in_order(body, list(em.in_refs.values()) + list(em.out_refs.values()))
+    head = SourceWriter()
+    part_function(head, _NAME, [f"ref{j}" for j in range(len(refs))], part, em)
+    n_named = len({m.group(0) for m in _REF.finditer(body)})
+    return head.source() + _positional_refs(body, refs), set(em.helpers), refs, n_named
+
+
+def _part_refs(part: Part, ins, outs) -> list[str]:
+    """Every ref a part's function takes: reads, then stored members (``_part_emitter``'s order)."""
+    k = part.kernel
+    return [ins[b] for b in k.reads] + [outs[m.name] for m in k.members if m.store]
+
+
+def _ref_places(part: Part, named_refs: list[str], ins, outs) -> list | None:
+    """Each ref a part's code names, in order, as (in or out, the buffer's place
+    in the part's structure); None where one is not there."""
+    place = {b: j for j, b in enumerate(part.structure[1])}
+    buffer = {ins[b]: ("in", b) for b in part.kernel.reads}
+    buffer.update({outs[m.name]: ("out", m.name) for m in part.kernel.members if m.store})
+    named = []
+    for r in named_refs:
+        side, b = buffer[r]
+        if b not in place:
+            return None
+        named.append((side, place[b]))
+    return named
+
+
+def _mapped_refs(part: Part, named: list, ins, outs) -> list[str]:
+    """The refs of a part whose code an equal structure wrote: the named ones
+    through their places, then the rest in the order ``_refs_in_order`` gives them."""
+    order = part.structure[1]
+    refs = [(ins if side == "in" else outs)[order[j]] for side, j in named]
+    return refs + [r for r in _part_refs(part, ins, outs) if r not in refs]
 
 
 _NAME = "__part__"  # the function's name while its code is compared

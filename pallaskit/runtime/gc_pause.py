@@ -7,10 +7,16 @@ reference counting, and each of them counts towards the collector's next
 run. A full collection walks the whole heap (JAX, sympy's caches, the
 jaxpr): tenths of a second each, a few times per large program, with every
 thread stopped, the raw-Triton compile threads included. So the collector is
-off while pallaskit's passes run and while JAX traces and lowers the
-generated program, and on again after (as it was: a collector the user
-turned off stays off); a cycle made meanwhile waits for the next collection.
-XLA's compile (no Python objects) runs with the collector on.
+off through a new signature's first call (``api.JitFunction._call``: JAX's
+trace of the function, the cache key, pallaskit's passes, JAX's lowering of
+the generated program, XLA's compile, the cache's store, the first run) and
+on again after (as it was: a collector the user turned off stays off); a
+cycle made meanwhile waits for the next collection. The passes and JAX's
+lowering pause it themselves too, for the entry points that do not pass
+through a call (``explain``, the AOT stages). With the collector on outside
+the passes, a 1000-array AdamW's first call ran 520 collections, five of
+them full, over a second of this CPU's time (RESULTS.md, "Session 25"); the
+first full collection after the call costs what it did.
 """
 from __future__ import annotations
 
