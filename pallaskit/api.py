@@ -35,6 +35,12 @@ log = logging.getLogger("pallaskit")
 # The last C++ miss's result, per thread (see JitFunction.__call__).
 _MISS = threading.local()
 
+try:  # what an executable's output check raises under jax.debug_nans / debug_infs
+    from jax._src.api_util import InternalFloatingPointError as _InternalFloatingPointError
+except ImportError:  # another jax: its own error passes through unchanged
+    class _InternalFloatingPointError(Exception):
+        pass
+
 
 def _deleted_as_jax_does(call):
     """``call`` (``JitFunction._call``) raising jax.jit's error for a deleted
@@ -53,6 +59,24 @@ def _deleted_as_jax_does(call):
                     raise ValueError(f"INVALID_ARGUMENT: Invalid buffer passed to Execute() as argument {i} to "
                                      "replica 0: INVALID_ARGUMENT: Buffer has been deleted or donated.") from None
             raise
+    return checked
+
+
+def _nan_check_as_jax_does(call):
+    """``call`` (``JitFunction._call``) under ``jax.debug_nans`` / ``jax.debug_infs``:
+    an executable whose output holds a NaN (an inf) raises jax's internal error;
+    as jax.jit, the function then runs again op by op, whose FloatingPointError
+    names the primitive (or says that only the compiled program made it). The
+    C++ call's outputs are checked by jax's own hook (``fastpath.cpp_function``)."""
+    @functools.wraps(call)
+    def checked(self, args, kwargs):
+        try:
+            return call(self, args, kwargs)
+        except _InternalFloatingPointError as e:
+            from jax._src import api_util
+
+            api_util.maybe_recursive_nan_check(e, self.fn, args, kwargs)
+            raise  # not reached: that check always raises
     return checked
 
 
@@ -111,7 +135,7 @@ class JitFunction:
         # path]); static arguments keep the Python call (pallaskit tells 1 from True, C++ does not).
         self._cpp = None
         if not self.static_argnums and not self.static_argnames and self._xla_instead is None:
-            self._cpp = fastpath.cpp_function(self._title(), _python_call(self), self._cache_miss)
+            self._cpp = fastpath.cpp_function(self._title(), fn, self._cache_miss)
         # updated=(): a function wrapping a JitFunction (jax.grad(f) of one) carries its
         # __dict__ (fn, _cache); copying that would make this one run the wrapped function.
         functools.update_wrapper(self, fn, updated=())
@@ -144,7 +168,7 @@ class JitFunction:
         program for it lands (a recurring size's tier-up, pallaskit/dynamic.py),
         unless the C++ object is new. Each signature then misses once more."""
         if self._cpp is not None:
-            self._cpp = fastpath.cpp_function(self._title(), _python_call(self), self._cache_miss)
+            self._cpp = fastpath.cpp_function(self._title(), self.fn, self._cache_miss)
 
     def _xla_args(self, treedef, n_args) -> xla_args.XlaArgs:
         """Donation and shardings of a call signature ([Note: XLA arguments])."""
@@ -169,7 +193,7 @@ class JitFunction:
         for path, leaf in leaves_with_path:
             avals.append(signature.abstractify(leaf, signature.describe(path, dyn_positions, self._sig)))
             leaves.append(leaf)
-        key = (treedef, tuple(avals), static_pos, static_kw, len(args))
+        key = signature.call_key(treedef, avals, static_pos, static_kw, len(args))
         return key, leaves, avals, treedef, static_pos, static_kw
 
     def __call__(self, *args, **kwargs):
@@ -205,9 +229,12 @@ class JitFunction:
         _MISS.out = out
         return out, data, False
 
+    @_nan_check_as_jax_does
     @_deleted_as_jax_does
     def _call(self, args, kwargs):
         """(result, the Compiled entry that ran or None, its flat outputs)."""
+        if jax.config.jax_disable_jit:  # as jax.jit: the function runs op by op (C++ runs it itself)
+            return self.fn(*args, **kwargs), None, None
         if self._xla_instead is not None:
             checked, why = self._xla_instead
             autodiff.fallback_log(self, why)
@@ -281,7 +308,7 @@ class JitFunction:
         array = signature.array_type(leaves)
         if array is None or not all(type(x) is array for x in leaves):
             return None
-        return (treedef, tuple(x.aval for x in leaves), sharding.fast_placement(leaves)), leaves
+        return (treedef, tuple(x.aval for x in leaves), sharding.fast_placement(leaves), signature.context()), leaves
 
     # -- ahead of time (jax.stages) ---------------------------------------------
     def trace(self, *args, **kwargs):
@@ -328,14 +355,6 @@ class JitFunction:
     def _compile(self, avals, treedef, static_pos, static_kw, n_args, **kw) -> Compiled:
         """One signature traced and compiled: ``orchestrator.compile_signature``."""
         return orchestrator.compile_signature(self, avals, treedef, static_pos, static_kw, n_args, **kw)
-
-
-def _python_call(jf):
-    """What the C++ call runs where jit is disabled: the Python call."""
-    def python_call(*args, **kwargs):
-        return jf._call(args, kwargs)[0]
-
-    return python_call
 
 
 def jit(fn: Callable | None = None, *, in_shardings=xla_args.UNSET, out_shardings=xla_args.UNSET,

@@ -44,7 +44,6 @@ arguments' axes).
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import Any, Sequence
 
 import jax
@@ -53,9 +52,14 @@ import numpy as np
 _Tracer = jax.core.Tracer
 
 
-@functools.lru_cache(maxsize=None)
-def _default_device():
-    return jax.devices()[0]
+def default_device():
+    """Where jax.jit runs a call of uncommitted arrays: ``jax.default_device``'s
+    device (a device or a platform name), else the first device (jax's
+    ``pxla.get_default_device``)."""
+    d = jax.config.jax_default_device
+    if isinstance(d, str):
+        return jax.local_devices(backend=d)[0]
+    return d or jax.local_devices()[0]
 
 
 def placement(leaves) -> tuple | None:
@@ -63,7 +67,7 @@ def placement(leaves) -> tuple | None:
     device (None for leaves that are not such arrays); None when every array
     is on the default device (the unsharded path)."""
     out, other = [], False
-    default = _default_device()
+    default = default_device()
     for x in leaves:
         s = None
         if isinstance(x, jax.Array) and not isinstance(x, _Tracer) and getattr(x, "committed", True):

@@ -36,6 +36,24 @@ class ClosedOverTracers(JaxOnly):
     runs the function under JAX instead."""
 
 
+def context() -> tuple:
+    """jax's configuration a trace depends on, thread-local overrides included
+    (``with jax.numpy_rank_promotion("raise")``, ``jax.enable_x64``,
+    ``jax.default_matmul_precision``, ``jax.default_device``, ...): part of
+    every signature key, as it is of jax.jit's, so a call under another
+    context traces again instead of running a program traced outside it."""
+    from jax._src import config as jax_config
+
+    return jax_config.trace_context()
+
+
+def call_key(treedef, avals, static_pos, static_kw, n_args, context_=None) -> tuple:
+    """A call signature's key in ``JitFunction._cache`` (and autodiff's store):
+    the dynamic leaves' structure and avals, the static arguments and jax's
+    ``context()`` (the caller's, unless given)."""
+    return (treedef, tuple(avals), static_pos, static_kw, n_args, context() if context_ is None else context_)
+
+
 def hashable(v) -> Static:
     try:
         hash(v)

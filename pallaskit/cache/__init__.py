@@ -73,7 +73,7 @@ import filelock
 import jax
 import numpy as np
 
-from pallaskit import executable
+from pallaskit import executable, sharding
 from pallaskit.config import config
 
 log = logging.getLogger("pallaskit")
@@ -371,6 +371,7 @@ def key_parts(closed_jaxpr, avals, static_args, options) -> dict:
         "versions": versions(),
         "code": code_hash(),
         "device": device_info(),
+        "default_device": sharding.default_device().id,  # where an executable of uncommitted arrays runs
         "xla": {"XLA_FLAGS": os.environ.get("XLA_FLAGS", ""), "compiler_options": executable.compiler_options(),
                 "matmul_precision": str(jax.config.jax_default_matmul_precision),
                 "x64": bool(jax.config.jax_enable_x64)},

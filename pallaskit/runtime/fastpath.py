@@ -77,16 +77,21 @@ def disable(error: BaseException) -> None:
                     "Python path from now on", type(error).__name__, error)
 
 
-def cpp_function(name: str, python_call, cache_miss):
+def cpp_function(name: str, fun, cache_miss):
     """jax.jit's C++ call object: ``cache_miss(*args, **kwargs)`` returns
-    ``(outputs, fastpath_data or None, False)``; ``python_call`` runs when jit
-    is disabled. None where this jax has no such object."""
+    ``(outputs, fastpath_data or None, False)``; ``fun``, the user's function,
+    runs op by op when jit is disabled, and again op by op when jax's
+    ``debug_nans`` / ``debug_infs`` hook finds a NaN in a call's outputs (it
+    reads ``_fun``, as on jax.jit's own object). None where this jax has no
+    such object."""
     internals = _internals()
     if internals is None or _DISABLED:
         return None
     pjit, tail = internals[0], internals[1]
     try:
-        return pjit(name, python_call, cache_miss, [], [], *tail)
+        cpp = pjit(name, fun, cache_miss, [], [], *tail)
+        cpp._fun = fun
+        return cpp
     except Exception as e:  # noqa: BLE001
         log.debug("pallaskit: no C++ call fast path (%s: %s)", type(e).__name__, e)
         return None
