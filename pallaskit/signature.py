@@ -93,6 +93,7 @@ class Signature:
     flat: Callable  # flat leaves -> flat list of outputs
     out_tree: Any
     out_avals: list
+    donate: tuple = ()  # flat indices of the leaves jf donates (derived functions donate them too)
     _jaxpr: Any = None
 
     def jaxpr(self):
