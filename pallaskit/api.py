@@ -155,6 +155,8 @@ class JitFunction:
         ``clear_cache``); the on-disk graph cache keeps its entries."""
         for d in (self._cache, self._fast, self._sym, self._seen, self._speculated, self._xla):
             d.clear()
+        for traced_by_jax in (self._tracer, self._jax):  # their traces: the function runs again, as jax.jit's does
+            traced_by_jax.clear_cache()
         autodiff.forget(self)
         self._refresh_fast_path()
 

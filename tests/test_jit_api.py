@@ -437,7 +437,9 @@ def test_methods_copies_and_clear_cache_as_jax_jit(rng):
     (``static_argnums=0`` makes the instance static; before, the call lost
     ``self`` and the array was taken as the static argument); ``copy`` and
     ``deepcopy`` make a new function (before: a pickling error);
-    ``clear_cache`` forgets the compiled signatures."""
+    ``clear_cache`` forgets the compiled signatures and traces again (a global
+    the function reads changed: before, jax's trace cache in pallaskit kept the
+    old value's program)."""
     import copy
     import functools
 
@@ -469,12 +471,16 @@ def test_methods_copies_and_clear_cache_as_jax_jit(rng):
         assert_close(ours(scale).apply(x), theirs(scale).apply(x))
         assert_close(ours(scale).apply_named(x), theirs(scale).apply_named(x))
     assert_close(ours.apply(ours(5.0), x), theirs.apply(theirs(5.0), x))  # unbound, as a function
-    f = pallaskit.jit(lambda v: v * 2.0)
+    factor = [2.0]
+    f = pallaskit.jit(lambda v: v * factor[0])
     f(x)
     assert f._cache_size() == 1
+    factor[0] = 3.0
     f.clear_cache()
     assert f._cache_size() == 0
-    assert_close(f(x), x * 2.0)
+    assert_close(f(x), x * 3.0)
+    factor[0] = 2.0
+    f.clear_cache()
     for g in (copy.copy(f), copy.deepcopy(f)):
         assert g is not f and isinstance(g, type(f))
         assert_close(g(x), x * 2.0)
