@@ -41,7 +41,7 @@ from jax._src.interpreters import partial_eval as _pe
 
 from pallaskit import metrics
 from pallaskit.config import config
-from pallaskit.signature import ClosedOverTracers, Signature, flat_function
+from pallaskit.signature import ClosedOverTracers, JaxOnly, Signature, flat_function
 
 # jax.extend imports all of its modules, Pallas among them, and the
 # compiler's modules import sympy: both load on first use, so that a process
@@ -259,6 +259,8 @@ def call(jf, args, kwargs):
         return fallback(jf, args, kwargs, reason)
     try:
         sig, leaves = _signature(jf, args, kwargs)
+    except JaxOnly as e:
+        return fallback(jf, args, kwargs, str(e))
     except Exception as e:  # noqa: BLE001  -- jax's own transformation raises what jax.jit would
         return fallback(jf, args, kwargs, f"could not trace the function ({type(e).__name__}: {e})")
     run = {"vjp": _call_vjp, "jvp": _call_jvp, "vmap": _call_vmap}[mode]

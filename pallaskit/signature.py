@@ -47,6 +47,37 @@ def context() -> tuple:
     return jax_config.trace_context()
 
 
+def batch_axes_named(closed_jaxpr) -> list:
+    """The named axes of enclosing ``jax.vmap``s (``axis_name=``; not shard_map's
+    or pmap's manual axes) that a collective of the jaxpr reduces over or reads
+    (``lax.psum(x, "i")``, ``lax.axis_index("i")``). A program holding one is
+    no program of its own: it exists only inside that vmap's trace."""
+    from jax._src import core as jax_core
+
+    env = jax_core.get_axis_env()
+    names = set(env.axis_names()) - set(getattr(jax.sharding.get_abstract_mesh(), "manual_axes", ()) or ())
+    if not names:
+        return []
+    found, stack = set(), [closed_jaxpr.jaxpr]
+    while stack:
+        for eqn in stack.pop().eqns:
+            for k, v in eqn.params.items():
+                if k in ("axes", "axis_name"):
+                    found.update(n for n in (v if isinstance(v, (tuple, list)) else (v,)) if _in(n, names))
+                for sub in v if isinstance(v, (tuple, list)) else (v,):
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        stack.append(inner)
+    return sorted(map(str, found))
+
+
+def _in(name, names) -> bool:
+    try:
+        return name in names
+    except TypeError:  # an unhashable parameter value
+        return False
+
+
 def call_key(treedef, avals, static_pos, static_kw, n_args, context_=None) -> tuple:
     """A call signature's key in ``JitFunction._cache`` (and autodiff's store):
     the dynamic leaves' structure and avals, the static arguments and jax's

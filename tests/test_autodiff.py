@@ -271,6 +271,24 @@ def test_vmap(rng):
     assert_close(jax.vmap(jax.grad(loss, argnums=1), (0, None))(xs, w), ref)
 
 
+def test_collectives_over_a_vmap_axis_name(rng):
+    """``lax.psum`` / ``axis_index`` over an enclosing ``jax.vmap(axis_name=)``
+    inside a pallaskit function: the compiled vmap rule is not told the name,
+    and the batched or unbatched call's program lowered with it unbound
+    (AssertionError, NameError). Such calls run under JAX's own rules."""
+    x = _normal(rng, (3, 4), jnp.float32)
+
+    def make(jit):
+        f = jit(lambda v: v / jax.lax.psum(v, "i"))
+        g = jit(lambda v: v * jax.lax.psum(1, "i") + jax.lax.axis_index("i"))
+        return [jax.vmap(f, axis_name="i")(x),
+                jax.vmap(lambda a, b: g(b) + a, in_axes=(0, None), axis_name="i")(x, x[0]),
+                jax.jit(jax.vmap(jax.grad(lambda v: jnp.sum(f(v) ** 2)), axis_name="i"))(x)]
+
+    for got, want in zip(make(pallaskit.jit), make(jax.jit)):
+        assert_close(got, want)
+
+
 @pytest.mark.parametrize("transform", ["vmap", "vjp"])
 def test_donation_survives_transformations(rng, transform):
     """jax.jit's batching and differentiation rules keep a call's donation: under
