@@ -180,7 +180,11 @@ def array_type(leaves) -> type | None:
 def abstractify(leaf, where: str):
     # ShapeDtypeStruct: explain / lower_to_result need shapes only
     if isinstance(leaf, (jax.Array, np.ndarray, jax.ShapeDtypeStruct)) or isinstance(leaf, SCALARS):
-        return jax.typeof(leaf) if hasattr(jax, "typeof") else jax.api_util.shaped_abstractify(leaf)
+        try:
+            return jax.typeof(leaf) if hasattr(jax, "typeof") else jax.api_util.shaped_abstractify(leaf)
+        except OverflowError:  # a Python int past the default integer type: jax.jit's error, naming the argument
+            raise OverflowError(f"An overflow was encountered while parsing an argument to a jitted computation, "
+                                f"whose argument path is {where}. Got {type(leaf)} with value {leaf}") from None
     if hasattr(leaf, "__jax_array__"):
         return jax.typeof(leaf.__jax_array__())
     raise TypeError(f"pallaskit.jit: {where} is a {type(leaf).__name__}, not an array or scalar; "
