@@ -79,8 +79,11 @@ def placement(leaves) -> tuple | None:
 
 
 def fast_placement(leaves) -> tuple:
-    """The shardings of concrete arrays, for the dispatch fast path's key."""
-    return tuple(x.sharding for x in leaves)
+    """The shardings of concrete arrays, for the dispatch fast path's key: a
+    committed array's own; None for an uncommitted one, which goes wherever the
+    program runs (jax's default device, in the key's context) as in jax.jit,
+    however an earlier call of that signature with it committed was placed."""
+    return tuple(x.sharding if x.committed else None for x in leaves)
 
 
 def _assignment(s) -> list:

@@ -320,3 +320,21 @@ def test_jax_contexts_are_part_of_the_signature(rng, static):
             got.append(_outcome(lambda: f(x, y)))
     for want, have in zip(results[jax.jit], results[pallaskit.jit]):
         assert have == want
+
+
+def test_an_uncommitted_array_is_not_keyed_by_its_device(rng):
+    """An uncommitted array runs where jax.jit runs the call (the default
+    device), wherever it lives; the Python call's key held its sharding as a
+    committed one's, so after a call on arrays committed to device 1 the same
+    arrays' uncommitted twins ran that placed program (on device 1, outputs
+    committed)."""
+    d1 = jax.devices()[1]
+    x = np.asarray(rng.standard_normal(5), np.float32)
+    with jax.default_device(d1):
+        uncommitted = jnp.asarray(x) + 0
+    for jit in (jax.jit, pallaskit.jit):
+        f = jit(lambda a, b: a * b)
+        f(jax.device_put(x, d1), jax.device_put(x, d1))
+        out = f(uncommitted, uncommitted)
+        assert out.sharding.device_set == {jax.devices()[0]} and not out.committed, jit
+        np.testing.assert_allclose(np.asarray(out), x * x, rtol=1e-6)
