@@ -242,6 +242,10 @@ def test_trace_lower_compile_match_jax(rng):
     shapes = jax.ShapeDtypeStruct((7, 5), jnp.float32)
     assert jf.eval_shape(shapes, 3, w=w) == jj.eval_shape(shapes, 3, w=w)
     assert jf.trace(shapes, 3, w=w).out_info == jtraced.out_info  # shapes alone trace too
+    # jax.export lowers for named platforms (Traced.lower(lowering_platforms=...)): jax.jit's lowering
+    # of the function (it was a TypeError on the keyword)
+    exported = jax.export.export(jf, platforms=("cpu",))(shapes, 3, w=w)
+    assert_close(exported.call(x, w=w)["y"], ref["y"])
 
 
 def test_compiled_shardings_and_formats_follow_the_users_pytrees(rng):
