@@ -80,6 +80,22 @@ def _nan_check_as_jax_does(call):
     return checked
 
 
+def _execute(entry: Compiled, leaves) -> list:
+    """The entry's executable on a call's leaves. Under ``jax.debug_nans`` /
+    ``debug_infs`` it runs with the checks off and its outputs are checked
+    after, as jax.jit checks a call's: a symbolic program's kernels launched one
+    by one would each be checked as an eager ``pallas_call``, whose NaN re-runs
+    the same ``pallas_call`` for jax's de-optimized error, forever."""
+    if not (jax.config.jax_debug_nans or jax.config.jax_debug_infs):
+        return entry.executable(*leaves, *entry.constants)
+    from jax._src import dispatch
+
+    with jax.debug_nans(False), jax.debug_infs(False):
+        outs = entry.executable(*leaves, *entry.constants)
+    dispatch.check_special("jit", [x for x in outs if isinstance(x, jax.Array)])  # _nan_check_as_jax_does catches
+    return outs
+
+
 class JitFunction:
     """A function compiled by pallaskit, with jax.jit's semantics."""
 
@@ -245,7 +261,7 @@ class JitFunction:
         if fast is not None:
             entry = self._fast.get(fast[0])
             if entry is not None:  # a signature seen before, concrete arrays
-                outs = entry.executable(*fast[1], *entry.constants)
+                outs = _execute(entry, fast[1])
                 if entry.delete_after:
                     xla_args.delete_donated(fast[1], entry.delete_after, outs)
                 return jax.tree_util.tree_unflatten(entry.out_tree, outs), entry, outs
@@ -273,7 +289,7 @@ class JitFunction:
             except signature.JaxOnly as e:  # jax.jit runs it (traced into an enclosing trace, if any)
                 autodiff.fallback_log(self, f"{e}; running it with jax.jit")
                 return self._jax(*args, **kwargs), None, None
-        outs = entry.executable(*leaves, *entry.constants)
+        outs = _execute(entry, leaves)
         if entry.delete_after:
             xla_args.delete_donated(leaves, entry.delete_after, outs)
         if not entry.ran:
