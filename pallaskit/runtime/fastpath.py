@@ -19,8 +19,11 @@ flat dynamic leaves, no hoisted constants, nothing to do after it); any other
 call (a tracer, a multi-kernel dispatcher, eager launches, donated leaves
 deleted by hand) returns None, so its next call comes back to Python, as jax.jit
 does for what its fast path cannot take. C++'s signature is never coarser than
-pallaskit's key (treedef, avals with weak types, placement), so a cached
-signature always maps to the entry Python chose.
+pallaskit's key (treedef, avals with weak types, placement, jax's trace context:
+``signature.context``), so a cached signature always maps to the entry Python
+chose. Where jit is disabled C++ runs the user's function itself, and under
+``debug_nans`` / ``debug_infs`` jax's hook checks C++'s outputs and re-runs it
+op by op (``cpp_function`` sets ``_fun``, as on jax.jit's own object).
 
 These are jax internals (``_jax.pjit``, ``MeshExecutableFastpathData``): every
 access is checked once, and where this jax differs the JitFunction keeps its
