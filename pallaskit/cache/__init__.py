@@ -375,7 +375,23 @@ def key_parts(closed_jaxpr, avals, static_args, options) -> dict:
         "xla": {"XLA_FLAGS": os.environ.get("XLA_FLAGS", ""), "compiler_options": executable.compiler_options(),
                 "matmul_precision": str(jax.config.jax_default_matmul_precision),
                 "x64": bool(jax.config.jax_enable_x64)},
+        "context": context_text(),
     }
+
+
+def context_text() -> str:
+    """jax's trace context (signature.context) as text: what JAX reads while
+    lowering a program but the jaxpr's text does not show
+    (``jax_threefry_partitionable`` sits in an equation's context, not its
+    text; an extern's lowering reads the flags)."""
+    from jax._src import config as jax_config
+
+    values = jax_config.trace_context()
+    try:
+        names = jax_config.trace_context_names()
+    except NotImplementedError:  # an older jaxlib: the values alone
+        names = [str(i) for i in range(len(values))]
+    return repr([(n, _ADDRESS.sub("", repr(getattr(v, "axis_sizes", v)))) for n, v in zip(names, values)])
 
 
 def key_of(parts: dict) -> str:
