@@ -35,6 +35,12 @@ log = logging.getLogger("pallaskit")
 # The last C++ miss's result, per thread (see JitFunction.__call__).
 _MISS = threading.local()
 
+try:  # what an executable's output check raises under jax.debug_nans / debug_infs
+    from jax._src.api_util import InternalFloatingPointError as _InternalFloatingPointError
+except ImportError:  # another jax: its own error passes through unchanged
+    class _InternalFloatingPointError(Exception):
+        pass
+
 
 def _deleted_as_jax_does(call):
     """``call`` (``JitFunction._call``) raising jax.jit's error for a deleted
@@ -54,6 +60,40 @@ def _deleted_as_jax_does(call):
                                      "replica 0: INVALID_ARGUMENT: Buffer has been deleted or donated.") from None
             raise
     return checked
+
+
+def _nan_check_as_jax_does(call):
+    """``call`` (``JitFunction._call``) under ``jax.debug_nans`` / ``jax.debug_infs``:
+    an executable whose output holds a NaN (an inf) raises jax's internal error;
+    as jax.jit, the function then runs again op by op, whose FloatingPointError
+    names the primitive (or says that only the compiled program made it). The
+    C++ call's outputs are checked by jax's own hook (``fastpath.cpp_function``)."""
+    @functools.wraps(call)
+    def checked(self, args, kwargs):
+        try:
+            return call(self, args, kwargs)
+        except _InternalFloatingPointError as e:
+            from jax._src import api_util
+
+            api_util.maybe_recursive_nan_check(e, self.fn, args, kwargs)
+            raise  # not reached: that check always raises
+    return checked
+
+
+def _execute(entry: Compiled, leaves) -> list:
+    """The entry's executable on a call's leaves. Under ``jax.debug_nans`` /
+    ``debug_infs`` it runs with the checks off and its outputs are checked
+    after, as jax.jit checks a call's: a symbolic program's kernels launched one
+    by one would each be checked as an eager ``pallas_call``, whose NaN re-runs
+    the same ``pallas_call`` for jax's de-optimized error, forever."""
+    if not (jax.config.jax_debug_nans or jax.config.jax_debug_infs):
+        return entry.executable(*leaves, *entry.constants)
+    from jax._src import dispatch
+
+    with jax.debug_nans(False), jax.debug_infs(False):
+        outs = entry.executable(*leaves, *entry.constants)
+    dispatch.check_special("jit", [x for x in outs if isinstance(x, jax.Array)])  # _nan_check_as_jax_does catches
+    return outs
 
 
 class JitFunction:
@@ -111,7 +151,7 @@ class JitFunction:
         # path]); static arguments keep the Python call (pallaskit tells 1 from True, C++ does not).
         self._cpp = None
         if not self.static_argnums and not self.static_argnames and self._xla_instead is None:
-            self._cpp = fastpath.cpp_function(self._title(), _python_call(self), self._cache_miss)
+            self._cpp = fastpath.cpp_function(self._title(), fn, self._cache_miss)
         # updated=(): a function wrapping a JitFunction (jax.grad(f) of one) carries its
         # __dict__ (fn, _cache); copying that would make this one run the wrapped function.
         functools.update_wrapper(self, fn, updated=())
@@ -131,6 +171,8 @@ class JitFunction:
         ``clear_cache``); the on-disk graph cache keeps its entries."""
         for d in (self._cache, self._fast, self._sym, self._seen, self._speculated, self._xla):
             d.clear()
+        for traced_by_jax in (self._tracer, self._jax):  # their traces: the function runs again, as jax.jit's does
+            traced_by_jax.clear_cache()
         autodiff.forget(self)
         self._refresh_fast_path()
 
@@ -144,7 +186,7 @@ class JitFunction:
         program for it lands (a recurring size's tier-up, pallaskit/dynamic.py),
         unless the C++ object is new. Each signature then misses once more."""
         if self._cpp is not None:
-            self._cpp = fastpath.cpp_function(self._title(), _python_call(self), self._cache_miss)
+            self._cpp = fastpath.cpp_function(self._title(), self.fn, self._cache_miss)
 
     def _xla_args(self, treedef, n_args) -> xla_args.XlaArgs:
         """Donation and shardings of a call signature ([Note: XLA arguments])."""
@@ -169,7 +211,7 @@ class JitFunction:
         for path, leaf in leaves_with_path:
             avals.append(signature.abstractify(leaf, signature.describe(path, dyn_positions, self._sig)))
             leaves.append(leaf)
-        key = (treedef, tuple(avals), static_pos, static_kw, len(args))
+        key = signature.call_key(treedef, avals, static_pos, static_kw, len(args))
         return key, leaves, avals, treedef, static_pos, static_kw
 
     def __call__(self, *args, **kwargs):
@@ -205,9 +247,12 @@ class JitFunction:
         _MISS.out = out
         return out, data, False
 
+    @_nan_check_as_jax_does
     @_deleted_as_jax_does
     def _call(self, args, kwargs):
         """(result, the Compiled entry that ran or None, its flat outputs)."""
+        if jax.config.jax_disable_jit:  # as jax.jit: the function runs op by op (C++ runs it itself)
+            return self.fn(*args, **kwargs), None, None
         if self._xla_instead is not None:
             checked, why = self._xla_instead
             autodiff.fallback_log(self, why)
@@ -216,7 +261,7 @@ class JitFunction:
         if fast is not None:
             entry = self._fast.get(fast[0])
             if entry is not None:  # a signature seen before, concrete arrays
-                outs = entry.executable(*fast[1], *entry.constants)
+                outs = _execute(entry, fast[1])
                 if entry.delete_after:
                     xla_args.delete_donated(fast[1], entry.delete_after, outs)
                 return jax.tree_util.tree_unflatten(entry.out_tree, outs), entry, outs
@@ -247,9 +292,9 @@ class JitFunction:
                 except signature.JaxOnly as e:  # jax.jit runs it (traced into an enclosing trace, if any)
                     autodiff.fallback_log(self, f"{e}; running it with jax.jit")
                     return self._jax(*args, **kwargs), None, None
-                outs = entry.executable(*leaves, *entry.constants)
+                outs = _execute(entry, leaves)
         else:
-            outs = entry.executable(*leaves, *entry.constants)
+            outs = _execute(entry, leaves)
         if entry.delete_after:
             xla_args.delete_donated(leaves, entry.delete_after, outs)
         if not entry.ran:
@@ -286,7 +331,7 @@ class JitFunction:
         array = signature.array_type(leaves)
         if array is None or not all(type(x) is array for x in leaves):
             return None
-        return (treedef, tuple(x.aval for x in leaves), sharding.fast_placement(leaves)), leaves
+        return (treedef, tuple(x.aval for x in leaves), sharding.fast_placement(leaves), signature.context()), leaves
 
     # -- ahead of time (jax.stages) ---------------------------------------------
     def trace(self, *args, **kwargs):
@@ -333,14 +378,6 @@ class JitFunction:
     def _compile(self, avals, treedef, static_pos, static_kw, n_args, **kw) -> Compiled:
         """One signature traced and compiled: ``orchestrator.compile_signature``."""
         return orchestrator.compile_signature(self, avals, treedef, static_pos, static_kw, n_args, **kw)
-
-
-def _python_call(jf):
-    """What the C++ call runs where jit is disabled: the Python call."""
-    def python_call(*args, **kwargs):
-        return jf._call(args, kwargs)[0]
-
-    return python_call
 
 
 def jit(fn: Callable | None = None, *, in_shardings=xla_args.UNSET, out_shardings=xla_args.UNSET,

@@ -41,7 +41,7 @@ from jax._src.interpreters import partial_eval as _pe
 
 from pallaskit import metrics
 from pallaskit.config import config
-from pallaskit.signature import ClosedOverTracers, Signature, flat_function
+from pallaskit.signature import ClosedOverTracers, JaxOnly, Signature, flat_function
 
 # jax.extend imports all of its modules, Pallas among them, and the
 # compiler's modules import sympy: both load on first use, so that a process
@@ -211,17 +211,21 @@ def _signature(jf, args, kwargs) -> tuple[Signature, list]:
         closed, out_tree = jf._trace(structs, treedef, static_pos, static_kw, len(args))
         out_avals = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type) for a in closed.out_avals]
         flat = flat_function(jf.fn, treedef, static_pos, static_kw, len(args))
-        sig = store[("signature", key)] = Signature(jf, key, list(avals), flat, out_tree, out_avals)
+        donate = jf._xla_args(treedef, len(args)).donate if jf.donate_argnums or jf.donate_argnames else ()
+        sig = store[("signature", key)] = Signature(jf, key, list(avals), flat, out_tree, out_avals, donate)
     return sig, leaves
 
 
-def _jit(jf, fn: Callable):
+def _jit(jf, fn: Callable, donate: tuple = ()):
     """A pallaskit function of ``fn`` of ``jf``'s own class (JitFunction: api
-    imports this module, so this one does not import api)."""
-    return type(jf)(fn)
+    imports this module, so this one does not import api). ``donate``: the
+    positions of ``fn``'s arguments that hold ``jf``'s donated leaves: as
+    jax.jit's transformation rules keep a call's donation, the derived call
+    consumes them (where XLA can reuse the buffer)."""
+    return type(jf)(fn, donate_argnums=donate or None)
 
 
-def _compiled(sig: Signature, what: tuple, make: Callable[[], Callable], name: str):
+def _compiled(sig: Signature, what: tuple, make: Callable[[], Callable], name: str, donate: tuple = ()):
     """A pallaskit.jit of a derived flat function, cached per signature."""
     store = _store(sig.jf)
     k = (what, sig.key)
@@ -229,7 +233,7 @@ def _compiled(sig: Signature, what: tuple, make: Callable[[], Callable], name: s
     if jf is None:
         fn = make()
         fn.__qualname__ = fn.__name__ = f"{_title(sig.jf)}.{name}"
-        jf = store[k] = _jit(sig.jf, fn)
+        jf = store[k] = _jit(sig.jf, fn, donate)
     return jf
 
 
@@ -255,6 +259,8 @@ def call(jf, args, kwargs):
         return fallback(jf, args, kwargs, reason)
     try:
         sig, leaves = _signature(jf, args, kwargs)
+    except JaxOnly as e:
+        return fallback(jf, args, kwargs, str(e))
     except Exception as e:  # noqa: BLE001  -- jax's own transformation raises what jax.jit would
         return fallback(jf, args, kwargs, f"could not trace the function ({type(e).__name__}: {e})")
     run = {"vjp": _call_vjp, "jvp": _call_jvp, "vmap": _call_vmap}[mode]
@@ -263,7 +269,7 @@ def call(jf, args, kwargs):
 
 
 def _primal(sig: Signature):
-    return _compiled(sig, ("primal",), lambda: (lambda *xs: sig.flat(*xs)), "primal")
+    return _compiled(sig, ("primal",), lambda: (lambda *xs: sig.flat(*xs)), "primal", sig.donate)
 
 
 # --------------------------------------------------------------------------- #
@@ -300,7 +306,7 @@ def grad_entry(sig: Signature, perturbed: tuple[bool, ...], method: str) -> Grad
         part = partition_mod.partition(joint, method)
         fwd = jex_core.jaxpr_as_fun(part.forward)
         fwd.__qualname__ = fwd.__name__ = f"{_title(sig.jf)}.forward"
-        entry = store[k] = GradEntry(part, _jit(sig.jf, fwd), {}, sig)
+        entry = store[k] = GradEntry(part, _jit(sig.jf, fwd, sig.donate), {}, sig)  # forward: the primals
     return entry
 
 
@@ -426,7 +432,8 @@ def _jvp_fn(sig: Signature, mask: tuple[bool, ...]):
 
         return jvp
 
-    return _compiled(sig, ("jvp", mask), make, "jvp")
+    donate = sig.donate + tuple(n + k for k, i in enumerate(diff) if i in sig.donate)  # primals, their tangents
+    return _compiled(sig, ("jvp", mask), make, "jvp", donate)
 
 
 def _call_jvp(sig: Signature, leaves):
@@ -474,7 +481,7 @@ def _call_vmap(sig: Signature, leaves):
         def make():
             return lambda *ys: jax.vmap(sig.flat, in_axes=in_axes, out_axes=out_axes, axis_size=axis_size)(*ys)
 
-        outs = _compiled(sig, ("vmap", in_axes, axis_size), make, "vmap")(*xs)
+        outs = _compiled(sig, ("vmap", in_axes, axis_size), make, "vmap", sig.donate)(*xs)
         return list(outs), out_batched
 
     return f(*leaves)

@@ -123,20 +123,25 @@ def entry(jf, leaves, avals, treedef, static_pos, static_kw, n_args) -> Compiled
     return entry
 
 
-def compile_static(jf, treedef, static_pos, static_kw, n_args, leaves):
+def compile_static(jf, treedef, static_pos, static_kw, n_args, context, leaves):
     """A recurring size's own static program, compiled on the background
     thread ([Note: eager launches] in runtime/eager.py); returns (executable,
     constants) for the dispatcher, and files the entry under the call's keys
-    so the size's later calls skip the dispatcher, as a static signature's do."""
+    so the size's later calls skip the dispatcher, as a static signature's do.
+    None where the dispatcher's calls run under a jax context of their own
+    (``context``, thread-local in jax) that this thread cannot trace under."""
+    if signature.context() != context:
+        log.debug("pallaskit: %s: no tier-up (the call's jax context is thread-local)", jf._title())
+        return None
     avals = [signature.abstractify(x, "an argument") for x in leaves]
     entry = orchestrator.compile_signature(jf, avals, treedef, static_pos, static_kw, n_args,
                                            xla=jf._xla_args(treedef, n_args))
-    jf._cache[(treedef, tuple(avals), static_pos, static_kw, n_args)] = entry
+    jf._cache[signature.call_key(treedef, avals, static_pos, static_kw, n_args, context)] = entry
     array = signature.array_type(leaves)
     if not static_pos and not static_kw and array is not None and all(type(x) is array for x in leaves):
         dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(treedef, leaves)
         fast_tree = jax.tree_util.tree_structure((tuple(dyn_args), dyn_kwargs))
-        jf._fast[(fast_tree, tuple(x.aval for x in leaves), sharding.fast_placement(leaves))] = entry
+        jf._fast[(fast_tree, tuple(x.aval for x in leaves), sharding.fast_placement(leaves), context)] = entry
     jf._refresh_fast_path()
     return entry.executable, entry.constants
 
@@ -222,7 +227,7 @@ def _sym_key(avals, axes, treedef, static_pos, static_kw, n_args):
     shapes = tuple((a.dtype, bool(a.weak_type), tuple(axes[(i, k)] if (i, k) in axes else int(d)
                                                     for k, d in enumerate(a.shape)))
                    for i, a in enumerate(avals))
-    return (treedef, shapes, static_pos, static_kw, n_args)
+    return (treedef, shapes, static_pos, static_kw, n_args, signature.context())
 
 
 def _changed_axes(jf, avals, seen, paths, dyn_positions, taken, used) -> dict:
@@ -280,10 +285,10 @@ def speculation(jf, avals, treedef, static_pos, static_kw, n_args):
     if sym_key in jf._sym or sym_key in jf._speculated:
         return None
     values = {sym: shape[leaf][axis] for (leaf, axis), sym in axes.items()}
-    context = _trace_context()
+    context = signature.context()
 
     def run():
-        if _trace_context() != context:
+        if signature.context() != context:
             # The caller traces under a context of its own (``with jax.default_matmul_precision(...)``,
             # a rank-promotion or dtype-promotion mode: thread-local in jax) that this thread lacks.
             log.debug("pallaskit: %s: no speculative compile (the call's jax context is thread-local)", jf._title())
@@ -317,13 +322,6 @@ def speculation(jf, avals, treedef, static_pos, static_kw, n_args):
         log.debug("pallaskit: %s: compiling it with %s dynamic in the background (a guess)", jf._title(),
                   ", ".join(sorted(set(axes.values()))))
     return start
-
-
-def _trace_context():
-    """jax's configuration that a trace depends on, thread-local overrides included."""
-    from jax._src import config as jax_config
-
-    return jax_config.trace_context()
 
 
 # A symbolic compile's cost grows with the program: a large one's (a training
@@ -378,7 +376,8 @@ def _compile_symbolic(jf, avals, axes, values, treedef, static_pos, static_kw, n
             jf, avals, treedef, static_pos, static_kw, n_args, aot=False, structs=structs, size_hints=variants[0],
             variants=variants, positions=[(n, positions[n]) for n in names], first_sizes=values,
             xla=jf._xla_args(treedef, n_args),
-            compile_static=functools.partial(compile_static, jf, treedef, static_pos, static_kw, n_args))
+            compile_static=functools.partial(compile_static, jf, treedef, static_pos, static_kw, n_args,
+                                             signature.context()))
     except signature.ClosedOverTracers:
         raise
     except Exception as e:  # noqa: BLE001  (anything the symbolic path cannot take: per-size compiles)

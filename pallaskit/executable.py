@@ -31,6 +31,7 @@ import jax
 import numpy as np
 from jax.experimental import serialize_executable
 
+from pallaskit import sharding
 from pallaskit.config import config
 from pallaskit.runtime import gc_pause, xla_args
 
@@ -171,7 +172,7 @@ def serialize(compiled) -> tuple[bytes | None, Any, Any, str]:
 
 
 def deserialize(payload: bytes, in_tree, out_tree, devices=None):
-    devices = devices or [jax.devices()[0]]
+    devices = devices or [sharding.default_device()]
     if devices[0].platform == "gpu":  # the executable may name pallaskit's Triton target
         from pallaskit.runtime import ffi_targets
 

@@ -105,6 +105,9 @@ def trace(jf, structs, treedef, static_pos, static_kw, n_args):
     traced = jf._tracer.trace(*full, **kwargs)
     if getattr(traced, "_consts", None):  # jax lifts closed-over tracers to leading arguments
         raise signature.ClosedOverTracers("it closes over a tracer of an enclosing transformation or a mutable array")
+    named = signature.batch_axes_named(traced.jaxpr)
+    if named:  # only jax's own batching rules bind them (a custom_vmap rule is not told the name)
+        raise signature.JaxOnly(f"a collective over the jax.vmap axis {', '.join(map(repr, named))}")
     return traced.jaxpr, jax.tree_util.tree_structure(traced.out_info)
 
 

@@ -44,7 +44,6 @@ arguments' axes).
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import Any, Sequence
 
 import jax
@@ -53,9 +52,14 @@ import numpy as np
 _Tracer = jax.core.Tracer
 
 
-@functools.lru_cache(maxsize=None)
-def _default_device():
-    return jax.devices()[0]
+def default_device():
+    """Where jax.jit runs a call of uncommitted arrays: ``jax.default_device``'s
+    device (a device or a platform name), else the first device (jax's
+    ``pxla.get_default_device``)."""
+    d = jax.config.jax_default_device
+    if isinstance(d, str):
+        return jax.local_devices(backend=d)[0]
+    return d or jax.local_devices()[0]
 
 
 def placement(leaves) -> tuple | None:
@@ -63,7 +67,7 @@ def placement(leaves) -> tuple | None:
     device (None for leaves that are not such arrays); None when every array
     is on the default device (the unsharded path)."""
     out, other = [], False
-    default = _default_device()
+    default = default_device()
     for x in leaves:
         s = None
         if isinstance(x, jax.Array) and not isinstance(x, _Tracer) and getattr(x, "committed", True):
@@ -75,8 +79,11 @@ def placement(leaves) -> tuple | None:
 
 
 def fast_placement(leaves) -> tuple:
-    """The shardings of concrete arrays, for the dispatch fast path's key."""
-    return tuple(x.sharding for x in leaves)
+    """The shardings of concrete arrays, for the dispatch fast path's key: a
+    committed array's own; None for an uncommitted one, which goes wherever the
+    program runs (jax's default device, in the key's context) as in jax.jit,
+    however an earlier call of that signature with it committed was placed."""
+    return tuple(x.sharding if x.committed else None for x in leaves)
 
 
 def _assignment(s) -> list:

@@ -36,6 +36,55 @@ class ClosedOverTracers(JaxOnly):
     runs the function under JAX instead."""
 
 
+def context() -> tuple:
+    """jax's configuration a trace depends on, thread-local overrides included
+    (``with jax.numpy_rank_promotion("raise")``, ``jax.enable_x64``,
+    ``jax.default_matmul_precision``, ``jax.default_device``, ...): part of
+    every signature key, as it is of jax.jit's, so a call under another
+    context traces again instead of running a program traced outside it."""
+    from jax._src import config as jax_config
+
+    return jax_config.trace_context()
+
+
+def batch_axes_named(closed_jaxpr) -> list:
+    """The named axes of enclosing ``jax.vmap``s (``axis_name=``; not shard_map's
+    or pmap's manual axes) that a collective of the jaxpr reduces over or reads
+    (``lax.psum(x, "i")``, ``lax.axis_index("i")``). A program holding one is
+    no program of its own: it exists only inside that vmap's trace."""
+    from jax._src import core as jax_core
+
+    env = jax_core.get_axis_env()
+    names = set(env.axis_names()) - set(getattr(jax.sharding.get_abstract_mesh(), "manual_axes", ()) or ())
+    if not names:
+        return []
+    found, stack = set(), [closed_jaxpr.jaxpr]
+    while stack:
+        for eqn in stack.pop().eqns:
+            for k, v in eqn.params.items():
+                if k in ("axes", "axis_name"):
+                    found.update(n for n in (v if isinstance(v, (tuple, list)) else (v,)) if _in(n, names))
+                for sub in v if isinstance(v, (tuple, list)) else (v,):
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        stack.append(inner)
+    return sorted(map(str, found))
+
+
+def _in(name, names) -> bool:
+    try:
+        return name in names
+    except TypeError:  # an unhashable parameter value
+        return False
+
+
+def call_key(treedef, avals, static_pos, static_kw, n_args, context_=None) -> tuple:
+    """A call signature's key in ``JitFunction._cache`` (and autodiff's store):
+    the dynamic leaves' structure and avals, the static arguments and jax's
+    ``context()`` (the caller's, unless given)."""
+    return (treedef, tuple(avals), static_pos, static_kw, n_args, context() if context_ is None else context_)
+
+
 def hashable(v) -> Static:
     try:
         hash(v)
@@ -75,6 +124,7 @@ class Signature:
     flat: Callable  # flat leaves -> flat list of outputs
     out_tree: Any
     out_avals: list
+    donate: tuple = ()  # flat indices of the leaves jf donates (derived functions donate them too)
     _jaxpr: Any = None
 
     def jaxpr(self):
@@ -130,7 +180,11 @@ def array_type(leaves) -> type | None:
 def abstractify(leaf, where: str):
     # ShapeDtypeStruct: explain / lower_to_result need shapes only
     if isinstance(leaf, (jax.Array, np.ndarray, jax.ShapeDtypeStruct)) or isinstance(leaf, SCALARS):
-        return jax.typeof(leaf) if hasattr(jax, "typeof") else jax.api_util.shaped_abstractify(leaf)
+        try:
+            return jax.typeof(leaf) if hasattr(jax, "typeof") else jax.api_util.shaped_abstractify(leaf)
+        except OverflowError:  # a Python int past the default integer type: jax.jit's error, naming the argument
+            raise OverflowError(f"An overflow was encountered while parsing an argument to a jitted computation, "
+                                f"whose argument path is {where}. Got {type(leaf)} with value {leaf}") from None
     if hasattr(leaf, "__jax_array__"):
         return jax.typeof(leaf.__jax_array__())
     raise TypeError(f"pallaskit.jit: {where} is a {type(leaf).__name__}, not an array or scalar; "

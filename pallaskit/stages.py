@@ -58,7 +58,7 @@ def _placement(leaves):
     takes them (``sharding.placement``); a ``jax.ShapeDtypeStruct``'s own."""
     placed = list(sharding.placement([None if isinstance(x, jax.ShapeDtypeStruct) else x for x in leaves])
                   or [None] * len(leaves))
-    default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    default = jax.sharding.SingleDeviceSharding(sharding.default_device())
     other = any(s is not None for s in placed)
     for i, x in enumerate(leaves):
         s = getattr(x, "sharding", None) if isinstance(x, jax.ShapeDtypeStruct) else None
@@ -114,8 +114,19 @@ class Traced(_Stage):
         """The closed jaxpr of the dynamic leaves (what pallaskit compiles)."""
         return self._s.jaxpr
 
-    def lower(self) -> Lowered:
+    def lower(self, *, lowering_platforms: tuple[str, ...] | None = None, _private_parameters=None):
+        """pallaskit's program lowered for this device (a ``Lowered``). With
+        ``lowering_platforms`` (``jax.export``, cross-platform lowering), whose
+        kernels pallaskit does not render, jax.jit's own lowering of the
+        function (a ``jax.stages.Lowered``), with one log line."""
         s = self._s
+        if lowering_platforms is not None or _private_parameters is not None:
+            from pallaskit import autodiff, signature
+
+            autodiff.fallback_log(s.jf, "lowered for given platforms (jax.export): jax.jit lowers the function")
+            full, kwargs = signature.full_args(_structs(s.avals), s.treedef, s.static_pos, s.static_kw, s.n_args)
+            return s.jf._jax.trace(*full, **kwargs).lower(lowering_platforms=lowering_platforms,
+                                                           _private_parameters=_private_parameters)
         entry = s.jf._compile(s.avals, s.treedef, s.static_pos, s.static_kw, s.n_args, aot=False, xla=s.xla,
                               traced=(s.jaxpr, s.out_tree), placement=s.placement)
         return Lowered(s, entry)

@@ -102,6 +102,8 @@ def test_non_array_argument_is_a_type_error_naming_it():
         f(jnp.ones(3), "fast")
     with pytest.raises(TypeError, match=r"argument 'x'\['k'\]"):
         f({"k": object()}, 1)
+    with pytest.raises(OverflowError, match="path is argument 'opts'"):  # as jax.jit's, naming it
+        f(jnp.ones(3), 2**40)
 
 
 def test_unknown_option_lists_valid_ones():

@@ -271,6 +271,44 @@ def test_vmap(rng):
     assert_close(jax.vmap(jax.grad(loss, argnums=1), (0, None))(xs, w), ref)
 
 
+def test_collectives_over_a_vmap_axis_name(rng):
+    """``lax.psum`` / ``axis_index`` over an enclosing ``jax.vmap(axis_name=)``
+    inside a pallaskit function: the compiled vmap rule is not told the name,
+    and the batched or unbatched call's program lowered with it unbound
+    (AssertionError, NameError). Such calls run under JAX's own rules."""
+    x = _normal(rng, (3, 4), jnp.float32)
+
+    def make(jit):
+        f = jit(lambda v: v / jax.lax.psum(v, "i"))
+        g = jit(lambda v: v * jax.lax.psum(1, "i") + jax.lax.axis_index("i"))
+        return [jax.vmap(f, axis_name="i")(x),
+                jax.vmap(lambda a, b: g(b) + a, in_axes=(0, None), axis_name="i")(x, x[0]),
+                jax.jit(jax.vmap(jax.grad(lambda v: jnp.sum(f(v) ** 2)), axis_name="i"))(x)]
+
+    for got, want in zip(make(pallaskit.jit), make(jax.jit)):
+        assert_close(got, want)
+
+
+@pytest.mark.parametrize("transform", ["vmap", "vjp"])
+def test_donation_survives_transformations(rng, transform):
+    """jax.jit's batching and differentiation rules keep a call's donation: under
+    ``jax.vmap`` / ``jax.vjp`` the donated array is consumed, as in a plain call.
+    pallaskit's derived functions (the vmapped program, the forward half) were
+    compiled without it, so the caller's array stayed alive."""
+    def f(x, y):
+        return jnp.sin(x) * 2 + y
+
+    run = {"vmap": lambda g, x, y: jax.vmap(g)(x, y), "vjp": lambda g, x, y: jax.vjp(g, x, y)[0]}[transform]
+    got = {}
+    for jit in (jax.jit, pallaskit.jit):
+        x, y = _normal(rng, (4, 3), jnp.float32), _normal(rng, (4, 3), jnp.float32)
+        want = f(x, y)
+        out = run(jit(f, donate_argnums=0), x, y)
+        assert_close(out, want)
+        got[jit] = (x.is_deleted(), y.is_deleted())
+    assert got[pallaskit.jit] == got[jax.jit] == (True, False)
+
+
 def test_grad_of_grad_falls_back_to_xla(rng, caplog):
     f = pallaskit.jit(lambda x: jnp.sum(jnp.sin(x) * x))
     ref = jax.grad(lambda s: jax.grad(lambda x: jnp.sum(jnp.sin(x) * x))(s * 2.0).sum())

@@ -210,6 +210,22 @@ def test_version_option_and_constant_changes_miss(tmp_path, rng, monkeypatch):
         np.testing.assert_allclose(_run(lambda a, c=c: a * c, x), np.asarray(x) * c, rtol=1e-6)
 
 
+def test_jax_context_that_the_jaxpr_text_hides_is_in_the_key(tmp_path):
+    """``jax.threefry_partitionable(False)`` changes random bits, yet the jaxpr's
+    text is the same (the flag sits in each equation's context): a hit on the
+    entry compiled outside it returned the partitionable bits."""
+    pallaskit.config.update(cache_dir=str(tmp_path))
+
+    def bits(k):
+        return jax.random.uniform(k, (5, 3))
+
+    key = jax.random.key(7)
+    for partitionable in (True, False):
+        with jax.threefry_partitionable(partitionable):
+            np.testing.assert_array_equal(np.asarray(pallaskit.jit(bits)(key)), np.asarray(jax.jit(bits)(key)))
+    assert pallaskit.metrics.counters["cache_misses"] == 2
+
+
 def test_command_buffers_are_a_gpu_compiler_option_in_the_key(tmp_path, rng, monkeypatch):
     """[Note: command buffers]: GPU executables get xla_gpu_graph_min_graph_size=1
     unless the option is off; the CPU gets nothing; the options are in the key."""

@@ -147,6 +147,11 @@ def test_automatic_dynamic_recompiles_once(rng, caplog):
     a = jnp.asarray(rng.standard_normal((5, 7)), jnp.float32)
     assert_close(f(a, a), jnp.exp(a) * a + 1.0)
     assert delta(before, "graphs_compiled") == 3
+    # An inf out of the symbolic program under debug_infs: jax.jit's error naming the primitive (each
+    # eager pallas_call's own check re-ran that pallas_call for its de-optimized error: RecursionError).
+    a = jnp.full((40, 6), 100.0, jnp.float32)
+    with jax.debug_infs(True), pytest.raises(FloatingPointError, match=r"invalid value \(inf\) encountered in exp"):
+        f(a, a)
 
 
 def test_automatic_dynamic_off_compiles_every_size(rng):

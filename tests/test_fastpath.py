@@ -259,14 +259,82 @@ def test_a_signature_served_in_python_first_takes_cpp_after_a_refresh(rng, monke
 
 def test_a_tier_up_refreshes_the_fast_path(monkeypatch):
     """``compile_static`` (a recurring size's static program) starts the C++
-    object over once it has filed the entry."""
-    from pallaskit import dynamic
+    object over once it has filed the entry; a dispatcher whose calls ran
+    under another (thread-local) jax context gets no tier-up on this thread."""
+    from pallaskit import dynamic, signature
 
     f = pallaskit.jit(lambda x: x * 3.0)
     calls = []
     monkeypatch.setattr(type(f), "_refresh_fast_path", lambda self: calls.append(self))
     x = jnp.arange(6.0, dtype=jnp.float32)
     leaves, treedef = jax.tree_util.tree_flatten(((x,), {}))
-    executable, constants = dynamic.compile_static(f, treedef, (), (), 1, leaves)
+    assert dynamic.compile_static(f, treedef, (), (), 1, ("another context",), leaves) is None
+    executable, constants = dynamic.compile_static(f, treedef, (), (), 1, signature.context(), leaves)
     np.testing.assert_allclose(np.asarray(executable(x, *constants)[0]), np.asarray(x) * 3.0)
     assert calls == [f]
+
+
+def _outcome(call):
+    """What a call did, to compare pallaskit with jax.jit: its error (type,
+    first line) or its output's dtype, values and device."""
+    try:
+        out = call()
+    except Exception as e:  # noqa: BLE001
+        return type(e).__name__, str(e).splitlines()[0]
+    return str(out.dtype), np.asarray(out).tolist(), str(out.sharding)
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["cpp", "python"])
+def test_jax_contexts_are_part_of_the_signature(rng, static):
+    """jax.jit traces again (or runs op by op) when jax's thread-local context
+    changes: a signature first called outside ``with jax.numpy_rank_promotion(
+    "raise")`` raises inside it. pallaskit's signature keys ignored the context,
+    so every call below reused the program traced outside it (C++ after steady
+    calls; the Python call for static arguments). Under debug_nans it raised
+    jax's internal error instead of jax.jit's FloatingPointError naming the
+    primitive; under default_device it ran on device 0."""
+    seen = []
+
+    def fn(x, y, k=1):
+        seen.append(isinstance(x, jax.core.Tracer))  # False: run op by op (disable_jit)
+        return jnp.log(x) * k + y + np.float64(0.5)  # float64 under x64
+
+    x = jnp.asarray(np.abs(rng.standard_normal((2, 3))) + 0.5, jnp.float32)
+    y = jnp.asarray(rng.integers(-3, 3, (3,)), jnp.int32)
+    contexts = {"rank": lambda: jax.numpy_rank_promotion("raise"),
+                "strict": lambda: jax.numpy_dtype_promotion("strict"),
+                "x64": lambda: jax.enable_x64(True),
+                "device": lambda: jax.default_device(jax.devices()[-1]),
+                "disable_jit": jax.disable_jit,
+                "debug_nans": lambda: jax.debug_nans(True)}
+    results = {}
+    for jit in (jax.jit, pallaskit.jit):
+        f = jit(fn, static_argnames="k") if static else jit(fn)
+        got = results[jit] = []
+        for name, context in contexts.items():
+            arg = x.at[0, 0].set(-1.0) if name == "debug_nans" else x  # log(-1): NaN
+            got.append(_outcome(lambda: f(x, y)))
+            got.append(_outcome(lambda: f(x, y)))
+            with context():
+                got.append((name, _outcome(lambda: f(arg, y)), seen[-1]))
+            got.append(_outcome(lambda: f(x, y)))
+    for want, have in zip(results[jax.jit], results[pallaskit.jit]):
+        assert have == want
+
+
+def test_an_uncommitted_array_is_not_keyed_by_its_device(rng):
+    """An uncommitted array runs where jax.jit runs the call (the default
+    device), wherever it lives; the Python call's key held its sharding as a
+    committed one's, so after a call on arrays committed to device 1 the same
+    arrays' uncommitted twins ran that placed program (on device 1, outputs
+    committed)."""
+    d1 = jax.devices()[1]
+    x = np.asarray(rng.standard_normal(5), np.float32)
+    with jax.default_device(d1):
+        uncommitted = jnp.asarray(x) + 0
+    for jit in (jax.jit, pallaskit.jit):
+        f = jit(lambda a, b: a * b)
+        f(jax.device_put(x, d1), jax.device_put(x, d1))
+        out = f(uncommitted, uncommitted)
+        assert out.sharding.device_set == {jax.devices()[0]} and not out.committed, jit
+        np.testing.assert_allclose(np.asarray(out), x * x, rtol=1e-6)

@@ -242,6 +242,10 @@ def test_trace_lower_compile_match_jax(rng):
     shapes = jax.ShapeDtypeStruct((7, 5), jnp.float32)
     assert jf.eval_shape(shapes, 3, w=w) == jj.eval_shape(shapes, 3, w=w)
     assert jf.trace(shapes, 3, w=w).out_info == jtraced.out_info  # shapes alone trace too
+    # jax.export lowers for named platforms (Traced.lower(lowering_platforms=...)): jax.jit's lowering
+    # of the function (it was a TypeError on the keyword)
+    exported = jax.export.export(jf, platforms=("cpu",))(shapes, 3, w=w)
+    assert_close(exported.call(x, w=w)["y"], ref["y"])
 
 
 def test_compiled_shardings_and_formats_follow_the_users_pytrees(rng):
@@ -437,7 +441,9 @@ def test_methods_copies_and_clear_cache_as_jax_jit(rng):
     (``static_argnums=0`` makes the instance static; before, the call lost
     ``self`` and the array was taken as the static argument); ``copy`` and
     ``deepcopy`` make a new function (before: a pickling error);
-    ``clear_cache`` forgets the compiled signatures."""
+    ``clear_cache`` forgets the compiled signatures and traces again (a global
+    the function reads changed: before, jax's trace cache in pallaskit kept the
+    old value's program)."""
     import copy
     import functools
 
@@ -469,12 +475,16 @@ def test_methods_copies_and_clear_cache_as_jax_jit(rng):
         assert_close(ours(scale).apply(x), theirs(scale).apply(x))
         assert_close(ours(scale).apply_named(x), theirs(scale).apply_named(x))
     assert_close(ours.apply(ours(5.0), x), theirs.apply(theirs(5.0), x))  # unbound, as a function
-    f = pallaskit.jit(lambda v: v * 2.0)
+    factor = [2.0]
+    f = pallaskit.jit(lambda v: v * factor[0])
     f(x)
     assert f._cache_size() == 1
+    factor[0] = 3.0
     f.clear_cache()
     assert f._cache_size() == 0
-    assert_close(f(x), x * 2.0)
+    assert_close(f(x), x * 3.0)
+    factor[0] = 2.0
+    f.clear_cache()
     for g in (copy.copy(f), copy.deepcopy(f)):
         assert g is not f and isinstance(g, type(f))
         assert_close(g(x), x * 2.0)

@@ -73,7 +73,7 @@ import filelock
 import jax
 import numpy as np
 
-from pallaskit import executable
+from pallaskit import executable, sharding
 from pallaskit.config import config
 
 log = logging.getLogger("pallaskit")
@@ -371,10 +371,27 @@ def key_parts(closed_jaxpr, avals, static_args, options) -> dict:
         "versions": versions(),
         "code": code_hash(),
         "device": device_info(),
+        "default_device": sharding.default_device().id,  # where an executable of uncommitted arrays runs
         "xla": {"XLA_FLAGS": os.environ.get("XLA_FLAGS", ""), "compiler_options": executable.compiler_options(),
                 "matmul_precision": str(jax.config.jax_default_matmul_precision),
                 "x64": bool(jax.config.jax_enable_x64)},
+        "context": context_text(),
     }
+
+
+def context_text() -> str:
+    """jax's trace context (signature.context) as text: what JAX reads while
+    lowering a program but the jaxpr's text does not show
+    (``jax_threefry_partitionable`` sits in an equation's context, not its
+    text; an extern's lowering reads the flags)."""
+    from jax._src import config as jax_config
+
+    values = jax_config.trace_context()
+    try:
+        names = jax_config.trace_context_names()
+    except NotImplementedError:  # an older jaxlib: the values alone
+        names = [str(i) for i in range(len(values))]
+    return repr([(n, _ADDRESS.sub("", repr(getattr(v, "axis_sizes", v)))) for n, v in zip(names, values)])
 
 
 def key_of(parts: dict) -> str:

@@ -19,8 +19,11 @@ flat dynamic leaves, no hoisted constants, nothing to do after it); any other
 call (a tracer, a multi-kernel dispatcher, eager launches, donated leaves
 deleted by hand) returns None, so its next call comes back to Python, as jax.jit
 does for what its fast path cannot take. C++'s signature is never coarser than
-pallaskit's key (treedef, avals with weak types, placement), so a cached
-signature always maps to the entry Python chose.
+pallaskit's key (treedef, avals with weak types, placement, jax's trace context:
+``signature.context``), so a cached signature always maps to the entry Python
+chose. Where jit is disabled C++ runs the user's function itself, and under
+``debug_nans`` / ``debug_infs`` jax's hook checks C++'s outputs and re-runs it
+op by op (``cpp_function`` sets ``_fun``, as on jax.jit's own object).
 
 These are jax internals (``_jax.pjit``, ``MeshExecutableFastpathData``): every
 access is checked once, and where this jax differs the JitFunction keeps its
@@ -77,16 +80,21 @@ def disable(error: BaseException) -> None:
                     "Python path from now on", type(error).__name__, error)
 
 
-def cpp_function(name: str, python_call, cache_miss):
+def cpp_function(name: str, fun, cache_miss):
     """jax.jit's C++ call object: ``cache_miss(*args, **kwargs)`` returns
-    ``(outputs, fastpath_data or None, False)``; ``python_call`` runs when jit
-    is disabled. None where this jax has no such object."""
+    ``(outputs, fastpath_data or None, False)``; ``fun``, the user's function,
+    runs op by op when jit is disabled, and again op by op when jax's
+    ``debug_nans`` / ``debug_infs`` hook finds a NaN in a call's outputs (it
+    reads ``_fun``, as on jax.jit's own object). None where this jax has no
+    such object."""
     internals = _internals()
     if internals is None or _DISABLED:
         return None
     pjit, tail = internals[0], internals[1]
     try:
-        return pjit(name, python_call, cache_miss, [], [], *tail)
+        cpp = pjit(name, fun, cache_miss, [], [], *tail)
+        cpp._fun = fun
+        return cpp
     except Exception as e:  # noqa: BLE001
         log.debug("pallaskit: no C++ call fast path (%s: %s)", type(e).__name__, e)
         return None
