@@ -252,6 +252,17 @@ def test_cond_with_operands_of_several_dtypes(rng, dtype):
     assert _body_kernels(e, "cond")
 
 
+def test_grad_of_a_cond_whose_branches_save_different_residuals(rng):
+    """Each branch of a differentiated cond returns placeholders (``empty2``) for the
+    other branch's residuals: they are zeros in a kernel, not an XLA fallback."""
+    def f(x, p):
+        return jax.grad(lambda x: jax.lax.cond(p > 0, lambda x: jnp.sin(x).sum(),
+                                               lambda x: jnp.where(x > 0, x, 0.1 * x).sum(), x))(x)
+
+    e = _check(f, _normal(rng, (3, 5), jnp.float32), jnp.int32(-1))
+    assert "empty2" not in e.fallbacks
+
+
 def test_switch_with_three_branches(rng):
     def f(i, x):
         return jax.lax.switch(i, [lambda x: jnp.sin(x), lambda x: x * x - 1.0, lambda x: jnp.exp(-x)], x)
