@@ -263,6 +263,16 @@ def test_grad_of_a_cond_whose_branches_save_different_residuals(rng):
     assert "empty2" not in e.fallbacks
 
 
+def test_a_branch_returning_a_one_element_constant(rng):
+    """A branch's one-element group with no operands (``zeros_like`` of a scalar
+    parameter: optax's apply_if_finite, MultiSteps) runs inline with no arguments;
+    its call was written ``f(, *outs)``, a SyntaxError."""
+    def f(p, x):
+        return jax.lax.cond(p, lambda x: jnp.zeros_like(x), lambda x: x * 3.0, x)
+
+    _check(f, jnp.asarray(True), _normal(rng, (1, 1), jnp.float32))
+
+
 def test_switch_with_three_branches(rng):
     def f(i, x):
         return jax.lax.switch(i, [lambda x: jnp.sin(x), lambda x: x * x - 1.0, lambda x: jnp.exp(-x)], x)
