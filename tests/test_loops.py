@@ -273,6 +273,17 @@ def test_a_branch_returning_a_one_element_constant(rng):
     _check(f, jnp.asarray(True), _normal(rng, (1, 1), jnp.float32))
 
 
+def test_platform_dependent_cond_is_its_default_branch(rng):
+    """jnp.diagonal of a square matrix is a platform_dependent cond (a branch for Pallas TPU
+    kernels, 'mosaic'): its default branch is lowered in place, and its index, passed from
+    the forward call to the backward one, is dead; both ran through XLA (a CLIP loss)."""
+    def loss(s):
+        return jnp.mean(jax.nn.logsumexp(s, 1) - jnp.diagonal(s)) + jnp.trace(s)
+
+    e = _check(jax.value_and_grad(loss), _normal(rng, (5, 5), jnp.float32))
+    assert e.fallbacks == [] and not _body_kernels(e, "cond")
+
+
 def test_switch_with_three_branches(rng):
     def f(i, x):
         return jax.lax.switch(i, [lambda x: jnp.sin(x), lambda x: x * x - 1.0, lambda x: jnp.exp(-x)], x)
