@@ -415,11 +415,30 @@ def indirect_index(value: Expr):
         return sizes.simplify(value.expr)
     args = sorted(_index_free_symbols(value), key=lambda s: s.name)
     template = substitute_index(value, {a: _formal(k) for k, a in enumerate(args)})
-    name = "ind_" + hashlib.sha1(repr(template).encode()).hexdigest()[:12]  # repr: dtypes too
+    name = "ind_" + hashlib.sha1(_structure_text(template).encode()).hexdigest()[:12]
     cls = _INDIRECT_CLASSES.get(name)
     if cls is None:
         cls = _INDIRECT_CLASSES[name] = type(name, (IndirectIndex,), {"value": template, "nargs_": len(args)})
     return cls(*args)
+
+
+def _structure_text(expr: Expr) -> str:
+    """Deterministic text of a body, dtypes included, each distinct node once.
+    (``repr`` prints the DAG as a tree: a gather's index is clamped and wrapped
+    from three references to one value, so nested gathers (a resize's index
+    gradient) grew it exponentially.)"""
+    names: dict[Expr, str] = {}
+    lines = []
+    for e in walk(expr, indirect=False):  # nested indirect indices print as their class's name
+        if isinstance(e, Op):
+            text = f"{e.op}({', '.join(names[a] for a in e.args)}; {e.params!r})"
+        elif isinstance(e, Load):
+            text = f"{e.buffer}[{', '.join(str(i) for i in e.index)}] if {e.mask}"
+        else:
+            text = repr(e)  # Const, IndexValue: no operands
+        names[e] = f"t{len(names)}"
+        lines.append(f"{names[e]} = {text}:{e.dtype}")
+    return "; ".join(lines)
 
 
 def indirect_atoms(index) -> list:

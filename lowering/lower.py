@@ -176,7 +176,10 @@ def _literal(lit) -> ir.Const:
     return ir.Const(np.asarray(lit.val).item(), np.dtype(lit.aval.dtype))
 
 
-def _lower_jaxpr(ctx, jaxpr, consts, args, fallbacks):
+def _lower_jaxpr(ctx, jaxpr, consts, args, fallbacks, live_outs=None):
+    """The jaxpr's outputs lowered; ``live_outs``: which of them the caller reads
+    (an inlined call's dead outputs come back None, their equations skipped)."""
+    live_outs = [True] * len(jaxpr.outvars) if live_outs is None else live_outs
     env = {}
     for v, val in zip(jaxpr.constvars, consts):
         env[v] = val
@@ -190,30 +193,46 @@ def _lower_jaxpr(ctx, jaxpr, consts, args, fallbacks):
             raise NotImplementedError("non-scalar literal")
         return env[v]
 
-    for eqn in _live_equations(_fold_transposed_dots(jaxpr), jaxpr.outvars):
-        invals = [read(v) for v in eqn.invars]
+    eqns, live = _live_equations(_fold_transposed_dots(jaxpr), [v for v, keep in zip(jaxpr.outvars, live_outs) if keep])
+    for eqn in eqns:
         body = trace.inlined_body(eqn)
         if body is not None:
-            sub_jaxpr, sub_consts = body
+            sub_jaxpr, sub_consts, first = body
             const_vals = [_const_input(ctx, c) for c in sub_consts]
-            outs = _lower_jaxpr(ctx, sub_jaxpr, const_vals, invals, fallbacks)
+            args = [read(v) if isinstance(v, jex_core.Literal) or v in env else None  # None: dead in the body
+                    for v in eqn.invars[first:]]
+            outs = _lower_jaxpr(ctx, sub_jaxpr, const_vals, args, fallbacks, [v in live for v in eqn.outvars])
         else:
-            outs = _lower_eqn(ctx, eqn, invals, fallbacks)
+            outs = _lower_eqn(ctx, eqn, [read(v) for v in eqn.invars], fallbacks)
         for v, val in zip(eqn.outvars, outs):
             env[v] = val
-    return [read(v) for v in jaxpr.outvars]
+    return [read(v) if keep else None for v, keep in zip(jaxpr.outvars, live_outs)]
 
 
-def _live_equations(eqns, outvars) -> list:
-    """The equations an output or an effect depends on. The scheduler drops dead nodes anyway, but a dead
-    extern (flax's RNN splits a PRNG key it never uses) would be logged as a primitive run through XLA."""
+def _live_equations(eqns, outvars) -> tuple[list, set]:
+    """The equations an output or an effect depends on, and the variables they read or
+    write that are live. The scheduler drops dead nodes anyway, but a dead extern (flax's
+    RNN splits a PRNG key it never uses; a platform_dependent cond's index passed between
+    the forward and backward calls of jnp.diagonal's gradient) would be logged as a
+    primitive run through XLA."""
     live = {v for v in outvars if not isinstance(v, jex_core.Literal)}
     kept = []
     for eqn in reversed(eqns):
         if eqn.effects or any(v in live for v in eqn.outvars):
             kept.append(eqn)
-            live.update(v for v in eqn.invars if not isinstance(v, jex_core.Literal))
-    return kept[::-1]
+            live.update(v for v in _operands_read(eqn, live) if not isinstance(v, jex_core.Literal))
+    return kept[::-1], live
+
+
+def _operands_read(eqn, live) -> list:
+    """The operands a live equation reads: an inlined body's live part may read
+    fewer (a platform branch never reads its cond's index)."""
+    body = trace.inlined_body(eqn)
+    if body is None or eqn.effects:
+        return list(eqn.invars)
+    sub, _, first = body
+    _, sub_live = _live_equations(sub.eqns, [o for o, v in zip(sub.outvars, eqn.outvars) if v in live])
+    return [v for v, b in zip(eqn.invars[first:], sub.invars) if b in sub_live]
 
 
 def _fold_transposed_dots(jaxpr) -> list:

@@ -168,7 +168,7 @@ def _eval_inlined(jaxpr, consts, args):
         invals = [_read(env, v) for v in eqn.invars]
         body = trace.inlined_body(eqn)
         if body is not None:
-            outs = _eval_inlined(body[0], body[1], invals)
+            outs = _eval_inlined(body[0], body[1], invals[body[2]:])
         else:
             outs = _bind(eqn, invals)
         env.update(zip(eqn.outvars, outs))

@@ -30,17 +30,39 @@ def trace(fn: Callable, avals: Sequence[jax.ShapeDtypeStruct]) -> jex_core.Close
     return jax.make_jaxpr(fn)(*avals)
 
 
-def inlined_body(eqn) -> tuple[Any, Sequence[Any]] | None:
-    """(jaxpr, consts) of a call-like equation whose body should be inlined, else None."""
+# Lowering platforms of ``platform_dependent`` branches that never hold the
+# program pallaskit compiles: "mosaic" is the lowering inside a Pallas TPU
+# kernel (jnp.diagonal of a square matrix has such a branch); pallaskit's
+# program runs on the CPU or a GPU, where the default branch is taken.
+_KERNEL_ONLY_PLATFORMS = frozenset({"mosaic"})
+
+
+def inlined_body(eqn) -> tuple[Any, Sequence[Any], int] | None:
+    """(jaxpr, consts, first operand) of a call-like equation whose body should be
+    inlined, else None: the body takes the equation's operands from ``first`` on."""
+    if eqn.primitive.name == "cond":
+        return _platform_branch(eqn)
     param = _CALL_BODIES.get(eqn.primitive.name)
     if param is None or param not in eqn.params:
         return None
     body = eqn.params[param]
     if isinstance(body, jex_core.ClosedJaxpr):
-        return body.jaxpr, body.consts
+        return body.jaxpr, body.consts, 0
     if isinstance(body, jex_core.Jaxpr):
-        return body, ()
+        return body, (), 0
     return None
+
+
+def _platform_branch(eqn):
+    """A ``platform_dependent`` cond whose named platforms are all kernel-only: its
+    default branch, which is what XLA runs (its ``platform_index`` is left dead)."""
+    platforms = eqn.params.get("branches_platforms")
+    if not platforms or platforms[-1] is not None:
+        return None
+    if not all(set(ps) <= _KERNEL_ONLY_PLATFORMS for ps in platforms[:-1]):
+        return None
+    default = eqn.params["branches"][-1]
+    return default.jaxpr, default.consts, 1
 
 
 class VarNames:

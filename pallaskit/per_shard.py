@@ -245,8 +245,8 @@ class _Interpreter:
 
         body = inlined_body(eqn)
         if body is not None:
-            jaxpr, consts = body
-            return self.run(jaxpr, consts, ins)
+            jaxpr, consts, first = body
+            return self.run(jaxpr, consts, ins[first:])
         if name in _LAYOUT:  # a layout, not a value: jax.jit's output shardings keep it
             return ins
         rule = self._RULES.get(name)

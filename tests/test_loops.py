@@ -252,6 +252,38 @@ def test_cond_with_operands_of_several_dtypes(rng, dtype):
     assert _body_kernels(e, "cond")
 
 
+def test_grad_of_a_cond_whose_branches_save_different_residuals(rng):
+    """Each branch of a differentiated cond returns placeholders (``empty2``) for the
+    other branch's residuals: they are zeros in a kernel, not an XLA fallback."""
+    def f(x, p):
+        return jax.grad(lambda x: jax.lax.cond(p > 0, lambda x: jnp.sin(x).sum(),
+                                               lambda x: jnp.where(x > 0, x, 0.1 * x).sum(), x))(x)
+
+    e = _check(f, _normal(rng, (3, 5), jnp.float32), jnp.int32(-1))
+    assert "empty2" not in e.fallbacks
+
+
+def test_a_branch_returning_a_one_element_constant(rng):
+    """A branch's one-element group with no operands (``zeros_like`` of a scalar
+    parameter: optax's apply_if_finite, MultiSteps) runs inline with no arguments;
+    its call was written ``f(, *outs)``, a SyntaxError."""
+    def f(p, x):
+        return jax.lax.cond(p, lambda x: jnp.zeros_like(x), lambda x: x * 3.0, x)
+
+    _check(f, jnp.asarray(True), _normal(rng, (1, 1), jnp.float32))
+
+
+def test_platform_dependent_cond_is_its_default_branch(rng):
+    """jnp.diagonal of a square matrix is a platform_dependent cond (a branch for Pallas TPU
+    kernels, 'mosaic'): its default branch is lowered in place, and its index, passed from
+    the forward call to the backward one, is dead; both ran through XLA (a CLIP loss)."""
+    def loss(s):
+        return jnp.mean(jax.nn.logsumexp(s, 1) - jnp.diagonal(s)) + jnp.trace(s)
+
+    e = _check(jax.value_and_grad(loss), _normal(rng, (5, 5), jnp.float32))
+    assert e.fallbacks == [] and not _body_kernels(e, "cond")
+
+
 def test_switch_with_three_branches(rng):
     def f(i, x):
         return jax.lax.switch(i, [lambda x: jnp.sin(x), lambda x: x * x - 1.0, lambda x: jnp.exp(-x)], x)

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import sympy
 
 import pallaskit
 from lowering import ir
@@ -65,20 +66,22 @@ def test_bits_are_jax_bits(backend):
 
 def test_distributions_are_jax_distributions(backend):
     x = jnp.zeros((6, 11))
+    table = jax.random.normal(jax.random.key(0), (40,))
 
-    def draw(k, x):
+    def draw(k, x, table):
         k1, k2, k3, k4 = jax.random.split(k, 4)
+        ids = jax.random.randint(k3, (13,), -5, 40)
         return (jax.random.uniform(k1, x.shape), jax.random.bernoulli(k2, 0.3, x.shape),
-                jax.random.randint(k3, (13,), -5, 40), jax.random.uniform(k4, (3, 1), minval=-2.0, maxval=5.0),
+                ids, jax.random.uniform(k4, (3, 1), minval=-2.0, maxval=5.0), table[ids],  # a gather at random ids
                 jax.random.normal(k, x.shape))
 
-    want, got, ex = _run(draw, jax.random.key(3), x)
-    _assert_equal(want[:4], got[:4])
+    want, got, ex = _run(draw, jax.random.key(3), x, table)
+    _assert_equal(want[:5], got[:5])
     # normal is erf_inv of a uniform, the same bits; erf_inv's polynomial
     # rounded step by step in Triton (or on a GPU) may end an ulp or two from XLA's.
-    np.testing.assert_array_max_ulp(np.asarray(got[4]), np.asarray(want[4]), maxulp=4)
+    np.testing.assert_array_max_ulp(np.asarray(got[5]), np.asarray(want[5]), maxulp=4)
     if backend == "pallas" and CPU:
-        _assert_equal(want[4:], got[4:])
+        _assert_equal(want[5:], got[5:])
     assert ex.fallbacks == []
 
 
@@ -218,3 +221,15 @@ def test_equal_dags_compare_in_linear_time():
         ir.Op.__eq__ = eq
     assert calls[0] < 200, calls[0]
     assert time.perf_counter() - t < 5
+
+
+def test_an_index_computed_from_a_dag_is_named_in_linear_time():
+    # A gather at random ids (a diffusion step's alpha_bar[t]) indexes by threefry's
+    # body: its indirect index's class was named from the body's repr, which
+    # prints the DAG as a tree (the compile never ended).
+    x = ir.Load("a", (sympy.Symbol("i0", integer=True, nonnegative=True),), np.dtype(np.int32))
+    for _ in range(16):
+        x = ir.Op("add", (x, x), np.dtype(np.int32))
+    t = time.perf_counter()
+    ir.indirect_index(x)
+    assert time.perf_counter() - t < 0.5

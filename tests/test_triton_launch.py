@@ -453,3 +453,21 @@ def test_early_assembly_is_keyed_by_scalar_types_not_values(monkeypatch):
     for n in (7, 100, 2**31 - 1, 2**31):
         triton_call._start_compile(kernel, [f32], [f32], (n,), {"BLOCK": 16})
     assert [args[3] for args in queued] == [(7,), (2**31,)]
+
+
+def test_independent_kernels_of_one_program_run_one_at_a_time_in_the_interpreter(rng):
+    """XLA:CPU runs independent host callbacks on several threads at once, and Triton's
+    interpreter is process-global ([Note: one interpreted kernel at a time]): ten
+    independent raw-Triton reductions crashed ("Did you forget to add @triton.jit?")."""
+    if not INTERPRET:
+        pytest.skip("Triton's interpreter (the CPU)")
+    import pallaskit
+
+    pallaskit.config.update(kernel_backend="triton", combo_kernels=False)
+
+    def sums(*xs):
+        return [jnp.sum(jnp.sin(x), axis=1) for x in xs]
+
+    xs = [jnp.asarray(rng.standard_normal((8 + i, 17)), jnp.float32) for i in range(10)]
+    for got, want in zip(pallaskit.jit(sums)(*xs), jax.jit(sums)(*xs)):
+        assert_close(got, want)

@@ -431,7 +431,7 @@ def render_inline_scalar(kernel: Kernel, schedule: Schedule, options: CompileOpt
     with w.indent():
         w.line(f"outs = {'(' + ', '.join(['[]'] * len(outs)) + (',)' if len(outs) == 1 else ')')}")
         operands = (["dims"] if dims else []) + [f"{a}.reshape(-1)" for a in args if a != "dims"]
-        w.line(f"{kernel.name}_inline({', '.join(operands)}, *outs)")
+        w.line(f"{kernel.name}_inline({', '.join(operands + ['*outs'])})")  # no operands: a constant's group
         results = [f"_inline_result(outs[{i}], {sizes.to_source(m.node.numel)}, {dtype_source(m.node.dtype)})"
                    for i, m in enumerate(m for m in kernel.members if m.store)]
         w.line(f"return ({', '.join(results)},)")

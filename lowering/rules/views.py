@@ -183,6 +183,15 @@ def _iota(ctx, eqn):
     return [ctx.pointwise(aval, body)]
 
 
+@register_lowering("empty2", kind="view",
+                   note="an uninitialized scalar (a differentiated cond's placeholder for another branch's "
+                        "residual): zero, as XLA lowers it")
+def _empty2(ctx, eqn):
+    aval = eqn.outvars[0].aval
+    dtype = np.dtype(aval.dtype)  # a key's extended dtype raises TypeError: it runs through XLA
+    return [ctx.pointwise(aval, ir.Const(dtype.type(0).item(), dtype))]
+
+
 @register_lowering("dim_as_value", kind="view",
                    note="a symbolic dim used as a value (``x.shape[0]`` under dynamic dims): the size itself")
 def _dim_as_value(ctx, eqn):

@@ -244,7 +244,7 @@ def _interpreted(*args, kernel, grid, out_avals, scalars, constexprs, aliases=()
             outs[o] = np.array(arrays[i], dtype=out_avals[o].dtype).reshape(out_avals[o].shape)
         tensors = [triton_launch._HostTensor(np.array(x)) for x in arrays] + [triton_launch._HostTensor(o)
                                                                               for o in outs]
-        kernel.fn[(grid, 1, 1)](*tensors, *scalars, **dict(constexprs))
+        triton_launch.run_interpreted(kernel.fn, (grid, 1, 1), [*tensors, *scalars], dict(constexprs))
         return tuple(outs)
 
     shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals)

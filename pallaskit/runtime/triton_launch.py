@@ -100,6 +100,23 @@ def _triton(interpret: bool | None = None):
     return triton
 
 
+# [Note: one interpreted kernel at a time]
+# Triton's interpreter is process-global: a kernel's run patches triton.language
+# (``_patch_lang``, restored when it ends) and keeps the program id in one
+# module-level builder. XLA:CPU runs independent host callbacks on several
+# threads at once, so two raw-Triton kernels of one program (a combo kernel
+# beside a reduction) could interleave: one saw triton.language unpatched
+# ("Did you forget to add @triton.jit?"), or read the other's program id (wrong
+# values). Every interpreted run takes this lock.
+_INTERPRETER_LOCK = threading.Lock()
+
+
+def run_interpreted(fn, grid, args, constexprs) -> None:
+    """``fn[grid](*args, **constexprs)`` in Triton's interpreter, one run at a time."""
+    with _INTERPRETER_LOCK:
+        fn[grid](*args, **constexprs)
+
+
 _interpreter_patched = False
 
 
@@ -608,7 +625,7 @@ class Launch:
         if self.interpret:
             host = [_HostTensor(self._on_host(a)) if entry.startswith("*") else a
                     for a, (entry, _) in zip(bound[:len(args)], key)]
-            kernel.interpreted()[grid](*host, **constexprs)
+            run_interpreted(kernel.interpreted(), grid, host, constexprs)
             return
         loaded = kernel.loaded(key, self.cuda)
         pointers = [self._pointer(kernel, name, a) if entry.startswith("*") else a
