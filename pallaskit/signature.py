@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import threading
 from typing import Any, Callable
 
 import jax
@@ -41,10 +42,34 @@ def context() -> tuple:
     (``with jax.numpy_rank_promotion("raise")``, ``jax.enable_x64``,
     ``jax.default_matmul_precision``, ``jax.default_device``, ...): part of
     every signature key, as it is of jax.jit's, so a call under another
-    context traces again instead of running a program traced outside it."""
+    context traces again instead of running a program traced outside it.
+
+    jax registers some options only when a module of its own is first imported
+    (jax 0.11's Pallas interpreter imports the TPU options while lowering the
+    first ``pallas_call``): the context grows by their values. An option
+    registered after the first context and still at the value it first had
+    leaves the key as it was, so the program compiled before it is not compiled
+    again (nor a speculative graph missed, nor a tier-up refused)."""
     from jax._src import config as jax_config
 
-    return jax_config.trace_context()
+    ctx = jax_config.trace_context()
+    if not isinstance(ctx, tuple):
+        return ctx
+    with _FIRST_SEEN_LOCK:
+        if not _FIRST_SEEN:
+            _FIRST_SEEN.append(len(ctx))
+        base = _FIRST_SEEN[0]
+        extra = ctx[base:]
+        _FIRST_SEEN.extend(extra[len(_FIRST_SEEN) - 1:])  # each later option's first value
+    keep = len(extra)
+    while keep and extra[keep - 1] == _FIRST_SEEN[keep]:
+        keep -= 1
+    return ctx[:base + keep]
+
+
+# [the first context's length, then each later-registered option's first value]
+_FIRST_SEEN: list = []
+_FIRST_SEEN_LOCK = threading.Lock()
 
 
 def batch_axes_named(closed_jaxpr) -> list:

@@ -328,6 +328,8 @@ def test_an_uncommitted_array_is_not_keyed_by_its_device(rng):
     committed one's, so after a call on arrays committed to device 1 the same
     arrays' uncommitted twins ran that placed program (on device 1, outputs
     committed)."""
+    if len(jax.devices()) < 2:
+        pytest.skip("needs two devices of the default platform (the CPU's are simulated; one GPU here)")
     d1 = jax.devices()[1]
     x = np.asarray(rng.standard_normal(5), np.float32)
     with jax.default_device(d1):
@@ -338,3 +340,24 @@ def test_an_uncommitted_array_is_not_keyed_by_its_device(rng):
         out = f(uncommitted, uncommitted)
         assert out.sharding.device_set == {jax.devices()[0]} and not out.committed, jit
         np.testing.assert_allclose(np.asarray(out), x * x, rtol=1e-6)
+
+
+def test_an_option_jax_registers_later_leaves_the_context_key(monkeypatch, rng):
+    """jax 0.11 registers its TPU options when its Pallas interpreter is first imported (while lowering
+    the first pallas_call), which lengthens its trace context: a call after that must find the program
+    compiled before it (the GPU machine's jax: a dynamic function compiled its graph twice)."""
+    from jax._src import config as jax_config
+
+    from pallaskit import signature
+
+    f = pallaskit.jit(lambda x: jnp.tanh(x) * 2)
+    x = jnp.asarray(rng.standard_normal((3, 5)), jnp.float32)
+    before = signature.context()
+    np.asarray(f(x))
+    real = jax_config.trace_context
+    monkeypatch.setattr(signature, "_FIRST_SEEN", list(signature._FIRST_SEEN))  # this process's record kept
+    monkeypatch.setattr(jax_config, "trace_context", lambda: (*real(), False, None))
+    assert signature.context() == before
+    assert f._call((x,), {})[1] is f._cache[next(iter(f._cache))]  # the program compiled before
+    with jax.numpy_rank_promotion("raise"):  # a thread-local override still changes the key
+        assert signature.context() != before

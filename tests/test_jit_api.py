@@ -244,7 +244,8 @@ def test_trace_lower_compile_match_jax(rng):
     assert jf.trace(shapes, 3, w=w).out_info == jtraced.out_info  # shapes alone trace too
     # jax.export lowers for named platforms (Traced.lower(lowering_platforms=...)): jax.jit's lowering
     # of the function (it was a TypeError on the keyword)
-    exported = jax.export.export(jf, platforms=("cpu",))(shapes, 3, w=w)
+    platform = {"gpu": "cuda"}.get(jax.default_backend(), jax.default_backend())  # where ``call`` runs it
+    exported = jax.export.export(jf, platforms=(platform,))(shapes, 3, w=w)
     assert_close(exported.call(x, w=w)["y"], ref["y"])
 
 

@@ -326,6 +326,18 @@ op("dim_as_value", "dim_as_value", lambda x: x * x.shape[0] + x.shape[-1], args(
    dynamic={0: {0: "n"}})
 op("iota_only", "iota", lambda x: lax.broadcasted_iota(jnp.int32, x.shape, 0), args(normal(2.0)), INT, tol="exact")
 
+
+def _plus_empty2(x):
+    """x plus ``empty2``: the uninitialized scalar a differentiated cond returns for another branch's residual
+    (tests/test_loops.py has that cond), zero as XLA lowers it."""
+    from jax._src.lax import lax as lax_internal
+
+    return x + lax_internal.empty2(x.dtype, memory_space=jax.typeof(x).memory_space)
+
+
+op("empty2", "empty2", _plus_empty2, args(normal(2.0)), NUM, tol="exact")
+
+
 # -- shape ops -----------------------------------------------------------------
 _VIEW = NUM  # view ops move data: exact for every dtype
 _X = args(normal(2.0))
