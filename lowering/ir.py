@@ -711,7 +711,13 @@ class Matmul(Node):
 #   in either order: the same), NaN above +inf when its sign bit is clear and
 #   below -inf when set. So that any NaN wins, as in jax, the rule gives every
 #   NaN of the update and of the operand's copy one sign (clear for max, set
-#   for min): exact, and deterministic (a max under a total order).
+#   for min): exact, and deterministic (a max under a total order). An element
+#   only grows under max (shrinks under min), so an update first reads it,
+#   plainly, and skips the atomic where it already beats the update (a stale
+#   read is an older, weaker value: a needless atomic at worst, never a missed
+#   one); a NaN or an equal value (±0) still goes through the atomic. A
+#   segment's later updates mostly lose: without the read, a GNN's f32
+#   segment_max ran 1.9x slower than XLA's scatter (RESULTS.md, "Session 25").
 # - ``mul``: no atomic multiply: a compare-and-swap loop per update on the
 #   element's bits (NaN compares equal to itself there). Integer products wrap:
 #   exact, any order; float products round in the order the swaps win.
