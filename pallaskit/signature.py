@@ -56,19 +56,25 @@ def context() -> tuple:
     if not isinstance(ctx, tuple):
         return ctx
     with _FIRST_SEEN_LOCK:
-        if not _FIRST_SEEN:
-            _FIRST_SEEN.append(len(ctx))
-        base = _FIRST_SEEN[0]
-        extra = ctx[base:]
-        _FIRST_SEEN.extend(extra[len(_FIRST_SEEN) - 1:])  # each later option's first value
-    keep = len(extra)
-    while keep and extra[keep - 1] == _FIRST_SEEN[keep]:
+        if _FIRST_SEEN.length is None:
+            _FIRST_SEEN.length = len(ctx)
+        later = ctx[_FIRST_SEEN.length:]
+        _FIRST_SEEN.later.extend(later[len(_FIRST_SEEN.later):])  # each later option's first value
+    keep = len(later)
+    while keep and later[keep - 1] == _FIRST_SEEN.later[keep - 1]:
         keep -= 1
-    return ctx[:base + keep]
+    return ctx[:_FIRST_SEEN.length + keep]
 
 
-# [the first context's length, then each later-registered option's first value]
-_FIRST_SEEN: list = []
+class _FirstContext:
+    """The first context's length, and the first value of each option jax registered after it."""
+
+    def __init__(self):
+        self.length: int | None = None
+        self.later: list = []
+
+
+_FIRST_SEEN = _FirstContext()
 _FIRST_SEEN_LOCK = threading.Lock()
 
 

@@ -355,7 +355,9 @@ def test_an_option_jax_registers_later_leaves_the_context_key(monkeypatch, rng):
     before = signature.context()
     np.asarray(f(x))
     real = jax_config.trace_context
-    monkeypatch.setattr(signature, "_FIRST_SEEN", list(signature._FIRST_SEEN))  # this process's record kept
+    kept = signature._FirstContext()  # this process's record left as it was
+    kept.length, kept.later = signature._FIRST_SEEN.length, list(signature._FIRST_SEEN.later)
+    monkeypatch.setattr(signature, "_FIRST_SEEN", kept)
     monkeypatch.setattr(jax_config, "trace_context", lambda: (*real(), False, None))
     assert signature.context() == before
     assert f._call((x,), {})[1] is f._cache[next(iter(f._cache))]  # the program compiled before

@@ -1067,8 +1067,11 @@ def render_scatter(kernel: Kernel, schedule: Schedule, options: CompileOptions) 
         mask = em.bind(("and", ("cmask", keep)), f"cmask & {keep}", full, "mask")[0]
     out = em.out_refs[node.name]
     if node.combine in ("max", "min"):  # skip what the element already beats ([Note: atomic scatters])
+        w.line(f"val = {val}")
+        val = "val"
+        nan = " | (val != val)" if np.dtype(node.dtype).kind == "f" else ""  # a NaN always goes through
         w.line(f"cur = tl.load({out} + {off}, mask={mask}, other=0)")
-        w.line(f"live = {mask} & (({val} {'>=' if node.combine == 'max' else '<='} cur) | ({val} != {val}))")
+        w.line(f"live = {mask} & ((val {'>=' if node.combine == 'max' else '<='} cur){nan})")
         mask = "live"
     if node.combine in _ATOMIC_RMW:
         w.line(f"{_ATOMIC_RMW[node.combine]}({out} + {off}, {val}, mask={mask}, sem='relaxed')")
