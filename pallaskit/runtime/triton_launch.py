@@ -283,9 +283,11 @@ class _Cuda:
 
 
 _DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-_capsule_new = ctypes.pythonapi.PyCapsule_New
-_capsule_new.restype = ctypes.py_object
-_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+# PyCapsule_New(pointer, name, destructor) through a prototype of our own:
+# ``ctypes.pythonapi.PyCapsule_New`` is one object shared by the process, whose
+# argtypes ``jax.ffi.pycapsule`` (any user's FFI registration) rewrites.
+_capsule_new = ctypes.PYFUNCTYPE(ctypes.py_object, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p)(
+    ("PyCapsule_New", ctypes.pythonapi))
 
 
 class _HostTensor:
