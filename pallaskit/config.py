@@ -433,3 +433,16 @@ class Config:
 
 
 config = Config()
+
+
+def cache_folder() -> str:
+    """The on-disk cache's folder: option ``cache_dir``, else
+    ``platformdirs.user_cache_dir('pallaskit')`` (the XDG default in an image
+    without platformdirs, as on the GPU machine)."""
+    if config.cache_dir:
+        return config.cache_dir
+    try:
+        import platformdirs
+    except ImportError:
+        return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pallaskit")
+    return platformdirs.user_cache_dir("pallaskit")

@@ -94,7 +94,7 @@ def _build() -> str:
     """The handler's shared library (built when missing); raises where it cannot be."""
     import jax.ffi
 
-    from pallaskit import cache
+    from pallaskit.config import cache_folder
 
     source_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cubin_launch.c")
     include = jax.ffi.include_dir()
@@ -102,7 +102,7 @@ def _build() -> str:
         source = f.read()
     with open(os.path.join(include, "xla", "ffi", "api", "c_api.h"), "rb") as f:
         digest = hashlib.sha256(source + f.read()).hexdigest()[:20]
-    path = os.path.join(cache.cache_dir(), "native", f"cubin_launch-{digest}.so")
+    path = os.path.join(cache_folder(), "native", f"cubin_launch-{digest}.so")
     if os.path.exists(path):
         return path
     os.makedirs(os.path.dirname(path), exist_ok=True)
