@@ -228,8 +228,6 @@ def _apply_variant(variant: str, lowering, heuristics, pallaskit) -> None:
         pallaskit.config.update(command_buffers=False)
     elif variant == "noprocs":
         pallaskit.config.update(triton_compile_processes=False)
-    elif variant == "nocubin":  # PTX to jaxlib's handler, assembled there ([Note: cubin launches])
-        pallaskit.config.update(cubin_launch=False)
     elif variant.startswith("prestart="):  # compile workers started as the compile begins (default 2)
         pallaskit.orchestrator.PRESTART_WORKERS = int(variant.split("=", 1)[1])
     elif variant != "pallaskit" and not variant.startswith("xla:"):  # xla: flags set by run_child
@@ -366,7 +364,7 @@ def main(argv=None) -> int:
     ap.add_argument("--workloads", default="gpt2_adamw", help="comma-separated: " + ", ".join(WORKLOADS))
     ap.add_argument("--variants", default=DEFAULT_VARIANTS,
                     help="comma-separated: jax.jit, pallaskit, members=K, nocombo, pallas, triton, noshare, "
-                    "nosharepallas, threads=N, noprocs, nocubin, prestart=N")
+                    "nosharepallas, threads=N, noprocs, prestart=N")
     ap.add_argument("--kernels", type=int, default=5, help="print the K slowest Triton compiles of each row")
     ap.add_argument("--timeout", type=float, default=600, help="seconds one (workload, variant) process may take")
     ap.add_argument("--output", default="", help="folder for cold_breakdown.json")

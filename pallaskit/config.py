@@ -295,11 +295,6 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "kernels' frontends take turns with each other and with JAX lowering the program ([Note: compile "
            "workers] in pallaskit/runtime/triton_compile.py). Off: on the compile threads.", _parse_bool,
            _check_bool, "true, false"),
-    Option("cubin_launch", True, "On a GPU, raw Triton kernels inside XLA take their cubin, made by the compile "
-           "workers in parallel, through pallaskit's own launcher (built once with the C compiler Triton uses), "
-           "instead of PTX that jaxlib assembles one kernel at a time ([Note: cubin launches] in "
-           "pallaskit/runtime/ffi_targets.py). Off, or where the launcher cannot be built: jaxlib's handler.",
-           _parse_bool, _check_bool, "true, false"),
     Option("shard_kernels", "auto", "Sharded calls: 'per_shard' compiles the program at each shard's shapes and "
            "runs it under jax.shard_map, collectives where a reduction or a matmul crosses shards ([Note: "
            "per-shard kernels] in pallaskit/per_shard.py); 'spmd' compiles it at global shapes and leaves it to "
@@ -433,16 +428,3 @@ class Config:
 
 
 config = Config()
-
-
-def cache_folder() -> str:
-    """The on-disk cache's folder: option ``cache_dir``, else
-    ``platformdirs.user_cache_dir('pallaskit')`` (the XDG default in an image
-    without platformdirs, as on the GPU machine)."""
-    if config.cache_dir:
-        return config.cache_dir
-    try:
-        import platformdirs
-    except ImportError:
-        return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pallaskit")
-    return platformdirs.user_cache_dir("pallaskit")

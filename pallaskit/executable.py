@@ -173,11 +173,10 @@ def serialize(compiled) -> tuple[bytes | None, Any, Any, str]:
 
 def deserialize(payload: bytes, in_tree, out_tree, devices=None):
     devices = devices or [sharding.default_device()]
-    if devices[0].platform == "gpu":  # the executable may name pallaskit's Triton targets
+    if devices[0].platform == "gpu":  # the executable may name pallaskit's Triton target
         from pallaskit.runtime import ffi_targets
 
         ffi_targets.triton_target()
-        ffi_targets.cubin_target()
     return serialize_executable.deserialize_and_load(payload, in_tree, out_tree, backend=devices[0].client,
                                                      execution_devices=devices)
 

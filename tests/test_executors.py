@@ -3,7 +3,6 @@ what explain says, and a slice of the kernel tests run with
 kernel_backend='triton' (raw Triton inside the XLA program; on the CPU in
 Triton's interpreter through a host callback) against jax.jit."""
 import dataclasses
-import os
 import re
 
 import jax
@@ -303,8 +302,7 @@ def test_pallas_triton_lowering_can_be_disabled(monkeypatch):
     if res.program.kernels[0].executor == "triton_xla":  # a CUDA GPU with triton: compiles for it
         from pallaskit.runtime import ffi_targets
 
-        targets = (ffi_targets.JAXLIB_TARGET, ffi_targets.COMMAND_BUFFER_TARGET,  # whichever is registered
-                   ffi_targets.CUBIN_TARGET)
+        targets = (ffi_targets.JAXLIB_TARGET, ffi_targets.COMMAND_BUFFER_TARGET)  # whichever is registered
         export.export(jax.jit(loader.load(res.program)), platforms=["cuda"],
                       disabled_checks=[export.DisabledSafetyCheck.custom_call(t) for t in targets])(x)
     else:  # the CPU: raw Triton needs a CUDA GPU (or interpret mode)
@@ -360,76 +358,6 @@ def test_triton_target_falls_back_to_jaxlibs_where_it_cannot_register():
     assert target in (ffi_targets.COMMAND_BUFFER_TARGET, ffi_targets.JAXLIB_TARGET)
     has_cuda_triton = getattr(getattr(jax._src.lib, "gpu_triton", None), "_cuda_triton", None) is not None
     assert (target == ffi_targets.COMMAND_BUFFER_TARGET) == has_cuda_triton
-
-
-def test_cubin_launcher_builds_and_answers_xlas_metadata_query(tmp_path):
-    """[Note: cubin launches]: the C handler builds with the machine's C compiler
-    against jaxlib's FFI headers, once per source and header, and answers XLA's
-    metadata query with the FFI version it was built for and the command-buffer
-    trait (its launches run on the GPU suite)."""
-    import ctypes
-
-    from pallaskit.runtime import ffi_targets
-
-    if ffi_targets._compiler() is None:
-        pytest.skip("no C compiler")
-    with pallaskit.config.override(cache_dir=str(tmp_path)):
-        path = ffi_targets._build()
-        assert os.path.dirname(path) == str(tmp_path / "native")
-        stamp = os.stat(path).st_mtime_ns
-        assert ffi_targets._build() == path and os.stat(path).st_mtime_ns == stamp  # built once
-    lib = ctypes.CDLL(path)
-
-    class Version(ctypes.Structure):
-        _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p),
-                    ("major", ctypes.c_int), ("minor", ctypes.c_int)]
-
-    class Metadata(ctypes.Structure):
-        _fields_ = [("struct_size", ctypes.c_size_t), ("api_version", Version), ("traits", ctypes.c_uint32),
-                    ("state_type_id", ctypes.c_int64)]
-
-    class Extension(ctypes.Structure):  # XLA_FFI_Metadata_Extension, type 1
-        _fields_ = [("struct_size", ctypes.c_size_t), ("type", ctypes.c_int), ("next", ctypes.c_void_p),
-                    ("metadata", ctypes.POINTER(Metadata))]
-
-    class Frame(ctypes.Structure):  # XLA_FFI_CallFrame's head; the rest is not read for a metadata query
-        _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p),
-                    ("api", ctypes.c_void_p), ("rest", ctypes.c_char * 256)]
-
-    metadata = Metadata(struct_size=ctypes.sizeof(Metadata), traits=0)
-    extension = Extension(struct_size=ctypes.sizeof(Extension), type=1, metadata=ctypes.pointer(metadata))
-    frame = Frame(struct_size=ctypes.sizeof(Frame), extension_start=ctypes.addressof(extension))
-    lib.pallaskit_cubin_launch.restype = ctypes.c_void_p
-    assert lib.pallaskit_cubin_launch(ctypes.byref(frame)) is None  # no error
-    header = open(os.path.join(jax.ffi.include_dir(), "xla", "ffi", "api", "c_api.h")).read()
-    major = int(header.split("#define XLA_FFI_API_MAJOR ")[1].split()[0])
-    minor = int(header.split("#define XLA_FFI_API_MINOR ")[1].split()[0])
-    assert (metadata.api_version.major, metadata.api_version.minor, metadata.traits) == (major, minor, 1)
-
-
-def test_cubin_launch_opaque_matches_the_c_layout():
-    """The attribute runtime/cubin_launch.c reads: a 48-byte header (magic, key,
-    grid, threads, shared bytes, buffers, scalars, name and cubin lengths), one
-    16-byte record per scalar (its width and int64 value), the name with a NUL,
-    then the cubin; the key follows name, shared bytes and cubin."""
-    import struct
-
-    from pallaskit.runtime import triton_call
-
-    cubin = bytes(range(256)) * 3
-    opaque = triton_call.cubin_opaque("k_0", cubin, 50000, 129, 8, 5, (7, 2**40))
-    magic, lo, hi, gx, gy, gz, threads, shared, buffers, n_scalars, name_len, cubin_len = struct.unpack_from(
-        "<4s11I", opaque)
-    assert (magic, gx, gy, gz, threads, shared, buffers, n_scalars, name_len, cubin_len) == (
-        b"PKC1", 129, 1, 1, 256, 50000, 5, 2, 3, len(cubin))
-    assert struct.unpack_from("<IIqIIq", opaque, 48) == (4, 0, 7, 8, 0, 2**40)
-    assert opaque[80:84] == b"k_0\0" and opaque[84:] == cubin
-    keys = {triton_call.cubin_opaque("k_0", cubin, 50000, 1, 4, 5, ())[4:12],
-            triton_call.cubin_opaque("k_0", cubin, 50000, 7, 8, 6, (3,))[4:12]}  # launch parameters: one module
-    assert keys == {opaque[4:12]} and struct.pack("<II", lo, hi) == opaque[4:12]
-    assert triton_call.cubin_opaque("k_1", cubin, 50000, 1, 4, 5, ())[4:12] != opaque[4:12]
-    assert triton_call.cubin_opaque("k_0", cubin, 49999, 1, 4, 5, ())[4:12] != opaque[4:12]
-    assert triton_call.cubin_opaque("k_0", cubin[::-1], 50000, 1, 4, 5, ())[4:12] != opaque[4:12]
 
 
 def _layernorm(x, w, b):

@@ -74,7 +74,7 @@ import jax
 import numpy as np
 
 from pallaskit import executable, sharding
-from pallaskit.config import cache_folder, config
+from pallaskit.config import config
 
 log = logging.getLogger("pallaskit")
 
@@ -93,8 +93,16 @@ _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
 # --------------------------------------------------------------------------- #
 # Where
 # --------------------------------------------------------------------------- #
+def default_cache_dir() -> str:
+    try:
+        import platformdirs
+    except ImportError:  # an image without it (the GPU machine): the XDG default
+        return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "pallaskit")
+    return platformdirs.user_cache_dir("pallaskit")
+
+
 def cache_dir() -> str:
-    return cache_folder()
+    return config.cache_dir or default_cache_dir()
 
 
 def graphs_dir() -> str:

@@ -23,10 +23,7 @@ parameters (ints when the program is traced for a size).
   (``triton_kernel_call_ffi``, what jax-triton emits, registered again under
   pallaskit's name for command buffers: [Note: Triton kernels in command buffers]
   in runtime/ffi_targets.py; a zlib-compressed ``TritonKernelCall``
-  proto holding the PTX, which jaxlib assembles with ptxas). Where pallaskit's
-  own launcher builds (the default), the workers compile to cubin instead and
-  the call goes to it, ``pallaskit_cubin_launch``, with the cubin
-  ([Note: cubin launches] in runtime/ffi_targets.py).
+  proto holding the PTX, which jaxlib assembles with ptxas on first launch).
   Every operand and result is a flat array, 16-byte aligned as XLA allocates
   them. jaxlib passes null for Triton's global and profile scratch pointers,
   so a kernel that needs scratch memory is refused at compile time.
@@ -34,17 +31,15 @@ parameters (ints when the program is traced for a size).
   Triton's interpreter on numpy copies (``triton_launch._HostTensor``), so
   the CPU tests run the same kernel source.
 
-The executable embeds the cubin (or PTX): a warm process that loads it from the cache
+The executable embeds the PTX: a warm process that loads it from the cache
 compiles nothing, Triton included.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import functools
-import hashlib
 import logging
 import os
-import struct
 import threading
 import weakref
 import zlib
@@ -79,23 +74,19 @@ class _Kernel:
     def __repr__(self):
         return f"{self.name}(num_warps={self.num_warps}, num_stages={self.num_stages})"
 
-    def compiled(self, signature: dict, constexprs: dict, capability: int, until: str = "ptx"
-                 ) -> triton_launch._Compiled:
-        return self.start(signature, constexprs, capability, until).result()
+    def compiled(self, signature: dict, constexprs: dict, capability: int) -> triton_launch._Compiled:
+        return self.start(signature, constexprs, capability).result()
 
-    def start(self, signature: dict, constexprs: dict, capability: int, until: str = "ptx"
-              ) -> concurrent.futures.Future:
-        """The compile of this signature to ``until`` (``"ptx"`` for jaxlib's
-        handler, ``"cubin"`` for pallaskit's: [Note: cubin launches]), started on
-        the compile threads once: a program's kernels compile at once while JAX
-        traces and lowers the rest."""
-        key = (tuple(signature.items()), tuple(constexprs.items()), capability, until)
+    def start(self, signature: dict, constexprs: dict, capability: int) -> concurrent.futures.Future:
+        """The compile of this signature, started on the compile threads once:
+        a program's kernels compile at once while JAX traces and lowers the rest."""
+        key = (tuple(signature.items()), tuple(constexprs.items()), capability)
         with self._lock:
             if key not in self._ptx:
-                self._ptx[key] = _compile_pool().submit(self._compile, signature, constexprs, capability, until)
+                self._ptx[key] = _compile_pool().submit(self._compile, signature, constexprs, capability)
             return self._ptx[key]
 
-    def _compile(self, signature, constexprs, capability, until):
+    def _compile(self, signature, constexprs, capability):
         triton_launch._triton(interpret=False)
         from triton.backends.compiler import GPUTarget
 
@@ -106,12 +97,12 @@ class _Kernel:
 
         def here():
             src = triton_launch.ast_source(self.fn, signature, constexprs)
-            return triton_launch._compile_uncached(src, GPUTarget("cuda", capability, 32), options, until=until)
+            return triton_launch._compile_uncached(src, GPUTarget("cuda", capability, 32), options, until="ptx")
 
         # Triton's frontend holds the GIL: a worker process compiles it where it can ([Note: compile workers])
         module = triton_compile.module_payload(self.fn) if config.triton_compile_processes else None
         job = dict(name=self.fn.__name__, signature=signature, constexprs=constexprs, options=options,
-                   target=("cuda", capability, 32), until=until)
+                   target=("cuda", capability, 32), until="ptx")
         compiled = triton_compile.compile_job(module, job, here)
         triton_launch.check_plain_launch(self.name, compiled.metadata)
         return compiled
@@ -178,11 +169,7 @@ def _start_compile(kernel: _Kernel, in_dtypes, out_dtypes, scalars, constexprs) 
 
         ffi_targets.triton_target()  # registered here, on the tracing thread, before any other thread lowers
         signature = _signature(kernel, [*in_dtypes, *out_dtypes], scalars)
-        capability = gpu_triton.get_compute_capability(0)
-        if ffi_targets.cubin_launch_wanted():  # nothing for jaxlib to assemble
-            kernel.start(signature, dict(constexprs), capability, "cubin")
-            return
-        future = kernel.start(signature, dict(constexprs), capability)
+        future = kernel.start(signature, dict(constexprs), gpu_triton.get_compute_capability(0))
     except Exception:  # noqa: BLE001
         return
     with kernel._lock:  # once per PTX: its signature (scalars' types, not values) and constexprs
@@ -268,19 +255,6 @@ def _scalar_type(value: int) -> str:
     return "i32" if -2**31 <= value < 2**31 else "i64"
 
 
-def cubin_opaque(name: str, cubin: bytes, shared: int, grid: int, num_warps: int, n_buffers: int,
-                 scalars) -> bytes:
-    """The ``opaque`` attribute of a ``pallaskit_cubin_launch`` call: the layout
-    runtime/cubin_launch.c reads (a header, the scalars, the name, the cubin)."""
-    encoded = name.encode()
-    key = int.from_bytes(hashlib.blake2b(encoded + b"\0" + shared.to_bytes(4, "little") + cubin,
-                                         digest_size=8).digest(), "little")
-    header = struct.pack("<4s11I", b"PKC1", key & 0xFFFFFFFF, key >> 32, grid, 1, 1, 32 * num_warps, shared,
-                         n_buffers, len(scalars), len(encoded), len(cubin))
-    values = b"".join(struct.pack("<IIq", 4 if _scalar_type(v) == "i32" else 8, 0, v) for v in scalars)
-    return header + values + encoded + b"\0" + cubin
-
-
 def _lowering(ctx, *args, kernel, grid, out_avals, scalars, constexprs, interpret, aliases=()):
     from jax._src.interpreters import mlir
 
@@ -301,28 +275,20 @@ def _lowering(ctx, *args, kernel, grid, out_avals, scalars, constexprs, interpre
                                         f"scalars and {[c for c, _ in constexprs]}")
     signature = _signature(kernel, [a.dtype for a in avals], scalars)
     capability = gpu_triton.get_compute_capability(0)
-    target = ffi_targets.cubin_target() if ffi_targets.cubin_launch_wanted() else None
-    if target is not None:  # [Note: cubin launches]
-        compiled = kernel.compiled(signature, dict(constexprs), capability, "cubin")
-        meta = compiled.metadata
-        opaque = cubin_opaque(meta.name, compiled.cubin, meta.shared, grid, kernel.num_warps, len(avals), scalars)
-    else:
-        target = ffi_targets.triton_target()
-        compiled = kernel.compiled(signature, dict(constexprs), capability)
-        meta = compiled.metadata
-        launch = gpu_triton.TritonKernelCall(
-            gpu_triton.TritonKernel(meta.name, kernel.num_warps, 1, meta.shared, compiled.cubin.decode(), "",
-                                    capability),
-            grid, 1, 1, [gpu_triton.create_array_parameter(0, 16) for _ in avals]
-            + [gpu_triton.create_scalar_parameter(v, _scalar_type(v)) for v in scalars])
-        opaque = zlib.compress(launch.to_proto(meta.name, b""))
+    compiled = kernel.compiled(signature, dict(constexprs), capability)
+    meta = compiled.metadata
+    launch = gpu_triton.TritonKernelCall(
+        gpu_triton.TritonKernel(meta.name, kernel.num_warps, 1, meta.shared, compiled.cubin.decode(), "", capability),
+        grid, 1, 1, [gpu_triton.create_array_parameter(0, 16) for _ in avals]
+        + [gpu_triton.create_scalar_parameter(v, _scalar_type(v)) for v in scalars])
+    opaque = zlib.compress(launch.to_proto(meta.name, b""))
 
     def layouts(avs):
         return [list(reversed(range(a.ndim))) for a in avs]
 
     result_types = [ir.RankedTensorType.get(a.shape, mlir.dtype_to_ir_type(a.dtype)) for a in ctx.avals_out]
     return mlir.custom_call(
-        target, result_types=result_types, operands=list(args),
+        ffi_targets.triton_target(), result_types=result_types, operands=list(args),
         backend_config=dict(name=ir.StringAttr.get(meta.name), opaque=ir.StringAttr.get(opaque)),
         operand_layouts=layouts(ctx.avals_in), result_layouts=layouts(ctx.avals_out),
         operand_output_aliases=dict(aliases) or None).results
