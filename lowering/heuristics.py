@@ -73,6 +73,11 @@ MAX_INLINED_READS = 16
 # (benchmarks/RESULTS.md, "The 12-layer GPT-2 step: the residual stream stored once").
 # Inductor realizes a buffer past 8 such reads.
 MAX_SHARED_INLINED_READS = 8
+# A pointwise value whose inlined body loads more elements than this, over twice as many
+# as the buffers they come from (a gather of a gather: inlining doubled the loads at each
+# step, ``i = i[i]`` 8 deep put 256 in one kernel, a minute in the kernel writer), is
+# stored. Inductor realizes a node past 30 ops.
+MAX_INLINED_LOADS = 32
 # Groups of one iteration space that share nothing merge to save a launch; past this
 # many members the kernel's code (one body per member) costs more Triton compile time
 # than the launch it saves, and combo kernels join the rest with shared code.

@@ -165,7 +165,12 @@ def materialized(graph: ir.Graph, live: set[str], options: CompileOptions | None
 # clip's scale: the sum of every parameter's sum of squares, read by every update) is
 # stored once rather than summed again in each reader, and so is one whose body loads
 # more than heuristics.MAX_SHARED_INLINED_READS buffers and that several nodes read (a
-# deep model's residual stream, the sum of every earlier layer's outputs).
+# deep model's residual stream, the sum of every earlier layer's outputs). And a value
+# that one reader loads at several indices is inlined once per index: a gather of a
+# gather, ``i = i[i]`` repeated, doubles its reader's loads at each step (2^k for k
+# steps, each at its own index, so nothing is shared), so a value whose inlined body
+# loads more than heuristics.MAX_INLINED_LOADS elements, over twice as many as the
+# buffers they come from, is stored.
 def broadcast_tables(graph: ir.Graph, live: set[str], keep: set[str], options: CompileOptions) -> set[str]:
     readers: dict[str, list] = collections.defaultdict(list)
     for n in graph.nodes.values():
@@ -215,27 +220,50 @@ def broadcast_tables(graph: ir.Graph, live: set[str], keep: set[str], options: C
         return size
 
     tables = set()
+    inlined_loads: dict[str, int] = {}  # at most the distinct loads an inlined body brings into its reader
+    stored = set(keep)
+    inliner = None
+
+    def store(name: str) -> None:
+        tables.add(name)
+        stored.add(name)
+        cost[name] = 0  # its readers load it
+        wide[name] = frozenset((name,))
+        inlined_loads[name] = 1
+
+    seen = []
     for n in graph.nodes.values():
         if not isinstance(n, ir.Pointwise) or n.name not in live or n.name in keep:
             continue
+        seen.append(n)
+        bound = sum(inlined_loads.get(ld.buffer, 1) for ld in ir.loads(n.body))
+        inlined_loads[n.name] = min(bound, 1 << 20)
+        if inliner is not None:
+            inliner.body(n)  # in graph order, as ``_Inliner.prime``: no recursion down long chains
+        if bound > heuristics.MAX_INLINED_LOADS:  # the bound counts shared loads again: count them
+            if inliner is None:
+                inliner = _Inliner(graph, stored)
+                for m in seen:
+                    inliner.body(m)
+            loads = ir.loads(inliner.body(n))
+            inlined_loads[n.name] = len(loads)
+            if len(loads) > max(heuristics.MAX_INLINED_LOADS, 2 * len({ld.buffer for ld in loads})):
+                store(n.name)  # a buffer loaded at many indices: gathers of gathers
+                continue
         c = cost[n.name] = body_cost(n.body)
         w = wide[n.name] = body_reads(n.body)
         many = w is None or len(w) > heuristics.MAX_SHARED_INLINED_READS
         if not c and not many:
             continue
         if many and len(readers[n.name]) > 1:  # each reader would load them all
-            tables.add(n.name)
-            cost[n.name] = 0
-            wide[n.name] = frozenset((n.name,))
+            store(n.name)
             continue
         own = domain(n)
         if own is None:
             continue
         extra = max((domain(r) or 0) - own for r in readers[n.name]) if readers[n.name] else 0
         if (c and c * extra >= heuristics.BROADCAST_TABLE_OPS) or (w is None and extra > 0):
-            tables.add(n.name)
-            cost[n.name] = 0  # its readers load it
-            wide[n.name] = frozenset((n.name,))
+            store(n.name)
     return tables
 
 

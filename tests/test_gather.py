@@ -319,3 +319,25 @@ def test_gather_in_triton_renderer(rng):
         before = metrics.counters.get("eager_launches", 0)
         assert_close(jf(x[:n], labels), f(x[:n], labels))
         assert metrics.counters.get("eager_launches", 0) > before
+
+
+def test_gathers_of_gathers_are_stored_before_their_loads_double(rng):
+    """``i = i[i]`` repeated: inlined, each step doubles the loads of the next (2^k
+    gathers at distinct indices in one kernel: 12 steps did not compile in 5 minutes).
+    A value whose inlined body loads over heuristics.MAX_INLINED_LOADS elements, over
+    twice its buffers, is stored ([Note: broadcast tables]): every kernel keeps a few
+    times that many loads (before, the whole chain was one kernel)."""
+    from lowering import heuristics
+
+    def f(i, x):
+        for _ in range(12):
+            i = i[i]
+        return x[i] * 2
+
+    i = jnp.asarray(rng.integers(-300, 300, 300), jnp.int32)  # negative ids too: jax wraps them
+    x = jnp.asarray(rng.standard_normal(300), jnp.float32)
+    assert_close(pallaskit.jit(f)(i, x), jax.jit(f)(i, x), jnp.float32)
+    ex = pallaskit.explain(f, i, x)
+    assert len(ex.kernels) > 1 and not ex.fallbacks
+    for k in ex.kernels:
+        assert k.source.count("load(") <= 4 * heuristics.MAX_INLINED_LOADS, k.name
