@@ -146,13 +146,19 @@ class Load(Expr):
     mask: object = None  # sympy boolean: where the load is valid (pad/concat); else 0
 
     def children(self):
-        """The values of the indirect indices in ``index`` ([Note: indirect
-        indexing]): walked like operands, so their loads count as reads."""
+        """The values of the indirect indices in ``index`` and ``mask`` ([Note:
+        indirect indexing]): walked like operands, so their loads count as reads."""
         out = self.__dict__.get("_indirect")
         if out is None:
-            out = tuple(indirect_value(a) for a in indirect_atoms(self.index))
+            out = tuple(indirect_value(a) for a in indirect_atoms(self.indexing()))
             object.__setattr__(self, "_indirect", out)
         return out
+
+    def indexing(self) -> tuple:
+        """The index and the mask: where indirect indices can be. A padded operand
+        read at a gathered position keeps one in its mask alone where its index
+        simplifies away (every index of a one-element operand is 0)."""
+        return self.index if self.mask is None else (*self.index, self.mask)
 
     def __str__(self):
         idx = ", ".join(sizes.text(i) for i in self.index)
@@ -473,13 +479,14 @@ def indirect_value(app) -> Expr:
 def _rewrite_indirect(e: Load, memo: dict) -> Load:
     """``e`` with each indirect index whose value the rewrite changed replaced."""
     swap = {}
-    for app, v in zip(indirect_atoms(e.index), e.children()):
+    for app, v in zip(indirect_atoms(e.indexing()), e.children()):
         nv = memo.get(v, v)
         if nv is not v:
             swap[app] = indirect_index(nv)
     if not swap:
         return e
-    return dataclasses.replace(e, index=tuple(sizes.simplify(sympy.sympify(i).xreplace(swap)) for i in e.index))
+    return dataclasses.replace(e, index=tuple(sizes.simplify(sympy.sympify(i).xreplace(swap)) for i in e.index),
+                               mask=None if e.mask is None else e.mask.xreplace(swap))
 
 
 def indirect_definitions(exprs) -> list[str]:
@@ -488,7 +495,7 @@ def indirect_definitions(exprs) -> list[str]:
     for expr in exprs:
         for e in walk(expr):
             if isinstance(e, Load):
-                for app in indirect_atoms(e.index):
+                for app in indirect_atoms(e.indexing()):
                     cls = type(app)
                     if cls.__name__ not in seen:
                         seen.add(cls.__name__)

@@ -123,6 +123,11 @@ def test_gather_from_a_padded_operand(rng, dtype, backend):
         _check(f, x, _indices(rng, (9,), 42), kernels=1)
         _check(lambda x, i: jax.lax.pad(x, pad_value, [(2, 1, 1), (0, 0, 0)])[i], _values(rng, (5, 3), dtype),
                _indices(rng, (4,), 12), kernels=1)
+        # A one-element operand: its index simplifies to 0 and the gathered position
+        # is in the mask alone, whose load of the indices must count as a read (GPU
+        # fuzz: KeyError in the kernel writer).
+        _check(lambda x, i: jax.lax.pad(x, pad_value, [(0, 3, 1)])[i], _values(rng, (1,), dtype),
+               _indices(rng, (6,), 4), kernels=1)
 
 
 def test_multi_dim_gather(rng):
