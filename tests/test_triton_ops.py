@@ -346,6 +346,34 @@ def test_gpu_sqrt_spelling(dtype, spelling):
     assert other not in source
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_cbrt_and_atan2_keep_subnormal_operands(dtype):
+    """Triton compiles libdevice with FTZ: float32 cbrt of a subnormal gave NaN and
+    atan2 of two tiny operands the angle of (+-0, +-0) (GPU fuzz). The GPU spelling
+    scales tiny operands into the normal range first; on a GPU the values are
+    checked against jax.jit (16-bit operands arrive as float32)."""
+    import lowering
+    from lowering.codegen import triton as tc
+    from lowering.options import CompileOptions
+
+    def f(x, y):
+        return jnp.cbrt(x), jnp.arctan2(x, y), jnp.arctan2(x, jnp.cbrt(x))
+
+    tiny = np.array([1.4e-45, -1.4e-45, 1e-40, -1e-40, 5e-39, -5e-39, 1.1e-38, 0.0, -0.0, 1.0, -2.0, np.nan,
+                     np.inf, -np.inf, 3e-30, -7.0], np.float32)
+    x, y = jnp.asarray(tiny, dtype), jnp.asarray(np.roll(tiny, 3), dtype)
+    opts = CompileOptions(interpret=False, kernel_backend="triton", triton_available=True)
+    sched = lowering.compile_jaxpr(jax.make_jaxpr(f)(x, y), opts).schedule
+    source = "".join(tc.render_for_xla(k, sched, opts).source for k in sched.kernels)
+    assert "_cbrt32(" in source and "_atan2_32(" in source
+    if GPU:
+        with pallaskit.config.override(kernel_backend="triton", cache=False):
+            got = pallaskit.jit(f)(x, y)
+        for g, w in zip(got, jax.jit(f)(x, y)):  # libdevice on scaled operands: within an ulp or two
+            np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), atol=0,
+                                       rtol=2e-6 if dtype == jnp.float32 else 1e-2, equal_nan=True)
+
+
 @pytest.mark.skipif(GPU, reason="the GPU suite runs the kernels themselves")
 def test_the_gpu_spelling_compiles():
     """libdevice's functions exist for the operand types, the bit ops and the

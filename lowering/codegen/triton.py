@@ -95,6 +95,24 @@ _MATH = {
 }
 
 HELPERS = {
+    "_cbrt32": '''
+@triton.jit
+def _cbrt32(x):
+    """libdevice's float32 cbrt, subnormals kept as XLA keeps them: Triton compiles
+    libdevice with FTZ, and its cbrt gave NaN for every subnormal. Those are scaled
+    into the normal range first: cbrt(x * 2^24) = cbrt(x) * 2^8, both exact."""
+    tiny = tl.abs(x) < 1.1754943508222875e-38
+    return tl.where(tiny, libdevice.cbrt(x * 16777216.0) * 0.00390625, libdevice.cbrt(x))
+''',
+    "_atan2_32": '''
+@triton.jit
+def _atan2_32(y, x):
+    """libdevice's float32 atan2, subnormals kept as XLA keeps them: with FTZ two tiny
+    operands gave the angle of (+-0, +-0) (pi where XLA gives pi/2). Operands both
+    under 2^-100 are scaled by 2^100 first; the angle is the same."""
+    s = tl.where(tl.maximum(tl.abs(y), tl.abs(x)) < 7.888609052210118e-31, 1.2676506002282294e30, 1.0)
+    return libdevice.atan2(y * s, x * s)
+''',
     "_tanh": '''
 @triton.jit
 def _tanh(x):
@@ -749,6 +767,8 @@ class TritonEmitter(KernelEmitter):
                 return "_erfinv({0}, -libdevice.log1p(-({0} * {0})))"
             return f"_erfinv({{0}}, -_log1p64((-({{0}} * {{0}})).to(tl.float64)).to({dt}))"
         name, helper = _MATH[e.op]
+        if not self.interpret and e.op in ("cbrt", "atan2") and np.dtype(e.dtype) == np.float32:
+            return "_cbrt32({0})" if e.op == "cbrt" else "_atan2_32({0}, {1})"  # subnormal operands
         if not self.interpret:
             return f"libdevice.{name}({', '.join('{%d}' % i for i in range(len(e.args)))})"
         args = ", ".join("{%d}.to(tl.float64)" % i for i in range(len(e.args)))
