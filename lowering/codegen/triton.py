@@ -107,10 +107,15 @@ def _cbrt32(x):
     "_atan2_32": '''
 @triton.jit
 def _atan2_32(y, x):
-    """libdevice's float32 atan2, subnormals kept as XLA keeps them: with FTZ two tiny
-    operands gave the angle of (+-0, +-0) (pi where XLA gives pi/2). Operands both
-    under 2^-100 are scaled by 2^100 first; the angle is the same."""
-    s = tl.where(tl.maximum(tl.abs(y), tl.abs(x)) < 7.888609052210118e-31, 1.2676506002282294e30, 1.0)
+    """libdevice's float32 atan2, subnormals kept as XLA keeps them: with FTZ a
+    subnormal operand counted as 0 (two tiny operands gave pi where XLA gives pi/2).
+    Where one operand is under 2^-100 and neither reaches 2^27, both are scaled by
+    2^100 first: the angle is the same. (Past 2^27 a tiny operand moves the angle
+    only below float32's normal range.)"""
+    ay = tl.abs(y)
+    ax = tl.abs(x)
+    tiny = (tl.minimum(ay, ax) < 7.888609052210118e-31) & (tl.maximum(ay, ax) < 134217728.0)
+    s = tl.where(tiny, 1.2676506002282294e30, 1.0)
     return libdevice.atan2(y * s, x * s)
 ''',
     "_tanh": '''
