@@ -2,7 +2,8 @@
 
 1. Several reductions over the same tile (a max and a min of one row, argmax and
    argmin, any and all) shared one masked operand, padded with the first one's
-   identity. Also constants that compare equal in Python (0.0 and -0.0).
+   identity. Also constants that compare equal in Python (0.0 and -0.0), and
+   identities past int32 (a uint32 min's 2**32 - 1) that jnp refused.
 3. Effects (jax.debug.print, callbacks) crashed the lowering.
 4. Complex literals crashed the renderer.
 5. argmax / argmin over rows longer than one tile raised.
@@ -120,6 +121,18 @@ def test_reductions_over_one_tile_bool():
         with pallaskit.config.override(max_persistent_cols=cols):
             fn = lambda m: (m.any(-1), m.all(-1), jnp.argmax(m, -1), jnp.argmin(m, -1))  # noqa: E731
             _same(pallaskit.jit(fn)(m), jax.jit(fn)(m))
+
+
+@pytest.mark.parametrize("dtype", [jnp.uint32, "uint64"])
+def test_unsigned_min_identity(dtype, rng):
+    """A min over uint32 pads its masked lanes with 2**32 - 1, which jnp reads as
+    a weak int32 and refused (Pallas); uint64's under x64 likewise. Rows of 20 in
+    a mix kernel (num_sms=1) beside a row reduction: masked rows and columns."""
+    fn = lambda x: (x.max(-1), x.min(-1), x.min(0), (x * 3).max(0))  # noqa: E731
+    with _x64() if dtype == "uint64" else contextlib.nullcontext(), pallaskit.config.override(num_sms=1, cache=False):
+        bits = rng.integers(0, 2**63, (1100, 20), dtype=np.uint64) * 2 + 1
+        x = jnp.asarray(bits if dtype == "uint64" else bits.astype(np.uint32))
+        _same(pallaskit.jit(fn)(x), jax.jit(fn)(x))
 
 
 def test_reductions_over_a_split_row(rng):
