@@ -61,6 +61,9 @@ def _elementwise(ctx, eqn, *args):
         # Pallas' Triton lowering has nextafter for float32/float64 only, and a
         # 16-bit step cannot be taken in float32.
         raise NotImplementedError("16-bit nextafter on the GPU")
+    folded = _plus_literal_zero(ctx, eqn, args)
+    if folded is not None:
+        return [folded]
     idx = ctx.symbols(len(aval.shape))
     operands = tuple(ctx.load(a, idx) for a in args)
     body = ir.Op(eqn.primitive.name, operands, np.dtype(aval.dtype), op_params(eqn))
@@ -68,6 +71,21 @@ def _elementwise(ctx, eqn, *args):
 
 
 register_lowering(*ELEMENTWISE, kind="pointwise")(_elementwise)
+
+
+def _plus_literal_zero(ctx, eqn, args):
+    """``x + 0.0`` as ``x``, as XLA's simplifier folds it (A + 0 => A): jax.jit keeps
+    x's -0.0 where IEEE's -0.0 + 0.0 is +0.0 (Python's ``sum(xs)`` starts at 0).
+    None where the add stays."""
+    aval = eqn.outvars[0].aval
+    dt = np.dtype(aval.dtype)
+    if eqn.primitive.name != "add" or not (dt.kind == "f" or dt.name == "bfloat16"):  # ints: x + 0 is x anyway
+        return None
+    for zero, x in (args, args[::-1]):
+        if (isinstance(zero, ir.Const) and not isinstance(x, ir.Const) and zero.value == 0
+                and ctx.aval_of(x) == (tuple(aval.shape), dt)):
+            return x
+    return None
 
 
 @register_lowering(*IDENTITY, kind="pointwise", note="identity")
