@@ -223,12 +223,12 @@ def test_signed_zero_constants_stay_apart():
 @pytest.mark.parametrize("kernel_backend", ["pallas", "triton"])
 def test_plus_zero_keeps_negative_zero(kernel_backend):
     """XLA folds x + 0.0 to x, so jax.jit keeps x's -0.0 (IEEE's -0.0 + 0.0 is +0.0);
-    Python's sum() of arrays starts at 0. Pallas's interpreter computes with XLA,
-    so on the CPU only the Triton renderer tells."""
+    Python's sum() of arrays starts at 0, accumulators at jnp.zeros. Pallas's
+    interpreter computes with XLA, so on the CPU only the Triton renderer tells."""
     if kernel_backend == "triton":
         pytest.importorskip("triton")
     x = jnp.asarray([-0.0, 0.0, 1.0, -2.0, np.inf], jnp.float32)
-    fn = lambda x: (x + 0.0, 1.0 / (0.0 + x * 2), sum([x, -x]), x.astype(BF16) + 0)  # noqa: E731
+    fn = lambda x: (x + 0.0, 1.0 / (0.0 + x * 2), sum([x, -x]), x.astype(BF16) + 0, jnp.zeros(5) + x)  # noqa: E731
     with pallaskit.config.override(kernel_backend=kernel_backend, cache=False):
         got = pallaskit.jit(fn)(x)
     for g, w in zip(got, jax.jit(fn)(x)):
