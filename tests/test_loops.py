@@ -209,6 +209,17 @@ def test_while_loop_with_a_data_dependent_condition(rng):
     assert "lax.while_loop(" in e.source
 
 
+def test_while_body_of_raw_triton_runs_every_step(rng):
+    """jnp.lcm: a while loop of raw-Triton kernels (jnp.gcd's), its inputs read again
+    after it. In Triton's interpreter each kernel is a host callback; as a pure
+    callback XLA:CPU hoisted the body's out of the loop, which then never ended."""
+    pytest.importorskip("triton")
+    a, b = (jnp.asarray(rng.integers(-200, 200, (6, 33)), jnp.int32) for _ in range(2))
+    with pallaskit.config.override(kernel_backend="triton", cache=False):
+        got = pallaskit.jit(jnp.lcm)(a, b)
+    np.testing.assert_array_equal(got, jax.jit(jnp.lcm)(a, b))
+
+
 def test_while_loop_with_a_batched_predicate(rng):
     """vmap of a while_loop whose condition depends on the batched carry leaves
     a predicate with the batch's shape: the loop runs while any element's holds,

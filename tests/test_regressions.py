@@ -2,7 +2,8 @@
 
 1. Several reductions over the same tile (a max and a min of one row, argmax and
    argmin, any and all) shared one masked operand, padded with the first one's
-   identity. Also constants that compare equal in Python (0.0 and -0.0).
+   identity. Also constants that compare equal in Python (0.0 and -0.0), and
+   identities past int32 (a uint32 min's 2**32 - 1) that jnp refused.
 3. Effects (jax.debug.print, callbacks) crashed the lowering.
 4. Complex literals crashed the renderer.
 5. argmax / argmin over rows longer than one tile raised.
@@ -122,6 +123,18 @@ def test_reductions_over_one_tile_bool():
             _same(pallaskit.jit(fn)(m), jax.jit(fn)(m))
 
 
+@pytest.mark.parametrize("dtype", [jnp.uint32, "uint64"])
+def test_unsigned_min_identity(dtype, rng):
+    """A min over uint32 pads its masked lanes with 2**32 - 1, which jnp reads as
+    a weak int32 and refused (Pallas); uint64's under x64 likewise. Rows of 20 in
+    a mix kernel (num_sms=1) beside a row reduction: masked rows and columns."""
+    fn = lambda x: (x.max(-1), x.min(-1), x.min(0), (x * 3).max(0))  # noqa: E731
+    with _x64() if dtype == "uint64" else contextlib.nullcontext(), pallaskit.config.override(num_sms=1, cache=False):
+        bits = rng.integers(0, 2**63, (1100, 20), dtype=np.uint64) * 2 + 1
+        x = jnp.asarray(bits if dtype == "uint64" else bits.astype(np.uint32))
+        _same(pallaskit.jit(fn)(x), jax.jit(fn)(x))
+
+
 def test_reductions_over_a_split_row(rng):
     """One long row: chunks plus a finisher over the chunks (a row the chunks
     divide evenly: no select in the chunk body, so the tiles' padding decides)."""
@@ -205,6 +218,23 @@ def test_signed_zero_constants_stay_apart():
     got, want = pallaskit.jit(fn)(x), jax.jit(fn)(x)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(np.signbit(np.asarray(g)), np.signbit(np.asarray(w)))
+
+
+@pytest.mark.parametrize("kernel_backend", ["pallas", "triton"])
+def test_plus_zero_keeps_negative_zero(kernel_backend):
+    """XLA folds x + 0.0 to x, so jax.jit keeps x's -0.0 (IEEE's -0.0 + 0.0 is +0.0);
+    Python's sum() of arrays starts at 0, accumulators at jnp.zeros. Pallas's
+    interpreter computes with XLA, so on the CPU only the Triton renderer tells."""
+    if kernel_backend == "triton":
+        pytest.importorskip("triton")
+    x = jnp.asarray([-0.0, 0.0, 1.0, -2.0, np.inf], jnp.float32)
+    fn = lambda x: (x + 0.0, 1.0 / (0.0 + x * 2), sum([x, -x]), x.astype(BF16) + 0, jnp.zeros(5) + x)  # noqa: E731
+    with pallaskit.config.override(kernel_backend=kernel_backend, cache=False):
+        got = pallaskit.jit(fn)(x)
+    for g, w in zip(got, jax.jit(fn)(x)):
+        g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+        np.testing.assert_array_equal(g, w)
+        np.testing.assert_array_equal(np.signbit(g), np.signbit(w))
 
 
 # --------------------------------------------------------------------------- #

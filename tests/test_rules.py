@@ -370,6 +370,7 @@ _SLICES = {(5, 1, 37): ((1, 0, 2), (4, 1, 35), (2, 1, 3)), (3, 50): ((0, 5), (3,
 op("slice_strided", "slice", lambda x: lax.slice(x, *_SLICES[x.shape]), _X, _VIEW, tol="exact")
 op("slice_unit_stride", "slice", lambda x: x[1:-1, ..., 3:-2], _X, _VIEW, shapes=SHAPES, tol="exact")
 op("rev", "rev", lambda x: jnp.flip(x, (0, x.ndim - 1)), _X, _VIEW, tol="exact")
+op("tile", "tile", lambda x: jnp.tile(x, (2,) + (1,) * (x.ndim - 2) + (3,)), _X, _VIEW, tol="exact")
 _PADS = {(5, 1, 37): ((2, -1, 1), (1, 0, 0), (-3, 4, 2)), (3, 50): ((-1, 2, 2), (3, -5, 1))}
 op("pad", "pad", lambda x, v: lax.pad(x, v, _PADS[x.shape]),
    lambda rng, s, d: [normal(2.0)(rng, s, d), normal(2.0, 1, 100)(rng, (), d)], _VIEW, shapes=SHAPES, tol="exact")

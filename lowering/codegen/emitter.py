@@ -492,6 +492,16 @@ class KernelEmitter:
             return narrow
         return self._op(e, names, extent)
 
+    def identity_operand(self, op: str, dt) -> str:
+        """The identity of reduction ``op`` over ``dt`` as a select's operand: its
+        literal, or a typed (1, 1) value where the literal is an integer past int32
+        (uint32's maximum, a min's identity), which jnp reads as a weak int32 and
+        refuses."""
+        ident = reduction_identity(op, dt)
+        if is_float(dt) or -2**31 <= int(ident) < 2**31:
+            return ident
+        return self.bind(("ident", op, np.dtype(dt)), self.full_text(ident, self.dtype_text(dt)), frozenset(), "cst")[0]
+
     def widen(self, var, extent, exact=False) -> str:
         if var in self.wide_of and not exact:
             return self.wide_of[var]

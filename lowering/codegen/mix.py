@@ -137,7 +137,7 @@ def _combine_column(em, name, acc_dt, m, body, masked: bool) -> str:
         v = em.bind(("cast", v, acc_dt), em.cast_text(v, acc_dt), FULL)[0]
     if masked:
         edge = em.edge_mask(FULL)[0]
-        ident = reduction_identity(m.node.op, m.node.dtype)
+        ident = em.identity_operand(m.node.op, acc_dt)
         v = em.bind(("masked", v, edge, ident), em.where_text(edge, v, ident), FULL)[0]
     return em.combine_text(m.node.op, name, v, acc_dt)
 

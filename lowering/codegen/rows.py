@@ -108,7 +108,7 @@ def masked_operand(em, m: Member, body: ir.Expr) -> str:
         v = em.bind(("cast", v, acc_dt), em.cast_text(v, acc_dt), FULL)[0]
     if em.SKIP_ZERO_SELECT and m.node.op == "sum" and zero_where_masked(em, body, frozenset("c")):
         return v
-    ident = reduction_identity(m.node.op, m.body.dtype)
+    ident = em.identity_operand(m.node.op, acc_dt)
     # The key holds the identity: a max and a min of one value pad it differently.
     return em.bind(("masked", v, "cmask", ident), em.where_text("cmask", v, ident), FULL)[0]
 

@@ -124,7 +124,7 @@ def _tanh(x):
     """tanh in float32 in the interpreter (the GPU calls libdevice): its odd Taylor series up to x^15 below |x| = 0.4 (no
     cancellation; the first term left out is < 1e-10 relative there), else
     (1 - e^-2|x|) / (1 + e^-2|x|) with the sign of x (e^-2|x| < 0.45, so
-    1 - e^-2|x| loses under a bit)."""
+    1 - e^-2|x| loses under a bit); tanh(-0) is -0, which the series' sum is not."""
     a = tl.abs(x)
     x2 = x * x
     p = x2 * (-929569.0 / 638512875.0) + 21844.0 / 6081075.0
@@ -136,7 +136,7 @@ def _tanh(x):
     series = x + x * (x2 * p)
     t = tl.exp(-2.0 * a)
     r = (1.0 - t) / (1.0 + t)
-    return tl.where(a < 0.4, series, tl.where(x < 0, -r, r))
+    return tl.where(a == 0.0, x, tl.where(a < 0.4, series, tl.where(x < 0, -r, r)))
 ''',
     "_erf": '''
 @triton.jit

@@ -61,6 +61,9 @@ def _elementwise(ctx, eqn, *args):
         # Pallas' Triton lowering has nextafter for float32/float64 only, and a
         # 16-bit step cannot be taken in float32.
         raise NotImplementedError("16-bit nextafter on the GPU")
+    folded = _plus_literal_zero(ctx, eqn, args)
+    if folded is not None:
+        return [folded]
     idx = ctx.symbols(len(aval.shape))
     operands = tuple(ctx.load(a, idx) for a in args)
     body = ir.Op(eqn.primitive.name, operands, np.dtype(aval.dtype), op_params(eqn))
@@ -68,6 +71,29 @@ def _elementwise(ctx, eqn, *args):
 
 
 register_lowering(*ELEMENTWISE, kind="pointwise")(_elementwise)
+
+
+def _plus_literal_zero(ctx, eqn, args):
+    """``x + 0.0`` as ``x``, as XLA's simplifier folds it (A + 0 => A, also where 0 is
+    a broadcast constant): jax.jit keeps x's -0.0 where IEEE's -0.0 + 0.0 is +0.0
+    (Python's ``sum(xs)`` starts at 0, accumulators at ``jnp.zeros``). None where
+    the add stays."""
+    aval = eqn.outvars[0].aval
+    dt = np.dtype(aval.dtype)
+    if eqn.primitive.name != "add" or not (dt.kind == "f" or dt.name == "bfloat16"):  # ints: x + 0 is x anyway
+        return None
+    for zero, x in (args, args[::-1]):
+        if _is_zero(ctx, zero) and not _is_zero(ctx, x) and ctx.aval_of(x) == (tuple(aval.shape), dt):
+            return x
+    return None
+
+
+def _is_zero(ctx, value) -> bool:
+    """A literal 0, or an array of it (``jnp.zeros``: a broadcast literal)."""
+    if isinstance(value, ir.Const):
+        return value.value == 0
+    node = ctx.nodes.get(value)
+    return isinstance(node, ir.Pointwise) and isinstance(node.body, ir.Const) and node.body.value == 0
 
 
 @register_lowering(*IDENTITY, kind="pointwise", note="identity")

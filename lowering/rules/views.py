@@ -88,6 +88,14 @@ def _rev(ctx, eqn, x):
     return [_view(ctx, eqn, x, [in_shape[k] - 1 - o if k in dims else o for k, o in enumerate(out)])]
 
 
+@register_lowering("tile", kind="view", note="each index modulo the operand's extent (jnp.tile)")
+def _tile(ctx, eqn, x):
+    in_shape = _in_shape(eqn)
+    out = ctx.symbols(len(in_shape))
+    return [_view(ctx, eqn, x, [o if r == 1 or d == 0 else sizes.mod(o, d)
+                                for o, d, r in zip(out, in_shape, eqn.params["reps"])])]
+
+
 @register_lowering("pad", kind="view", note="masked load + select")
 def _pad(ctx, eqn, x, value):
     in_shape = _in_shape(eqn)

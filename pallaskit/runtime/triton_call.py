@@ -46,6 +46,7 @@ import zlib
 
 import jax
 import numpy as np
+from jax.experimental import io_callback
 from jax.extend.core import Primitive
 
 from pallaskit.runtime import ffi_targets, triton_compile, triton_launch
@@ -237,7 +238,9 @@ def _abstract_eval(*avals, out_avals, **_):
 
 
 def _interpreted(*args, kernel, grid, out_avals, scalars, constexprs, aliases=()):
-    """The kernel in Triton's interpreter, on host copies, through a callback."""
+    """The kernel in Triton's interpreter, on host copies, through a callback. An
+    io_callback, not a pure one: XLA:CPU hoisted a pure callback out of a while
+    loop's body (the loop's gcd kernel of jnp.lcm ran once, the loop never ended)."""
     def host(*arrays):
         outs = [np.empty(a.shape, a.dtype) for a in out_avals]
         for i, o in aliases:  # an aliased output starts as its input
@@ -248,7 +251,7 @@ def _interpreted(*args, kernel, grid, out_avals, scalars, constexprs, aliases=()
         return tuple(outs)
 
     shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals)
-    return jax.pure_callback(host, shapes, *args)
+    return io_callback(host, shapes, *args, ordered=False)
 
 
 def _scalar_type(value: int) -> str:
