@@ -248,7 +248,11 @@ def _interpreted(*args, kernel, grid, out_avals, scalars, constexprs, aliases=()
         return tuple(outs)
 
     shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals)
-    return jax.pure_callback(host, shapes, *args)
+    # The barrier keeps the callback's results apart from the tuple it returns:
+    # XLA:CPU folds tuple(gte(cb, 0), gte(cb, 1), ...) into the callback, and a
+    # while_loop body whose whole carry was one callback's results then fed its
+    # first iteration's results to every later one (a loop that never ended).
+    return jax.lax.optimization_barrier(jax.pure_callback(host, shapes, *args))
 
 
 def _scalar_type(value: int) -> str:
