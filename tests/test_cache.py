@@ -208,6 +208,13 @@ def test_version_option_and_constant_changes_miss(tmp_path, rng, monkeypatch):
     x = jnp.asarray(rng.standard_normal((3,)), jnp.float32)
     for c in (np.array([1.0, 2.0, 3.0], np.float32), np.array([4.0, 5.0, 6.0], np.float32)):
         np.testing.assert_allclose(_run(lambda a, c=c: a * c, x), np.asarray(x) * c, rtol=1e-6)
+        # ... also where a nested jit holds them (its closed jaxpr's constants, not the program's)
+        inner = jax.jit(lambda a, c=c: a * c)
+        np.testing.assert_allclose(_run(lambda a: inner(a) + 1.0, x), np.asarray(x) * c + 1.0, rtol=1e-6)
+    for seed in (0, 1):  # a closed-over typed key is a constant with no NumPy form (a crash before)
+        key = jax.random.key(seed)
+        noisy = lambda a: jax.random.normal(key, a.shape) + a  # noqa: E731
+        np.testing.assert_allclose(_run(noisy, x), jax.jit(noisy)(x), rtol=1e-6)
 
 
 def test_jax_context_that_the_jaxpr_text_hides_is_in_the_key(tmp_path):

@@ -220,6 +220,33 @@ def test_while_body_of_raw_triton_runs_every_step(rng):
     np.testing.assert_array_equal(got, jax.jit(jnp.lcm)(a, b))
 
 
+def test_while_loop_whose_carry_is_one_raw_triton_kernel(rng, monkeypatch):
+    """Raw Triton in Triton's interpreter runs through a host callback. A body
+    whose whole carry is one such kernel's outputs (``(x, x)``: a step of two
+    results, no counter) ran its first iteration only on XLA:CPU, every later
+    one reading that iteration's carry again: a loop that never ended. The
+    interpreter's launches are counted so that such a loop fails, not hangs."""
+    from pallaskit.runtime import triton_launch
+
+    launches, run = [], triton_launch.run_interpreted
+
+    def bounded(*args, **kwargs):
+        launches.append(1)
+        if len(launches) > 200:
+            raise RuntimeError("the loop did not end")
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(triton_launch, "run_interpreted", bounded)
+
+    def f(x):
+        return jax.lax.while_loop(lambda c: jnp.sum(c[0]) < 100.0,
+                                  lambda c: (c[0] * 1.5 + jnp.abs(c[1]), c[1] * 0.5), (x, x))
+
+    with pallaskit.config.override(kernel_backend="triton"):
+        e = _check(f, jnp.abs(_normal(rng, (4,), jnp.float32)) + 0.1)
+    assert "TRITON_CALL" in e.source and launches
+
+
 def test_while_loop_with_a_batched_predicate(rng):
     """vmap of a while_loop whose condition depends on the batched carry leaves
     a predicate with the batch's shape: the loop runs while any element's holds,

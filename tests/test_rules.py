@@ -333,11 +333,12 @@ op("iota_only", "iota", lambda x: lax.broadcasted_iota(jnp.int32, x.shape, 0), a
 
 
 def _plus_empty2(x):
-    """x plus ``empty2``: the uninitialized scalar a differentiated cond returns for another branch's residual
-    (tests/test_loops.py has that cond), zero as XLA lowers it."""
+    """2x plus ``empty2``: the uninitialized scalar a differentiated cond returns for another branch's residual
+    (tests/test_loops.py has that cond), zero as XLA lowers it (the add then folds away, as XLA folds x + 0:
+    the doubling keeps a kernel)."""
     from jax._src.lax import lax as lax_internal
 
-    return x + lax_internal.empty2(x.dtype, memory_space=jax.typeof(x).memory_space)
+    return x * 2 + lax_internal.empty2(x.dtype, memory_space=jax.typeof(x).memory_space)
 
 
 op("empty2", "empty2", _plus_empty2, args(normal(2.0)), NUM, tol="exact")

@@ -350,9 +350,38 @@ def _static_text(v) -> str:
     return _ADDRESS.sub("", repr(v))
 
 
+def _nested_consts(closed_jaxpr) -> list:
+    """The constants of ``closed_jaxpr`` and of every closed jaxpr in its
+    equations' parameters, at any depth. A nested ``jax.jit`` keeps the arrays
+    its function closed over in its own closed jaxpr, whose text shows their
+    types only: two functions differing in such a constant had one key, and the
+    second got the first one's compiled result."""
+    # The classes of the traced program itself (the warm path imports nothing more: [Note: the warm path]).
+    closed_type, jaxpr_type = type(closed_jaxpr), type(closed_jaxpr.jaxpr)
+    consts, seen = list(closed_jaxpr.consts), set()
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            for param in eqn.params.values():
+                for sub in param if isinstance(param, (tuple, list)) else (param,):
+                    if isinstance(sub, closed_type) and id(sub) not in seen:
+                        seen.add(id(sub))
+                        consts.extend(sub.consts)
+                        walk(sub.jaxpr)
+                    elif isinstance(sub, jaxpr_type) and id(sub) not in seen:
+                        seen.add(id(sub))
+                        walk(sub)
+
+    walk(closed_jaxpr.jaxpr)
+    return consts
+
+
 def _consts_hash(consts) -> str:
     h = hashlib.sha256()
     for c in consts:
+        dtype = getattr(c, "dtype", None)
+        if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.extended):  # a typed PRNG key
+            c = jax.random.key_data(c)
         a = np.asarray(c)
         h.update(f"{a.dtype.str}{a.shape}".encode())
         h.update(np.ascontiguousarray(a).tobytes())
@@ -364,7 +393,7 @@ def key_parts(closed_jaxpr, avals, static_args, options) -> dict:
     return {
         "format": FORMAT,
         "jaxpr": hashlib.sha256(str(closed_jaxpr).encode()).hexdigest(),
-        "consts": _consts_hash(closed_jaxpr.consts),
+        "consts": _consts_hash(_nested_consts(closed_jaxpr)),
         "avals": [f"{a.str_short()}{' weak' if getattr(a, 'weak_type', False) else ''}" for a in avals],
         "static": [[str(k), _static_text(v)] for k, v in static_args],
         "options": options.key(),

@@ -251,7 +251,11 @@ def _interpreted(*args, kernel, grid, out_avals, scalars, constexprs, aliases=()
         return tuple(outs)
 
     shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals)
-    return io_callback(host, shapes, *args, ordered=False)
+    # The barrier keeps the callback's results apart from the tuple it returns:
+    # XLA:CPU folds tuple(gte(cb, 0), gte(cb, 1), ...) into the callback, and a
+    # while_loop body whose whole carry was one callback's results then fed its
+    # first iteration's results to every later one (a loop that never ended).
+    return jax.lax.optimization_barrier(io_callback(host, shapes, *args, ordered=False))
 
 
 def _scalar_type(value: int) -> str:
