@@ -244,7 +244,8 @@ def test_while_loop_whose_carry_is_one_raw_triton_kernel(rng, monkeypatch):
 
     with pallaskit.config.override(kernel_backend="triton"):
         e = _check(f, jnp.abs(_normal(rng, (4,), jnp.float32)) + 0.1)
-    assert "TRITON_CALL" in e.source and launches
+    assert "TRITON_CALL" in e.source
+    assert launches or jax.default_backend() != "cpu"  # a GPU compiles the kernels: no interpreter
 
 
 def test_while_loop_with_a_batched_predicate(rng):
