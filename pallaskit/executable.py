@@ -158,10 +158,10 @@ def aot_compile(call, structs, constants, xla=None, while_compiling: Callable | 
 def on_device(constants, where=None) -> list:
     """Hoisted constants, put on the device once rather than at every call
     (``where``: a sharded program's replicated sharding)."""
-    return [jax.device_put(c if _is_key(c) else np.asarray(c), where) for c in constants]
+    return [jax.device_put(c if is_key(c) else np.asarray(c), where) for c in constants]
 
 
-def _is_key(c) -> bool:
+def is_key(c) -> bool:
     """A typed PRNG key array (``jax.random.key``), which has no NumPy form."""
     dtype = getattr(c, "dtype", None)
     return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.extended)

@@ -379,10 +379,7 @@ def _nested_consts(closed_jaxpr) -> list:
 def _consts_hash(consts) -> str:
     h = hashlib.sha256()
     for c in consts:
-        dtype = getattr(c, "dtype", None)
-        if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.extended):  # a typed PRNG key
-            c = jax.random.key_data(c)
-        a = np.asarray(c)
+        a = np.asarray(jax.random.key_data(c) if executable.is_key(c) else c)
         h.update(f"{a.dtype.str}{a.shape}".encode())
         h.update(np.ascontiguousarray(a).tobytes())
     return h.hexdigest()
@@ -438,7 +435,7 @@ class Entry:
     source: str  # the generated module
     num_kernels: int
     has_externs: bool
-    constants: list  # numpy arrays, passed after the dynamic leaves
+    constants: list  # numpy arrays (typed PRNG keys as they are), passed after the dynamic leaves
     executable: bytes | None  # serialize_executable payload; None: source only
     in_tree: Any = None  # pytrees of the executable (from serialize_executable)
     out_tree: Any = None
@@ -462,9 +459,27 @@ def report(path: str, reason: str):
         log.warning("pallaskit cache: ignoring %s (%s); recompiling and overwriting it", path, reason)
 
 
+@dataclasses.dataclass(frozen=True)
+class _KeyConstant:
+    """A typed PRNG key among an entry's constants: it has no NumPy form, so its
+    key data and its implementation's name are written instead."""
+    impl: str
+    data: np.ndarray
+
+
+def _host_constant(c):
+    if executable.is_key(c):
+        return _KeyConstant(str(jax.random.key_impl(c)), np.asarray(jax.random.key_data(c)))
+    return np.asarray(c)
+
+
+def _constant(c):
+    return jax.random.wrap_key_data(c.data, impl=c.impl) if isinstance(c, _KeyConstant) else c
+
+
 def encode(entry: Entry) -> bytes:
     fields = {f.name: getattr(entry, f.name) for f in dataclasses.fields(entry)}  # shallow: no array copies
-    fields["constants"] = [np.asarray(c) for c in entry.constants]
+    fields["constants"] = [_host_constant(c) for c in entry.constants]
     payload = pickle.dumps(fields, protocol=pickle.HIGHEST_PROTOCOL)
     header = {"format": FORMAT, "key": entry.key, "size": len(payload),
               "sha256": hashlib.sha256(payload).hexdigest(), "title": entry.title,
@@ -499,6 +514,7 @@ def decode(data: bytes, key: str | None = None, parts: dict | None = None) -> En
         raise BadEntry("entry of another key")
     try:
         entry = Entry(**pickle.loads(payload))
+        entry.constants = [_constant(c) for c in entry.constants]
     except Exception as e:  # noqa: BLE001 - anything unpicklable is a bad entry
         raise BadEntry(f"unreadable payload: {type(e).__name__}") from None
     if parts is not None and entry.parts != parts:
