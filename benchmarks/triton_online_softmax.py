@@ -1,15 +1,16 @@
 """Looped raw-Triton row reductions over long rows: online softmax and aligned row windows.
 
 Looped row reductions of both dialects are written once (lowering/codegen/rows.py).
-Two raw-Triton choices are timed here, each a heuristic patched while pallaskit
-compiles: ``heuristics.TRITON_ONLINE_SOFTMAX`` (a softmax's max and sum(exp) in one
-sweep, [Note: online softmax]; off: two sweeps) and ``heuristics.TRITON_ALIGNED_ROWS``
-(rows of odd length read and written from a vector-aligned base, so that Triton
-emits 16-byte accesses: [Note: aligned row windows]). Workloads over rows of 50,257
+Three raw-Triton choices are timed here, each a heuristic patched while pallaskit
+compiles: ``heuristics.TRITON_STAGED_ROWS`` (the row staged once in shared memory,
+a Gluon kernel: [Note: staged rows]), ``heuristics.TRITON_ONLINE_SOFTMAX`` (a
+softmax's max and sum(exp) in one sweep, [Note: online softmax]; off: two sweeps)
+and ``heuristics.TRITON_ALIGNED_ROWS`` (rows of odd length read and written from a
+vector-aligned base, so that Triton emits 16-byte accesses: [Note: aligned row windows]). Workloads over rows of 50,257
 (and 8193) columns with ``long_rows='looped'``: softmax + logsumexp, and a
 cross-entropy's value and gradient w.r.t. the logits with take_along_axis labels
-and with one_hot labels. Rows: raw Triton (kernel_backend='triton') under the
-four combinations, Pallas with its online softmax (``--pallas``), and jax.jit.
+and with one_hot labels. Rows: raw Triton (kernel_backend='triton') staged, and unstaged
+under the four combinations of the other two, Pallas with its online softmax (``--pallas``), and jax.jit.
 Each row: agreement with jax.jit (NaN / inf positions equal, the rest within the
 dtype's tolerance), time per call (benchmarks/timing.py) and, on a GPU, the device
 time of its kernels (``timing.kernel_ms``), and the main kernel's tile and whether
@@ -87,7 +88,8 @@ def _main_kernel(fn, args) -> str:
     for k in result.program.kernels:
         c = k.config
         if not getattr(c, "persistent", True):
-            window = "window" if "wa = tl.multiple_of(" in k.source else "no window"
+            window = ("staged" if "rows staged in shared memory" in k.source
+                      else "window" if "wa = tl.multiple_of(" in k.source else "no window")
             return f"{c.block_rows} x {c.block_cols}, {c.num_warps} warps, {window}"
     return "no looped kernel"
 
@@ -111,9 +113,11 @@ def main(argv=None):
     rows = 4 if args.smoke else args.rows
     sync = jax.block_until_ready
     one_row = dict(LOOPED_ONE_ROW_BYTES=0) if args.one_row else {}
-    variants = [(f"triton {'online' if online else 'two sweeps'}{', aligned' if aligned else ''}",
-                 dict(kernel_backend="triton"), dict(TRITON_ONLINE_SOFTMAX=online, TRITON_ALIGNED_ROWS=aligned))
-                for online in (False, True) for aligned in (True, False)]
+    variants = [("triton staged", dict(kernel_backend="triton"), dict(TRITON_STAGED_ROWS=True))]
+    variants += [(f"triton {'online' if online else 'two sweeps'}{', aligned' if aligned else ''}",
+                  dict(kernel_backend="triton"),
+                  dict(TRITON_STAGED_ROWS=False, TRITON_ONLINE_SOFTMAX=online, TRITON_ALIGNED_ROWS=aligned))
+                 for online in (False, True) for aligned in (True, False)]
     if args.pallas:
         variants.append(("pallas online", dict(kernel_backend="pallas", online_softmax=True), {}))
     print(json.dumps({"defaults": {"TRITON_ONLINE_SOFTMAX": heuristics.TRITON_ONLINE_SOFTMAX,

@@ -361,6 +361,19 @@ TRITON_ONLINE_SOFTMAX = False
 # fastest cross-entropy (RESULTS.md, "Cross-entropy: why 0.65 ms is not met");
 # benchmarks/triton_online_softmax.py times pallaskit's on and off.
 TRITON_ALIGNED_ROWS = True
+# Raw-Triton looped one-row reductions whose row-shaped inputs fit in shared
+# memory stage the row there once, every chunk's copy in flight at once, and
+# sweep it from there ([Note: staged rows] in lowering/codegen/rows.py). A
+# hand-written kernel of that shape ran the 50,257-vocabulary cross-entropy
+# forward+backward in 0.615 ms on the H100, 89% of the memory floor, against
+# 1.05-1.12 for the looped sweeps (RESULTS.md, "Session 27"): chunks of 2048
+# elements in 8 warps, and a row's staged bytes at most STAGED_ROW_MAX_BYTES,
+# so that two programs share an SM's 228 KB (4096-wide chunks in 16 warps
+# 0.745, one program an SM with the next row's copies in flight 0.705-0.795).
+TRITON_STAGED_ROWS = True
+STAGED_ROW_MAX_BYTES = 110 * 1024
+STAGED_ROW_BLOCK = 2048
+STAGED_ROW_WARPS = 8
 # Atomic scatter-adds of 16-bit floats ([Note: atomic scatters] in lowering/ir.py)
 # accumulate in a float32 scratch rounded once at the end: one rounding instead of one
 # per add (a frequent token's embedding row takes many), and atomics that Triton's

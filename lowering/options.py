@@ -29,6 +29,9 @@ class CompileOptions:
     # Platform fact resolved by the runtime: the triton package can run kernels
     # here (a CUDA GPU, or interpret mode with triton installed).
     triton_available: bool = False
+    # Platform fact resolved by the runtime: the GPU takes looped rows staged in
+    # shared memory by Gluon kernels ([Note: staged rows] in codegen/rows.py).
+    staged_rows: bool = False
     combo_kernels: bool = True  # independent kernels of different shapes in one launch (lowering/combo.py)
     loop_bodies: bool = True  # compile scan / while / cond bodies as programs of their own (lowering/loops.py)
     scan_hoisting: bool = True  # a scan body's input projections as one batched matmul before the loop (scan_hoist.py)

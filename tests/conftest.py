@@ -236,7 +236,8 @@ def compile_for_gpu(k, sched, opts, until="cubin"):
     from pallaskit.runtime import triton_launch
 
     r = tc.render_for_xla(k, sched, opts)
-    src = tc._PRELUDE + "\\n".join(tc.HELPERS[h] for h in sorted(r.helpers)) + "\\n\\n" + r.source
+    src = (tc._PRELUDE + (tc.GLUON_IMPORTS if r.staged else "") + "\\n".join(tc.HELPERS[h] for h in sorted(r.helpers))
+           + "\\n\\n" + r.source)
     name = f"<gpu spelling {k.name}>"
     linecache.cache[name] = (len(src), None, src.splitlines(True), name)
     ns = {"__name__": "gpu_spelling_" + k.name}

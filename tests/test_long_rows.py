@@ -383,16 +383,19 @@ def loss(logits, labels):
     return -jnp.mean(jnp.take_along_axis(ls, labels[:, None], axis=-1)[:, 0].astype(jnp.float32))
 
 
-opts = CompileOptions(interpret=False, kernel_backend="triton", triton_available=True, long_rows="looped", num_sms=2)
+opts = CompileOptions(interpret=False, kernel_backend="triton", triton_available=True, long_rows="looped", num_sms=2,
+                      staged_rows=True)
 args = jax.ShapeDtypeStruct((64, 50257), jnp.bfloat16), jax.ShapeDtypeStruct((64,), jnp.int32)
 heuristics.TRITON_ONLINE_SOFTMAX = False  # three sweeps: three loads of the logits
-for aligned in (True, False):
-    heuristics.TRITON_ALIGNED_ROWS = aligned
+for aligned, staged in ((True, False), (False, False), (True, True)):
+    heuristics.TRITON_ALIGNED_ROWS, heuristics.TRITON_STAGED_ROWS = aligned, staged
     sched = lowering.compile_jaxpr(jax.make_jaxpr(jax.value_and_grad(loss))(*args), opts).schedule
     k = sched.kernels[0]
     r = tc.render_for_xla(k, sched, opts)
-    src = tc._PRELUDE + "\\n".join(tc.HELPERS[h] for h in sorted(r.helpers)) + "\\n\\n" + r.source
-    name = f"<ptx {k.name} {aligned}>"
+    assert r.staged == staged, r.source
+    src = (tc._PRELUDE + (tc.GLUON_IMPORTS if staged else "") + "\\n".join(tc.HELPERS[h] for h in sorted(r.helpers))
+           + "\\n\\n" + r.source)
+    name = f"<ptx {k.name} {aligned} {staged}>"
     linecache.cache[name] = (len(src), None, src.splitlines(True), name)
     ns = {"__name__": f"ptx_{aligned}"}
     exec(compile(src, name, "exec"), ns)
@@ -404,22 +407,109 @@ for aligned in (True, False):
                                           GPUTarget("cuda", 90, 32), {"num_warps": r.num_warps, "num_stages": 1},
                                           until="ptx").cubin.decode()
     ops = re.findall(r"\\b((?:ld|st)\\.global(?:\\.v\\d)?\\.b\\d+)", ptx)
-    print(aligned, sorted(set(ops)), ops.count("ld.global.b16"), ops.count("ld.global.v4.b32"),
-          ops.count("st.global.v4.b32"))
+    print("staged" if staged else aligned, sorted(set(ops)), ops.count("ld.global.b16"),
+          ops.count("ld.global.v4.b32"), ops.count("st.global.v4.b32"),
+          len(re.findall(r"cp\\.async\\.cg\\.shared\\.global[^;]*0x10", ptx)), r.num_warps, r.constexprs["BLOCK_C"])
 '''
 
 
 def test_aligned_rows_are_vector_accesses_in_ptx():
     """The point of the window: compiled for sm_90 (on the CPU), the cross-entropy
     kernel over 50,257 bf16 reads the logits with 16-byte loads (no 2-byte ones)
-    and writes the gradient with 16-byte stores; without it every access is 2 bytes."""
+    and writes the gradient with 16-byte stores; without it every access is 2 bytes. Staged
+    ([Note: staged rows]), the logits arrive by 16-byte copies into shared memory alone."""
     pytest.importorskip("triton")
     from conftest import run_python_on_cpu
 
     proc = run_python_on_cpu(_PTX_SCRIPT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    lines = {line.split()[0]: line for line in proc.stdout.splitlines() if line.startswith(("True", "False"))}
-    on, off = lines["True"], lines["False"]
-    # the counts: scalar 2-byte loads, 16-byte loads, 16-byte stores
-    assert on.endswith(" 0 3 1"), on
-    assert off.split()[-2:] == ["0", "0"] and "st.global.b16" in off and int(off.split()[-3]) > 0, off
+    lines = {line.split()[0]: line for line in proc.stdout.splitlines()
+             if line.startswith(("True", "False", "staged"))}
+    on, off, staged = lines["True"], lines["False"], lines["staged"]
+    # the counts: scalar 2-byte loads, 16-byte loads, 16-byte stores, 16-byte async copies; warps, chunk
+    assert on.endswith(" 0 3 1 0 16 4096"), on
+    assert off.split()[-5:-3] == ["0", "0"] and "st.global.b16" in off and int(off.split()[-6]) > 0, off
+    # [Note: staged rows]: the logits reach the kernel once, by 16-byte copies into shared memory
+    assert staged.endswith(" 0 0 1 1 8 2048"), staged
+
+
+# --------------------------------------------------------------------------- #
+# Rows staged in shared memory ([Note: staged rows] in lowering/codegen/rows.py)
+# --------------------------------------------------------------------------- #
+def _layernorm(x, w, b):
+    xf = x.astype(jnp.float32)
+    m = xf.mean(-1, keepdims=True)
+    v = ((xf - m) ** 2).mean(-1, keepdims=True)
+    return ((xf - m) * jax.lax.rsqrt(v + 1e-5) * w + b).astype(x.dtype)
+
+
+# Kernels of other shapes than the softmax family's: rows read beside per-column
+# vectors, integer rows, two staged inputs, float16, online softmax's carried sums.
+_STAGED = {
+    "layernorm": (_layernorm, lambda rng: (_rows(rng, 30001, BF16), jnp.asarray(rng.standard_normal(30001), jnp.float32),
+                                           jnp.asarray(rng.standard_normal(30001), jnp.float32))),
+    "int32 var, max": (lambda x: (jnp.var(x, -1), jnp.max(x, -1), jnp.sum(x * 3, -1)),
+                       lambda rng: (jnp.asarray(rng.integers(-2**20, 2**20, (6, 20001)), jnp.int32),)),
+    "two inputs": (lambda x, y: jax.nn.softmax(x.astype(jnp.float32) + y, -1),
+                   lambda rng: (_rows(rng, 20001, BF16), _rows(rng, 20001, BF16))),
+    "float16": (lambda x: (jax.nn.log_softmax(x, -1), jnp.sum(x, -1)), lambda rng: (_rows(rng, 30001, jnp.float16),)),
+    "online": (_softmaxes, lambda rng: (_rows(rng, 50257, BF16),)),
+}
+_STAGED_SCRIPT = '''
+import os
+os.environ.pop("TRITON_INTERPRET", None)
+import jax, jax.numpy as jnp, numpy as np
+import lowering
+from lowering import heuristics
+from lowering.options import CompileOptions
+from lowering.codegen import triton as tc
+import sys
+sys.path.insert(0, "tests")
+from test_long_rows import _STAGED
+__GPU_SPELLING__
+opts = CompileOptions(interpret=False, kernel_backend="triton", triton_available=True, long_rows="looped", num_sms=2,
+                      staged_rows=True)
+rng = np.random.default_rng(0)
+for kind, (fn, make) in _STAGED.items():
+    heuristics.TRITON_ONLINE_SOFTMAX = kind == "online"
+    sched = lowering.compile_jaxpr(jax.make_jaxpr(fn)(*make(rng)), opts).schedule
+    staged = [k for k in sched.kernels if tc.render_for_xla(k, sched, opts).staged]
+    for k in staged:
+        compile_for_gpu(k, sched, opts, until="ptx")
+    print("STAGED", kind, len(staged))
+'''
+
+
+@pytest.mark.skipif(jax.default_backend() == "cpu", reason="Gluon kernels: a GPU's (their spelling compiles below)")
+@pytest.mark.parametrize("kind", list(_STAGED))
+def test_staged_rows_match_jax(kind, rng):
+    fn, make = _STAGED[kind]
+    args = make(rng)
+    with pallaskit.config.override(long_rows="looped", cache=False, num_sms=2), \
+            pytest.MonkeyPatch.context() as mp:
+        mp.setattr(heuristics, "TRITON_ONLINE_SOFTMAX", kind == "online")
+        jf = pallaskit.jit(fn)
+        got = jf(*args)
+        source = "".join(k.source for k in pallaskit.explain(jf, *args).kernels)
+    if pallaskit.orchestrator.compile_options().staged_rows:
+        assert "rows staged in shared memory" in source
+    if kind.startswith("int32"):
+        want = jax.jit(fn)(*args)
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_array_equal(got[2], want[2])
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+    else:
+        _same(got, jax.jit(fn)(*args))
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the GPU runs the kernels themselves (above)")
+def test_staged_rows_compile_for_sm90():
+    """Each kind's staged kernel is a Gluon kernel that compiles for sm_90 (on the CPU)."""
+    pytest.importorskip("triton")
+    from conftest import GPU_SPELLING_FIXTURE, run_python_on_cpu
+
+    proc = run_python_on_cpu(_STAGED_SCRIPT.replace("__GPU_SPELLING__", GPU_SPELLING_FIXTURE), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    staged = {line.split(None, 1)[1].rsplit(None, 1)[0]: int(line.split()[-1])
+              for line in proc.stdout.splitlines() if line.startswith("STAGED")}
+    assert staged == {kind: 1 for kind in _STAGED}, staged

@@ -61,6 +61,7 @@ class RenderedKernel:
     dims: list = dataclasses.field(default_factory=list)  # dim symbols the launcher takes
     guards: list = dataclasses.field(default_factory=list)  # what this kernel assumes of them
     triton: bool = False  # raw Triton run inside the XLA program (codegen/program.py), not a pallas_call
+    gluon: bool = False  # that raw Triton is a Gluon kernel ([Note: staged rows] in codegen/rows.py)
     # Which executor runs it and why ([Note: executors] in lowering/executors.py).
     executor: str = "pallas"
     reason: str = ""
@@ -317,6 +318,7 @@ class KernelEmitter:
     # Read and write looped one-row reductions' rows from a vector-aligned base
     # (rows.py, [Note: aligned row windows])? The raw-Triton dialect does.
     ALIGNED_ROWS = False
+    STAGED_ROWS = False  # the dialect stages a window's rows in shared memory ([Note: staged rows])
     window = None  # the rows.RowWindow of the row loops being written, if any
 
     def window_setup(self, row_block: str) -> None:
@@ -325,6 +327,10 @@ class KernelEmitter:
 
     def window_columns(self) -> None:
         """At the top of a row loop's body: ``xc`` and ``cmask`` of the window's chunk."""
+        raise NotImplementedError
+
+    def window_stage(self) -> None:
+        """After ``window_setup``: copy the window's staged buffers into shared memory."""
         raise NotImplementedError
 
     def window_load(self, ld: ir.Load) -> tuple[str, frozenset]:

@@ -63,6 +63,9 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> emit
         w.line("triton = TRITON(INTERPRET)")
         w.line("tl = triton.language")
         w.line("from triton.language.extra import libdevice  # noqa: E402")
+        if any(rk.gluon for rk in kernels):  # [Note: staged rows] in codegen/rows.py
+            for line in triton_codegen.GLUON_IMPORTS.splitlines():
+                w.line(line + "  # noqa: E402")
         for h in sorted(triton_helpers):
             w.lines.extend(_triton_helper_names(triton_codegen.HELPERS[h], triton_helpers).splitlines())
     w.line()
@@ -302,5 +305,5 @@ def _render_triton_xla(kernel: Kernel, schedule: Schedule, options: CompileOptio
         w.line(f"                   {scalars}num_warps={r.num_warps}, num_stages={r.num_stages}, "
                f"interpret=INTERPRET, {aliases}{constexprs})")
     rk = emitter.RenderedKernel(kernel.name, w.source(), list(kernel.origin), r.config, list(r.dims), list(r.guards),
-                        triton=True)
+                                triton=True, gluon=r.staged)
     return (rk, r.helpers), choice

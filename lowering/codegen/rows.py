@@ -30,6 +30,8 @@ def render_rows(em, kernel: Kernel, bodies, cfg, *, row_block="pid", columns_rea
     em.window = row_window(em, kernel, bodies, cfg) if not cfg.persistent and not columns_ready else None
     if em.window is not None:
         em.window_setup(row_block)
+        if em.window.staged:
+            em.window_stage()
     phase, online = online_phases(kernel, online) if online else (phases(kernel), {})
     # the last phase that reduces or stores over columns (row values may follow it)
     last = max((phase[m.name] for m in kernel.members if m.role in ("reduction", "rowwise")), default=-1)
@@ -257,12 +259,33 @@ def _render_loop(em, kernel, bodies, reds, rowwise, p, cfg, online=None):
 # argmin (``arg_combine``: every lane takes the first chunk's value, and a
 # lane before the row would keep its negative index), several rows a program,
 # dynamic sizes, or a window whose offsets would pass int32.
+#
+# [Note: staged rows]
+# A looped one-row kernel reads its row once per sweep (max, sum(exp), the
+# outputs), the later sweeps from L2 at best, one chunk in flight a sweep: the
+# 50,257-vocabulary cross-entropy ran at about half the memory floor however
+# its chunks and warps were chosen. Where the dialect can (raw Triton on a GPU,
+# written as a Gluon kernel, whose shared memory is explicit: ``STAGED_ROWS``)
+# and the row-shaped buffers a program reads through the window fit in
+# ``heuristics.STAGED_ROW_MAX_BYTES`` (two programs an SM), the window is
+# staged: before the first sweep every chunk of every such buffer is copied
+# into shared memory at once (``cp.async``, 16 bytes a lane, the same vector
+# mask as the window's loads), and every sweep's window load reads shared
+# memory instead. HBM then sees each input row once, all of it in flight while
+# the program waits, and the sweeps are bound by the SM. Everything else in the
+# kernel is what the Triton dialect writes (Triton's ``tl`` functions run in a
+# Gluon kernel); only tensors made from nothing (``arange``, ``full``,
+# ``zeros``) carry the kernel's one layout. A kernel whose code would make such
+# a tensor some other way (a helper building one from a shape) stays unstaged.
+# The window is kept for rows that are already vector-aligned (its offset is
+# then 0). Interpret mode has no Gluon: never staged there.
 @dataclasses.dataclass(frozen=True)
 class RowWindow:
     vec: int  # elements a vector of the narrowest row-shaped buffer
     chunks: int  # the loop's trip count over the window
     offset: sympy.Expr  # the row-shaped accesses' flat offset, xc + COLS * xr
     end: int  # the buffer's end rounded up to a vector
+    staged: tuple = ()  # (buffer, dtype) of the loads staged in shared memory ([Note: staged rows])
 
 
 def row_window(em, kernel: Kernel, bodies, cfg) -> RowWindow | None:
@@ -277,20 +300,30 @@ def row_window(em, kernel: Kernel, bodies, cfg) -> RowWindow | None:
     rows, cols = int(kernel.rows), int(kernel.cols)
     offset = sizes.simplify(XC + cols * XR)
     looped = [m for m in kernel.members if m.role in ("reduction", "rowwise")]
-    itemsizes = [np.dtype(ld.dtype).itemsize for m in looped for ld in ir.loads(bodies[m.name])
-                 if ld.buffer in em.in_refs and ld.mask is None and em.offset(ld.buffer, ld.index) == offset]
+    row_loads = {ld.buffer: np.dtype(ld.dtype) for m in looped for ld in ir.loads(bodies[m.name])
+                 if ld.buffer in em.in_refs and ld.mask is None and em.offset(ld.buffer, ld.index) == offset}
+    itemsizes = [dt.itemsize for dt in row_loads.values()]
     itemsizes += [np.dtype(m.node.dtype).itemsize for m in looped
                   if m.role == "rowwise" and m.store and em.store_offset(m) == offset]
     if not itemsizes:
         return None
     vec = 16 // min(itemsizes)
-    if cols % vec == 0 or cfg.block_cols % vec:
-        return None  # already aligned; or a chunk is no whole number of vectors
     chunks = -(-(cols + vec - 1) // cfg.block_cols)
+    staged = tuple(row_loads.items()) if em.STAGED_ROWS and _stages(row_loads, vec, chunks, cfg) else ()
+    if (cols % vec == 0 and not staged) or cfg.block_cols % vec:
+        return None  # already aligned; or a chunk is no whole number of vectors
     end = -(-(rows * cols) // vec) * vec
     if em.index_dtype_np == np.int32 and end + chunks * cfg.block_cols >= INT32_LIMIT:
         return None
-    return RowWindow(vec, chunks, offset, end)
+    return RowWindow(vec, chunks, offset, end, staged)
+
+
+def _stages(row_loads: dict, vec: int, chunks: int, cfg) -> bool:
+    """Does a window over these row-shaped loads go to shared memory ([Note: staged rows])?"""
+    if not row_loads or vec > 8 or not heuristics.TRITON_STAGED_ROWS:
+        return False  # nothing to stage; 1-byte buffers (a vector wider than a chunk's lanes)
+    staged_bytes = sum(chunks * cfg.block_cols * dt.itemsize for dt in row_loads.values())
+    return staged_bytes <= heuristics.STAGED_ROW_MAX_BYTES
 
 
 def arg_combine(em, name, v, op, acc_dt, idx_dt) -> list[str]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 
 import numpy as np
 
@@ -556,6 +557,12 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 '''
+# What a module holding a Gluon kernel imports besides ([Note: staged rows] in codegen/rows.py).
+GLUON_IMPORTS = '''\
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+'''
 
 
 @dataclasses.dataclass
@@ -574,6 +581,7 @@ class TritonProgram:
 class TritonEmitter(KernelEmitter):
     """The kernel emitter's Triton spellings (see the module's Note)."""
     HELPERS = HELPERS
+    DECORATOR = "@triton.jit"
     MINIMUM = "tl.minimum"
     FUNCTIONS = {"exp": "tl.exp({0})", "is_finite": "(({0} - {0}) == 0)", "and": "({0} & {1})", "or": "({0} | {1})"}
     SKIP_ZERO_SELECT = True
@@ -599,11 +607,15 @@ class TritonEmitter(KernelEmitter):
     def full_text(self, value, dtype=None) -> str:
         if value == "-0.0" and dtype in ("tl.float32", "tl.bfloat16", "tl.float16"):
             # Triton folds the literal -0.0 to 0.0: a float32 with only the sign bit set.
-            zero = "tl.full((1, 1), -2147483648, tl.int32).to(tl.float32, bitcast=True)"
+            zero = f"{self.full_call('(1, 1)', -2147483648, 'tl.int32')}.to(tl.float32, bitcast=True)"
             return zero if dtype == "tl.float32" else f"{zero}.to({dtype})"
         if dtype in ("tl.bfloat16", "tl.float16"):  # the interpreter has no 16-bit constants: round one
-            return f"tl.full((1, 1), {value}, tl.float32).to({dtype})"
-        return f"tl.full((1, 1), {value}, {dtype or 'tl.int1'})"
+            return f"{self.full_call('(1, 1)', value, 'tl.float32')}.to({dtype})"
+        return self.full_call("(1, 1)", value, dtype or "tl.int1")
+
+    def full_call(self, shape, value, dtype) -> str:
+        """A tensor of ``shape`` filled with ``value``: what every constant and tile is made from."""
+        return f"tl.full({shape}, {value}, {dtype})"
 
     def cast_text(self, var, dt) -> str:
         if np.dtype(dt) == np.bool_:
@@ -614,7 +626,7 @@ class TritonEmitter(KernelEmitter):
         return f"tl.broadcast_to({var}, {shape})"
 
     def tile_text(self, shape, value, dtype) -> str:
-        return f"tl.full({shape}, {value}, {dtype})"
+        return self.full_call(shape, value, dtype)
 
     def zeros_text(self, shape, dtype) -> str:
         return f"tl.zeros({shape}, dtype={dtype})"
@@ -854,6 +866,57 @@ class TritonEmitter(KernelEmitter):
         return f"tl.store({ref} + {off}, {val}{mask_arg})"
 
 
+# Made from nothing, a tensor in a Gluon kernel needs a layout: these spellings have none.
+_NO_LAYOUT = re.compile(r"(?<![\w.])tl\.(full|zeros|arange|zeros_like|full_like)\(")
+
+
+class StagedRowEmitter(TritonEmitter):
+    """A looped one-row kernel whose window is staged in shared memory, as a
+    Gluon kernel ([Note: staged rows] in codegen/rows.py): the Triton dialect's
+    code, with one layout (``TILE``: a chunk's lanes in vectors of the window)
+    on the tensors made from nothing, and the window's loads from shared memory."""
+    DECORATOR = "@gluon.jit"
+    STAGED_ROWS = True
+    staged_vec = 0  # the staged window's vector, once staged
+
+    def layout_line(self) -> str:
+        return f"TILE: gl.constexpr = gl.BlockedLayout([1, {self.staged_vec}], [1, 32], [1, gl.num_warps()], [1, 0])"
+
+    def full_call(self, shape, value, dtype) -> str:
+        return f"gl.full({shape}, {value}, {dtype}, layout=TILE)"
+
+    def zeros_text(self, shape, dtype) -> str:
+        return f"gl.zeros({shape}, {dtype}, layout=TILE)"
+
+    def iota_text(self, axis, block) -> str:
+        text = f"gl.arange(0, {block}, layout=gl.SliceLayout({1 - axis}, TILE))[{':, None' if axis == 0 else 'None, :'}]"
+        return text if self.index_dtype == "tl.int32" else f"{text}.to({self.index_dtype})"
+
+    def window_stage(self) -> None:
+        w, win = self.w, self.window
+        self.staged_vec = win.vec
+        for i, (buffer, dt) in enumerate(win.staged):
+            w.line(f"stage{i} = gl.allocate_shared_memory({self.dtype_text(dt)}, [{win.chunks}, BLOCK_C], "
+                   "gl.SwizzledSharedLayout(1, 1, 1, [0]))  # " + buffer)
+        lane = "gl.arange(0, BLOCK_C, layout=gl.SliceLayout(0, TILE))"
+        w.line(f"for chunk in range({win.chunks}):  # every chunk's copy in flight ([Note: staged rows])")
+        with w.indent():
+            w.line(f"wo1 = wa + chunk * BLOCK_C + {lane}")
+            for i, (buffer, _) in enumerate(win.staged):
+                w.line(f"async_copy.async_copy_global_to_shared(stage{i}.index(chunk), {self.in_refs[buffer]} + wo1, "
+                       f"mask=wo1 < {win.end})")
+        w.line("async_copy.commit_group()")
+        w.line("async_copy.wait_group(0)")
+        w.line("gl.thread_barrier()  # every lane's copies, not only this one's")
+
+    def window_load(self, ld):
+        staged = [b for b, _ in self.window.staged]
+        if ld.buffer not in staged:
+            return super().window_load(ld)
+        text = f"stage{staged.index(ld.buffer)}.index(chunk).load(gl.SliceLayout(0, TILE))[None, :]"
+        return self.bind(("wload", self.in_refs[ld.buffer]), text, frozenset("rc"))
+
+
 class TritonMatmulEmitter(matmul.TileValues, TritonEmitter):
     """Reads the accumulator tile from ``tile_values`` (matmul's emitter), writes Triton."""
 
@@ -886,14 +949,33 @@ COMBINE = {"sum": "({a} + {v})", "max": "tl.maximum({a}, {v}, propagate_nan=tl.P
 # --------------------------------------------------------------------------- #
 # Kernels
 # --------------------------------------------------------------------------- #
-def _render_kernel(kernel: Kernel, schedule: Schedule, options: CompileOptions):
+def _render_kernel(kernel: Kernel, schedule: Schedule, options: CompileOptions, stage_rows: bool = False):
+    """``stage_rows``: a looped one-row kernel may be a Gluon kernel whose rows are
+    staged in shared memory ([Note: staged rows] in codegen/rows.py)."""
     if kernel.kind == "mix":
         raise TritonUnsupported(f"mix kernel {kernel.name}")
     cfg = kernel_config(kernel, schedule, options)
     if (kernel.kind == "reduction" and not options.num_warps and not sizes.is_symbolic((kernel.rows, kernel.cols))
             and reduction_is_inner(kernel, schedule)):
         cfg = dataclasses.replace(cfg, num_warps=heuristics.triton_row_warps(cfg))
-    em = TritonEmitter(kernel, schedule, cfg, options)
+    if stage_rows and _may_stage(kernel, cfg, options):
+        staged_cfg = dataclasses.replace(cfg, block_cols=heuristics.STAGED_ROW_BLOCK,
+                                         num_warps=options.num_warps or heuristics.STAGED_ROW_WARPS)
+        rendered = _render_with(StagedRowEmitter(kernel, schedule, staged_cfg, options), kernel, schedule, staged_cfg)
+        if rendered.staged and not _NO_LAYOUT.search(rendered.source + "".join(HELPERS[h] for h in rendered.helpers)):
+            return dataclasses.replace(rendered, config=staged_cfg)
+    return _render_with(TritonEmitter(kernel, schedule, cfg, options), kernel, schedule, cfg)
+
+
+def _may_stage(kernel: Kernel, cfg, options: CompileOptions) -> bool:
+    """Could ``kernel``'s rows be staged ([Note: staged rows])? Its window decides the rest."""
+    return (heuristics.TRITON_STAGED_ROWS and options.staged_rows and not options.interpret
+            and kernel.kind == "reduction" and not cfg.persistent and cfg.block_rows == 1
+            and not sizes.is_symbolic((kernel.rows, kernel.cols)))
+
+
+def _render_with(em: TritonEmitter, kernel: Kernel, schedule: Schedule, cfg) -> Rendered:
+    """``kernel`` (pointwise or row reductions) written by ``em`` with tile ``cfg``."""
     w = em.w
     bodies = {m.name: kernel_coords_body(m) for m in kernel.members}
     w.line(em.pid_line())
@@ -902,8 +984,9 @@ def _render_kernel(kernel: Kernel, schedule: Schedule, options: CompileOptions):
     else:
         render_reduction(em, kernel, bodies, cfg)
     extents = [f"ROWS = {sizes.to_source(kernel.rows)}", f"COLS = {sizes.to_source(kernel.cols)}"]
+    staged = ", rows staged in shared memory (Gluon)" if getattr(em, "staged_vec", 0) else ""
     header = (f"# kernel {kernel.name}: {kernel.kind}, {kernel.rows} x {kernel.cols}, "
-              f"block {cfg.block_rows} x {cfg.block_cols}, {'persistent' if cfg.persistent else 'looped'}\n"
+              f"block {cfg.block_rows} x {cfg.block_cols}, {'persistent' if cfg.persistent else 'looped'}{staged}\n"
               "# from:\n" + "\n".join(f"#   {eq}" for eq in kernel.origin))
     if kernel.kind == "pointwise" or sizes.is_symbolic(kernel.rows) or sizes.is_symbolic(kernel.cols):
         grid = (f"{_grid_cdiv(kernel.rows, cfg.block_rows)} * {_grid_cdiv(kernel.cols, cfg.block_cols)}"
@@ -1154,6 +1237,7 @@ class Rendered:
     config: object = None  # the tile (TileConfig, or MatmulConfig for the template)
     guards: list = dataclasses.field(default_factory=list)  # symbolic kernels: what the int32 indices assume
     aliases: tuple = ()  # (read, output) pairs: that output starts as that read (an atomic scatter's operand)
+    staged: bool = False  # a Gluon kernel, its rows staged in shared memory ([Note: staged rows] in codegen/rows.py)
 
 
 def _wrap(kernel, schedule, em, header, extents, constexprs, grid, num_warps, num_stages) -> Rendered:
@@ -1162,15 +1246,18 @@ def _wrap(kernel, schedule, em, header, extents, constexprs, grid, num_warps, nu
     ins, outs = list(em.in_refs.values()), list(em.out_refs.values())
     w = SourceWriter()
     w.lines.extend(header.splitlines())
-    w.line("@triton.jit")
+    w.line(em.DECORATOR)
     params = ins + outs + dims + [f"{c}: tl.constexpr" for c in constexprs]
     w.line(f"def {kernel.name}_kernel({', '.join(params)}):")
+    staged = bool(getattr(em, "staged_vec", 0))
     with w.indent():
         for line in extents:
             w.line(line)
+        if staged:
+            w.line(em.layout_line())
     w.lines.append(body.rstrip("\n"))
     return Rendered(kernel.name, w.source(), list(kernel.reads), dims, grid, constexprs, num_warps, num_stages,
-                     set(em.helpers), guards=list(em.guards))
+                     set(em.helpers), guards=list(em.guards), staged=staged)
 
 
 # Kernel kinds whose renderer lives in a module built on this one, registered
@@ -1195,8 +1282,8 @@ def render_for_xla(kernel: Kernel, schedule: Schedule, options: CompileOptions) 
         return render_column(kernel, schedule, options)
     if kernel.kind == "mix":
         return render_mix(kernel, schedule, options)
-    return dataclasses.replace(_render_kernel(kernel, schedule, options),
-                               config=kernel_config(kernel, schedule, options))
+    rendered = _render_kernel(kernel, schedule, options, stage_rows=True)
+    return rendered if rendered.staged else dataclasses.replace(rendered, config=kernel_config(kernel, schedule, options))
 
 
 # --------------------------------------------------------------------------- #

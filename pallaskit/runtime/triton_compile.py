@@ -88,12 +88,18 @@ def _compile_uncached(src, target, options: dict, until: str = "cubin") -> _Comp
 
 
 def ast_source(fn, signature: dict, constexprs: dict):
-    """Triton's ``ASTSource`` of ``fn``: ``signature`` maps every argument to its
-    type (``"*bf16"``, ``"i32"``, ``"constexpr"``); pointers are 16-byte aligned."""
+    """Triton's ``ASTSource`` of ``fn`` (Gluon's for a ``@gluon.jit`` function:
+    [Note: staged rows] in lowering/codegen/rows.py): ``signature`` maps every
+    argument to its type (``"*bf16"``, ``"i32"``, ``"constexpr"``); pointers are
+    16-byte aligned."""
     from triton.compiler import ASTSource
 
     attrs = {(i,): [["tt.divisibility", _ALIGN]] for i, entry in enumerate(signature.values())
              if entry.startswith("*")}
+    if getattr(fn, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        return GluonASTSource(fn, signature, constexprs, attrs)
     return ASTSource(fn, signature, constexprs, attrs)
 
 
