@@ -308,6 +308,28 @@ def test_gather_with_dynamic_batch_dims_compiles_once(rng):
     assert metrics.counters.get("dynamic_fallbacks", 0) == 0
 
 
+def test_take_along_axis_gradient_under_a_dynamic_batch(rng):
+    """The gradient of a cross-entropy's take_along_axis under a dynamic batch: its
+    scatter-add has a window over all of the dynamic rows, which lowers like any other
+    (it ran through XLA), right at each size, out-of-range labels included."""
+    from pallaskit import metrics
+
+    def xent(x, labels):
+        picked = jnp.take_along_axis(x, labels[:, None], axis=-1)[:, 0]
+        return jnp.mean(jax.nn.logsumexp(x, -1) - picked)
+
+    fn = jax.value_and_grad(xent)
+    f = pallaskit.jit(fn, dynamic={"x": {0: "n"}, "labels": {0: "n"}})
+    before = metrics.counters.get("fallback_count", 0)
+    for n in (6, 1, 9):
+        x = _values(rng, (n, 37), jnp.float32)
+        labels = jnp.asarray(rng.integers(-40, 40, n), jnp.int32)
+        for got, want in zip(f(x, labels), fn(x, labels)):
+            assert_close(got, want)
+    assert metrics.counters.get("fallback_count", 0) == before
+    assert metrics.counters.get("dynamic_fallbacks", 0) == 0
+
+
 def test_gather_in_triton_renderer(rng):
     pytest.importorskip("triton")
     from pallaskit import metrics

@@ -54,6 +54,11 @@ def _int(n) -> int:
     return int(n)
 
 
+def _whole_window(n, w) -> bool:
+    """Is a window of size ``w`` over a dim of size ``n`` the whole of a dynamic dim?"""
+    return sizes.is_symbolic(w) and not sizes.is_symbolic(n - w) and int(n - w) == 0
+
+
 def _const(v, dt) -> ir.Const:
     return ir.Const(int(v), np.dtype(dt))
 
@@ -266,6 +271,13 @@ def _scatter(ctx, eqn, operand, indices, updates):
         hits, win = [], {}
         for d in range(len(op_shape)):
             if d in op_batch:
+                continue
+            if _whole_window(op_shape[d], window_size.get(d, 1)):
+                # A window over all of a dynamic dim (the rows of a take_along_axis's gradient
+                # under a dynamic batch): every position is in it, at its own index.
+                if d in to_operand and mode != "CLIP":  # XLA drops a window that does not start at 0
+                    hits.append(_in_range(_as_index(ctx.load(indices, tuple(jidx) + (to_operand.index(d),))), 0))
+                win[d] = out[d]
                 continue
             w = _int(window_size.get(d, 1))
             hi = _int(op_shape[d] - w)
