@@ -86,6 +86,19 @@ class LoweringContext:
             index = _load_index.__wrapped__(tuple(index), tuple(shape))
         return ir.Load(value, index, dtype, mask)
 
+    def inlined(self, e: ir.Expr, depth: int = 4) -> ir.Expr:
+        """``e`` with the pointwise nodes it loads (unmasked) inlined at the loads'
+        indices, ``depth`` levels deep: what a rule may look through to recognize
+        a pattern (``iota == labels`` behind its broadcasts)."""
+        if depth == 0:
+            return e
+        node = self.nodes.get(e.buffer) if isinstance(e, ir.Load) and e.mask is None else None
+        if isinstance(node, ir.Pointwise):
+            return self.inlined(ir.substitute_index(node.body, dict(zip(node.symbols, e.index))), depth - 1)
+        if isinstance(e, ir.Op):
+            return ir.Op(e.op, tuple(self.inlined(a, depth - 1) for a in e.args), e.dtype, e.params)
+        return e
+
     # -- nodes ------------------------------------------------------------------
     def _add(self, node):
         self.nodes[node.name] = node

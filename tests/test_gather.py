@@ -308,6 +308,27 @@ def test_gather_with_dynamic_batch_dims_compiles_once(rng):
     assert metrics.counters.get("dynamic_fallbacks", 0) == 0
 
 
+@pytest.mark.parametrize("form", ["one_hot", "where"])
+def test_one_hot_sums_are_picks(rng, form):
+    """``sum(one_hot(l, n) * x, -1)`` and ``sum(where(iota == l, x, 0), -1)`` are one
+    gathered value a row ([Note: one-hot picks]): a pointwise kernel, no reduction,
+    with jax.jit's values at NaN, inf, -0.0 and out-of-range labels."""
+    x = _values(rng, (6, 37), jnp.float32)
+    x = x.at[1, 3].set(jnp.nan).at[2, 4].set(-jnp.inf).at[3, 7].set(-0.0).at[0, 9].set(jnp.inf)
+    labels = jnp.asarray([9, 3, 5, 7, 37, -1], jnp.int32)
+    if form == "one_hot":
+        fn = lambda x, l: jnp.sum(jax.nn.one_hot(l, 37) * x, -1)  # noqa: E731
+    else:
+        fn = lambda x, l: jnp.sum(jnp.where(jnp.arange(37) == l[:, None], x, 0.0), -1)  # noqa: E731
+    with pallaskit.config.override(cache=False):
+        got = pallaskit.jit(fn)(x, labels)
+        kinds = [k.kind for k in pallaskit.explain(fn, x, labels).kernels]
+    want = jax.jit(fn)(x, labels)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))  # NaN where NaN
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))  # +0.0 for the picked -0.0
+    assert kinds == ["pointwise"], kinds
+
+
 def test_take_along_axis_gradient_under_a_dynamic_batch(rng):
     """The gradient of a cross-entropy's take_along_axis under a dynamic batch: its
     scatter-add has a window over all of the dynamic rows, which lowers like any other

@@ -33,5 +33,51 @@ def _reduce(ctx, eqn, x):
             return [ctx.pointwise(out_aval, ir.Const(0, np.dtype(out_aval.dtype)))]
         return [ctx.pointwise(out_aval, ctx.load(x, tuple(0 if k in axes else s for k, s in
                                                           zip(range(len(in_shape)), domain_index))))]
+    if op == "sum" and len(axes) == 1 and not sizes.is_symbolic(reduced[0]):
+        picked = _one_hot_pick(ctx, x, domain_index, domain_index[axes[0]], int(reduced[0]))
+        if picked is not None:
+            return [ctx.pointwise(out_aval, picked)]
     body = ctx.load(x, domain_index)
     return [ctx.reduction(out_aval, body, reduced=reduced, axes=axes, op=op)]
+
+
+# [Note: one-hot picks]
+# ``sum(one_hot(labels, n) * x, axis)`` (a cross-entropy with one-hot labels, its
+# gradient's ``sum(where(iota == label, g, 0))``) adds n - 1 zeros to one value:
+# it is ``x`` at ``label``. Where the summed operand is ``select(iota == idx, x,
+# 0)`` along the reduced axis (a one-hot product is that select: [Note: one-hot
+# products] in rules/pointwise.py), with ``idx`` not depending on the reduced
+# index, the sum is ``x[..., idx, ...]`` where idx is in range and 0 elsewhere:
+# exactly the sum's value (every other lane is +0: a picked -0.0 sums to +0.0, and
+# is picked as +0.0). The reduction becomes a pointwise gather, and a row kernel
+# loses a sweep's worth of work per element.
+def _one_hot_pick(ctx, x, domain_index, r, n: int) -> ir.Expr | None:
+    """The one-hot sum of ``x`` over the index ``r`` (extent ``n``) as one
+    gathered value ([Note: one-hot picks]), or None where it is no such sum."""
+    from lowering.rules.gather import _as_index, _clamped, _in_range
+
+    node = ctx.nodes.get(x)
+    if not (isinstance(node, ir.Pointwise) and isinstance(node.body, ir.Op) and node.body.op == "select_n"
+            and len(node.body.args) == 3):
+        return None
+    pred, zero, value = ir.substitute_index(node.body, dict(zip(node.symbols, domain_index))).args
+    zero = ctx.inlined(zero)  # jnp.where's 0.0: a broadcast literal, converted
+    while isinstance(zero, ir.Op) and zero.op == "convert_element_type":
+        zero = zero.args[0]
+    if not (isinstance(zero, ir.Const) and float(zero.value) == 0.0 and np.dtype(pred.dtype) == np.bool_):
+        return None
+    pred = ctx.inlined(pred, depth=8)
+    if not (isinstance(pred, ir.Op) and pred.op == "eq"):
+        return None
+    for here, other in (pred.args, pred.args[::-1]):
+        if (isinstance(here, ir.IndexValue) and sizes.simplify(here.expr - r) == 0
+                and np.dtype(other.dtype).kind in "iu" and r not in ir._index_free_symbols(other)):
+            idx = _as_index(other)
+            dt = np.dtype(value.dtype)
+            z = ir.Const(0, dt)
+            picked = ir.substitute_index(value, {r: ir.indirect_index(_clamped(idx, n - 1))})
+            # +0.0 for a picked -0.0, as the sum gives (``picked + 0`` would be folded by XLA:CPU's
+            # simplifier in interpret mode)
+            picked = ir.Op("select_n", (ir.Op("eq", (picked, z), np.dtype(np.bool_)), picked, z), dt)
+            return ir.Op("select_n", (_in_range(idx, n - 1), z, picked), dt)
+    return None
