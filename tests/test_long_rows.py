@@ -38,7 +38,9 @@ def _same(got, want, dtype=None):
         for test in (np.isnan, np.isposinf, np.isneginf):
             np.testing.assert_array_equal(test(g64), test(w64))
         finite = np.isfinite(w64)
-        tol = dict(rtol=2e-2, atol=2e-2) if (dtype or w.dtype) == BF16 else dict(rtol=2e-5, atol=1e-6)
+        dt = jnp.dtype(dtype or w.dtype)
+        tol = (dict(rtol=2e-2, atol=2e-2) if dt == BF16 else dict(rtol=2e-3, atol=2e-3) if dt == jnp.float16
+               else dict(rtol=2e-5, atol=1e-6))
         np.testing.assert_allclose(np.where(finite, g64, 0), np.where(finite, w64, 0), **tol)
 
 

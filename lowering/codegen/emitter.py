@@ -137,6 +137,33 @@ def acc_dtype(op, dt):
     return dt
 
 
+def is_one_hot(p) -> bool:
+    """``p`` is ``eq(iota, v)`` at the product's own shape, as jax.nn.one_hot writes it.
+    XLA rewrites only where the convert of the predicate feeds the multiply
+    directly: a predicate computed at a smaller shape and broadcast (``x * (l == 1)``)
+    keeps its multiply, so only this, the common pattern, is rewritten."""
+    return (isinstance(p, ir.Op) and p.op == "eq" and np.dtype(p.dtype) == np.bool_
+            and any(isinstance(a, ir.IndexValue) for a in p.args))
+
+
+def mul_by_converted_bool(e, interpret: bool):
+    """``convert(pred) * x`` (a one-hot times values) as ``select(pred, x, 0)``, as
+    XLA's algebraic simplifier rewrites it: the one-hot's zeros then hide x's
+    NaN and infinities instead of making NaN of them (0 * inf). XLA:CPU computes
+    16-bit floats in float32 and the rewrite does not see through that (jax.jit
+    there gives NaN for bf16), XLA:GPU multiplies them natively and rewrites: in
+    interpret mode only 32- and 64-bit products are rewritten. None otherwise."""
+    if not (isinstance(e, ir.Op) and e.op == "mul" and is_float(e.dtype)):
+        return None
+    if interpret and is_16bit_float(e.dtype):
+        return None
+    for i, a in enumerate(e.args):
+        if (isinstance(a, ir.Op) and a.op == "convert_element_type" and is_one_hot(a.args[0])
+                and np.dtype(e.args[1 - i].dtype) == np.dtype(e.dtype)):
+            return ir.Op("select_n", (a.args[0], ir.Const(0.0, np.dtype(e.dtype)), e.args[1 - i]), np.dtype(e.dtype))
+    return None
+
+
 def select_n_template(cases: int, where: str) -> str:
     """``select_n`` over an int32 index or more than two cases as nested
     two-way selects (``where``: the dialect's select function): Pallas' Triton
@@ -443,6 +470,11 @@ class KernelEmitter:
         if isinstance(e, ir.Load):
             return self.load(e)
         # Op
+        masked = mul_by_converted_bool(e, self.interpret)
+        if masked is not None:  # XLA's rewrite: convert(pred) * x is select(pred, x, 0)
+            zero = masked.args[1]
+            memo = {**memo, zero: self._emit(zero, memo)}
+            return self._emit(masked, memo)
         args = [memo[a] for a in e.args]
         extent = frozenset().union(*[x for _, x in args]) if args else frozenset()
         names = [self.broadcast(v, x, extent) for v, x in args]

@@ -64,10 +64,6 @@ def _elementwise(ctx, eqn, *args):
     folded = _plus_literal_zero(ctx, eqn, args)
     if folded is not None:
         return [folded]
-    if eqn.primitive.name == "mul":
-        selected = _one_hot_select(ctx, aval, args)
-        if selected is not None:
-            return [ctx.pointwise(aval, selected)]
     idx = ctx.symbols(len(aval.shape))
     operands = tuple(ctx.load(a, idx) for a in args)
     body = ir.Op(eqn.primitive.name, operands, np.dtype(aval.dtype), op_params(eqn))
@@ -75,51 +71,6 @@ def _elementwise(ctx, eqn, *args):
 
 
 register_lowering(*ELEMENTWISE, kind="pointwise")(_elementwise)
-
-
-# [Note: one-hot products]
-# XLA's simplifier rewrites ``convert(pred) * x`` as ``select(pred, x, 0)``: the
-# one-hot's zeros then hide x's NaN and infinities instead of making NaN of them
-# (0 * inf); a cross-entropy with one_hot labels over a row with -inf logits is
-# finite under jax.jit. It does so only where the convert feeds the multiply
-# directly: a predicate computed at a smaller shape and broadcast (``x * (l ==
-# 1)``) or transposed (``one_hot(l, n).T * x``) keeps its multiply, and so must
-# pallaskit (the renderers used to rewrite any inlined convert-of-compare, and
-# gave a value where jax.jit gives NaN). So the rule does it, where the graph
-# still says what feeds what: ``jax.nn.one_hot``'s ``convert(iota == v)`` at the
-# product's own shape. XLA:CPU computes 16-bit floats in float32 and does not see
-# the convert through that (jax.jit gives NaN for bf16 there); XLA:GPU multiplies
-# them natively and rewrites: in interpret mode only 32- and 64-bit products are.
-def _one_hot_select(ctx, aval, args) -> ir.Expr | None:
-    """``select(pred, x, 0)`` for a product of a one-hot ``convert(pred)`` and
-    ``x`` ([Note: one-hot products]), or None."""
-    dt = np.dtype(aval.dtype)
-    if not (dt.kind == "f" or dt.name == "bfloat16") or (ctx.options.interpret and dt.itemsize == 2):
-        return None
-    shape = tuple(aval.shape)
-    idx = ctx.symbols(len(shape))
-    for i, a in enumerate(args):
-        pred = _one_hot_predicate(ctx, a, shape)
-        other = args[1 - i]
-        if pred is not None and ctx.aval_of(other) == (shape, dt):
-            return ir.Op("select_n", (ctx.load(pred, idx), ir.Const(0.0, dt), ctx.load(other, idx)), dt)
-    return None
-
-
-def _one_hot_predicate(ctx, value, shape) -> str | None:
-    """The predicate ``value`` converts, where ``value`` is ``convert(iota == v)``
-    computed at ``shape`` (``jax.nn.one_hot``), or None."""
-    node = ctx.nodes.get(value) if isinstance(value, str) else None
-    if not (isinstance(node, ir.Pointwise) and tuple(node.shape) == shape and isinstance(node.body, ir.Op)
-            and node.body.op == "convert_element_type" and isinstance(node.body.args[0], ir.Load)):
-        return None
-    pred = ctx.nodes.get(node.body.args[0].buffer)
-    if not (isinstance(pred, ir.Pointwise) and tuple(pred.shape) == shape and pred.dtype == np.bool_
-            and isinstance(pred.body, ir.Op) and pred.body.op == "eq"):
-        return None
-    if not any(isinstance(ctx.inlined(a), ir.IndexValue) for a in pred.body.args):
-        return None
-    return pred.name
 
 
 def _plus_literal_zero(ctx, eqn, args):

@@ -45,8 +45,9 @@ def _reduce(ctx, eqn, x):
 # ``sum(one_hot(labels, n) * x, axis)`` (a cross-entropy with one-hot labels, its
 # gradient's ``sum(where(iota == label, g, 0))``) adds n - 1 zeros to one value:
 # it is ``x`` at ``label``. Where the summed operand is ``select(iota == idx, x,
-# 0)`` along the reduced axis (a one-hot product is that select: [Note: one-hot
-# products] in rules/pointwise.py), with ``idx`` not depending on the reduced
+# 0)`` along the reduced axis (or ``convert(iota == idx) * x``, which XLA's
+# simplifier and the renderers make that select: ``mul_by_converted_bool`` in
+# codegen/emitter.py, whose conditions apply here too), with ``idx`` not depending on the reduced
 # index, the sum is ``x[..., idx, ...]`` where idx is in range and 0 elsewhere:
 # exactly the sum's value (every other lane is +0: a picked -0.0 sums to +0.0, and
 # is picked as +0.0). The reduction becomes a pointwise gather, and a row kernel
@@ -54,13 +55,18 @@ def _reduce(ctx, eqn, x):
 def _one_hot_pick(ctx, x, domain_index, r, n: int) -> ir.Expr | None:
     """The one-hot sum of ``x`` over the index ``r`` (extent ``n``) as one
     gathered value ([Note: one-hot picks]), or None where it is no such sum."""
+    from lowering.codegen.emitter import mul_by_converted_bool
     from lowering.rules.gather import _as_index, _clamped, _in_range
 
     node = ctx.nodes.get(x)
-    if not (isinstance(node, ir.Pointwise) and isinstance(node.body, ir.Op) and node.body.op == "select_n"
-            and len(node.body.args) == 3):
+    if not (isinstance(node, ir.Pointwise) and isinstance(node.body, ir.Op)):
         return None
-    pred, zero, value = ir.substitute_index(node.body, dict(zip(node.symbols, domain_index))).args
+    body = ir.substitute_index(node.body, dict(zip(node.symbols, domain_index)))
+    if body.op == "mul":  # a one-hot product: the renderers' select
+        body = mul_by_converted_bool(ctx.inlined(body, depth=8), ctx.options.interpret)
+    if body is None or body.op != "select_n" or len(body.args) != 3:
+        return None
+    pred, zero, value = body.args
     zero = ctx.inlined(zero)  # jnp.where's 0.0: a broadcast literal, converted
     while isinstance(zero, ir.Op) and zero.op == "convert_element_type":
         zero = zero.args[0]
