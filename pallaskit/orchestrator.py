@@ -89,9 +89,9 @@ def _cuda_with_triton() -> bool:
 @functools.lru_cache(maxsize=None)
 def _staged_rows_gpu() -> bool:
     """Does the default device take staged row kernels ([Note: staged rows] in
-    lowering/codegen/rows.py: ``cp.async`` copies, two programs of 110 KB of
-    shared memory an SM)? Compute capability 9.x and 10.x (Hopper, data-centre
-    Blackwell: 228 KB an SM); measured on the H100 and H200."""
+    lowering/codegen/rows.py: ``cp.async`` copies, up to 220 KB of shared
+    memory a program)? Compute capability 9.x and 10.x (Hopper, data-centre
+    Blackwell: 228 KB an SM, 227 KB a block); measured on the H100 and H200."""
     capability = str(getattr(jax.devices()[0], "compute_capability", "") or "")
     return capability.split(".")[0] in ("9", "10")
 

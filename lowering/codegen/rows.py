@@ -267,7 +267,7 @@ def _render_loop(em, kernel, bodies, reds, rowwise, p, cfg, online=None):
 # its chunks and warps were chosen. Where the dialect can (raw Triton on a GPU,
 # written as a Gluon kernel, whose shared memory is explicit: ``STAGED_ROWS``)
 # and the row-shaped buffers a program reads through the window fit in
-# ``heuristics.STAGED_ROW_MAX_BYTES`` (two programs an SM), the window is
+# ``heuristics.STAGED_ROW_MAX_BYTES`` (two bf16 vocabulary rows an SM), the window is
 # staged: before the first sweep every chunk of every such buffer is copied
 # into shared memory at once (``cp.async``, 16 bytes a lane, the same vector
 # mask as the window's loads), and every sweep's window load reads shared
