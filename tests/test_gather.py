@@ -308,18 +308,21 @@ def test_gather_with_dynamic_batch_dims_compiles_once(rng):
     assert metrics.counters.get("dynamic_fallbacks", 0) == 0
 
 
-@pytest.mark.parametrize("form", ["one_hot", "where"])
+@pytest.mark.parametrize("form", ["one_hot", "where", "scaled"])
 def test_one_hot_sums_are_picks(rng, form):
-    """``sum(one_hot(l, n) * x, -1)`` and ``sum(where(iota == l, x, 0), -1)`` are one
-    gathered value a row ([Note: one-hot picks]): a pointwise kernel, no reduction,
-    with jax.jit's values at NaN, inf, -0.0 and out-of-range labels."""
+    """``sum(one_hot(l, n) * x, -1)``, ``sum(where(iota == l, x, 0), -1)`` and a
+    gradient's ``sum(-(one_hot * x) / 4)`` are one gathered value a row ([Note:
+    one-hot picks]): a pointwise kernel, no reduction, with jax.jit's values at NaN,
+    inf, -0.0 and out-of-range labels."""
     x = _values(rng, (6, 37), jnp.float32)
     x = x.at[1, 3].set(jnp.nan).at[2, 4].set(-jnp.inf).at[3, 7].set(-0.0).at[0, 9].set(jnp.inf)
     labels = jnp.asarray([9, 3, 5, 7, 37, -1], jnp.int32)
     if form == "one_hot":
         fn = lambda x, l: jnp.sum(jax.nn.one_hot(l, 37) * x, -1)  # noqa: E731
-    else:
+    elif form == "where":
         fn = lambda x, l: jnp.sum(jnp.where(jnp.arange(37) == l[:, None], x, 0.0), -1)  # noqa: E731
+    else:
+        fn = lambda x, l: jnp.sum(-(jax.nn.one_hot(l, 37) * x) / 4.0, -1)  # noqa: E731
     with pallaskit.config.override(cache=False):
         got = pallaskit.jit(fn)(x, labels)
         kinds = [k.kind for k in pallaskit.explain(fn, x, labels).kernels]

@@ -50,8 +50,10 @@ def _reduce(ctx, eqn, x):
 # codegen/emitter.py, whose conditions apply here too), with ``idx`` not depending on the reduced
 # index, the sum is ``x[..., idx, ...]`` where idx is in range and 0 elsewhere:
 # exactly the sum's value (every other lane is +0: a picked -0.0 sums to +0.0, and
-# is picked as +0.0). The reduction becomes a pointwise gather, and a row kernel
-# loses a sweep's worth of work per element.
+# is picked as +0.0). So is ``f(select(...))`` for an ``f`` that keeps a zero zero
+# (negation, a product or quotient by a finite constant: a gradient's -1 / N),
+# picked as ``f(x[..., idx, ...])``. The reduction becomes a pointwise gather,
+# and a row kernel loses a sweep's worth of work per element.
 def _one_hot_pick(ctx, x, domain_index, r, n: int) -> ir.Expr | None:
     """The one-hot sum of ``x`` over the index ``r`` (extent ``n``) as one
     gathered value ([Note: one-hot picks]), or None where it is no such sum."""
@@ -61,29 +63,45 @@ def _one_hot_pick(ctx, x, domain_index, r, n: int) -> ir.Expr | None:
     node = ctx.nodes.get(x)
     if not (isinstance(node, ir.Pointwise) and isinstance(node.body, ir.Op)):
         return None
-    body = ir.substitute_index(node.body, dict(zip(node.symbols, domain_index)))
-    if body.op == "mul":  # a one-hot product: the renderers' select
-        body = mul_by_converted_bool(ctx.inlined(body, depth=8), ctx.options.interpret)
-    if body is None or body.op != "select_n" or len(body.args) != 3:
+    body = ctx.inlined(ir.substitute_index(node.body, dict(zip(node.symbols, domain_index))), depth=12)
+    outer = []  # ops around the select that keep its zeros zero (a gradient's negation, its 1 / N)
+    while isinstance(body, ir.Op) and body.op != "select_n":
+        if body.op == "mul" and mul_by_converted_bool(body, ctx.options.interpret) is not None:
+            body = mul_by_converted_bool(body, ctx.options.interpret)  # a one-hot product: the renderers' select
+        elif body.op == "neg":
+            outer.append(body)
+            body = body.args[0]
+        elif body.op in ("mul", "div") and _finite_const(body.args[1]) and (body.op == "mul" or body.args[1].value):
+            outer.append(body)
+            body = body.args[0]
+        elif body.op == "mul" and _finite_const(body.args[0]):
+            outer.append(ir.Op("mul", (body.args[1], body.args[0]), body.dtype, body.params))
+            body = body.args[1]
+        else:
+            return None
+    if not (isinstance(body, ir.Op) and len(body.args) == 3):
         return None
     pred, zero, value = body.args
-    zero = ctx.inlined(zero)  # jnp.where's 0.0: a broadcast literal, converted
-    while isinstance(zero, ir.Op) and zero.op == "convert_element_type":
+    while isinstance(zero, ir.Op) and zero.op == "convert_element_type":  # jnp.where's 0.0, converted
         zero = zero.args[0]
-    if not (isinstance(zero, ir.Const) and float(zero.value) == 0.0 and np.dtype(pred.dtype) == np.bool_):
-        return None
-    pred = ctx.inlined(pred, depth=8)
-    if not (isinstance(pred, ir.Op) and pred.op == "eq"):
+    if not (isinstance(zero, ir.Const) and float(zero.value) == 0.0 and np.dtype(pred.dtype) == np.bool_
+            and isinstance(pred, ir.Op) and pred.op == "eq"):
         return None
     for here, other in (pred.args, pred.args[::-1]):
         if (isinstance(here, ir.IndexValue) and sizes.simplify(here.expr - r) == 0
                 and np.dtype(other.dtype).kind in "iu" and r not in ir._index_free_symbols(other)):
             idx = _as_index(other)
-            dt = np.dtype(value.dtype)
-            z = ir.Const(0, dt)
             picked = ir.substitute_index(value, {r: ir.indirect_index(_clamped(idx, n - 1))})
-            # +0.0 for a picked -0.0, as the sum gives (``picked + 0`` would be folded by XLA:CPU's
-            # simplifier in interpret mode)
+            for op in reversed(outer):
+                picked = ir.Op(op.op, (picked,) + op.args[1:], op.dtype, op.params)
+            dt = np.dtype(picked.dtype)
+            z = ir.Const(0, dt)
+            # +0.0 for a picked zero of either sign, as the sum gives (``picked + 0`` would be folded
+            # by XLA:CPU's simplifier in interpret mode)
             picked = ir.Op("select_n", (ir.Op("eq", (picked, z), np.dtype(np.bool_)), picked, z), dt)
             return ir.Op("select_n", (_in_range(idx, n - 1), z, picked), dt)
     return None
+
+
+def _finite_const(e) -> bool:
+    return isinstance(e, ir.Const) and bool(np.isfinite(np.asarray(e.value, np.float64)))
