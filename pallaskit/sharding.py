@@ -78,6 +78,12 @@ def placement(leaves) -> tuple | None:
     return tuple(out) if other else None
 
 
+def committed(leaves) -> bool:
+    """Whether a concrete array among ``leaves`` is committed (to the default
+    device, where ``placement`` is None): jax.jit's outputs are then committed."""
+    return any(isinstance(x, jax.Array) and not isinstance(x, _Tracer) and x.committed for x in leaves)
+
+
 def fast_placement(leaves) -> tuple:
     """The shardings of concrete arrays, for the dispatch fast path's key: a
     committed array's own; None for an uncommitted one, which goes wherever the

@@ -126,6 +126,10 @@ def test_array_on_device_3(rng):
     y = jnp.asarray(np.asarray(x))
     _check(f(y), jax.jit(g)(y))
     assert f(y).devices() == {jax.devices()[0]}
+    # committed to the default device: outputs committed, as jax.jit's (they were not); twice: the fast path
+    z = jax.device_put(np.asarray(x), jax.devices()[0])
+    for _ in range(2):
+        assert f(z).committed and jax.jit(g)(z).committed and not f(y).committed
 
 
 @needs8
