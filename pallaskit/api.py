@@ -272,6 +272,8 @@ class JitFunction:
             return autodiff.fallback(self, args, kwargs, why), None, None
         if autodiff.transformed(leaves):  # grad / jvp / vmap tracers: pallaskit/autodiff.py
             return autodiff.call(self, args, kwargs), None, None
+        if autodiff.staged(leaves) and signature.inside_trace():  # [Note: nested pallaskit functions]
+            return self._jax(*args, **kwargs), None, None
         if autodiff.staged(leaves):  # jax.jit tracers: the AOT executable takes none
             return autodiff.call_staged(self, args, kwargs), None, None
         if any(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):

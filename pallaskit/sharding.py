@@ -196,7 +196,10 @@ class Placed:
                         for a, s in zip(self._avals, self.placement)]
             out = self._user_out
             kw = {} if out is None else {"out_shardings": list(out) if isinstance(out, tuple) else out}
-            self._reference = jax.jit(self._flat_fn, **kw).lower(*structs_).compile()
+            from pallaskit import signature
+
+            with signature.tracing():  # nested pallaskit functions as the program has them
+                self._reference = jax.jit(self._flat_fn, **kw).lower(*structs_).compile()
         return self._reference
 
     def out_shardings(self) -> tuple:

@@ -133,6 +133,23 @@ def test_array_on_device_3(rng):
 
 
 @needs8
+def test_nested_pallaskit_function_keeps_the_split(rng):
+    """A pallaskit function called inside another is traced into it
+    ([Note: nested pallaskit functions] in pallaskit/signature.py): compiled
+    apart, its kernels were opaque to the partitioner and the sum over the
+    split rows came out replicated where jax.jit's stays split."""
+    mesh = _mesh((2, 4), ("a", "b"))
+    inner = pallaskit.jit(lambda x: jnp.exp(x) * 2)
+    f = lambda x, y: (inner(x) + y, inner(y).sum(0))  # noqa: E731
+    g = lambda x, y: (jnp.exp(x) * 2 + y, (jnp.exp(y) * 2).sum(0))  # noqa: E731
+    s = NamedSharding(mesh, P("a", "b"))
+    x, y = (jax.device_put(rng.standard_normal((8, 16)).astype(np.float32), s) for _ in range(2))
+    ref = jax.jit(g)(x, y)
+    assert ref[1].sharding.spec == P("b")
+    _check(pallaskit.jit(f)(x, y), ref)
+
+
+@needs8
 def test_sharded_with_scalars_numpy_and_uncommitted_arrays(rng):
     """Beside a sharded array: a Python scalar, a numpy array and an array
     on the default device that jax.jit moves (uncommitted)."""
