@@ -25,6 +25,14 @@ ordinary HLO, which SPMD partitions like any other; on the GPU a Triton custom
 call is opaque to the partitioner, which gathers its operands and runs it on
 every device: correct, but not per shard.
 
+A pallaskit function staged under the user's ``jax.jit`` over sharded arrays
+(the arguments' avals name a mesh with an ``Auto`` axis of several devices)
+runs the original function through XLA, with one log line
+(``staged_over_devices``): there no placement is known to compile for, and the
+partitioner, unable to split its kernels, made its outputs replicated where
+jax.jit's stay split. Shardings the trace does not show (``in_shardings`` of
+arrays on one device) still meet the kernels whole.
+
 Kernels per shard instead: option ``shard_kernels`` ([Note: per-shard kernels]
 in pallaskit/per_shard.py) compiles the program at local shapes and runs it
 under ``jax.shard_map`` (``Placed.per_shard``, the plan), where a call allows.
@@ -162,6 +170,23 @@ def xla_only(leaves, transformed: bool, options) -> str:
         # traced calls on Explicit meshes: the jaxpr's equations carry explicit
         # shardings, which Pallas kernels cannot take
         return "traced over Explicit mesh axes (jax.jit or a transformation)"
+    return ""
+
+
+def staged_over_devices(avals) -> str:
+    """Why a call staged under ``jax.jit`` must run the original function
+    through XLA ('' when it need not): its arguments are typed on a mesh of
+    several devices along an ``Auto`` axis (jax.jit of sharded arrays, or the
+    auto axes of a partial shard_map). The partitioner splits each of the
+    original function's ops; a kernel it cannot see into (a Triton custom call;
+    Pallas's interpreter loop alike) it runs whole on every device, so outputs
+    came out replicated where jax.jit's stay split ([Note: sharding])."""
+    auto = jax.sharding.AxisType.Auto
+    for a in avals:
+        mesh = getattr(getattr(a, "sharding", None), "mesh", None)
+        types = getattr(mesh, "axis_types", None) or ()
+        if any(t == auto and n > 1 for t, n in zip(types, getattr(mesh, "axis_sizes", ()))):
+            return "staged over sharded arrays (jax.jit of arrays on a mesh), whose partitioner cannot split kernels"
     return ""
 
 

@@ -137,7 +137,9 @@ def test_nested_pallaskit_function_keeps_the_split(rng):
     """A pallaskit function called inside another is traced into it
     ([Note: nested pallaskit functions] in pallaskit/signature.py): compiled
     apart, its kernels were opaque to the partitioner and the sum over the
-    split rows came out replicated where jax.jit's stays split."""
+    split rows came out replicated where jax.jit's stays split. Under the
+    user's jax.jit of sharded arrays it runs through XLA
+    (``sharding.staged_over_devices``)."""
     mesh = _mesh((2, 4), ("a", "b"))
     inner = pallaskit.jit(lambda x: jnp.exp(x) * 2)
     f = lambda x, y: (inner(x) + y, inner(y).sum(0))  # noqa: E731
@@ -147,6 +149,8 @@ def test_nested_pallaskit_function_keeps_the_split(rng):
     ref = jax.jit(g)(x, y)
     assert ref[1].sharding.spec == P("b")
     _check(pallaskit.jit(f)(x, y), ref)
+    # under the user's jax.jit the kernels would be as opaque: the original function runs there
+    _check(jax.jit(f)(x, y), ref)
 
 
 @needs8
