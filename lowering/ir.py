@@ -210,6 +210,19 @@ class IndexValue(Expr):
     expr: object  # sympy integer or boolean expression
     dtype: np.dtype
 
+    def children(self):
+        """The values of the indirect indices in ``expr`` (an iota read at a
+        gathered or dynamic position, ``arange(n)[ids]``): walked like a load's,
+        so their loads count as reads."""
+        out = self.__dict__.get("_indirect")
+        if out is None:
+            out = tuple(indirect_value(a) for a in indirect_atoms(self.indexing()))
+            object.__setattr__(self, "_indirect", out)
+        return out
+
+    def indexing(self) -> tuple:
+        return (self.expr,)
+
     def __str__(self):
         return f"index({sizes.text(self.expr)}):{self.dtype.name}"
 
@@ -274,7 +287,7 @@ def walk(expr: Expr, indirect: bool = True) -> list[Expr]:
         kind = type(e)
         if kind is Op:
             children = e.args
-        elif kind is Load and not indirect:
+        elif (kind is Load or kind is IndexValue) and not indirect:
             continue
         else:
             children = e.children()
@@ -304,7 +317,7 @@ def rewrite(expr: Expr, fn: Callable[[Expr], Expr | None], indirect: bool = True
             args = tuple(memo[a] for a in e.args)
             # identity, not ==: equality of deep bodies recurses once per level
             new = e if all(x is y for x, y in zip(args, e.args)) else Op(e.op, args, e.dtype, e.params)
-        elif indirect and isinstance(e, Load) and e.children():
+        elif indirect and isinstance(e, (Load, IndexValue)) and e.children():
             new = _rewrite_indirect(e, memo)
         else:
             new = e
@@ -468,7 +481,7 @@ def _indirect_atoms(index) -> tuple:
 
 
 def has_indirect(expr: Expr) -> bool:
-    return any(e.children() for e in walk(expr, indirect=False) if isinstance(e, Load))
+    return any(e.children() for e in walk(expr, indirect=False) if isinstance(e, (Load, IndexValue)))
 
 
 def indirect_value(app) -> Expr:
@@ -476,8 +489,8 @@ def indirect_value(app) -> Expr:
     return substitute_index(type(app).value, {_formal(k): a for k, a in enumerate(app.args)})
 
 
-def _rewrite_indirect(e: Load, memo: dict) -> Load:
-    """``e`` with each indirect index whose value the rewrite changed replaced."""
+def _rewrite_indirect(e, memo: dict):
+    """``e`` (a Load or IndexValue) with each indirect index whose value the rewrite changed replaced."""
     swap = {}
     for app, v in zip(indirect_atoms(e.indexing()), e.children()):
         nv = memo.get(v, v)
@@ -485,6 +498,9 @@ def _rewrite_indirect(e: Load, memo: dict) -> Load:
             swap[app] = indirect_index(nv)
     if not swap:
         return e
+    if isinstance(e, IndexValue):
+        ex = e.expr.xreplace(swap)
+        return IndexValue(ex if isinstance(ex, sympy.logic.boolalg.Boolean) else sizes.simplify(ex), e.dtype)
     return dataclasses.replace(e, index=tuple(sizes.simplify(sympy.sympify(i).xreplace(swap)) for i in e.index),
                                mask=None if e.mask is None else e.mask.xreplace(swap))
 
@@ -494,7 +510,7 @@ def indirect_definitions(exprs) -> list[str]:
     seen, lines = set(), []
     for expr in exprs:
         for e in walk(expr):
-            if isinstance(e, Load):
+            if isinstance(e, (Load, IndexValue)):
                 for app in indirect_atoms(e.indexing()):
                     cls = type(app)
                     if cls.__name__ not in seen:

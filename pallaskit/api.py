@@ -14,6 +14,7 @@ is kept under the signature; ``_cache_miss`` hands its executable to C++.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import inspect
 import logging
@@ -271,12 +272,17 @@ class JitFunction:
             return autodiff.fallback(self, args, kwargs, why), None, None
         if autodiff.transformed(leaves):  # grad / jvp / vmap tracers: pallaskit/autodiff.py
             return autodiff.call(self, args, kwargs), None, None
+        if autodiff.staged(leaves) and signature.inside_trace():  # [Note: nested pallaskit functions]
+            return self._jax(*args, **kwargs), None, None
         if autodiff.staged(leaves):  # jax.jit tracers: the AOT executable takes none
             return autodiff.call_staged(self, args, kwargs), None, None
         if any(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
             raise TypeError("pallaskit.jit: a call needs arrays; jax.ShapeDtypeStruct arguments are for "
                             "pallaskit.explain and lower_to_result")
         placement = sharding.placement(leaves)  # [Note: sharding] in pallaskit/sharding.py
+        committed = placement is None and sharding.committed(leaves)  # [Note: XLA arguments]
+        if committed:
+            key = (*key, "committed")
         if placement is not None:
             key = (*key, placement)
             if key not in self._cache and len({frozenset(s.device_set) for s in placement if s is not None}) > 1:
@@ -288,7 +294,8 @@ class JitFunction:
             # collections ([Note: no collections while compiling]).
             with gc_pause.paused():
                 try:
-                    entry = self._miss(key, leaves, avals, treedef, static_pos, static_kw, len(args), placement)
+                    entry = self._miss(key, leaves, avals, treedef, static_pos, static_kw, len(args), placement,
+                                       committed)
                 except signature.JaxOnly as e:  # jax.jit runs it (traced into an enclosing trace, if any)
                     autodiff.fallback_log(self, f"{e}; running it with jax.jit")
                     return self._jax(*args, **kwargs), None, None
@@ -306,17 +313,20 @@ class JitFunction:
             self._fast.setdefault(fast[0], entry)
         return jax.tree_util.tree_unflatten(entry.out_tree, outs), entry, outs
 
-    def _miss(self, key, leaves, avals, treedef, static_pos, static_kw, n_args, placement) -> Compiled:
+    def _miss(self, key, leaves, avals, treedef, static_pos, static_kw, n_args, placement,
+              committed=False) -> Compiled:
         """The entry of a signature not in ``_cache``, compiled (or served by a symbolic graph) and kept."""
         entry = None
+        xla = self._xla_args(treedef, n_args)
+        if committed:
+            xla = dataclasses.replace(xla, committed=True)
         if placement is None:
             entry = dynamic_dims.entry(self, leaves, avals, treedef, static_pos, static_kw, n_args)
         if entry is None:
             speculate = (dynamic_dims.speculation(self, avals, treedef, static_pos, static_kw, n_args)
                          if placement is None else None)
             entry = self._compile(avals, treedef, static_pos, static_kw, n_args,
-                                  xla=self._xla_args(treedef, n_args), placement=placement,
-                                  while_compiling=speculate)
+                                  xla=xla, placement=placement, while_compiling=speculate)
         self._cache[key] = entry
         return entry
 

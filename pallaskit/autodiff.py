@@ -39,7 +39,7 @@ from jax._src.interpreters import ad as _ad
 from jax._src.interpreters import batching as _batching
 from jax._src.interpreters import partial_eval as _pe
 
-from pallaskit import metrics
+from pallaskit import metrics, sharding
 from pallaskit.config import config
 from pallaskit.signature import ClosedOverTracers, JaxOnly, Signature, flat_function
 
@@ -88,6 +88,9 @@ def call_staged(jf, args, kwargs):
     (``jax.grad(jax.jit(f))``, ``lax.scan`` or ``jax.checkpoint`` bodies) gets
     pallaskit's partitioned backward instead of failing on ``pallas_call``."""
     key, leaves, avals, treedef, static_pos, static_kw = jf._split(args, kwargs)
+    why = sharding.staged_over_devices(avals)
+    if why:
+        return fallback(jf, args, kwargs, why)
     store = _store(jf)
     program = store.get(("staged", key))
     if program is None:

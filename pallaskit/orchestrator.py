@@ -113,7 +113,8 @@ def trace(jf, structs, treedef, static_pos, static_kw, n_args):
     ``jax.jit(fn).trace``, which keeps the function's signature: errors
     raised by the user's code name the function and its arguments."""
     full, kwargs = signature.full_args(structs, treedef, static_pos, static_kw, n_args)
-    traced = jf._tracer.trace(*full, **kwargs)
+    with signature.tracing():  # [Note: nested pallaskit functions]
+        traced = jf._tracer.trace(*full, **kwargs)
     if getattr(traced, "_consts", None):  # jax lifts closed-over tracers to leading arguments
         raise signature.ClosedOverTracers("it closes over a tracer of an enclosing transformation or a mutable array")
     named = signature.batch_axes_named(traced.jaxpr)

@@ -25,6 +25,14 @@ ordinary HLO, which SPMD partitions like any other; on the GPU a Triton custom
 call is opaque to the partitioner, which gathers its operands and runs it on
 every device: correct, but not per shard.
 
+A pallaskit function staged under the user's ``jax.jit`` over sharded arrays
+(the arguments' avals name a mesh with an ``Auto`` axis of several devices)
+runs the original function through XLA, with one log line
+(``staged_over_devices``): there no placement is known to compile for, and the
+partitioner, unable to split its kernels, made its outputs replicated where
+jax.jit's stay split. Shardings the trace does not show (``in_shardings`` of
+arrays on one device) still meet the kernels whole.
+
 Kernels per shard instead: option ``shard_kernels`` ([Note: per-shard kernels]
 in pallaskit/per_shard.py) compiles the program at local shapes and runs it
 under ``jax.shard_map`` (``Placed.per_shard``, the plan), where a call allows.
@@ -76,6 +84,12 @@ def placement(leaves) -> tuple | None:
                 other = True
         out.append(s)
     return tuple(out) if other else None
+
+
+def committed(leaves) -> bool:
+    """Whether a concrete array among ``leaves`` is committed (to the default
+    device, where ``placement`` is None): jax.jit's outputs are then committed."""
+    return any(isinstance(x, jax.Array) and not isinstance(x, _Tracer) and x.committed for x in leaves)
 
 
 def fast_placement(leaves) -> tuple:
@@ -159,6 +173,23 @@ def xla_only(leaves, transformed: bool, options) -> str:
     return ""
 
 
+def staged_over_devices(avals) -> str:
+    """Why a call staged under ``jax.jit`` must run the original function
+    through XLA ('' when it need not): its arguments are typed on a mesh of
+    several devices along an ``Auto`` axis (jax.jit of sharded arrays, or the
+    auto axes of a partial shard_map). The partitioner splits each of the
+    original function's ops; a kernel it cannot see into (a Triton custom call;
+    Pallas's interpreter loop alike) it runs whole on every device, so outputs
+    came out replicated where jax.jit's stay split ([Note: sharding])."""
+    auto = jax.sharding.AxisType.Auto
+    for a in avals:
+        mesh = getattr(getattr(a, "sharding", None), "mesh", None)
+        types = getattr(mesh, "axis_types", None) or ()
+        if any(t == auto and n > 1 for t, n in zip(types, getattr(mesh, "axis_sizes", ()))):
+            return "staged over sharded arrays (jax.jit of arrays on a mesh), whose partitioner cannot split kernels"
+    return ""
+
+
 def trace_context(placement_):
     """The mesh context a sharded signature is traced and its program lowered
     in: the ``Auto`` twin of an explicit mesh (under the caller's explicit
@@ -190,7 +221,10 @@ class Placed:
                         for a, s in zip(self._avals, self.placement)]
             out = self._user_out
             kw = {} if out is None else {"out_shardings": list(out) if isinstance(out, tuple) else out}
-            self._reference = jax.jit(self._flat_fn, **kw).lower(*structs_).compile()
+            from pallaskit import signature
+
+            with signature.tracing():  # nested pallaskit functions as the program has them
+                self._reference = jax.jit(self._flat_fn, **kw).lower(*structs_).compile()
         return self._reference
 
     def out_shardings(self) -> tuple:

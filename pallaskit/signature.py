@@ -4,6 +4,7 @@ flat function of its dynamic leaves. ``api`` builds signatures and
 each other."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import threading
@@ -220,3 +221,30 @@ def abstractify(leaf, where: str):
         return jax.typeof(leaf.__jax_array__())
     raise TypeError(f"pallaskit.jit: {where} is a {type(leaf).__name__}, not an array or scalar; "
                     f"mark it static (static_argnums/static_argnames) or pass an array")
+
+
+# [Note: nested pallaskit functions]
+# A pallaskit function called while pallaskit traces another (directly, or in a
+# jax.jit / scan body inside it) is traced into it as the original function,
+# as a jax.jit function would be: the outer program compiles the whole graph.
+# Compiled apart, its kernels were opaque calls in the outer program, which
+# neither fused across them nor let XLA's partitioner see through them (a
+# sharded call's outputs came out replicated where jax.jit's keep the split).
+# jax.jit's output shardings of a sharded signature (``sharding.Placed``) are
+# traced so too.
+_TRACING = threading.local()
+
+
+@contextlib.contextmanager
+def tracing():
+    """pallaskit traces a function on this thread in this block."""
+    _TRACING.depth = getattr(_TRACING, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _TRACING.depth -= 1
+
+
+def inside_trace() -> bool:
+    """Whether pallaskit is tracing a function on this thread ([Note: nested pallaskit functions])."""
+    return getattr(_TRACING, "depth", 0) > 0

@@ -9,6 +9,8 @@
 5. argmax / argmin over rows longer than one tile raised.
 6. On the GPU, float max / min / clamp / argmax / argmin dropped NaN (Pallas
    lowers them to maxnum / minnum), and clz of 8-bit ints failed to compile.
+9. An iota or random bits read at a run-time position (a gather, a dynamic
+   slice) crashed the renderer: the position's load was no kernel input.
 
 Every case compares with jax.jit on seeded data with special values; the
 Triton renderer's cases run in Triton's interpreter."""
@@ -626,3 +628,22 @@ def test_one_hot_times_infinite_values_is_a_select(kernel_backend):
     with pallaskit.config.override(kernel_backend=kernel_backend, cache=False):
         got = pallaskit.jit(fn)(labels, x)
     _same(got, jax.jit(fn)(labels, x))
+
+
+# --------------------------------------------------------------------------- #
+# 9. An iota or random bits read at a run-time position
+# --------------------------------------------------------------------------- #
+def test_index_values_at_run_time_positions(rng):
+    """``arange(n)[ids]``, a dynamic slice of an iota, random bits gathered: the
+    index value's position holds a loaded value (an indirect index), whose
+    load the kernel did not take as an input (KeyError when rendering). A
+    per-shard program slices a whole random tensor by ``axis_index`` so."""
+    def f(ids, i, key, x):
+        return (jnp.arange(10)[ids][ids[:3] % 4], jax.lax.dynamic_slice_in_dim(jnp.arange(8.0), i, 4) * x,
+                jax.random.bits(key, (8, 3))[ids % 8])
+
+    args = (jnp.asarray(rng.integers(0, 10, (5,)), jnp.int32), jnp.int32(3), jax.random.PRNGKey(7),
+            jnp.asarray(rng.standard_normal(4), jnp.float32))
+    with pallaskit.config.override(cache=False):
+        got = pallaskit.jit(f)(*args)
+    _same(got, jax.jit(f)(*args))

@@ -126,6 +126,31 @@ def test_array_on_device_3(rng):
     y = jnp.asarray(np.asarray(x))
     _check(f(y), jax.jit(g)(y))
     assert f(y).devices() == {jax.devices()[0]}
+    # committed to the default device: outputs committed, as jax.jit's (they were not); twice: the fast path
+    z = jax.device_put(np.asarray(x), jax.devices()[0])
+    for _ in range(2):
+        assert f(z).committed and jax.jit(g)(z).committed and not f(y).committed
+
+
+@needs8
+def test_nested_pallaskit_function_keeps_the_split(rng):
+    """A pallaskit function called inside another is traced into it
+    ([Note: nested pallaskit functions] in pallaskit/signature.py): compiled
+    apart, its kernels were opaque to the partitioner and the sum over the
+    split rows came out replicated where jax.jit's stays split. Under the
+    user's jax.jit of sharded arrays it runs through XLA
+    (``sharding.staged_over_devices``)."""
+    mesh = _mesh((2, 4), ("a", "b"))
+    inner = pallaskit.jit(lambda x: jnp.exp(x) * 2)
+    f = lambda x, y: (inner(x) + y, inner(y).sum(0))  # noqa: E731
+    g = lambda x, y: (jnp.exp(x) * 2 + y, (jnp.exp(y) * 2).sum(0))  # noqa: E731
+    s = NamedSharding(mesh, P("a", "b"))
+    x, y = (jax.device_put(rng.standard_normal((8, 16)).astype(np.float32), s) for _ in range(2))
+    ref = jax.jit(g)(x, y)
+    assert ref[1].sharding.spec == P("b")
+    _check(pallaskit.jit(f)(x, y), ref)
+    # under the user's jax.jit the kernels would be as opaque: the original function runs there
+    _check(jax.jit(f)(x, y), ref)
 
 
 @needs8

@@ -96,6 +96,8 @@ def _body_structure(expr: ir.Expr, positions: dict) -> tuple | None:
         elif kind is ir.Const:
             item = ("C", e._key(), e.dtype)
         elif kind is ir.IndexValue:
+            if e.children():  # as a load's indirect indices
+                return None
             item = ("I", e.expr, e.dtype)
         else:
             return None

@@ -12,6 +12,11 @@ donated and take no sharding. ``XlaArgs.key()`` goes into the graph cache key,
 since donation and shardings change the executable. This module is the one
 place sharding plumbing lives.
 
+A call whose arrays are all on the default device, some committed to it
+(``jax.device_put(x, device)``, or a committed call's outputs), is lowered
+with their device's sharding (``XlaArgs.committed``), so that its outputs are
+committed as jax.jit's are, and is a signature of its own.
+
 A call whose arrays are placed off the default device ([Note: sharding] in
 pallaskit/sharding.py) adds its ``sharding.Placed`` (``XlaArgs.placed``,
 ``with_placement``): the one object that decides how the program is lowered
@@ -40,10 +45,11 @@ class XlaArgs:
     out_shardings: Any = None  # one per flat output, or None for none given
     keep_unused: bool = False
     placed: Any = None  # a sharded signature's sharding.Placed ([Note: sharding])
+    committed: bool = False  # arrays committed to the default device: outputs committed too, as jax.jit's
 
     def __bool__(self):
         return bool(self.donate or self.in_shardings is not None or self.out_shardings is not None
-                    or self.keep_unused or self.placed is not None)
+                    or self.keep_unused or self.placed is not None or self.committed)
 
     def with_placement(self, placement, flat_fn, avals) -> XlaArgs:
         """These arguments for a call whose leaves are placed (``placement``:
@@ -107,7 +113,8 @@ class XlaArgs:
         if not self:
             return ""
         return repr((self.donate, _shardings_text(self.in_shardings), _shardings_text(self.out_shardings),
-                     self.keep_unused, None if self.placed is None else self.placed.key_text()))
+                     self.keep_unused, None if self.placed is None else self.placed.key_text())
+                    + (("committed",) if self.committed else ()))
 
 
 def _shardings_text(shardings) -> str:
@@ -181,6 +188,11 @@ def lower(call: Callable, structs, constants, xla: XlaArgs | None):
     signature's XLA arguments."""
     placed = xla.placed if xla else None
     if placed is None:
+        if xla and xla.committed:  # jax.jit's outputs of committed arguments are committed
+            from pallaskit import sharding
+
+            on = jax.sharding.SingleDeviceSharding(sharding.default_device())
+            structs = [jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=s.weak_type, sharding=on) for s in structs]
         return jit(call, xla, len(constants)).lower(*structs, *constants)
     kw = xla.jit_kwargs(len(constants))
     if placed.per_shard is not None:  # [Note: per-shard kernels] in pallaskit/per_shard.py
