@@ -456,6 +456,10 @@ _STAGED = {
                    lambda rng: (_rows(rng, 20001, BF16), _rows(rng, 20001, BF16))),
     "float16": (lambda x: (jax.nn.log_softmax(x, -1), jnp.sum(x, -1)), lambda rng: (_rows(rng, 30001, jnp.float16),)),
     "online": (_softmaxes, lambda rng: (_rows(rng, 50257, BF16),)),
+    "bf16 by f32": (lambda x, y: jax.nn.logsumexp(x.astype(jnp.float32) * y, -1),
+                    lambda rng: (_rows(rng, 20001, BF16), jnp.asarray(rng.standard_normal((6, 20001)), jnp.float32))),
+    "uint16": (lambda x: (jnp.sum(x.astype(jnp.uint32), -1), jnp.max(x, -1), jnp.min(x, -1)),
+               lambda rng: (jnp.asarray(rng.integers(0, 2**16, (6, 40001)), jnp.uint16),)),
 }
 _STAGED_SCRIPT = '''
 import os
@@ -500,6 +504,9 @@ def test_staged_rows_match_jax(kind, rng):
         np.testing.assert_array_equal(got[1], want[1])
         np.testing.assert_array_equal(got[2], want[2])
         np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+    elif kind == "uint16":
+        for g, w in zip(got, jax.jit(fn)(*args)):
+            np.testing.assert_array_equal(g, w)
     else:
         _same(got, jax.jit(fn)(*args))
 
