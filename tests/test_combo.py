@@ -405,3 +405,28 @@ def test_unrelated_reductions_of_one_shape_are_not_one_huge_kernel(rng, dtype):
     assert len(sched.kernels) <= 2
     for g, w in zip(pallaskit.jit(f)(*xs), jax.jit(f)(*xs)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- #
+# Whole optimizer steps (issue 24's claim, probed with optax): what they found
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("backend", ["pallas", "triton"])
+def test_a_row_value_read_only_by_another_row_value_is_written_first(backend, rng):
+    """Adam's new count and ``1 - b1 ** count`` both in a reduction kernel (a
+    norm beside the update, LAMB): the bias correction is read by the kernel's
+    sums, the count only by the correction. The count was never written before
+    the sums read the correction (KeyError in both renderers)."""
+    def f(x, m, count):
+        count = jnp.where(count < 100, count + 1, count)  # an int8 counter: it merges into the sums' kernel
+        bc = 1 - jax.lax.pow(jnp.float32(0.9), count)
+        u = m / bc
+        return x + u * jnp.sum(x * x), count, jnp.sum(u * u), bc
+
+    args = (jnp.asarray(rng.standard_normal((7, 5)), jnp.float32), jnp.asarray(rng.standard_normal((7, 5)), jnp.float32),
+            jnp.asarray(3, jnp.int8))
+    with pallaskit.config.override(kernel_backend=backend):
+        got = pallaskit.jit(f)(*args)
+    for g, w in zip(got, jax.jit(f)(*args)):
+        assert g.dtype == w.dtype
+        assert_close(g, w)
+
