@@ -430,3 +430,18 @@ def test_a_row_value_read_only_by_another_row_value_is_written_first(backend, rn
         assert g.dtype == w.dtype
         assert_close(g, w)
 
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="Triton's interpreter runs these on the CPU")
+def test_float64_adam_in_raw_triton(rng):
+    """An x64 Adam step over a pytree in raw Triton: a float64 square root is
+    ``tl.sqrt`` (correctly rounded); ``tl.sqrt_rn`` takes float32 only (it raised)."""
+    with jax.enable_x64(True):
+        shapes = [(7, 5), (33,), (1,)]
+        params, grads, mu = ([jnp.asarray(rng.standard_normal(s), jnp.float64) for s in shapes] for _ in range(3))
+        nu = [jnp.asarray(np.abs(rng.standard_normal(s)), jnp.float64) for s in shapes]
+        args = (params, grads, mu, nu, jnp.asarray(2, jnp.int32))
+        with pallaskit.config.override(kernel_backend="triton"):
+            got = pallaskit.jit(adamw)(*args)
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(jax.jit(adamw)(*args))):
+            assert g.dtype == w.dtype
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-12, atol=1e-14)
