@@ -445,3 +445,26 @@ def test_float64_adam_in_raw_triton(rng):
         for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(jax.jit(adamw)(*args))):
             assert g.dtype == w.dtype
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-12, atol=1e-14)
+
+
+def test_a_training_loop_with_an_empty_leaf_compiles_its_body(rng):
+    """Steps under ``lax.scan`` whose carry holds a (0,)-shaped parameter: the
+    loop's body compiles (its kernels in the explanation, the empty leaf passed
+    through as no work), where any empty operand sent the whole loop through
+    XLA, silently (an empty array is no fallback). Values as jax.jit."""
+    shapes = [(0,), (7, 5), (33,)]
+
+    def train(params, mu, grads):
+        def body(carry, g):
+            p, m = carry
+            p, m = sgd_momentum(p, g, m)
+            return (p, m), sum(jnp.sum(x) for x in p)
+        return jax.lax.scan(body, (params, mu), grads)
+
+    params, mu = ([jnp.asarray(rng.standard_normal(s), jnp.float32) for s in shapes] for _ in range(2))
+    grads = [jnp.asarray(rng.standard_normal((3, *s)), jnp.float32) for s in shapes]
+    e = pallaskit.explain(train, params, mu, grads)
+    assert any(k.scope for k in e.kernels) and not e.fallbacks, str(e).split("schedule:")[0]
+    for g, w in zip(jax.tree.leaves(pallaskit.jit(train)(params, mu, grads)),
+                    jax.tree.leaves(jax.jit(train)(params, mu, grads))):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=1e-5)
