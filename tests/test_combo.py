@@ -431,10 +431,10 @@ def test_a_row_value_read_only_by_another_row_value_is_written_first(backend, rn
         assert_close(g, w)
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu", reason="Triton's interpreter runs these on the CPU")
 def test_float64_adam_in_raw_triton(rng):
-    """An x64 Adam step over a pytree in raw Triton: a float64 square root is
-    ``tl.sqrt`` (correctly rounded); ``tl.sqrt_rn`` takes float32 only (it raised)."""
+    """An x64 Adam step over a pytree in raw Triton (Triton's interpreter on the
+    CPU, compiled on a GPU): a float64 square root is ``tl.sqrt`` (correctly
+    rounded); ``tl.sqrt_rn`` takes float32 only (it raised)."""
     with jax.enable_x64(True):
         shapes = [(7, 5), (33,), (1,)]
         params, grads, mu = ([jnp.asarray(rng.standard_normal(s), jnp.float64) for s in shapes] for _ in range(3))
