@@ -96,7 +96,7 @@ def lower_loop(ctx, eqn, invals, fallbacks):
 
     if eqn.effects:
         return in_xla("effects inside")
-    if not all(symbolic.is_plain(symbolic.aval_view(v.aval)) for v in list(eqn.invars) + list(eqn.outvars)):
+    if not all(_takes(symbolic.aval_view(v.aval)) for v in list(eqn.invars) + list(eqn.outvars)):
         return in_xla("an operand a kernel cannot hold")
     if kind == "scan" and symbolic.is_jax_dim(eqn.params["length"]):
         return in_xla("a dynamic length")
@@ -153,6 +153,17 @@ def lower_loop(ctx, eqn, invals, fallbacks):
                 operands=tuple(invals), params_text=params_text)
     ctx._add(node)
     return names
+
+
+def _takes(aval) -> bool:
+    """Can a body program take this loop operand? What a kernel holds, and empty
+    arrays of such a dtype (an optimizer's (0,)-shaped leaf in a training loop's
+    carry): the bodies pass those through XLA, no work and no fallback
+    (``lower._empty``), where refusing them sent the whole loop through XLA."""
+    shape = tuple(getattr(aval, "shape", ()))
+    if any(isinstance(d, int) and d == 0 for d in shape):
+        return symbolic.is_plain(symbolic.SymAval((1,) * len(shape), aval.dtype))
+    return symbolic.is_plain(aval)
 
 
 def scan_counts(params) -> tuple[int, int]:

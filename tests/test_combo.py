@@ -405,3 +405,66 @@ def test_unrelated_reductions_of_one_shape_are_not_one_huge_kernel(rng, dtype):
     assert len(sched.kernels) <= 2
     for g, w in zip(pallaskit.jit(f)(*xs), jax.jit(f)(*xs)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- #
+# Whole optimizer steps (issue 24's claim, probed with optax): what they found
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("backend", ["pallas", "triton"])
+def test_a_row_value_read_only_by_another_row_value_is_written_first(backend, rng):
+    """Adam's new count and ``1 - b1 ** count`` both in a reduction kernel (a
+    norm beside the update, LAMB): the bias correction is read by the kernel's
+    sums, the count only by the correction. The count was never written before
+    the sums read the correction (KeyError in both renderers)."""
+    def f(x, m, count):
+        count = jnp.where(count < 100, count + 1, count)  # an int8 counter: it merges into the sums' kernel
+        bc = 1 - jax.lax.pow(jnp.float32(0.9), count)
+        u = m / bc
+        return x + u * jnp.sum(x * x), count, jnp.sum(u * u), bc
+
+    args = (jnp.asarray(rng.standard_normal((7, 5)), jnp.float32), jnp.asarray(rng.standard_normal((7, 5)), jnp.float32),
+            jnp.asarray(3, jnp.int8))
+    with pallaskit.config.override(kernel_backend=backend):
+        got = pallaskit.jit(f)(*args)
+    for g, w in zip(got, jax.jit(f)(*args)):
+        assert g.dtype == w.dtype
+        assert_close(g, w)
+
+
+def test_float64_adam_in_raw_triton(rng):
+    """An x64 Adam step over a pytree in raw Triton (Triton's interpreter on the
+    CPU, compiled on a GPU): a float64 square root is ``tl.sqrt`` (correctly
+    rounded); ``tl.sqrt_rn`` takes float32 only (it raised)."""
+    with jax.enable_x64(True):
+        shapes = [(7, 5), (33,), (1,)]
+        params, grads, mu = ([jnp.asarray(rng.standard_normal(s), jnp.float64) for s in shapes] for _ in range(3))
+        nu = [jnp.asarray(np.abs(rng.standard_normal(s)), jnp.float64) for s in shapes]
+        args = (params, grads, mu, nu, jnp.asarray(2, jnp.int32))
+        with pallaskit.config.override(kernel_backend="triton"):
+            got = pallaskit.jit(adamw)(*args)
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(jax.jit(adamw)(*args))):
+            assert g.dtype == w.dtype
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-12, atol=1e-14)
+
+
+def test_a_training_loop_with_an_empty_leaf_compiles_its_body(rng):
+    """Steps under ``lax.scan`` whose carry holds a (0,)-shaped parameter: the
+    loop's body compiles (its kernels in the explanation, the empty leaf passed
+    through as no work), where any empty operand sent the whole loop through
+    XLA, silently (an empty array is no fallback). Values as jax.jit."""
+    shapes = [(0,), (7, 5), (33,)]
+
+    def train(params, mu, grads):
+        def body(carry, g):
+            p, m = carry
+            p, m = sgd_momentum(p, g, m)
+            return (p, m), sum(jnp.sum(x) for x in p)
+        return jax.lax.scan(body, (params, mu), grads)
+
+    params, mu = ([jnp.asarray(rng.standard_normal(s), jnp.float32) for s in shapes] for _ in range(2))
+    grads = [jnp.asarray(rng.standard_normal((3, *s)), jnp.float32) for s in shapes]
+    e = pallaskit.explain(train, params, mu, grads)
+    assert any(k.scope for k in e.kernels) and not e.fallbacks, str(e).split("schedule:")[0]
+    for g, w in zip(jax.tree.leaves(pallaskit.jit(train)(params, mu, grads)),
+                    jax.tree.leaves(jax.jit(train)(params, mu, grads))):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=1e-5)

@@ -631,7 +631,14 @@ def write_pointwise(em, kernel: Kernel, bodies, cfg, runtime_extents: bool = Fal
 def write_ready_row_values(em, kernel: Kernel, bodies, only=None) -> None:
     """Row values (epilogues) whose inputs are final after the phase just
     written, each kept as a (BLOCK_R, 1) value and stored if it is stored;
-    ``only``: just those named (what the next phase's members read)."""
+    ``only``: just those named (what the next phase's members read) and the
+    row values they read in turn (Adam's ``1 - b1 ** count`` of the new count,
+    both kept in the kernel)."""
+    if only is not None:
+        only = set(only)
+        for m in reversed(kernel.members):  # topological order: readers before what they read
+            if m.name in only and m.role == "row":
+                only.update(ld.buffer for ld in ir.loads(m.body))
     for m in kernel.members:
         if only is not None and m.name not in only:
             continue

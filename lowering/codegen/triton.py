@@ -703,6 +703,8 @@ class TritonEmitter(KernelEmitter):
             return "({0} / {1})" if float_op else "({0} // {1})"  # Triton's // truncates, like lax.div
         if e.op == "sqrt" and not self.interpret and is_16bit_float(e.args[0].dtype):
             return _SQRT_APPROX
+        if e.op in ("sqrt", "rsqrt") and np.dtype(e.args[0].dtype) == np.float64:  # sqrt_rn is float32 only;
+            return "tl.sqrt({0})" if e.op == "sqrt" else "(1.0 / tl.sqrt({0}))"  # float64's is sqrt.rn.f64
         if e.op == "tanh" and not self.interpret:  # libdevice's tanhf, as Pallas's Triton lowering
             return "libdevice.tanh({0})"
         if e.op == "rem" and float_op and not self.interpret:  # the interpreter's % is np.fmod
