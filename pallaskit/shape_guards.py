@@ -32,12 +32,18 @@ _OWN_DIRS = tuple(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + 
                   for d in ("pallaskit", "lowering"))
 
 
+def _generated(code) -> bool:
+    """A dataclass's (or namedtuple's) generated ``__hash__`` / ``__eq__``: their
+    caller, jax's (a vmap's ``AxisData`` hashed in a cache) or the user's, decides."""
+    return code.co_filename.startswith("<") and code.co_name in ("__hash__", "__eq__", "__ne__")
+
+
 def _asked_outside_jax(own_code_too: bool = False) -> bool:
     """Is the innermost frame outside jax's package (past ``__eq__``/``__ne__``
-    of the dims) one of the user's code or another library? ``own_code_too``:
+    of the dims and generated dunders) one of the user's code or another library? ``own_code_too``:
     pallaskit's own frames count as jax's."""
     frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.endswith("shape_poly.py"):
+    while frame is not None and (frame.f_code.co_filename.endswith("shape_poly.py") or _generated(frame.f_code)):
         frame = frame.f_back
     if frame is None:
         return False
