@@ -129,10 +129,14 @@ def trace_symbolic(jf, structs, treedef, static_pos, static_kw, n_args):
     if not shape_guards.install_eq_recorder():
         raise lowering.SymbolicUnsupported("this jax's symbolic dims cannot be guarded")
     shape_guards.EQ_RECORD.diffs = diffs = []
+    shape_guards.EQ_RECORD.hashed = hashed = []
     try:
         closed, out_tree = trace(jf, structs, treedef, static_pos, static_kw, n_args)
     finally:
-        shape_guards.EQ_RECORD.diffs = None
+        shape_guards.EQ_RECORD.diffs = shape_guards.EQ_RECORD.hashed = None
+    if hashed:
+        raise lowering.SymbolicUnsupported(f"the function hashes the dynamic size {hashed[0]} (a dict or set "
+                                           f"lookup keyed by it), which no guard can check")
     return closed, out_tree, list({str(d): d for d in diffs}.values())
 
 

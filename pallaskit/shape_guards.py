@@ -20,18 +20,35 @@ import jax
 # a call whose sizes make any recorded difference zero compiles statically for
 # those sizes instead, as torch's guards do. Ordered comparisons (<, >=, ...)
 # raise when undecidable, and the trace then falls back to static compiles.
-# Recording is per thread.
+# A lookup keyed by a size (``{1: a, 4: b}.get(x.shape[0], c)``, ``x.shape[0]
+# in {1, 4}``) compares nothing: the dim's hash finds no int key, and the
+# symbolic program would take the miss for every size. Such a hash from
+# outside jax (and outside pallaskit) is recorded too, and the trace then
+# cannot serve other sizes: the signature compiles per size (the keys, which
+# the guard would need, are not known). Recording is per thread.
 EQ_RECORD = threading.local()
 _JAX_DIR = os.path.dirname(jax.__file__) + os.sep
+_OWN_DIRS = tuple(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + d + os.sep
+                  for d in ("pallaskit", "lowering"))
 
 
-def _asked_outside_jax() -> bool:
+def _generated(code) -> bool:
+    """A dataclass's (or namedtuple's) generated ``__hash__`` / ``__eq__``: their
+    caller, jax's (a vmap's ``AxisData`` hashed in a cache) or the user's, decides."""
+    return code.co_filename.startswith("<") and code.co_name in ("__hash__", "__eq__", "__ne__")
+
+
+def _asked_outside_jax(own_code_too: bool = False) -> bool:
     """Is the innermost frame outside jax's package (past ``__eq__``/``__ne__``
-    of the dims) one of the user's code or another library?"""
+    of the dims and generated dunders) one of the user's code or another library? ``own_code_too``:
+    pallaskit's own frames count as jax's."""
     frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.endswith("shape_poly.py"):
+    while frame is not None and (frame.f_code.co_filename.endswith("shape_poly.py") or _generated(frame.f_code)):
         frame = frame.f_back
-    return frame is not None and not frame.f_code.co_filename.startswith(_JAX_DIR)
+    if frame is None:
+        return False
+    name = frame.f_code.co_filename
+    return not name.startswith(_JAX_DIR) and not (own_code_too and name.startswith(_OWN_DIRS))
 
 
 def install_eq_recorder() -> bool:
@@ -44,6 +61,7 @@ def install_eq_recorder() -> bool:
     if getattr(cls.__eq__, "_pallaskit_recorder", False):
         return True
     original = cls.__eq__
+    original_hash = cls.__hash__
 
     def __eq__(self, other):
         result = original(self, other)
@@ -61,7 +79,14 @@ def install_eq_recorder() -> bool:
                 EQ_RECORD.busy = False
         return result
 
+    def __hash__(self):
+        hashed = getattr(EQ_RECORD, "hashed", None)
+        if hashed is not None and not hashed and _asked_outside_jax(own_code_too=True):
+            hashed.append(str(self))
+        return original_hash(self)
+
     __eq__._pallaskit_recorder = True
+    cls.__hash__ = __hash__  # before __eq__: the marker on __eq__ says both are installed
     cls.__eq__ = __eq__
     return True
 

@@ -365,6 +365,24 @@ def test_a_failing_eager_launch_falls_back_to_xla(rng, caplog):
     assert_close(f(*args), jax.jit(fn)(*args))
 
 
+
+def test_a_deleted_argument_keeps_eager_launches_on(rng):
+    """An array donated earlier and passed again fails its eager launch: that is
+    the caller's error, raised as jax.jit raises it; the program's later sizes
+    still launch eagerly (the failure used to turn them off for good)."""
+    pallaskit.config.update(dynamic_launch="on")
+    f = pallaskit.jit(lambda x: x * 2.0 + 1.0, donate_argnums=0)
+    for n in (3, 5):
+        f(jnp.asarray(rng.standard_normal((n, 4)), jnp.float32))
+    x = jnp.asarray(rng.standard_normal((7, 4)), jnp.float32)
+    x.delete()
+    with pytest.raises((ValueError, RuntimeError), match="deleted"):
+        f(x)
+    launches = metrics.counters["eager_launches"]
+    x = jnp.asarray(rng.standard_normal((9, 4)), jnp.float32)
+    assert_close(f(jnp.array(x, copy=True)), x * 2.0 + 1.0)
+    assert metrics.counters["eager_launches"] == launches + 1
+
 def test_a_raw_triton_program_does_not_import_pallas_triton_module(tmp_path):
     """A program whose kernels are all raw Triton does not import
     ``jax.experimental.pallas.triton`` (0.1 s of a cold first call, its GPU

@@ -183,6 +183,8 @@ class Dispatcher:
         try:
             return self.eager(*leaves, *self.eager_constants)
         except Exception as e:  # noqa: BLE001  (never break a call jax.jit runs: take the XLA path)
+            if any(isinstance(x, jax.Array) and x.is_deleted() for x in leaves):
+                raise  # the caller's error (a donated array passed again), raised as jax.jit does; launches stay on
             log.warning("pallaskit: %s: eager launch failed (%s: %s); running it through XLA from now on",
                         self.title, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
             self.eager = None
