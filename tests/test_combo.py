@@ -444,7 +444,9 @@ def test_float64_adam_in_raw_triton(rng):
             got = pallaskit.jit(adamw)(*args)
         for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(jax.jit(adamw)(*args))):
             assert g.dtype == w.dtype
-            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-12, atol=1e-14)
+            # the bias corrections are float32 (``count.astype(float32)``): XLA:GPU's and
+            # libdevice's float32 pow differ by an ulp there, 5e-9 of the float64 update
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-7, atol=1e-14)
 
 
 def test_a_training_loop_with_an_empty_leaf_compiles_its_body(rng):
@@ -463,8 +465,9 @@ def test_a_training_loop_with_an_empty_leaf_compiles_its_body(rng):
 
     params, mu = ([jnp.asarray(rng.standard_normal(s), jnp.float32) for s in shapes] for _ in range(2))
     grads = [jnp.asarray(rng.standard_normal((3, *s)), jnp.float32) for s in shapes]
-    e = pallaskit.explain(train, params, mu, grads)
-    assert any(k.scope for k in e.kernels) and not e.fallbacks, str(e).split("schedule:")[0]
-    for g, w in zip(jax.tree.leaves(pallaskit.jit(train)(params, mu, grads)),
-                    jax.tree.leaves(jax.jit(train)(params, mu, grads))):
+    with pallaskit.config.override(loop_bodies="on"):  # 'auto' leaves loops to XLA on a GPU
+        e = pallaskit.explain(train, params, mu, grads)
+        assert any(k.scope for k in e.kernels) and not e.fallbacks, str(e).split("schedule:")[0]
+        got = pallaskit.jit(train)(params, mu, grads)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(jax.jit(train)(params, mu, grads))):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=1e-5)

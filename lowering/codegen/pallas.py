@@ -268,6 +268,10 @@ class PallasEmitter(KernelEmitter):
             return f"_i{e.op}({{0}}, {{1}})"
         if e.op == "select_n" and not (len(e.args) == 3 and e.args[0].dtype == np.bool_):
             return select_n_template(len(e.args) - 1, "jnp.where")
+        if e.op == "pow" and np.dtype(e.args[1].dtype).kind in "iu" and np.dtype(e.args[1].dtype).itemsize < 4:
+            # Pallas's Triton lowering takes a 32-bit integer exponent only (math.fpowi with an i8 failed
+            # to legalize on the GPU): the same value, widened
+            return "lax.pow({0}, {1}.astype(jnp.int32))"
         return OPS[e.op]
 
     def load_text(self, ref: str, off: str, mask_arg: str) -> str:
