@@ -148,11 +148,7 @@ class Load(Expr):
     def children(self):
         """The values of the indirect indices in ``index`` and ``mask`` ([Note:
         indirect indexing]): walked like operands, so their loads count as reads."""
-        out = self.__dict__.get("_indirect")
-        if out is None:
-            out = tuple(indirect_value(a) for a in indirect_atoms(self.indexing()))
-            object.__setattr__(self, "_indirect", out)
-        return out
+        return _indirect_children(self)
 
     def indexing(self) -> tuple:
         """The index and the mask: where indirect indices can be. A padded operand
@@ -164,6 +160,16 @@ class Load(Expr):
         idx = ", ".join(sizes.text(i) for i in self.index)
         m = f" if {sizes.text(self.mask)}" if self.mask is not None else ""
         return f"{self.buffer}[{idx}]{m}"
+
+
+def _indirect_children(e) -> tuple:
+    """The values of the indirect indices in ``e.indexing()`` (a Load's or an
+    IndexValue's), memoized on ``e``."""
+    out = e.__dict__.get("_indirect")
+    if out is None:
+        out = tuple(indirect_value(a) for a in indirect_atoms(e.indexing()))
+        object.__setattr__(e, "_indirect", out)
+    return out
 
 
 def _value_key(v):
@@ -214,11 +220,7 @@ class IndexValue(Expr):
         """The values of the indirect indices in ``expr`` (an iota read at a
         gathered or dynamic position, ``arange(n)[ids]``): walked like a load's,
         so their loads count as reads."""
-        out = self.__dict__.get("_indirect")
-        if out is None:
-            out = tuple(indirect_value(a) for a in indirect_atoms(self.indexing()))
-            object.__setattr__(self, "_indirect", out)
-        return out
+        return _indirect_children(self)
 
     def indexing(self) -> tuple:
         return (self.expr,)

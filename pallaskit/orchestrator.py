@@ -89,7 +89,7 @@ def _cuda_with_triton() -> bool:
 @functools.lru_cache(maxsize=None)
 def _staged_rows_gpu() -> bool:
     """Does the default device take staged row kernels ([Note: staged rows] in
-    lowering/codegen/rows.py: ``cp.async`` copies, up to 220 KB of shared
+    lowering/codegen/rows.py: ``cp.async`` copies, up to 216 KB of shared
     memory a program)? Compute capability 9.x and 10.x (Hopper, data-centre
     Blackwell: 228 KB an SM, 227 KB a block); measured on the H100 and H200."""
     capability = str(getattr(jax.devices()[0], "compute_capability", "") or "")

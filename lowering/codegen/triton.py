@@ -962,7 +962,7 @@ def _render_kernel(kernel: Kernel, schedule: Schedule, options: CompileOptions, 
         cfg = dataclasses.replace(cfg, num_warps=heuristics.triton_row_warps(cfg))
     if stage_rows and _may_stage(kernel, cfg, options):
         staged_cfg = dataclasses.replace(cfg, block_cols=heuristics.STAGED_ROW_BLOCK,
-                                         num_warps=options.num_warps or heuristics.STAGED_ROW_WARPS)
+                                         num_warps=heuristics.STAGED_ROW_WARPS)
         rendered = _render_with(StagedRowEmitter(kernel, schedule, staged_cfg, options), kernel, schedule, staged_cfg)
         if rendered.staged and not _NO_LAYOUT.search(rendered.source + "".join(HELPERS[h] for h in rendered.helpers)):
             return dataclasses.replace(rendered, config=staged_cfg)
@@ -972,6 +972,7 @@ def _render_kernel(kernel: Kernel, schedule: Schedule, options: CompileOptions, 
 def _may_stage(kernel: Kernel, cfg, options: CompileOptions) -> bool:
     """Could ``kernel``'s rows be staged ([Note: staged rows])? Its window decides the rest."""
     return (heuristics.TRITON_STAGED_ROWS and options.staged_rows and not options.interpret
+            and not options.num_warps  # the staged tile's layout is made for its own warps
             and kernel.kind == "reduction" and not cfg.persistent and cfg.block_rows == 1
             and not sizes.is_symbolic((kernel.rows, kernel.cols)))
 
