@@ -52,8 +52,10 @@ def _reduce(ctx, eqn, x):
 # exactly the sum's value (every other lane is +0: a picked -0.0 sums to +0.0, and
 # is picked as +0.0). So is ``f(select(...))`` for an ``f`` that keeps a zero zero
 # (negation, a product or quotient by a finite constant: a gradient's -1 / N),
-# picked as ``f(x[..., idx, ...])``. The reduction becomes a pointwise gather,
-# and a row kernel loses a sweep's worth of work per element.
+# picked as ``f(x[..., idx, ...])`` (its other terms are then -0.0 where f
+# negates: their sum from XLA's +0.0 start is +0.0, as picked; XLA:GPU's own
+# reduction sometimes returns -0.0 for such a row). The reduction becomes a
+# pointwise gather, and a row kernel loses a sweep's worth of work per element.
 def _one_hot_pick(ctx, x, domain_index, r, n: int) -> ir.Expr | None:
     """The one-hot sum of ``x`` over the index ``r`` (extent ``n``) as one
     gathered value ([Note: one-hot picks]), or None where it is no such sum."""
