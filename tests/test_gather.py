@@ -308,7 +308,7 @@ def test_gather_with_dynamic_batch_dims_compiles_once(rng):
     assert metrics.counters.get("dynamic_fallbacks", 0) == 0
 
 
-@pytest.mark.parametrize("form", ["one_hot", "where", "scaled"])
+@pytest.mark.parametrize("form", ["one_hot", "where", "scaled", "int8 iota"])
 def test_one_hot_sums_are_picks(rng, form):
     """``sum(one_hot(l, n) * x, -1)``, ``sum(where(iota == l, x, 0), -1)`` and a
     gradient's ``sum(-(one_hot * x) / 4)`` are one gathered value a row ([Note:
@@ -321,12 +321,20 @@ def test_one_hot_sums_are_picks(rng, form):
         fn = lambda x, l: jnp.sum(jax.nn.one_hot(l, 37) * x, -1)  # noqa: E731
     elif form == "where":
         fn = lambda x, l: jnp.sum(jnp.where(jnp.arange(37) == l[:, None], x, 0.0), -1)  # noqa: E731
+    elif form == "int8 iota":  # an iota that wraps (int8 over 300) matches a label twice: no pick
+        x = _values(rng, (6, 300), jnp.float32)
+        labels = jnp.asarray([3, 100, 120, -3, 0, 127], jnp.int8)
+        fn = lambda x, l: jnp.sum(jnp.where(jnp.arange(300, dtype=jnp.int8) == l[:, None], x, 0.0), -1)  # noqa: E731
     else:
         fn = lambda x, l: jnp.sum(-(jax.nn.one_hot(l, 37) * x) / 4.0, -1)  # noqa: E731
     with pallaskit.config.override(cache=False):
         got = pallaskit.jit(fn)(x, labels)
         kinds = [k.kind for k in pallaskit.explain(fn, x, labels).kernels]
     want = jax.jit(fn)(x, labels)
+    if form == "int8 iota":
+        assert_close(got, want)
+        assert kinds == ["reduction"], kinds
+        return
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))  # NaN where NaN
     if form != "scaled":  # +0.0 for the picked -0.0 (the other terms are +0.0: the sum is +0.0 in any order)
         np.testing.assert_array_equal(np.signbit(got), np.signbit(want))

@@ -48,7 +48,8 @@ def _reduce(ctx, eqn, x):
 # 0)`` along the reduced axis (or ``convert(iota == idx) * x``, which XLA's
 # simplifier and the renderers make that select: ``mul_by_converted_bool`` in
 # codegen/emitter.py, whose conditions apply here too), with ``idx`` not depending on the reduced
-# index, the sum is ``x[..., idx, ...]`` where idx is in range and 0 elsewhere:
+# index (and an iota that does not wrap over the axis), the sum is
+# ``x[..., idx, ...]`` where idx is in range and 0 elsewhere:
 # exactly the sum's value (every other lane is +0: a picked -0.0 sums to +0.0, and
 # is picked as +0.0). So is ``f(select(...))`` for an ``f`` that keeps a zero zero
 # (negation, a product or quotient by a finite constant: a gradient's -1 / N),
@@ -90,7 +91,7 @@ def _one_hot_pick(ctx, x, domain_index, r, n: int) -> ir.Expr | None:
             and isinstance(pred, ir.Op) and pred.op == "eq"):
         return None
     for here, other in (pred.args, pred.args[::-1]):
-        if (isinstance(here, ir.IndexValue) and sizes.simplify(here.expr - r) == 0
+        if (isinstance(here, ir.IndexValue) and sizes.simplify(here.expr - r) == 0 and _holds(here.dtype, n - 1)
                 and np.dtype(other.dtype).kind in "iu" and r not in ir._index_free_symbols(other)):
             idx = _as_index(other)
             picked = ir.substitute_index(value, {r: ir.indirect_index(_clamped(idx, n - 1))})
@@ -103,6 +104,13 @@ def _one_hot_pick(ctx, x, domain_index, r, n: int) -> ir.Expr | None:
             picked = ir.Op("select_n", (ir.Op("eq", (picked, z), np.dtype(np.bool_)), picked, z), dt)
             return ir.Op("select_n", (_in_range(idx, n - 1), z, picked), dt)
     return None
+
+
+def _holds(dt, hi: int) -> bool:
+    """Does an iota of dtype ``dt`` count to ``hi`` without wrapping? (An int8 iota
+    over 300 positions matches a label at two of them: no single pick.)"""
+    dt = np.dtype(dt)
+    return dt.kind in "iu" and np.iinfo(dt).max >= hi
 
 
 def _finite_const(e) -> bool:
