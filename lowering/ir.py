@@ -172,6 +172,11 @@ def _indirect_children(e) -> tuple:
     return out
 
 
+def is_finite_const(e) -> bool:
+    """Is ``e`` a constant of finite value?"""
+    return isinstance(e, Const) and bool(np.isfinite(np.asarray(e.value, np.float64)))
+
+
 def _value_key(v):
     """What tells two constant values apart: 0.0 == -0.0 in Python, yet x * -0.0
     is not x * 0.0, so floats compare by their bits (NaN then equals NaN)."""

@@ -145,12 +145,8 @@ def zero_where_masked(em, e, dims: frozenset) -> bool:
         return zero(e.args[0]) and zero(e.args[1])
     if e.op == "mul":
         a, b = e.args
-        return (zero(a) and (zero(b) or _finite_const(b))) or (zero(b) and _finite_const(a))
+        return (zero(a) and (zero(b) or ir.is_finite_const(b))) or (zero(b) and ir.is_finite_const(a))
     return False
-
-
-def _finite_const(e) -> bool:
-    return isinstance(e, ir.Const) and bool(np.isfinite(np.asarray(e.value, np.float64)))
 
 
 def _render_loop(em, kernel, bodies, reds, rowwise, p, cfg, online=None):
@@ -320,7 +316,7 @@ def row_window(em, kernel: Kernel, bodies, cfg) -> RowWindow | None:
 
 def _stages(row_loads: dict, vec: int, chunks: int, cfg) -> bool:
     """Does a window over these row-shaped loads go to shared memory ([Note: staged rows])?"""
-    if not row_loads or vec > 8 or not heuristics.TRITON_STAGED_ROWS:
+    if not row_loads or vec > 8:
         return False  # nothing to stage; 1-byte buffers (a vector wider than a chunk's lanes)
     staged_bytes = sum(chunks * cfg.block_cols * dt.itemsize for dt in row_loads.values())
     return staged_bytes <= heuristics.STAGED_ROW_MAX_BYTES

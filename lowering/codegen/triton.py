@@ -582,6 +582,7 @@ class TritonEmitter(KernelEmitter):
     """The kernel emitter's Triton spellings (see the module's Note)."""
     HELPERS = HELPERS
     DECORATOR = "@triton.jit"
+    staged_vec = 0  # a staged window's vector ([Note: staged rows]: StagedRowEmitter), once staged
     MINIMUM = "tl.minimum"
     FUNCTIONS = {"exp": "tl.exp({0})", "is_finite": "(({0} - {0}) == 0)", "and": "({0} & {1})", "or": "({0} | {1})"}
     SKIP_ZERO_SELECT = True
@@ -879,7 +880,6 @@ class StagedRowEmitter(TritonEmitter):
     on the tensors made from nothing, and the window's loads from shared memory."""
     DECORATOR = "@gluon.jit"
     STAGED_ROWS = True
-    staged_vec = 0  # the staged window's vector, once staged
 
     def layout_line(self) -> str:
         return f"TILE: gl.constexpr = gl.BlockedLayout([1, {self.staged_vec}], [1, 32], [1, gl.num_warps()], [1, 0])"
@@ -987,7 +987,7 @@ def _render_with(em: TritonEmitter, kernel: Kernel, schedule: Schedule, cfg) -> 
     else:
         render_reduction(em, kernel, bodies, cfg)
     extents = [f"ROWS = {sizes.to_source(kernel.rows)}", f"COLS = {sizes.to_source(kernel.cols)}"]
-    staged = ", rows staged in shared memory (Gluon)" if getattr(em, "staged_vec", 0) else ""
+    staged = ", rows staged in shared memory (Gluon)" if em.staged_vec else ""
     header = (f"# kernel {kernel.name}: {kernel.kind}, {kernel.rows} x {kernel.cols}, "
               f"block {cfg.block_rows} x {cfg.block_cols}, {'persistent' if cfg.persistent else 'looped'}{staged}\n"
               "# from:\n" + "\n".join(f"#   {eq}" for eq in kernel.origin))
@@ -1252,7 +1252,7 @@ def _wrap(kernel, schedule, em, header, extents, constexprs, grid, num_warps, nu
     w.line(em.DECORATOR)
     params = ins + outs + dims + [f"{c}: tl.constexpr" for c in constexprs]
     w.line(f"def {kernel.name}_kernel({', '.join(params)}):")
-    staged = bool(getattr(em, "staged_vec", 0))
+    staged = bool(em.staged_vec)
     with w.indent():
         for line in extents:
             w.line(line)

@@ -69,15 +69,16 @@ def _one_hot_pick(ctx, x, domain_index, r, n: int) -> ir.Expr | None:
     body = ctx.inlined(ir.substitute_index(node.body, dict(zip(node.symbols, domain_index))), depth=12)
     outer = []  # ops around the select that keep its zeros zero (a gradient's negation, its 1 / N)
     while isinstance(body, ir.Op) and body.op != "select_n":
-        if body.op == "mul" and mul_by_converted_bool(body, ctx.options.interpret) is not None:
-            body = mul_by_converted_bool(body, ctx.options.interpret)  # a one-hot product: the renderers' select
+        selected = mul_by_converted_bool(body, ctx.options.interpret)  # a one-hot product: the renderers' select
+        if selected is not None:
+            body = selected
         elif body.op == "neg":
             outer.append(body)
             body = body.args[0]
-        elif body.op in ("mul", "div") and _finite_const(body.args[1]) and (body.op == "mul" or body.args[1].value):
+        elif body.op in ("mul", "div") and ir.is_finite_const(body.args[1]) and (body.op == "mul" or body.args[1].value):
             outer.append(body)
             body = body.args[0]
-        elif body.op == "mul" and _finite_const(body.args[0]):
+        elif body.op == "mul" and ir.is_finite_const(body.args[0]):
             outer.append(ir.Op("mul", (body.args[1], body.args[0]), body.dtype, body.params))
             body = body.args[1]
         else:
@@ -111,7 +112,3 @@ def _holds(dt, hi: int) -> bool:
     over 300 positions matches a label at two of them: no single pick.)"""
     dt = np.dtype(dt)
     return dt.kind in "iu" and np.iinfo(dt).max >= hi
-
-
-def _finite_const(e) -> bool:
-    return isinstance(e, ir.Const) and bool(np.isfinite(np.asarray(e.value, np.float64)))
