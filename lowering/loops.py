@@ -37,7 +37,7 @@ import logging
 import numpy as np
 from jax.extend import core as jex_core
 
-from lowering import ir, symbolic
+from lowering import ir, sizes, symbolic
 
 log = logging.getLogger("pallaskit")
 
@@ -108,7 +108,7 @@ def lower_loop(ctx, eqn, invals, fallbacks):
         if kind == "scan":
             n_consts, n_carry = scan_counts(p)
             bound = list(invals[:n_consts]) + [None] * (len(invals) - n_consts)
-            bodies = [_body(ctx, f"{label}_body", p["jaxpr"], bound, body_fallbacks)]
+            bodies = [_body(ctx, f"{label}_body", p["jaxpr"], bound, body_fallbacks, carries=n_carry)]
             params_text = (f"length={p['length']} reverse={p['reverse']} unroll={p['unroll']} "
                            f"carries={n_carry} xs={len(invals) - n_consts - n_carry}")
         elif kind == "while":
@@ -117,7 +117,7 @@ def lower_loop(ctx, eqn, invals, fallbacks):
             bodies = [_body(ctx, f"{label}_cond", p["cond_jaxpr"], list(consts_c) + [None] * len(init),
                             body_fallbacks),
                       _body(ctx, f"{label}_body", p["body_jaxpr"], list(consts_b) + [None] * len(init),
-                            body_fallbacks)]
+                            body_fallbacks, carries=len(init))]
             params_text = f"carries={len(init)}"
         elif kind == "cond":
             ops = invals[1:]
@@ -184,10 +184,11 @@ def _drop_hoisted(ctx, n_inputs):
     del ctx.inputs[n_inputs:]
 
 
-def _body(ctx, name, closed, bound, fallbacks) -> Body:
+def _body(ctx, name, closed, bound, fallbacks, carries: int = 0) -> Body:
     """Lower and schedule one sub-jaxpr. ``bound``: per invar of the jaxpr, the
     outer value it takes from the enclosing program (a loop constant: read by
-    closure, or folded in where it is a literal), or None for a parameter."""
+    closure, or folded in where it is a literal), or None for a parameter.
+    ``carries``: its first parameters and first outputs are a loop's carry."""
     from lowering.combo import combine
     from lowering.scheduler import schedule
 
@@ -218,7 +219,7 @@ def _body(ctx, name, closed, bound, fallbacks) -> Body:
             nm = sub.input(symbolic.aval_view(v.aval))
             params.append(nm)
             args.append(nm)
-    outs = sub.lower_jaxpr(jaxpr, const_vals, args, fallbacks)
+    outs = _distinct_outputs(sub, sub.lower_jaxpr(jaxpr, const_vals, args, fallbacks))
     ctx._count = sub._count
     # Outer constants a nested ``_const_input`` made live in ``sub``: hoist them.
     for cname, c in sub.constants.items():
@@ -230,7 +231,61 @@ def _body(ctx, name, closed, bound, fallbacks) -> Body:
     sched = schedule(graph, ctx.options, loop_body=True, combine=combine)
     for k in sched.kernels:
         k.name = f"{name}_{k.name}"
+    _mark_in_place(sched, list(zip(params[:carries], graph.outputs[:carries])))
     return Body(name, sched, params, closure)
+
+
+# [Note: distinct body outputs]
+# A value a body returns twice (an RNN cell's new ``h``: the carry and the
+# step's output) made its kernel run twice a step on the GPU: XLA's
+# dynamic-slice fusion rewrites the step output's dynamic-update-slice into the
+# ys buffer around the kernel's custom call, cloning the call into the fusion,
+# while the carry kept reading the original (RESULTS.md, "Session 28"). Each
+# repeat of a value a body node computes becomes a copy of it, which fuses into
+# the producing kernel as one more store: every output of the body is then a
+# value of its own.
+def _distinct_outputs(sub, outs: list) -> list:
+    seen, out = set(), []
+    for o in outs:
+        node = sub.nodes.get(o) if isinstance(o, str) else None
+        if o in seen and node is not None and not isinstance(node, (ir.InputNode, ir.Extern)):
+            shape, dtype = sub.aval_of(o)
+            body = sub.load(o, sizes.index_symbols("i", len(shape)))
+            o = sub.pointwise(symbolic.SymAval(tuple(shape), dtype), body)
+        seen.add(o)
+        out.append(o)
+    return out
+
+
+# [Note: in-place carries]
+# A carry a pointwise kernel reads and writes back (an LSTM's ``c``) cost a
+# copy a step: the kernel's output is a new buffer, which XLA copies into the
+# loop's carry buffer. Where every load of the carry in the kernel is at the
+# element the kernel stores (the same shape, no mask, no other index), each
+# element is read before it is written and by the same program, so the output
+# may take the carry's buffer: the kernel's launch aliases them (raw Triton,
+# ``Rendered.aliases``; a Pallas kernel ignores it). XLA keeps the aliasing
+# safe on its side: where the carry is still read after the kernel, it copies
+# the carry before it.
+def _mark_in_place(sched, pairs: list) -> None:
+    for kernel in sched.kernels:
+        if kernel.kind != "pointwise":
+            continue
+        stored = {m.name: m for m in kernel.members if m.store}
+        marks = [(p, o) for p, o in pairs
+                 if o in stored and p in kernel.reads and _reads_in_place(kernel, p, stored[o].node)]
+        kernel.in_place = tuple(marks)  # carries pair distinct parameters with distinct outputs
+
+
+def _reads_in_place(kernel, read: str, out: ir.Node) -> bool:
+    for m in kernel.members:
+        if tuple(m.node.shape) != tuple(out.shape) or not isinstance(m.node, ir.Pointwise):
+            return False
+        symbols = tuple(m.node.symbols)
+        for ld in ir.loads(m.body):
+            if ld.buffer == read and (ld.mask is not None or tuple(ld.index) != symbols):
+                return False
+    return True
 
 
 def scheduled_kernels(schedule, scope: str = ""):

@@ -69,6 +69,9 @@ class Kernel:
     reads: list[str]  # buffers loaded from memory
     origin: list[str]  # jaxpr equations
     programs: int = 0  # mix kernels: the grid's programs (= rows of each partial buffer)
+    # (read, stored member) pairs whose output may take the read's buffer: a
+    # loop body's carry updated in place ([Note: in-place carries] in lowering/loops.py)
+    in_place: tuple = ()
 
     @property
     def mix_order(self) -> bool:

@@ -135,8 +135,7 @@ def trace_symbolic(jf, structs, treedef, static_pos, static_kw, n_args):
     finally:
         shape_guards.EQ_RECORD.diffs = shape_guards.EQ_RECORD.hashed = None
     if hashed:
-        raise lowering.SymbolicUnsupported(f"the function hashes the dynamic size {hashed[0]} (a dict or set "
-                                           f"lookup keyed by it), which no guard can check")
+        raise lowering.SymbolicUnsupported(f"the function {hashed[0]}, which no guard can check")
     return closed, out_tree, list({str(d): d for d in diffs}.values())
 
 

@@ -25,7 +25,10 @@ import jax
 # symbolic program would take the miss for every size. Such a hash from
 # outside jax (and outside pallaskit) is recorded too, and the trace then
 # cannot serve other sizes: the signature compiles per size (the keys, which
-# the guard would need, are not known). Recording is per thread.
+# the guard would need, are not known). So is a dim turned into text outside
+# jax (``str(x.shape[0])``, an f-string, ``print(x.shape)``): the text of a
+# symbolic dim is its name, and a lookup keyed by that text (or anything else
+# done with it) would take the same branch at every size. Recording is per thread.
 EQ_RECORD = threading.local()
 _JAX_DIR = os.path.dirname(jax.__file__) + os.sep
 _OWN_DIRS = tuple(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + d + os.sep
@@ -62,6 +65,7 @@ def install_eq_recorder() -> bool:
         return True
     original = cls.__eq__
     original_hash = cls.__hash__
+    original_text = {name: cls.__dict__[name] for name in ("__str__", "__repr__") if name in cls.__dict__}
 
     def __eq__(self, other):
         result = original(self, other)
@@ -82,11 +86,22 @@ def install_eq_recorder() -> bool:
     def __hash__(self):
         hashed = getattr(EQ_RECORD, "hashed", None)
         if hashed is not None and not hashed and _asked_outside_jax(own_code_too=True):
-            hashed.append(str(self))
+            hashed.append(f"hashes the dynamic size {self} (a dict or set lookup keyed by it)")
         return original_hash(self)
 
+    def recording_text(name, original_fn):
+        def text(self):
+            hashed = getattr(EQ_RECORD, "hashed", None)
+            if hashed is not None and not hashed and _asked_outside_jax(own_code_too=True):
+                hashed.append(f"turns the dynamic size {original_fn(self)} into text")
+            return original_fn(self)
+        text.__name__ = name
+        return text
+
     __eq__._pallaskit_recorder = True
-    cls.__hash__ = __hash__  # before __eq__: the marker on __eq__ says both are installed
+    for name, fn in original_text.items():
+        setattr(cls, name, recording_text(name, fn))
+    cls.__hash__ = __hash__  # before __eq__: the marker on __eq__ says all are installed
     cls.__eq__ = __eq__
     return True
 

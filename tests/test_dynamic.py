@@ -254,6 +254,27 @@ def test_a_lookup_keyed_by_a_size_compiles_per_size(rng, caplog):
         assert refusals() == 1
 
 
+_SCALE_BY_TEXT = {"1": 10.0, "4": 40.0}
+
+
+def test_a_lookup_keyed_by_a_size_as_text_compiles_per_size(rng, caplog):
+    """``str(x.shape[0])`` and f-strings of a symbolic dim give its name ("b"),
+    which is no key: the symbolic program took the miss at every size. Text of
+    a dim made by the user's code refuses the trace; sizes compile alone."""
+    caplog.set_level(logging.INFO, logger="pallaskit")
+
+    def f(x):
+        y = x * _SCALE_BY_TEXT.get(str(x.shape[0]), 1.0)
+        return y - 1.0 if f"{x.shape[0]}" == "4" else y
+
+    g = pallaskit.jit(f)
+    for n in (3, 5, 1, 4, 6):
+        x = jnp.asarray(rng.standard_normal((n, 2)), jnp.float32)
+        assert_close(g(x), f(x))
+    if pallaskit.orchestrator.compile_options().interpret:  # a GPU may compile per size before any trace
+        assert sum("into text" in r.getMessage() for r in caplog.records) == 1
+
+
 def _size_dependent(x):
     """A size-dependent branch and a shape computed from a size: no symbolic trace."""
     if x.shape[0] > 4:

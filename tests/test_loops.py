@@ -454,3 +454,60 @@ def test_scalar_only_program_outside_a_loop_keeps_its_kernel(rng):
     """Only loop bodies inline their scalar groups; the wrapper's are kernels."""
     e = _check(lambda a, b: jnp.sin(a) * b + 1, jnp.float32(0.3), jnp.float32(-2.0))
     assert [k.iteration for k in e.kernels] == [(1, 1)]
+
+
+def _kernel_calls(source, name_part):
+    """The ``TRITON_CALL(...)`` lines of kernels whose name holds ``name_part``, with their arguments."""
+    lines = source.splitlines()
+    return [lines[i] + lines[i + 1] for i, line in enumerate(lines) if "TRITON_CALL(" in line and name_part in line]
+
+
+def test_a_value_the_body_returns_twice_is_two_stores_of_one_kernel(rng):
+    """An RNN cell's new ``h`` is the carry and the step's output. Returned twice
+    it made XLA's dynamic-slice fusion run the kernel twice a step on the GPU
+    ([Note: distinct body outputs] in lowering/loops.py): the body returns two
+    buffers, both stored by the same kernel, and no kernel is added."""
+    def f(h, xs):
+        return jax.lax.scan(lambda h, x: (jnp.tanh(h * 0.9 + x),) * 2, h, xs)
+
+    h, xs = _normal(rng, (3, 5), jnp.float32), _normal(rng, (T, 3, 5), jnp.float32)
+    h = h.at[0, 0].set(jnp.nan).at[1, 1].set(jnp.inf).at[2, 2].set(-0.0)
+    e = _check(f, h, xs)
+    body = _body_kernels(e, "scan")
+    assert len(body) == 1
+    ret = next(line for line in e.source.splitlines() if line.strip().startswith("return (") and "scan" not in line)
+    names = [n.strip(" (),") for n in ret.split("return", 1)[1].replace("(", " ").replace(")", " ").split(",")]
+    names = [n for n in names if n]
+    assert len(names) == 2 and len(set(names)) == 2, ret
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_a_carry_a_kernel_reads_and_writes_at_each_element_is_updated_in_place(rng, dtype):
+    """An LSTM's ``c``: the gate kernel reads it and writes it back at the same
+    element, so its raw-Triton launch aliases the output to the carry (no copy
+    a step; [Note: in-place carries] in lowering/loops.py). A carry read at
+    another element (a roll) or read again after the kernel keeps its values."""
+    pytest.importorskip("triton")
+
+    def in_place(c, xs):  # c read and written at each element
+        return jax.lax.scan(lambda c, x: (c * 0.5 + jnp.sin(x), jnp.exp(c)), c, xs)
+
+    def shifted(c, xs):  # c read at another element: not in place
+        return jax.lax.scan(lambda c, x: (jnp.roll(c, 1, axis=1) * 0.5 + x, c.sum(0)), c, xs)
+
+    def read_after(c, xs):  # c read by a later kernel of the step too (XLA copies it first)
+        def cell(carry, x):
+            c, acc = carry
+            new = c * 0.5 + x
+            return (new, acc + jnp.sum(c * c)), new - c
+        return jax.lax.scan(cell, (c, jnp.zeros((), jnp.float32)), xs)
+
+    c = _normal(rng, (3, 33), dtype)
+    c = c.at[0, 0].set(jnp.nan).at[1, 1].set(-jnp.inf).at[2, 2].set(-0.0)
+    xs = _normal(rng, (T, 3, 33), dtype)
+    with pallaskit.config.override(kernel_backend="triton", cache=False):
+        e = _check(in_place, c, xs)
+        assert any("aliases=" in call for call in _kernel_calls(e.source, "scan"))
+        e = _check(shifted, c, xs)
+        assert not any("aliases=" in call for call in _kernel_calls(e.source, "scan"))
+        _check(read_after, c, xs)

@@ -1286,7 +1286,10 @@ def render_for_xla(kernel: Kernel, schedule: Schedule, options: CompileOptions) 
     if kernel.kind == "mix":
         return render_mix(kernel, schedule, options)
     rendered = _render_kernel(kernel, schedule, options, stage_rows=True)
-    return rendered if rendered.staged else dataclasses.replace(rendered, config=kernel_config(kernel, schedule, options))
+    if rendered.staged:
+        return rendered
+    aliases = tuple((kernel.reads.index(r), kernel.stores.index(o)) for r, o in kernel.in_place)
+    return dataclasses.replace(rendered, config=kernel_config(kernel, schedule, options), aliases=aliases)
 
 
 # --------------------------------------------------------------------------- #
