@@ -260,30 +260,30 @@ def _distinct_outputs(sub, outs: list) -> list:
 # [Note: in-place carries]
 # A carry a pointwise kernel reads and writes back (an LSTM's ``c``) cost a
 # copy a step: the kernel's output is a new buffer, which XLA copies into the
-# loop's carry buffer. Where every load of the carry in the kernel is at the
-# element the kernel stores (the same shape, no mask, no other index), each
-# element is read before it is written and by the same program, so the output
-# may take the carry's buffer: the kernel's launch aliases them (raw Triton,
-# ``Rendered.aliases``; a Pallas kernel ignores it). XLA keeps the aliasing
-# safe on its side: where the carry is still read after the kernel, it copies
-# the carry before it.
+# loop's carry buffer. Where the carry is loaded only by the member that
+# stores its new value, and only at the element it stores (the same shape, no
+# mask, no other index), each element is read before it is written, by the
+# same program, and by nothing after: the output may take the carry's buffer,
+# and the kernel's launch aliases them (raw Triton, ``Rendered.aliases``; a
+# Pallas kernel ignores it). XLA keeps the aliasing safe on its side: where
+# the carry is still read after the kernel, it copies the carry before it.
 def _mark_in_place(sched, pairs: list) -> None:
     for kernel in sched.kernels:
         if kernel.kind != "pointwise":
             continue
         stored = {m.name: m for m in kernel.members if m.store}
-        marks = [(p, o) for p, o in pairs
-                 if o in stored and p in kernel.reads and _reads_in_place(kernel, p, stored[o].node)]
-        kernel.in_place = tuple(marks)  # carries pair distinct parameters with distinct outputs
+        kernel.in_place = tuple((p, o) for p, o in pairs  # carries pair distinct parameters with distinct outputs
+                                if o in stored and p in kernel.reads and _reads_in_place(kernel, p, stored[o]))
 
 
-def _reads_in_place(kernel, read: str, out: ir.Node) -> bool:
+def _reads_in_place(kernel, read: str, writer) -> bool:
+    """Is ``read`` loaded only by member ``writer``, only at the element it stores?"""
     for m in kernel.members:
-        if tuple(m.node.shape) != tuple(out.shape) or not isinstance(m.node, ir.Pointwise):
+        if tuple(m.node.shape) != tuple(writer.node.shape) or not isinstance(m.node, ir.Pointwise):
             return False
         symbols = tuple(m.node.symbols)
         for ld in ir.loads(m.body):
-            if ld.buffer == read and (ld.mask is not None or tuple(ld.index) != symbols):
+            if ld.buffer == read and (m is not writer or ld.mask is not None or tuple(ld.index) != symbols):
                 return False
     return True
 

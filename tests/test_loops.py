@@ -490,7 +490,10 @@ def test_a_carry_a_kernel_reads_and_writes_at_each_element_is_updated_in_place(r
     pytest.importorskip("triton")
 
     def in_place(c, xs):  # c read and written at each element
-        return jax.lax.scan(lambda c, x: (c * 0.5 + jnp.sin(x), jnp.exp(c)), c, xs)
+        def cell(c, x):
+            new = c * 0.5 + jnp.sin(x)
+            return new, jnp.exp(new)
+        return jax.lax.scan(cell, c, xs)
 
     def shifted(c, xs):  # c read at another element: not in place
         return jax.lax.scan(lambda c, x: (jnp.roll(c, 1, axis=1) * 0.5 + x, c.sum(0)), c, xs)
@@ -511,3 +514,20 @@ def test_a_carry_a_kernel_reads_and_writes_at_each_element_is_updated_in_place(r
         e = _check(shifted, c, xs)
         assert not any("aliases=" in call for call in _kernel_calls(e.source, "scan"))
         _check(read_after, c, xs)
+
+
+def test_a_carry_read_by_another_member_of_its_kernel_is_not_updated_in_place(rng):
+    """``c`` written by one store of a kernel and read by another of its
+    stores: aliased, the second could read the new ``c``. Such a carry keeps
+    its own buffer ([Note: in-place carries])."""
+    pytest.importorskip("triton")
+
+    def f(c, d, xs):
+        return jax.lax.scan(lambda cd, x: ((jnp.sin(x) * 2.0, cd[0] + cd[1] * 0.5), x), (c, d), xs)
+
+    c, d = _normal(rng, (3, 33), jnp.float32), _normal(rng, (3, 33), jnp.float32)
+    xs = _normal(rng, (T, 3, 33), jnp.float32)
+    with pallaskit.config.override(kernel_backend="triton", cache=False):
+        e = _check(f, c, d, xs)
+    calls = _kernel_calls(e.source, "scan")
+    assert calls and all("aliases=((0, 0)" not in call for call in calls), calls
