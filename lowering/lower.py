@@ -30,6 +30,7 @@ class LoweringContext:
         self.current_eqn: str = ""
         self.var_names = trace.VarNames()
         self._count = 0
+        self.in_loop_body = False  # lowering a loop's body ([Note: loop bodies] in loops.py)
 
     def child(self) -> LoweringContext:
         """A context for a nested jaxpr (a loop body, [Note: loop bodies]): a
@@ -37,6 +38,7 @@ class LoweringContext:
         sub = LoweringContext(self.options)
         sub._count = self._count  # one counter: body names never shadow outer ones
         sub.var_names = self.var_names
+        sub.in_loop_body = True
         return sub
 
     def const_input(self, c):

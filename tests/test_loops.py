@@ -531,3 +531,31 @@ def test_a_carry_read_by_another_member_of_its_kernel_is_not_updated_in_place(rn
         e = _check(f, c, d, xs)
     calls = _kernel_calls(e.source, "scan")
     assert calls and all("aliases=((0, 0)" not in call for call in calls), calls
+
+
+def test_a_row_written_into_a_carried_buffer_is_an_update_in_place(rng):
+    """``out.at[i].set(row)`` in a ``fori_loop`` body: a scatter over the row,
+    its launch aliasing the carried buffer ([Note: updates in place in loop
+    bodies] in lowering/rules/gather.py), not a rewrite of the whole buffer a
+    step. Values against jax.jit, out-of-range and negative starts clamped as
+    dynamic_update_slice clamps them; a row that reads the buffer stays dense."""
+    pytest.importorskip("triton")
+
+    def rows(x, out):
+        def step(i, out):
+            row = jnp.tanh(x[i % x.shape[0]] * (i + 1).astype(x.dtype))
+            return jax.lax.dynamic_update_slice(out, row[None], (i * 2 - 3, 0))
+        return jax.lax.fori_loop(0, 9, step, out)
+
+    def reads_itself(x, out):
+        def step(i, out):
+            return out.at[i].set(out[i - 1] * 0.5 + x[i])
+        return jax.lax.fori_loop(1, 6, step, out)
+
+    x = _normal(rng, (6, 33), jnp.float32).at[0, 0].set(jnp.nan).at[1, 1].set(-jnp.inf)
+    out = _normal(rng, (6, 33), jnp.float32)
+    with pallaskit.config.override(kernel_backend="triton", cache=False):
+        e = _check(rows, x, out)
+        assert any(k.kind == "scatter" for k in e.kernels if k.scope)  # in the body (a scan: static bounds)
+        e = _check(reads_itself, x, out)
+        assert not any(k.kind == "scatter" for k in e.kernels if k.scope)

@@ -188,6 +188,8 @@ def _dynamic_slice(ctx, eqn, x, *starts):
 def _dynamic_update_slice(ctx, eqn, x, update, *starts):
     shape, ushape = tuple(eqn.invars[0].aval.shape), tuple(eqn.invars[1].aval.shape)
     aval = eqn.outvars[0].aval
+    if _updates_in_place(ctx, eqn, x, update):
+        return [_update_in_place(ctx, eqn, x, update, starts)]
     out = ctx.symbols(len(shape))
     index, conds, masks = [], [], []
     for o, s, n, u in zip(out, starts, shape, ushape):
@@ -207,6 +209,35 @@ def _dynamic_update_slice(ctx, eqn, x, update, *starts):
     cond = _all(conds)
     body = upd if cond is None else ir.Op("select_n", (cond, ctx.load(x, out), upd), upd.dtype)
     return [ctx.pointwise(aval, body)]
+
+
+# [Note: updates in place in loop bodies]
+# Inside a loop body, a dynamic_update_slice usually writes one step's slice
+# into a buffer the loop carries (``out = out.at[i].set(row)`` in a
+# ``fori_loop``). The dense form rewrites the whole buffer each step; there it
+# is a ``Scatter`` node combining by "set" over the update's domain instead,
+# whose raw-Triton launch aliases the buffer to its output (the buffer is dead
+# after the update: XLA writes in place, or copies it first where it is not).
+# Not where the update reads the buffer (other programs would read it half
+# written), nor for bools.
+def _updates_in_place(ctx, eqn, x, update) -> bool:
+    avals = (eqn.invars[0].aval, eqn.invars[1].aval)
+    return (ctx.in_loop_body and isinstance(x, str) and executors.wants_triton("scatter", ctx.options)
+            and not any(sizes.is_symbolic(d) for a in avals for d in a.shape) and all(avals[1].shape)
+            and np.dtype(avals[0].dtype) != BOOL and not _reads(ctx, update, x))
+
+
+def _update_in_place(ctx, eqn, x, update, starts) -> str:
+    shape, ushape = tuple(eqn.invars[0].aval.shape), tuple(eqn.invars[1].aval.shape)
+    dt = np.dtype(eqn.outvars[0].aval.dtype)
+    u = ctx.symbols(len(ushape))
+    index = []
+    for o, s, n, k in zip(u, starts, shape, ushape):
+        st = _start(ctx, s, int(n - k))
+        index.append(o + (st if isinstance(st, int) else ir.indirect_index(st)))
+    value = ctx.load(update, u)
+    body = ir.Op("scatter", (ctx.load(x, tuple(index)), value, ir.Const(True, BOOL)), dt)
+    return ctx.scatter(shape, dt, x, body, ushape, "set")
 
 
 # --------------------------------------------------------------------------- #
