@@ -552,10 +552,16 @@ def test_a_row_written_into_a_carried_buffer_is_an_update_in_place(rng):
             return out.at[i].set(out[i - 1] * 0.5 + x[i])
         return jax.lax.fori_loop(1, 6, step, out)
 
+    def start_reads_it(x, out):  # where the row goes is read from the buffer
+        def step(i, out):
+            return jax.lax.dynamic_update_slice(out, x[i][None], (jnp.abs(out[0, 0] * 3).astype(jnp.int32), 0))
+        return jax.lax.fori_loop(0, 6, step, out)
+
     x = _normal(rng, (6, 33), jnp.float32).at[0, 0].set(jnp.nan).at[1, 1].set(-jnp.inf)
     out = _normal(rng, (6, 33), jnp.float32)
     with pallaskit.config.override(kernel_backend="triton", cache=False):
         e = _check(rows, x, out)
         assert any(k.kind == "scatter" for k in e.kernels if k.scope)  # in the body (a scan: static bounds)
-        e = _check(reads_itself, x, out)
-        assert not any(k.kind == "scatter" for k in e.kernels if k.scope)
+        for fn in (reads_itself, start_reads_it):
+            e = _check(fn, x, out)
+            assert not any(k.kind == "scatter" for k in e.kernels if k.scope)
