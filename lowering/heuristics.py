@@ -548,3 +548,23 @@ SPLIT_K_MIN_K = 4096  # K long enough that one program walking all of it leaves 
 
 def matmul_needs_split_k(batch: int, m: int, n: int, k: int, num_sms: int) -> bool:
     return batch * ceil_div(m, 32) * ceil_div(n, 32) * 4 < num_sms and k >= SPLIT_K_MIN_K
+
+
+# --------------------------------------------------------------------------- #
+# Loop bodies
+# --------------------------------------------------------------------------- #
+# Option loop_bodies='auto' on a GPU: a loop's bodies compile where one holds a
+# 16-bit dot_general of at least this many multiply-adds a step; other loops
+# run as XLA's own loop. Measured on the H100 (RESULTS.md, "Session 28"; T=128,
+# B=256, H=1024): compiled bodies ran bf16 GRU and LSTM cells and a LayerNorm +
+# matmul scan 5-14% faster than XLA's loop (the LSTM forward 6% slower), float32
+# cells' gradients 5-13% slower, and small-step loops (no dot, or a small one)
+# 10-37% slower: each compiled step launches from the host, which a large
+# product hides. The LSTM step's product is 2^30 multiply-adds.
+LOOP_BODY_MIN_DOT_MACS = 1 << 26
+
+
+def loop_body_pays(dots: list) -> bool:
+    """Do a loop's bodies, holding these ``(m, n, k, itemsize)`` products a
+    step, compile on a GPU under loop_bodies='auto'?"""
+    return any(size == 2 and m * n * k >= LOOP_BODY_MIN_DOT_MACS for m, n, k, size in dots)

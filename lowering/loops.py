@@ -82,6 +82,39 @@ class Loop(ir.Extern):
         return "\n".join(lines)
 
 
+def worth_compiling(eqn, options) -> bool:
+    """Are this loop's bodies compiled under ``options``? All of them, unless
+    ``loop_bodies_heavy_only`` (loop_bodies='auto' on a GPU): then only where a
+    body holds a large 16-bit product (heuristics.loop_body_pays)."""
+    from lowering import heuristics
+
+    return not options.loop_bodies_heavy_only or heuristics.loop_body_pays(list(_dots(eqn)))
+
+
+def _dots(eqn):
+    """(m, n, k, itemsize) of every dot_general in ``eqn``'s sub-jaxprs, nested ones too."""
+    for value in eqn.params.values():
+        for sub in value if isinstance(value, (tuple, list)) else (value,):
+            jaxpr = getattr(sub, "jaxpr", sub)
+            for inner in getattr(jaxpr, "eqns", ()):
+                if inner.primitive.name == "dot_general":
+                    yield _dot_size(inner)
+                yield from _dots(inner)
+
+
+def _dot_size(eqn) -> tuple:
+    (lc, rc), (lb, _) = eqn.params["dimension_numbers"]
+    lhs, rhs = (tuple(v.aval.shape) for v in eqn.invars[:2])
+    if any(not isinstance(d, int) for d in lhs + rhs):  # a symbolic size: its hint is not known here
+        return 0, 0, 0, 0
+    k = int(np.prod([lhs[d] for d in lc], dtype=np.int64))
+    batch = int(np.prod([lhs[d] for d in lb], dtype=np.int64))
+    m = int(np.prod(lhs, dtype=np.int64)) // max(k * batch, 1) * batch
+    n = int(np.prod(rhs, dtype=np.int64)) // max(k * batch, 1)
+    itemsize = max(np.dtype(v.aval.dtype).itemsize for v in eqn.invars[:2])
+    return m, n, k, itemsize
+
+
 def lower_loop(ctx, eqn, invals, fallbacks):
     """Outputs of a ``scan`` / ``while`` / ``cond`` equation lowered as a ``Loop``,
     or as a plain extern where compiling its bodies brings no kernel; None when

@@ -305,8 +305,10 @@ def _load_index(index: tuple, shape: tuple) -> tuple:
 
 def _lower_eqn(ctx, eqn, invals, fallbacks):
     ctx.current_eqn = trace.equation_text(eqn, ctx.var_names)
+    xla_loop = False  # a loop left to XLA by choice (loop_bodies_heavy_only): not a fallback
     if ctx.options.loop_bodies and eqn.primitive.name in loops.KINDS:  # bodies compiled as programs of their own ([Note: loop bodies])
-        outs = loops.lower_loop(ctx, eqn, invals, fallbacks)
+        xla_loop = not loops.worth_compiling(eqn, ctx.options)
+        outs = None if xla_loop else loops.lower_loop(ctx, eqn, invals, fallbacks)
         if outs is not None:
             return outs
     rule = RULES.get(eqn.primitive.name)
@@ -330,7 +332,7 @@ def _lower_eqn(ctx, eqn, invals, fallbacks):
         invals = [prng.key_value(ctx, x, v.aval) for x, v in zip(invals, eqn.invars)]
     # Literal operands of an extern must be real arrays. An empty operand or
     # result (an optimizer's (0,)-shaped leaf) is no work for a kernel: not a fallback.
-    if eqn.primitive.name not in fallbacks and not any(_empty(a) for a in avals):
+    if eqn.primitive.name not in fallbacks and not any(_empty(a) for a in avals) and not xla_loop:
         fallbacks.append(eqn.primitive.name)
     return _extern(ctx, eqn, invals)
 

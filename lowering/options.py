@@ -34,6 +34,8 @@ class CompileOptions:
     staged_rows: bool = False
     combo_kernels: bool = True  # independent kernels of different shapes in one launch (lowering/combo.py)
     loop_bodies: bool = True  # compile scan / while / cond bodies as programs of their own (lowering/loops.py)
+    # Only the loops whose bodies hold a large 16-bit product (heuristics.loop_body_pays): loop_bodies='auto' on a GPU
+    loop_bodies_heavy_only: bool = False
     scan_hoisting: bool = True  # a scan body's input projections as one batched matmul before the loop (scan_hoist.py)
     # Scatters with many updates per element whose result depends on the order the
     # atomics land in (float add / mul, a set with repeated indices) run through XLA

@@ -208,9 +208,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "'off' kernel_backend='pallas', 'auto' leaves kernel_backend as it is.", str, _check_dynamic_launch,
            "'auto', 'on', 'off'"),
     Option("loop_bodies", "auto", "Compile the bodies of scan / while_loop / cond as pallaskit programs whose "
-           "kernels run inside XLA's loop. 'auto': in interpret mode only, until the GPU path is right (on an "
-           "H200 the LSTM scan's gradient disagreed with jax.jit and its forward ran slower, see RESULTS.md); "
-           "'on': everywhere; 'off': loops run through XLA.", str, _check_dynamic_launch, "'auto', 'on', 'off'"),
+           "kernels run inside XLA's loop. 'auto': every loop in interpret mode; on a GPU the loops whose bodies "
+           "hold a large 16-bit matmul (an RNN cell, a transformer layer; heuristics.loop_body_pays), the others "
+           "run as XLA's own loop (measured faster there, RESULTS.md 'Session 28'); 'on': every loop; 'off': loops "
+           "run through XLA.", str, _check_dynamic_launch, "'auto', 'on', 'off'"),
     Option("scan_hoisting", True, "Compute the part of a lax.scan body that reads only the scanned inputs and "
            "loop constants, not the carry, for every step at once before the loop when it holds a matmul (an RNN "
            "cell's input projection x_t @ W becomes one batched matmul over all steps, whose results the loop "

@@ -49,7 +49,8 @@ def compile_options() -> CompileOptions:
     values["triton_available"] = (_triton_installed() if values["interpret"] else _cuda_with_triton())
     values["staged_rows"] = not values["interpret"] and values["triton_available"] and _staged_rows_gpu()
     loops = snap["loop_bodies"]
-    values["loop_bodies"] = loops == "on" or (loops == "auto" and values["interpret"])
+    values["loop_bodies"] = loops in ("on", "auto")
+    values["loop_bodies_heavy_only"] = loops == "auto" and not values["interpret"]
     return CompileOptions(**values)
 
 

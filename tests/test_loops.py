@@ -565,3 +565,38 @@ def test_a_row_written_into_a_carried_buffer_is_an_update_in_place(rng):
         for fn in (reads_itself, start_reads_it):
             e = _check(fn, x, out)
             assert not any(k.kind == "scatter" for k in e.kernels if k.scope)
+
+
+def test_on_a_gpu_auto_compiles_the_loops_whose_bodies_hold_a_large_16bit_matmul():
+    """loop_bodies='auto' on a GPU (``loop_bodies_heavy_only``): bf16 RNN cells at
+    the benchmark's size compile their bodies; float32 ones, small products and
+    loops without a product run as XLA's own loop, chosen, so not listed as a
+    fallback (heuristics.loop_body_pays; RESULTS.md, "Session 28")."""
+    import dataclasses
+
+    import lowering
+    from lowering import loops
+    from lowering.options import CompileOptions
+
+    def cell_scan(n, dtype, nested=False):
+        w = jax.ShapeDtypeStruct((n, 4 * n), dtype)
+        h, xs = jax.ShapeDtypeStruct((256, n), dtype), jax.ShapeDtypeStruct((3, 256, 4 * n), dtype)
+
+        def f(w, h, xs):
+            scan = lambda h, xs: jax.lax.scan(lambda h, x: ((jnp.tanh(h @ w + x)[:, :n]).astype(dtype),) * 2, h, xs)
+            if nested:
+                return jax.lax.while_loop(lambda c: jnp.sum(c[0]) < 0, lambda c: (scan(c[0], xs)[0], c[1]), (h, xs))
+            return scan(h, xs)
+        closed = jax.make_jaxpr(f)(w, h, xs)
+        return next(e for e in closed.jaxpr.eqns if e.primitive.name in loops.KINDS), closed
+
+    gpu_auto = dataclasses.replace(CompileOptions(), loop_bodies_heavy_only=True)
+    assert loops.worth_compiling(cell_scan(1024, jnp.bfloat16)[0], gpu_auto)
+    assert loops.worth_compiling(cell_scan(1024, jnp.bfloat16, nested=True)[0], gpu_auto)
+    assert not loops.worth_compiling(cell_scan(1024, jnp.float32)[0], gpu_auto)
+    assert not loops.worth_compiling(cell_scan(64, jnp.bfloat16)[0], gpu_auto)
+    assert loops.worth_compiling(cell_scan(64, jnp.bfloat16)[0], CompileOptions())  # 'on', and interpret mode
+
+    _, small = cell_scan(16, jnp.bfloat16)
+    result = lowering.compile_jaxpr(small, dataclasses.replace(gpu_auto, interpret=True))
+    assert result.fallbacks == [] and "lax.scan(" not in result.program.source
