@@ -218,14 +218,14 @@ def _dynamic_update_slice(ctx, eqn, x, update, *starts):
 # is a ``Scatter`` node combining by "set" over the update's domain instead,
 # whose raw-Triton launch aliases the buffer to its output (the buffer is dead
 # after the update: XLA writes in place, or copies it first where it is not).
-# Not where the update or a start reads the buffer (other programs would read
-# it half written), nor for bools.
+# Not where the update or a start reads the buffer (``buf.at[buf[i, 0]].set(row)``:
+# each program computes the start itself, and would read it half written by
+# the others), nor for bools.
 def _updates_in_place(ctx, eqn, x, update, starts) -> bool:
     avals = (eqn.invars[0].aval, eqn.invars[1].aval)
     return (ctx.in_loop_body and isinstance(x, str) and executors.wants_triton("scatter", ctx.options)
             and not any(sizes.is_symbolic(d) for a in avals for d in a.shape) and all(avals[1].shape)
-            and np.dtype(avals[0].dtype) != BOOL
-            and not any(_reads(ctx, v, x) for v in (update, *starts) if not isinstance(v, ir.Const)))
+            and np.dtype(avals[0].dtype) != BOOL and not any(_reads(ctx, v, x) for v in (update, *starts)))
 
 
 def _update_in_place(ctx, eqn, x, update, starts) -> str:

@@ -238,15 +238,17 @@ def _abstract_eval(*avals, out_avals, **_):
 
 
 def _interpreted(*args, kernel, grid, out_avals, scalars, constexprs, aliases=()):
-    """The kernel in Triton's interpreter, on host copies, through a callback. An
+    """The kernel in Triton's interpreter, on host copies (an aliased output and
+    its input one array, as on the GPU), through a callback. An
     io_callback, not a pure one: XLA:CPU hoisted a pure callback out of a while
     loop's body (the loop's gcd kernel of jnp.lcm ran once, the loop never ended)."""
     def host(*arrays):
+        ins = [np.array(x) for x in arrays]
         outs = [np.empty(a.shape, a.dtype) for a in out_avals]
-        for i, o in aliases:  # an aliased output starts as its input
-            outs[o] = np.array(arrays[i], dtype=out_avals[o].dtype).reshape(out_avals[o].shape)
-        tensors = [triton_launch._HostTensor(np.array(x)) for x in arrays] + [triton_launch._HostTensor(o)
-                                                                              for o in outs]
+        for i, o in aliases:  # an aliased output is its input's memory, as on the GPU: a load after
+            ins[i] = np.array(ins[i], dtype=out_avals[o].dtype)  # another program's store sees it
+            outs[o] = ins[i].reshape(out_avals[o].shape)
+        tensors = [triton_launch._HostTensor(x) for x in ins] + [triton_launch._HostTensor(o) for o in outs]
         triton_launch.run_interpreted(kernel.fn, (grid, 1, 1), [*tensors, *scalars], dict(constexprs))
         return tuple(outs)
 
