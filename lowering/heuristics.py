@@ -557,10 +557,10 @@ def matmul_needs_split_k(batch: int, m: int, n: int, k: int, num_sms: int) -> bo
 # 16-bit dot_general of at least this many multiply-adds a step; other loops
 # run as XLA's own loop. Measured on the H100 (RESULTS.md, "Session 28"; T=128,
 # B=256, H=1024): compiled bodies ran bf16 GRU and LSTM cells and a LayerNorm +
-# matmul scan 5-14% faster than XLA's loop (the LSTM forward 6% slower), float32
-# cells' gradients 5-13% slower, and small-step loops (no dot, or a small one)
-# 10-37% slower: each compiled step launches from the host, which a large
-# product hides. The LSTM step's product is 2^30 multiply-adds.
+# matmul scan 5-16% faster than XLA's loop (the LSTM forward 6% slower), float32
+# cells' gradients 5-14% slower, and small-step loops (no dot, or a small one)
+# 9-24% slower, row writes 50-64%: each compiled step launches from the host,
+# which a large product hides. The LSTM step's product is 2^30 multiply-adds.
 LOOP_BODY_MIN_DOT_MACS = 1 << 26
 
 

@@ -41,17 +41,26 @@ def _generated(code) -> bool:
     return code.co_filename.startswith("<") and code.co_name in ("__hash__", "__eq__", "__ne__")
 
 
-def _asked_outside_jax(own_code_too: bool = False) -> bool:
+def _asked_outside_jax(own_code_too: bool = False, depth: int = 2) -> bool:
     """Is the innermost frame outside jax's package (past ``__eq__``/``__ne__``
     of the dims and generated dunders) one of the user's code or another library? ``own_code_too``:
-    pallaskit's own frames count as jax's."""
-    frame = sys._getframe(2)
+    pallaskit's own frames count as jax's. ``depth``: frames from here to the dim's dunder's caller."""
+    frame = sys._getframe(depth)
     while frame is not None and (frame.f_code.co_filename.endswith("shape_poly.py") or _generated(frame.f_code)):
         frame = frame.f_back
     if frame is None:
         return False
     name = frame.f_code.co_filename
     return not name.startswith(_JAX_DIR) and not (own_code_too and name.startswith(_OWN_DIRS))
+
+
+def _record_use(describe) -> None:
+    """Record the first use of a dim that no guard can check (``describe()``: what
+    the function did with it), made while tracing symbolically, outside jax and
+    pallaskit. Called from the dim's dunders: ``_asked_outside_jax`` looks two frames up."""
+    hashed = getattr(EQ_RECORD, "hashed", None)
+    if hashed is not None and not hashed and _asked_outside_jax(own_code_too=True, depth=3):
+        hashed.append(describe())
 
 
 def install_eq_recorder() -> bool:
@@ -84,16 +93,12 @@ def install_eq_recorder() -> bool:
         return result
 
     def __hash__(self):
-        hashed = getattr(EQ_RECORD, "hashed", None)
-        if hashed is not None and not hashed and _asked_outside_jax(own_code_too=True):
-            hashed.append(f"hashes the dynamic size {self} (a dict or set lookup keyed by it)")
+        _record_use(lambda: f"hashes the dynamic size {self} (a dict or set lookup keyed by it)")
         return original_hash(self)
 
     def recording_text(name, original_fn):
         def text(self):
-            hashed = getattr(EQ_RECORD, "hashed", None)
-            if hashed is not None and not hashed and _asked_outside_jax(own_code_too=True):
-                hashed.append(f"turns the dynamic size {original_fn(self)} into text")
+            _record_use(lambda: f"turns the dynamic size {original_fn(self)} into text")
             return original_fn(self)
         text.__name__ = name
         return text

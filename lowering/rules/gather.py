@@ -170,6 +170,16 @@ def _start(ctx, s, hi: int):
     return _clamped(_as_index(ctx.load(s, ())), hi)
 
 
+def _window(ctx, syms, starts, shape, window) -> tuple:
+    """The operand's index of a window's position ``syms``: each start clamped so
+    the window fits (``window``: its sizes), plus the position."""
+    index = []
+    for o, s, n, k in zip(syms, starts, shape, window):
+        st = _start(ctx, s, _int(n - k))
+        index.append(o + (st if isinstance(st, int) else ir.indirect_index(st)))
+    return tuple(index)
+
+
 @register_lowering("dynamic_slice", kind="view", note="loads at clamped run-time starts")
 def _dynamic_slice(ctx, eqn, x, *starts):
     shape = tuple(eqn.invars[0].aval.shape)
@@ -177,11 +187,7 @@ def _dynamic_slice(ctx, eqn, x, *starts):
     if len(starts) != len(shape):
         raise NotImplementedError("dynamic_slice with dynamic sizes")
     out = ctx.symbols(len(shape))
-    index = []
-    for o, s, n, k in zip(out, starts, shape, eqn.params["slice_sizes"]):
-        st = _start(ctx, s, _int(n - k))
-        index.append(o + (st if isinstance(st, int) else ir.indirect_index(st)))
-    return [ctx.pointwise(aval, ctx.load(x, tuple(index)))]
+    return [ctx.pointwise(aval, ctx.load(x, _window(ctx, out, starts, shape, eqn.params["slice_sizes"])))]
 
 
 @register_lowering("dynamic_update_slice", kind="pointwise", note="select between operand and update at clamped starts")
@@ -232,12 +238,8 @@ def _update_in_place(ctx, eqn, x, update, starts) -> str:
     shape, ushape = tuple(eqn.invars[0].aval.shape), tuple(eqn.invars[1].aval.shape)
     dt = np.dtype(eqn.outvars[0].aval.dtype)
     u = ctx.symbols(len(ushape))
-    index = []
-    for o, s, n, k in zip(u, starts, shape, ushape):
-        st = _start(ctx, s, int(n - k))
-        index.append(o + (st if isinstance(st, int) else ir.indirect_index(st)))
-    value = ctx.load(update, u)
-    body = ir.Op("scatter", (ctx.load(x, tuple(index)), value, ir.Const(True, BOOL)), dt)
+    target = ctx.load(x, _window(ctx, u, starts, shape, ushape))
+    body = ir.Op("scatter", (target, ctx.load(update, u), ir.Const(True, BOOL)), dt)
     return ctx.scatter(shape, dt, x, body, ushape, "set")
 
 
