@@ -197,6 +197,7 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--smoke", action="store_true", help="CPU: Triton's interpreter, tiny sizes, values only")
     p.add_argument("--no-block", action="store_true", help="leave the GPT-2 block forward out")
+    p.add_argument("--grad", action="store_true", help="also value_and_grad over q, k, v (forward and backward)")
     p.add_argument("--json", default="", help="write the rows to this file")
     a = p.parse_args(argv)
     import pallaskit
@@ -254,6 +255,8 @@ def main(argv=None):
                              of_floor=round(floor / ms, 3), floor_ms=round(floor, 4)))
             print(f"{'torch sdpa (is_causal), CUDA events':42s} max err {err:.1e}  {ms:8.4f} ms "
                   f"({100 * floor / ms:5.1f}% of floor)")
+    if a.grad:
+        rows += _grad_rows(qkv, a, floor, failed)
     if not a.no_block and not a.smoke:
         rows += _gpt2_block(a.rounds)
     if a.json:
@@ -262,6 +265,86 @@ def main(argv=None):
     if failed:
         raise SystemExit(f"values differ from plain attention under jax.jit: {', '.join(failed)}")
     return rows
+
+
+def _loss(attn):
+    def loss(q, k, v, w):
+        return jnp.sum(attn(q, k, v).astype(jnp.float32) * w)
+    return jax.value_and_grad(loss, argnums=(0, 1, 2))
+
+
+def _grad_rows(qkv, a, floor_fwd, failed) -> list:
+    """value_and_grad over q, k, v of sum(attention * w): forward and backward.
+    Floor: three times the forward's matrix FLOPs (QK^T and P·V forward; dP, dV,
+    dQ, dK backward), q, k, v, O, dO read and dq, dk, dv written."""
+    import pallaskit
+    from benchmarks import hardware, timing
+
+    b, t, h, d = qkv[0][0].shape
+    w = jax.random.normal(jax.random.PRNGKey(1), (b, t, h * d), jnp.float32)
+    flops = 3 * 4 * b * h * d * t * (t + 1) / 2
+    floor = hardware.floor_ms(8 * b * t * h * d * qkv[0][0].dtype.itemsize, flops, a.dtype)
+    want = jax.block_until_ready(jax.jit(_loss(plain_attention))(*qkv[0], w))
+    variants = [("grad: plain, jax.jit", jax.jit(_loss(plain_attention))),
+                ("grad: plain, pallaskit.jit", pallaskit.jit(_loss(plain_attention)))]
+    if jax.devices()[0].platform == "gpu" and not a.smoke:
+        variants.append(("grad: dot_product_attention cudnn", jax.jit(_loss(_dpa("cudnn")))))
+    print(f"value_and_grad: floor {floor:.4f} ms")
+    rows = []
+    for name, fn in variants:
+        try:
+            got = jax.block_until_ready(fn(*qkv[0], w))
+        except Exception as e:  # noqa: BLE001
+            print(f"{name:42s} did not run: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+            rows.append(dict(backend=name, error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"))
+            continue
+        # each gradient's error relative to its own scale (bf16 gradients of a float32 loss)
+        err = max(_err(g / (np.abs(np.asarray(x, np.float32)).max() + 1e-30),
+                       x / (np.abs(np.asarray(x, np.float32)).max() + 1e-30))
+                  for g, x in zip(jax.tree_util.tree_leaves(got[1]), jax.tree_util.tree_leaves(want[1])))
+        row = dict(backend=name, max_err=err, floor_ms=round(floor, 4))
+        if err > 5e-2:
+            failed.append(name)
+        if a.rounds:
+            tm = timing.measure(lambda i: fn(*qkv[i % len(qkv)], w), timing.HostClock(jax.block_until_ready),
+                                rounds=a.rounds)
+            dev = timing.kernel_ms(lambda: fn(*qkv[0], w), jax.block_until_ready)
+            row.update(ms=round(tm.ms, 4), device_ms=dev and round(dev, 4), of_floor=round(floor / tm.ms, 3))
+        rows.append(row)
+        print(f"{name:42s} max err {err:.1e}" + (f"  {row['ms']:8.4f} ms ({100 * row['of_floor']:5.1f}% of floor)"
+                                                     + (f"; kernels {row['device_ms']} ms on the device"
+                                                        if row.get("device_ms") else "") if a.rounds else ""))
+    ms = _torch_sdpa_grad_ms(qkv, w, a.rounds) if not a.smoke else None
+    if ms is not None:
+        rows.append(dict(backend="grad: torch sdpa (is_causal)", ms=round(ms, 4), of_floor=round(floor / ms, 3),
+                         floor_ms=round(floor, 4)))
+        print(f"{'grad: torch sdpa (is_causal), CUDA events':42s} {ms:8.4f} ms ({100 * floor / ms:5.1f}% of floor)")
+    return rows
+
+
+def _torch_sdpa_grad_ms(qkv, w, rounds) -> float | None:
+    """ms of torch's SDPA forward and backward (CUDA events); None without CUDA torch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available() or not rounds:
+        return None
+    from benchmarks import timing
+
+    sets = [tuple(torch.from_dlpack(x).transpose(1, 2).detach().clone().requires_grad_() for x in s) for s in qkv]
+    b, t, h, d = qkv[0][0].shape
+    tw = torch.from_dlpack(w).reshape(b, t, h, d).transpose(1, 2).to(sets[0][0].dtype)
+
+    def call(i):
+        q, k, v = sets[i % len(sets)]
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out.backward(tw)
+        return q.grad
+
+    call(0)
+    torch.cuda.synchronize()
+    return timing.measure(call, timing.CudaEventClock(torch), rounds=rounds).ms
 
 
 def _gpt2_block(rounds) -> list:

@@ -311,6 +311,9 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in [
     Backend("pallaskit_deterministic_scatter", JAX, "pallaskit.jit, deterministic_scatter=True (scatter-adds "
             "with many updates per element through XLA with xla_gpu_exclude_nondeterministic_ops, not atomics)",
             _build_pallaskit, options=(("deterministic_scatter", True),), tags=frozenset({"scatter"})),
+    Backend("pallaskit_attention_off", JAX, "pallaskit.jit, fused_attention=False (plain attention: the scores "
+            "and probabilities stored, as before the flash-attention template)", _build_pallaskit,
+            options=(("fused_attention", False),), default=False),
     Backend("xla", JAX, "jax.jit", _build_xla),
     Backend("torch_eager", TORCH, "torch eager", _build_torch_eager, compiles=False),
     Backend("torch_compile", TORCH, "torch.compile, default options", _build_torch_compile, hinted=True),

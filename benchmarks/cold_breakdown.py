@@ -24,7 +24,7 @@ jax.jit runs the same stages (``trace_s``, ``jax_lower_s``, ``xla_compile_s``,
 
 Variants: ``jax.jit``; ``pallaskit`` (defaults); ``members=K``
 (``heuristics.COMBO_MAX_MEMBERS = K``: at most K kernels joined per combo launch);
-``nocombo`` (option ``combo_kernels=False``); ``pallas`` (``kernel_backend='pallas'``); ``triton``
+``nocombo`` (option ``combo_kernels=False``); ``noattention`` (option ``fused_attention=False``); ``pallas`` (``kernel_backend='pallas'``); ``triton``
 (``kernel_backend='triton'``: long-row mix kernels too); ``noshare`` (raw-Triton kernels of the
 same code not sharing one function: [Note: shared Triton functions]); ``nosharepallas`` (Pallas
 kernels of the same code each their own launch: [Note: shared Pallas kernels]); ``threads=N`` (raw-Triton
@@ -208,6 +208,8 @@ def _apply_variant(variant: str, lowering, heuristics, pallaskit) -> None:
     """One variant's change to the compiler or its options, in this child process."""
     if variant.startswith("members="):
         heuristics.COMBO_MAX_MEMBERS = int(variant.split("=", 1)[1])
+    elif variant == "noattention":  # plain attention, not the flash kernels ([Note: fused attention])
+        pallaskit.config.update(fused_attention=False)
     elif variant == "nocombo":
         pallaskit.config.update(combo_kernels=False)
     elif variant == "pallas":

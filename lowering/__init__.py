@@ -4,7 +4,8 @@ of its inputs and a ``CompileOptions``; it keeps no state and reads no environme
 Importing the package loads only the options: the passes (and sympy, Pallas
 and the rule tables they import) load on the first ``compile_jaxpr``, so a
 process whose graphs all come from pallaskit's on-disk cache never imports them.
-The passes themselves: ``lowering.scan_hoist.hoist_scans`` (jaxpr -> jaxpr),
+The passes themselves: ``lowering.scan_hoist.hoist_scans`` and
+``lowering.attention.fuse_attention`` (jaxpr -> jaxpr),
 ``lowering.lower.lower``, ``lowering.scheduler.schedule``, ``lowering.codegen.program.render``."""
 from __future__ import annotations
 
@@ -62,6 +63,13 @@ def compile_jaxpr(closed_jaxpr, options: CompileOptions, title: str = "") -> Com
         from lowering.scan_hoist import hoist_scans
 
         closed_jaxpr, rewrites = hoist_scans(closed_jaxpr)
+    if options.fused_attention and not options.size_hints:
+        from lowering import executors
+        from lowering.attention import fuse_attention
+
+        if executors.wants_triton("attention", options):
+            closed_jaxpr, more = fuse_attention(closed_jaxpr)
+            rewrites += more
     lowered = lower(closed_jaxpr, options)
     sched = schedule(lowered.graph, options, combine=combine)
     program = codegen_program.render(sched, options, title)

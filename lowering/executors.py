@@ -56,6 +56,9 @@ GPU_AUTO = {
     # Atomic scatters ([Note: atomic scatters] in lowering/ir.py): only raw Triton writes them;
     # where ``choose`` says Pallas the rule leaves the scatter to XLA (``wants_triton``).
     "scatter": (TRITON_XLA, "atomic scatter: raw Triton's atomics inside XLA"),
+    # Flash attention ([Note: fused attention] in lowering/attention.py): only raw Triton writes it;
+    # where ``choose`` says Pallas the pass leaves attention as it is.
+    "attention": (TRITON_XLA, "flash attention: raw Triton's template inside XLA"),
 }
 
 

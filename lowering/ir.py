@@ -819,6 +819,18 @@ class Extern(Node):
 
 
 @dataclasses.dataclass
+class Attention(Extern):
+    """Flash attention ([Note: fused attention] in lowering/attention.py): an
+    extern whose kernel pallaskit renders (codegen/attention.py) and launches
+    as raw Triton inside the XLA program; ``params["spec"]`` says what it
+    computes, ``params["phase"]`` "forward" (O, lse) or "backward" (dQ, dK, dV).
+    Anything that treats it as a plain extern runs the equations it replaced."""
+
+    def format(self):
+        return super().format().replace("extern pallaskit_attention", f"attention_{self.params['phase']}")
+
+
+@dataclasses.dataclass
 class Graph:
     inputs: list[str]
     nodes: dict[str, Node]  # insertion order is a topological order

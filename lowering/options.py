@@ -37,6 +37,7 @@ class CompileOptions:
     # Only the loops whose bodies hold a large 16-bit product (heuristics.loop_body_pays): loop_bodies='auto' on a GPU
     loop_bodies_heavy_only: bool = False
     scan_hoisting: bool = True  # a scan body's input projections as one batched matmul before the loop (scan_hoist.py)
+    fused_attention: bool = True  # plain attention and its gradient as flash-attention kernels (attention.py)
     # Scatters with many updates per element whose result depends on the order the
     # atomics land in (float add / mul, a set with repeated indices) run through XLA
     # (with its deterministic-ops flag) instead of raw Triton's atomics ([Note: atomic scatters]).

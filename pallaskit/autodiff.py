@@ -298,7 +298,8 @@ def grad_entry(sig: Signature, perturbed: tuple[bool, ...], method: str) -> Grad
     """Partition and compile (lazily) the signature differentiated with respect
     to the perturbed inputs."""
     store = _store(sig.jf)
-    k = ("grad", sig.key, perturbed, method)
+    attention = _attention_fused()
+    k = ("grad", sig.key, perturbed, method, attention)
     entry = store.get(k)
     if entry is None:
         from jax.extend import core as jex_core
@@ -306,11 +307,33 @@ def grad_entry(sig: Signature, perturbed: tuple[bool, ...], method: str) -> Grad
         from lowering import partition as partition_mod
 
         joint = partition_mod.joint_jaxpr(sig.flat, sig.avals, perturbed)
+        if attention:
+            joint = _fuse_attention(joint)
         part = partition_mod.partition(joint, method)
         fwd = jex_core.jaxpr_as_fun(part.forward)
         fwd.__qualname__ = fwd.__name__ = f"{_title(sig.jf)}.forward"
         entry = store[k] = GradEntry(part, _jit(sig.jf, fwd, sig.donate), {}, sig)  # forward: the primals
     return entry
+
+
+def _attention_fused() -> bool:
+    """Does the compiler fuse attention here (option ``fused_attention``, raw Triton)?"""
+    from lowering import executors
+    from pallaskit.orchestrator import compile_options
+
+    options = compile_options()
+    return options.fused_attention and executors.wants_triton("attention", options)
+
+
+def _fuse_attention(joint):
+    """[Note: fused attention] (lowering/attention.py) on the joint graph, before it
+    is partitioned: the forward half's flash kernel then saves O and the rows'
+    log-sum-exp for the backward half's, as torch's SDPA does, where each half
+    on its own would hold only half of the pattern (the probabilities saved)."""
+    from lowering.attention import fuse_attention
+
+    closed, lines = fuse_attention(joint.jaxpr)
+    return dataclasses.replace(joint, jaxpr=closed) if lines else joint
 
 
 def _backward_fn(entry: GradEntry, mask):

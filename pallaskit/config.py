@@ -212,6 +212,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "hold a large 16-bit matmul (an RNN cell, a transformer layer; heuristics.loop_body_pays), the others "
            "run as XLA's own loop (measured faster there, RESULTS.md 'Session 28'); 'on': every loop; 'off': loops "
            "run through XLA.", str, _check_dynamic_launch, "'auto', 'on', 'off'"),
+    Option("fused_attention", True, "Run attention written as einsum / softmax / einsum (any scale, a where-mask, "
+           "a causal one) and its jax.grad as flash-attention kernels that never store the [T, T] scores "
+           "(lowering/attention.py), where raw Triton runs the kernels (a GPU, or kernel_backend='triton'). "
+           "pallaskit.explain lists each rewrite.", _parse_bool, _check_bool, "true, false"),
     Option("scan_hoisting", True, "Compute the part of a lax.scan body that reads only the scanned inputs and "
            "loop constants, not the carry, for every step at once before the loop when it holds a matmul (an RNN "
            "cell's input projection x_t @ W becomes one batched matmul over all steps, whose results the loop "

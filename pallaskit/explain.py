@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import types
 
 import jax
 
@@ -93,6 +95,10 @@ def _describe(entry) -> Explanation:
     from lowering.loops import scheduled_kernels
 
     sched = {k.name: k for k, _, _ in scheduled_kernels(r.schedule)}  # loop bodies' kernels too
+    for k in r.program.kernels:  # flash attention: no scheduled kernel ([Note: fused attention] in lowering/attention.py)
+        if k.name not in sched:
+            spec = k.config
+            sched[k.name] = types.SimpleNamespace(kind="attention", rows=math.prod(spec.batch) * spec.tq, cols=spec.tk)
     kernels = [KernelInfo(k.name, k.source, k.equations, sched[k.name].kind, (sched[k.name].rows, sched[k.name].cols),
                           getattr(k, "scope", ""), getattr(k, "executor", "pallas"), getattr(k, "reason", ""),
                           _members(sched[k.name]))

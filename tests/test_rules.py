@@ -603,7 +603,8 @@ def test_op(info: OpInfo, dtype, shape, request):
 
 def test_every_rule_has_an_entry():
     tested = {info.prim for info in TABLE}
-    required = {name for name, rule in RULES.items() if rule.note != "identity"}
+    # the attention pass's own primitive is never in a user's jaxpr: tests/test_fused_attention.py
+    required = {name for name, rule in RULES.items() if rule.note != "identity" and rule.kind != "attention"}
     missing = sorted(required - tested)
     assert not missing, f"lowering rules without an entry in tests/test_rules.py TABLE: {missing}"
     unknown = sorted(tested - set(RULES))

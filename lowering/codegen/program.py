@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from lowering import executors, ir, loops
+from lowering.codegen import attention as attention_codegen
 from lowering.codegen import combo, emitter, pallas
 from lowering.codegen import triton as triton_codegen
 from lowering.codegen.writer import SourceWriter
@@ -49,6 +50,12 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> emit
         (triton_helpers if rk.triton else helpers).update(hs)
         kernels.append(rk)
         guards += [g for g in getattr(rk, "guards", ()) if g not in guards]
+    attention = {}  # step name -> its kernel ([Note: fused attention] in lowering/attention.py)
+    for step in schedule.steps:
+        if isinstance(step, ir.Attention):
+            rk = attention[step.name] = _render_attention(step, f"att{len(attention)}_{_PHASE[step.params['phase']]}",
+                                                          options)
+            kernels.append(rk)
     share_triton_functions([rk for rk in kernels if rk.triton])
     share_pallas_kernels([rk for rk in kernels if not rk.triton])
     dims = program_dims(schedule)
@@ -88,6 +95,7 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> emit
         if dims:
             w.line(f"dims = jnp.asarray([{', '.join(dims)}], jnp.int32)")
         launched = {rk.name: rk for rk in kernels + inline}
+        launched.update(attention)
         _write_steps(w, schedule, launched, externs)
         outs = [_value_source(o) for o in graph.outputs]
         if any(graph.weak_outputs) and len(graph.weak_outputs) == len(outs):
@@ -138,6 +146,8 @@ def _write_steps(w: SourceWriter, schedule: Schedule, launched: dict, externs: l
                     w.line(f"{m.name} = {m.name}.reshape({emitter.shape_source(m.node.shape)})")
         elif isinstance(step, loops.Loop):
             loops.write_loop(w, step, lambda w, s: _write_steps(w, s, launched, externs), _value_source)
+        elif isinstance(step, ir.Attention):
+            w.line(f"{', '.join(step.outputs)}, = {launched[step.name].name}({', '.join(step.inputs)})")
         elif _key_view(step) is not None:
             w.line(f"{step.outputs[0]} = {_key_view(step)}  # {step.primitive.name}")
         else:
@@ -271,6 +281,35 @@ def _triton_helper_names(source: str, helpers) -> str:
     for h in sorted(set(helpers) & set(pallas.HELPERS)):
         source = re.sub(rf"(?<![\w.]){re.escape(h)}\b", f"_tl{h}", source)
     return source
+
+
+_PHASE = {"forward": "fwd", "backward": "bwd"}
+
+
+def _render_attention(step: ir.Attention, name: str, options: CompileOptions) -> emitter.RenderedKernel:
+    """A flash-attention equation ([Note: fused attention] in lowering/attention.py)
+    as its raw-Triton kernel and launcher; its config is the spec."""
+    spec, phase = step.params["spec"], step.params["phase"]
+    render = attention_codegen.render_forward if phase == "forward" else attention_codegen.render_backward
+    k = render(spec, name, options.interpret)
+    w = SourceWriter()
+    w.line(f"# {name}: flash attention, {phase} ({step.origin[0]})")
+    for text in step.params["origin"]:
+        w.line(f"#   in place of: {text}")
+    w.lines.extend(k.source.rstrip("\n").splitlines())
+    w.line()
+    out_shapes = ", ".join(f"jax.ShapeDtypeStruct({emitter.shape_source(a.shape)}, {pallas.dtype_source(a.dtype)})"
+                           for a in step.out_avals)
+    args = [f"in{i}" for i in range(len(step.inputs))]
+    constexprs = "".join(f", {c}={v!r}" for c, v in k.constexprs.items())
+    w.line(f"def {name}({', '.join(args)}):")
+    with w.indent():
+        w.line(f"return TRITON_CALL({name}_kernel, {k.grid}, ({out_shapes},), {''.join(a + ', ' for a in args)}")
+        w.line(f"                   num_warps={k.num_warps}, num_stages={k.num_stages}, interpret=INTERPRET{constexprs})")
+    return emitter.RenderedKernel(name, w.source(), [*step.origin, *(f"in place of {t}" for t in step.params["origin"])],
+                                  spec,
+                                  triton=True, executor=executors.TRITON_XLA,
+                                  reason=executors.GPU_AUTO["attention"][1])
 
 
 def _render_triton_xla(kernel: Kernel, schedule: Schedule, options: CompileOptions, choice):

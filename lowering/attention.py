@@ -1,0 +1,905 @@
+"""Plain attention found in the jaxpr and run as flash-attention kernels: a
+jaxpr -> jaxpr pass run before lowering (option ``fused_attention``).
+
+Note [fused attention]
+~~~~~~~~~~~~~~~~~~~~~~
+Attention written as users write it (``einsum`` of q and k, a scale, a mask
+through ``jnp.where``, ``jax.nn.softmax``, ``einsum`` with v) stores the
+[batch, Tq, Tk] scores and probabilities, and its gradient reads and writes
+several more such arrays: at T = 1024 that is most of a GPT-2 layer's memory
+traffic. A flash-attention kernel keeps them on chip (the probabilities are
+recomputed from q, k and each row's log-sum-exp), as Inductor's SDPA pattern
+rewrite does for torch. The pass finds the pattern and replaces it:
+
+- **Forward.** ``S = dot_general(q, k)`` with one contracting (head) dim, one
+  free dim each side (the query and key positions) and any batch dims; then a
+  chain over S of a widening convert, a scalar scale (``mul`` / ``div`` by a
+  literal) and a mask (``select_n(mask, fill, s)``, ``jnp.where``'s form, with a
+  scalar fill), in any order; then the softmax over the key dim as
+  ``jax.nn.softmax`` writes it (``reduce_max``, ``stop_gradient``, ``sub``,
+  ``exp``, ``reduce_sum``, ``div``), an optional convert, and
+  ``O = dot_general(P, v)`` contracting the key dim. Its semantics are then
+  known exactly: ``O = softmax(where(mask, S * scale, fill)) · v``.
+- **Backward.** Whatever the user's code, the softmax gradient in the jaxpr is
+  what JAX's autodiff made of that forward chain. The pass asks JAX for the
+  same thing (``jax.vjp`` of the chain replayed, traced abstractly) and checks
+  that the program's cotangent of S is that computation, equation by equation
+  (primitives, parameters, operands; `_Isomorphism`), down to the forward's
+  own values. The cotangent of P must come from ``dot_general(dO, v)``, and S's
+  cotangent must feed exactly the two dots that make dQ and dK; dV is
+  ``dot_general(dO, P)``. So nothing of the backward's algebra is
+  pattern-matched by hand, and a form JAX writes differently in another
+  version is still recognised (or, if the check fails, left alone).
+- **Rewrite.** The O dot becomes ``attention_fwd(q, k, v[, mask]) -> (O, lse)``
+  and the three gradient dots become ``attention_bwd(q, k, v, O, dO, lse[,
+  mask]) -> (dQ, dK, dV)``. Operands are read through their views: a chain of
+  transposes, reshapes that split or merge contiguous dims, and broadcasts
+  (stride 0: a grouped-query k shared by several heads) becomes the strides a
+  kernel reads the underlying buffer with, so no copy runs. After dead-code
+  elimination every equation of the pattern must be gone (nothing else read
+  the scores, the probabilities or their gradients); otherwise the match is
+  dropped and the program stays as it was.
+- **Masks.** A mask computed from constants alone (iotas and compares) is
+  evaluated; where it is ``tril`` the kernels skip the key blocks above the
+  diagonal (``causal``). Any other mask is a bool operand read in the kernel.
+- Each new equation carries its fallback, the equations it replaced: lowered
+  by XLA where pallaskit does not run the kernels (``_fallback_lowering``).
+
+Only static shapes, at the top level of the program (call bodies inlined),
+where raw Triton runs the kernels (``executors.wants_triton``). Loop bodies
+(a scanned layer stack) keep plain attention for now.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+
+import jax
+import numpy as np
+from jax.extend import core as jex_core
+from jax.interpreters import mlir
+
+from lowering import trace
+from lowering.codegen.attention import AttentionSpec, Layout
+
+log = logging.getLogger("pallaskit")
+
+# The largest constant mask (elements) evaluated at compile time to tell a causal one.
+MAX_EVALUATED_MASK = 1 << 24
+# Where the pass looks: only jaxprs holding both (cheap test before inlining anything).
+_NEEDED = ("dot_general", "exp")
+_VIEWS = ("transpose", "reshape", "broadcast_in_dim")
+
+
+# --------------------------------------------------------------------------- #
+# What a match hands the kernels
+# --------------------------------------------------------------------------- #
+class _Fallback:
+    """The equations an attention equation replaced, as a callable XLA can lower
+    (hashable by identity, as a primitive parameter must be)."""
+
+    def __init__(self, closed: jex_core.ClosedJaxpr, lse: tuple | None = None):
+        self.closed, self.lse = closed, lse
+
+    def __call__(self, *args):
+        outs = jax.core.eval_jaxpr(self.closed.jaxpr, self.closed.consts, *args)
+        if self.lse is None:
+            return outs
+        # the forward's row log-sum-exp from its max and sum outputs
+        o, m, s = outs
+        m = m.reshape(m.shape[:len(self.lse)])
+        return [o, (m + jax.numpy.log(s.reshape(m.shape))).astype(np.float32)]
+
+    def __repr__(self):
+        return f"<fallback of {len(self.closed.jaxpr.eqns)} equations>"
+
+
+def _abstract(*args, spec, phase, out_avals, fallback, origin):
+    return list(out_avals)
+
+
+def _fallback_lowering(ctx, *args, spec, phase, out_avals, fallback, origin):
+    return mlir.lower_fun(fallback, multiple_results=True)(ctx, *args)
+
+
+attention_p = jex_core.Primitive("pallaskit_attention")
+attention_p.multiple_results = True
+attention_p.def_abstract_eval(_abstract)
+mlir.register_lowering(attention_p, _fallback_lowering)
+
+
+def _impl(*args, **params):
+    return jax.jit(params["fallback"])(*args)
+
+
+attention_p.def_impl(_impl)
+
+
+# --------------------------------------------------------------------------- #
+# The pass
+# --------------------------------------------------------------------------- #
+def fuse_attention(closed: jex_core.ClosedJaxpr) -> tuple[jex_core.ClosedJaxpr, list[str]]:
+    """``closed`` with each attention it finds run by attention equations, and
+    one line per rewrite; unchanged where none is found."""
+    if not _may_hold(closed.jaxpr):
+        return closed, []
+    eqns, outvars = _flatten(closed.jaxpr)
+    eqns = _live(eqns, outvars)
+    graph = _Graph(eqns, outvars)
+    rewrites, lines = [], []
+    used = set()
+    for i, e in enumerate(eqns):
+        if e.primitive.name != "dot_general" or i in used:
+            continue
+        try:
+            r = _match(graph, i)
+        except _NoMatch as why:
+            log.debug("attention at %s not fused: %s", e, why)
+            continue
+        if r is None or used & r.touched:
+            continue
+        rewrites.append(r)
+        used |= r.touched
+    while rewrites:
+        new_eqns = _apply(eqns, rewrites)
+        live = _live(new_eqns, outvars)
+        kept = {id(e) for e in live}
+        bad = [r for r in rewrites if any(id(eqns[i]) in kept for i in r.replaced)]
+        if not bad:
+            for r in rewrites:
+                lines.append(f"attention: {r.describe()}")
+            jaxpr = closed.jaxpr.replace(eqns=live, outvars=outvars)
+            return jex_core.ClosedJaxpr(jaxpr, closed.consts), lines
+        for r in bad:
+            log.debug("attention not fused: its scores or probabilities have other readers")
+        rewrites = [r for r in rewrites if r not in bad]
+    return closed, []
+
+
+class _NoMatch(Exception):
+    pass
+
+
+def _may_hold(jaxpr) -> bool:
+    names = set()
+
+    def walk(j):
+        for e in j.eqns:
+            names.add(e.primitive.name)
+            body = trace.inlined_body(e)
+            if body is not None:
+                walk(body[0])
+
+    walk(jaxpr)
+    return all(n in names for n in _NEEDED)
+
+
+def _flatten(jaxpr) -> tuple[list, list]:
+    """(equations, outputs) with call bodies (jit, custom_jvp, ...) inlined, each
+    inlined equation's results given fresh variables (a body called twice)."""
+    out = []
+
+    def emit(j, env):
+        def get(v):
+            return v if isinstance(v, jex_core.Literal) else env.get(v, v)
+
+        for e in j.eqns:
+            body = trace.inlined_body(e)
+            if body is not None and not body[1] and not e.effects:
+                sub, _, first = body
+                inner = {b: get(a) for b, a in zip(sub.invars, e.invars[first:])}
+                emit(sub, inner)
+                for o, so in zip(e.outvars, sub.outvars):
+                    if not isinstance(o, jex_core.DropVar):
+                        env[o] = so if isinstance(so, jex_core.Literal) else inner.get(so, so)
+                continue
+            outvars = e.outvars
+            if j is not jaxpr:  # a body's variables: fresh ones at each call
+                outvars = [o if isinstance(o, jex_core.DropVar) else env.setdefault(o, jex_core.Var(o.aval))
+                           for o in e.outvars]
+                for o, n in zip(e.outvars, outvars):
+                    env[o] = n
+            out.append(e.replace(invars=[get(v) for v in e.invars], outvars=list(outvars)))
+
+    top: dict = {}
+    emit(jaxpr, top)
+    return out, [v if isinstance(v, jex_core.Literal) else top.get(v, v) for v in jaxpr.outvars]
+
+
+def _live(eqns, outvars) -> list:
+    live = {v for v in outvars if not isinstance(v, jex_core.Literal)}
+    kept = []
+    for e in reversed(eqns):
+        if e.effects or any(v in live for v in e.outvars if not isinstance(v, jex_core.DropVar)):
+            kept.append(e)
+            live.update(v for v in e.invars if not isinstance(v, jex_core.Literal))
+    return kept[::-1]
+
+
+# --------------------------------------------------------------------------- #
+# The program's dataflow
+# --------------------------------------------------------------------------- #
+class _Graph:
+    def __init__(self, eqns, outvars):
+        self.eqns = eqns
+        self.pos = {id(e): i for i, e in enumerate(eqns)}
+        self.producer: dict = {}
+        self.readers: dict = {}
+        for i, e in enumerate(eqns):
+            for o in e.outvars:
+                if not isinstance(o, jex_core.DropVar):
+                    self.producer[o] = i
+            for v in e.invars:
+                if not isinstance(v, jex_core.Literal):
+                    self.readers.setdefault(v, []).append(i)
+        self.outputs = {v for v in outvars if not isinstance(v, jex_core.Literal)}
+
+    def made_by(self, v, *names):
+        """The equation (index) making ``v`` if its primitive is one of ``names``."""
+        if isinstance(v, jex_core.Literal):
+            return None
+        i = self.producer.get(v)
+        if i is None or (names and self.eqns[i].primitive.name not in names):
+            return None
+        return i
+
+    def read_by(self, v) -> list:
+        return self.readers.get(v, [])
+
+    def only_reader(self, v):
+        r = self.read_by(v)
+        return r[0] if len(r) == 1 and v not in self.outputs else None
+
+
+def _literal(x):
+    """A scalar literal's value (through a broadcast of one), else None."""
+    if isinstance(x, jex_core.Literal) and np.shape(x.val) == ():
+        return float(np.asarray(x.val))
+    return None
+
+
+def _scalar(graph, x):
+    """A scalar literal's value through broadcasts and converts of it, else None."""
+    for _ in range(4):
+        v = _literal(x)
+        if v is not None:
+            return float(np.asarray(v, x.aval.dtype)) if str(x.aval.dtype) in _FLOATS else v
+        i = graph.made_by(x, "broadcast_in_dim", "convert_element_type")
+        if i is None:
+            return None
+        x = graph.eqns[i].invars[0]
+    return None
+
+
+# --------------------------------------------------------------------------- #
+# Dots: which dim of each operand is which
+# --------------------------------------------------------------------------- #
+# Roles: ("b", i) the i-th batch dim, "q" query positions, "k" key positions,
+# "d" the q/k head dim, "e" the v/o head dim.
+def _free(ndim, contracting, batch):
+    return [a for a in range(ndim) if a not in contracting and a not in batch]
+
+
+def _pair(eqn, known: int, roles: dict, free_role):
+    """Given the roles of operand ``known``'s dims, the other operand's (its one
+    free dim taking ``free_role``), the contracted roles and the output's roles."""
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    lhs, rhs = (v.aval for v in eqn.invars)
+    kc, oc, kb, ob = (lc, rc, lb, rb) if known == 0 else (rc, lc, rb, lb)
+    other_nd = (rhs if known == 0 else lhs).ndim
+    other = {b: roles[a] for a, b in zip(kc, oc)}
+    other.update({b: roles[a] for a, b in zip(kb, ob)})
+    free = _free(other_nd, oc, ob)
+    if len(free) != 1 or len(other) + 1 != other_nd:
+        raise _NoMatch(f"{eqn.primitive.name}: the other operand has {len(free)} free dims")
+    other[free[0]] = free_role
+    lroles, rroles = (roles, other) if known == 0 else (other, roles)
+    out = ([lroles[a] for a in lb] + [lroles[a] for a in _free(lhs.ndim, lc, lb)]
+           + [rroles[a] for a in _free(rhs.ndim, rc, rb)])
+    return other, {roles[a] for a in kc}, out
+
+
+def _dot_plain(eqn) -> bool:
+    p = eqn.params
+    return p.get("precision") in (None, (None, None)) or all(
+        x is None or str(x).endswith("DEFAULT") for x in (p["precision"] if isinstance(p["precision"], tuple)
+                                                          else (p["precision"],)))
+
+
+# --------------------------------------------------------------------------- #
+# Views: strides of a value in the buffer it is a view of
+# --------------------------------------------------------------------------- #
+def _contiguous(shape) -> list:
+    out, s = [], 1
+    for n in reversed(shape):
+        out.append(s)
+        s *= n
+    return out[::-1]
+
+
+def _reshape_strides(shape, strides, new):
+    """Strides of ``reshape(x, new)`` over x's buffer, or None where the reshape
+    needs a copy (numpy's no-copy reshape)."""
+    old = [(n, s) for n, s in zip(shape, strides) if n != 1]
+    out = [0] * len(new)
+    i = j = 0
+    while i < len(old):
+        while j < len(new) and new[j] == 1:
+            j += 1
+        if j == len(new):
+            return None
+        i0, j0, pi, pj = i, j, old[i][0], new[j]
+        while pi != pj:
+            if pi < pj:
+                i += 1
+                if i == len(old):
+                    return None
+                pi *= old[i][0]
+            else:
+                j += 1
+                if j == len(new):
+                    return None
+                pj *= new[j]
+        for a in range(i0, i):
+            if old[a][1] != old[a + 1][1] * old[a + 1][0]:
+                return None
+        s = old[i][1]
+        for a in range(j, j0 - 1, -1):
+            out[a] = s
+            s *= new[a]
+        i, j = i + 1, j + 1
+    return out
+
+
+def _strided(graph, v, chased: set):
+    """(buffer variable, strides of ``v``'s dims in it): ``v`` followed back
+    through transposes, copy-free reshapes and broadcasts. ``chased`` gets the
+    view equations read through."""
+    chain, base = [], v
+    while True:
+        i = graph.made_by(base, *_VIEWS)
+        if i is None or isinstance(graph.eqns[i].invars[0], jex_core.Literal):
+            break
+        chain.append(i)
+        base = graph.eqns[i].invars[0]
+    strides = _contiguous(base.aval.shape)
+    for k in range(len(chain) - 1, -1, -1):
+        e = graph.eqns[chain[k]]
+        x, out = e.invars[0], e.outvars[0]
+        if e.primitive.name == "transpose":
+            new = [strides[p] for p in e.params["permutation"]]
+        elif e.primitive.name == "broadcast_in_dim":
+            new = [0] * out.aval.ndim
+            for a, d in enumerate(e.params["broadcast_dimensions"]):
+                new[d] = strides[a] if x.aval.shape[a] == out.aval.shape[d] else 0
+        else:
+            new = None if e.params.get("dimensions") is not None else _reshape_strides(
+                x.aval.shape, strides, out.aval.shape)
+        if new is None:  # read from this view's own buffer (stored by the program)
+            base, strides, chain = out, _contiguous(out.aval.shape), chain[:k]
+            continue
+        strides = new
+    chased.update(chain)
+    return base, strides
+
+
+def _absorbed(graph, v):
+    """(value, strides of ``v``'s dims in its buffer, the absorbed equation or
+    None): where ``v``'s one reader is a transpose, a kernel writing ``v``
+    writes the transpose's result instead (no copy after it)."""
+    r = graph.only_reader(v)
+    if r is not None and graph.eqns[r].primitive.name == "transpose":
+        t = graph.eqns[r].outvars[0]
+        ct, perm = _contiguous(t.aval.shape), graph.eqns[r].params["permutation"]
+        strides = [0] * len(perm)
+        for j, a in enumerate(perm):
+            strides[a] = ct[j]
+        return t, strides, r
+    return v, _contiguous(v.aval.shape), None
+
+
+def _layout(roles: list, strides, nb: int, t: str, d: str) -> Layout:
+    where = {r: a for a, r in enumerate(roles)}
+    if len(where) != len(roles) or set(where) != {("b", i) for i in range(nb)} | {t, d}:
+        raise _NoMatch(f"dims {roles} are not batch, {t}, {d}")
+    return Layout(tuple(int(strides[where[("b", i)]]) for i in range(nb)), int(strides[where[t]]),
+                  int(strides[where[d]]))
+
+
+# --------------------------------------------------------------------------- #
+# The forward: scores, softmax, values
+# --------------------------------------------------------------------------- #
+_FLOATS = ("bfloat16", "float16", "float32")
+# q, k, v dtypes fused. Not float32: XLA runs its dots as TF32 on the GPU, and the
+# kernel's own TF32 products, summed in another order, would differ from jax.jit's
+# by TF32's rounding (~1e-3), far past float32's tolerance.
+_16BIT = ("bfloat16", "float16")
+
+
+@dataclasses.dataclass
+class _Forward:
+    s_dot: int
+    o_dot: int
+    chain: list  # the equations from S to P (P made by the last)
+    s: object  # S, the scores dot's result
+    p: object  # P, read by the values dot
+    mask: object  # the select_n predicate (S's shape) or None
+    frees: list  # variables the chain reads besides S (the mask)
+    scale: float
+    fill: float
+    rowmax: object  # the row max and row sum (for the fallback's lse)
+    rowsum: object
+    q_roles: dict
+    k_roles: dict
+    v_roles: dict
+    o_roles: list
+    nb: int
+
+
+# What may sit between a row max or sum and its use: keepdims reshapes, broadcasts,
+# converts, stop_gradient, and jnp.max's floor max(m, -inf).
+_ROW_STEPS = ("reshape", "broadcast_in_dim", "convert_element_type", "stop_gradient", "max")
+
+
+def _path(graph, start, through, goal, depth: int = 5):
+    """The equations from ``start`` through one-operand steps named in
+    ``through`` to the one equation ``goal(eqn, value)`` accepts (included);
+    None where there is none or more than one."""
+    found = []
+
+    def walk(v, path, depth):
+        for r in graph.read_by(v):
+            e = graph.eqns[r]
+            if goal(e, v):
+                found.append(path + [r])
+            elif depth and e.primitive.name in through and e.invars[0] is v and (
+                    e.primitive.name != "max" or _literal(e.invars[1]) == -math.inf):
+                walk(e.outvars[0], path + [r], depth - 1)
+            elif depth and e.primitive.name == "max" and e.invars[1] is v and _literal(e.invars[0]) == -math.inf:
+                walk(e.outvars[0], path + [r], depth - 1)
+
+    walk(start, [], depth)
+    return found[0] if len(found) == 1 else None
+
+
+def _forward(graph, i) -> _Forward:
+    e = graph.eqns[i]
+    (lc, rc), (lb, rb) = e.params["dimension_numbers"]
+    lhs, rhs = (v.aval for v in e.invars)
+    if len(lc) != 1 or len(_free(lhs.ndim, lc, lb)) != 1 or len(_free(rhs.ndim, rc, rb)) != 1:
+        raise _NoMatch("not a q·kᵀ product")
+    if not _dot_plain(e) or any(str(a.dtype) not in _16BIT for a in (lhs, rhs)) or lhs.dtype != rhs.dtype:
+        raise _NoMatch("operand dtypes or precision")
+    nb = len(lb)
+    q_roles = {a: ("b", n) for n, a in enumerate(lb)} | {_free(lhs.ndim, lc, lb)[0]: "q", lc[0]: "d"}
+    k_roles = {a: ("b", n) for n, a in enumerate(rb)} | {_free(rhs.ndim, rc, rb)[0]: "k", rc[0]: "d"}
+    s = e.outvars[0]
+    full = s.aval.shape
+    key_axis = nb + 1
+    x, chain, scale, fill, mask, frees = s, [], 1.0, None, None, []
+
+    def next_eqn(v, *names):
+        j = graph.only_reader(v)
+        if j is None:  # read by the backward too: the forward's next step is one of its readers
+            js = [r for r in graph.read_by(v) if graph.eqns[r].primitive.name in names]
+            j = js[0] if len(js) == 1 else None
+        if j is None or graph.eqns[j].primitive.name not in names:
+            return None
+        return j
+
+    # the scores' prologue: widening converts, a scalar scale, a mask, any order
+    while True:
+        j = next_eqn(x, "convert_element_type", "mul", "div", "select_n", "reduce_max")
+        if j is None:
+            raise _NoMatch("no softmax over the scores")
+        f = graph.eqns[j]
+        name = f.primitive.name
+        if name == "reduce_max":
+            break
+        if name == "convert_element_type":
+            if np.dtype(f.params["new_dtype"]).itemsize < np.dtype(x.aval.dtype).itemsize:
+                raise _NoMatch("a narrowing convert")
+        elif name in ("mul", "div"):
+            a, b = f.invars
+            c = _scalar(graph, b) if a is x else (_scalar(graph, a) if name == "mul" and b is x else None)
+            if c is None or c == 0 or not math.isfinite(c):
+                raise _NoMatch(f"{name} by a non-scalar")
+            c = c if name == "mul" else 1.0 / c
+            scale *= c
+            fill = None if fill is None else fill * c
+        else:  # select_n(pred, on_false, on_true): jnp.where(mask, s, fill)
+            if mask is not None or len(f.invars) != 3 or f.invars[2] is not x:
+                raise _NoMatch("a select that is not where(mask, scores, fill)")
+            fill = _scalar(graph, f.invars[1])
+            if fill is None:
+                raise _NoMatch("a mask's fill that is not a scalar")
+            mask = f.invars[0]
+            if getattr(mask.aval, "shape", None) != full or str(mask.aval.dtype) != "bool":
+                raise _NoMatch("a mask of another shape")
+            frees.append(mask)
+        chain.append(j)
+        x = f.outvars[0]
+        if x.aval.shape != full:
+            raise _NoMatch("the scores change shape")
+    # softmax: e = exp(x - max), p = e / sum(e), over the key dim
+    f = graph.eqns[j]
+    if tuple(f.params["axes"]) != (key_axis,):
+        raise _NoMatch("a max over another dim")
+    rowmax = f.outvars[0]
+    chain.append(j)
+    # max(m, -inf) (jnp.max's initial), keepdims reshape / broadcast, stop_gradient, then x - max
+    path = _path(graph, rowmax, _ROW_STEPS, lambda e, v: e.primitive.name == "sub" and e.invars == [x, v])
+    if path is None:
+        raise _NoMatch("no x - max")
+    chain += path
+    j = next_eqn(graph.eqns[path[-1]].outvars[0], "exp")
+    if j is None:
+        raise _NoMatch("no exp")
+    chain.append(j)
+    ex = graph.eqns[j].outvars[0]
+    path = _path(graph, ex, ("convert_element_type",), lambda e, v: e.primitive.name == "reduce_sum"
+                 and tuple(e.params["axes"]) == (key_axis,))
+    if path is None:
+        raise _NoMatch("no row sum of exp")
+    chain += path
+    rowsum = graph.eqns[path[-1]].outvars[0]
+    path = _path(graph, rowsum, _ROW_STEPS, lambda e, v: e.primitive.name == "div" and e.invars == [ex, v])
+    if path is None:
+        raise _NoMatch("no exp / sum")
+    chain += path
+    div = path[-1]
+    p = graph.eqns[div].outvars[0]
+    # the values dot, after an optional convert to v's dtype
+    o_dot = None
+    for _ in range(2):
+        dots = [r for r in graph.read_by(p) if graph.eqns[r].primitive.name == "dot_general"]
+        conv = [r for r in graph.read_by(p) if graph.eqns[r].primitive.name == "convert_element_type"]
+        if dots and len(dots) >= 1:
+            o_dot = dots
+            break
+        if len(conv) != 1:
+            break
+        chain.append(conv[0])
+        p = graph.eqns[conv[0]].outvars[0]
+    if not o_dot:
+        raise _NoMatch("no P · v")
+    s_roles = {a: r for a, r in enumerate([("b", n) for n in range(nb)] + ["q", "k"])}
+    for od in o_dot:  # P · v: contracts the key dim; the dV dot contracts the query dim
+        g = graph.eqns[od]
+        known = 0 if g.invars[0] is p else 1
+        if g.invars[1 - known] is p:
+            continue
+        try:
+            v_roles, contracted, o_roles = _pair(g, known, s_roles, "e")
+        except _NoMatch:
+            continue
+        if contracted == {"k"} and _dot_plain(g):
+            break
+    else:
+        raise _NoMatch("no P · v contracting the key dim")
+    return _Forward(i, od, chain, s, p, mask, frees, scale, -math.inf if fill is None else fill, rowmax, rowsum,
+                    q_roles, k_roles, v_roles, o_roles, nb)
+
+
+def _constant(graph, v, out: list) -> bool:
+    """Whether ``v`` is computed from literals alone; its equations added to ``out``."""
+    if isinstance(v, jex_core.Literal):
+        return True
+    i = graph.made_by(v)
+    if i is None:
+        return False
+    if i in out:
+        return True
+    if all(_constant(graph, x, out) for x in graph.eqns[i].invars):
+        out.append(i)
+        return True
+    return False
+
+
+def _replayed(graph, eqns, inputs: list, output):
+    """A function of ``inputs`` (variables) running ``eqns`` (indices) as the
+    program does; it returns ``output`` (a variable, or a list of them)."""
+    order = sorted(set(eqns))
+
+    def run(*vals):
+        env = dict(zip(inputs, vals))
+        for j in order:
+            e = graph.eqns[j]
+            args = [x.val if isinstance(x, jex_core.Literal) else env[x] for x in e.invars]
+            outs = e.primitive.bind(*args, **e.params)
+            outs = outs if e.primitive.multiple_results else [outs]
+            env.update(zip(e.outvars, outs))
+        return [env[o] for o in output] if isinstance(output, list) else env[output]
+
+    return run
+
+
+# --------------------------------------------------------------------------- #
+# The backward: the program's cotangent of S is JAX's own vjp of the chain
+# --------------------------------------------------------------------------- #
+@dataclasses.dataclass
+class _Backward:
+    ds: object
+    dp_dot: int
+    dv_dot: int
+    dq_dot: int
+    dk_dot: int
+    do: object
+    do_roles: dict
+    image: set  # the program's equations the cotangent of S is made of
+
+
+def _struct(x):
+    return jax.ShapeDtypeStruct(x.aval.shape, x.aval.dtype)
+
+
+def _backward(graph, fwd: _Forward, constants: list):
+    s_eqn = graph.eqns[fwd.s_dot]
+    qv, kv = s_eqn.invars
+    o_eqn = graph.eqns[fwd.o_dot]
+    vv = o_eqn.invars[1] if o_eqn.invars[0] is fwd.p else o_eqn.invars[0]
+    full = fwd.s.aval.shape
+    # S's cotangent: the one operand of a dot with k and of a dot with q
+    cands = []
+    for r in graph.read_by(kv):
+        g = graph.eqns[r]
+        if r == fwd.s_dot or g.primitive.name != "dot_general":
+            continue
+        x = g.invars[0] if g.invars[1] is kv else g.invars[1]
+        if isinstance(x, jex_core.Literal) or x.aval.shape != full:
+            continue
+        with_q = [t for t in graph.read_by(x) if graph.eqns[t].primitive.name == "dot_general"
+                  and qv in graph.eqns[t].invars and t != r]
+        if len(with_q) == 1:
+            cands.append((x, r, with_q[0]))
+    if len(cands) != 1:
+        return None
+    ds, dq_dot, dk_dot = cands[0]
+    run = _replayed(graph, fwd.chain + constants, [fwd.s, *fwd.frees], fwd.p)
+
+    def vjp(s, *rest):
+        frees, ct = rest[:-1], rest[-1]
+        return jax.vjp(lambda s_: run(s_, *frees), s)[1](ct)[0]
+
+    derived = jax.make_jaxpr(vjp)(_struct(fwd.s), *[_struct(f) for f in fwd.frees], _struct(fwd.p))
+    d_eqns, d_outs = _flatten(derived.jaxpr)
+    if derived.consts:
+        return None
+    d_in = derived.jaxpr.invars
+    iso = _Isomorphism(graph, d_eqns, {d_in[0]: fwd.s, **dict(zip(d_in[1:-1], fwd.frees))}, ct=d_in[-1])
+    if not iso.same(ds, d_outs[0]):
+        raise _NoMatch("the scores' cotangent is not the softmax's gradient")
+    ct = iso.bound.get(d_in[-1])
+    dp_dot = graph.made_by(ct, "dot_general")
+    if dp_dot is None or vv not in graph.eqns[dp_dot].invars:
+        raise _NoMatch("P's cotangent is not dO · vᵀ")
+    g = graph.eqns[dp_dot]
+    known = 0 if g.invars[0] is vv else 1
+    do_roles, contracted, out = _pair(g, known, fwd.v_roles, "q")
+    s_roles = [("b", n) for n in range(fwd.nb)] + ["q", "k"]
+    if contracted != {"e"} or out != s_roles or not _dot_plain(g):
+        raise _NoMatch("dO · vᵀ in another order")
+    do = g.invars[1 - known]
+    dv_dot = None
+    for r in graph.read_by(fwd.p):
+        h = graph.eqns[r]
+        if r != fwd.o_dot and h.primitive.name == "dot_general" and do in h.invars:
+            dv_dot = r
+    if dv_dot is None:
+        raise _NoMatch("no dV = Pᵀ · dO")
+    return _Backward(ds, dp_dot, dv_dot, dq_dot, dk_dot, do, do_roles, iso.image)
+
+
+class _Isomorphism:
+    """Whether a program value is computed as a derived one: the same
+    primitives with the same parameters over operands that are the same in
+    turn, down to the derived inputs (bound to program values; ``ct`` binds to
+    whatever the program has in its place)."""
+
+    def __init__(self, graph, d_eqns, bound: dict, ct):
+        self.graph, self.bound, self.ct = graph, dict(bound), ct
+        self.d_producer = {}
+        for e in d_eqns:
+            for o in e.outvars:
+                self.d_producer[o] = e
+        self.memo: dict = {}
+        self.image: set = set()
+
+    def same(self, ov, dv) -> bool:
+        if isinstance(dv, jex_core.Literal) or isinstance(ov, jex_core.Literal):
+            if isinstance(dv, jex_core.Literal) and not isinstance(ov, jex_core.Literal):
+                # a constant the replay folded (a convert of a literal): the program computes it
+                c = _scalar(self.graph, ov) if np.shape(dv.val) == () else None
+                return c is not None and _same_value(c, dv.val) and ov.aval.dtype == dv.aval.dtype
+            return (isinstance(dv, jex_core.Literal) and isinstance(ov, jex_core.Literal)
+                    and _same_value(ov.val, dv.val) and ov.aval.dtype == dv.aval.dtype)
+        if dv in self.bound:
+            return self.bound[dv] is ov
+        if dv is self.ct:
+            self.bound[dv] = ov
+            return True
+        key = (id(ov), id(dv))
+        if key in self.memo:
+            return self.memo[key]
+        self.memo[key] = False
+        de, oi = self.d_producer.get(dv), self.graph.made_by(ov)
+        if de is None or oi is None:
+            return False
+        oe = self.graph.eqns[oi]
+        ok = (de.primitive is oe.primitive and len(de.invars) == len(oe.invars)
+              and de.outvars.index(dv) == oe.outvars.index(ov) and _same_params(de.params, oe.params)
+              and all(self.same(a, b) for a, b in zip(oe.invars, de.invars)))
+        self.memo[key] = ok
+        if ok:
+            self.image.add(oi)
+        return ok
+
+
+def _same_value(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and bool(np.all((a == b) | (np.isnan(a) & np.isnan(b)) if a.dtype.kind == "f"
+                                              else a == b))
+
+
+def _same_params(a: dict, b: dict) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for k in a:
+        try:
+            if not bool(a[k] == b[k]):
+                return False
+        except Exception:  # arrays, jaxprs: alike only when the same object
+            if a[k] is not b[k]:
+                return False
+    return True
+
+
+# --------------------------------------------------------------------------- #
+# A match and its rewrite
+# --------------------------------------------------------------------------- #
+@dataclasses.dataclass(eq=False)
+class _Rewrite:
+    spec: AttentionSpec
+    at: dict  # equation index -> the new equation taking its place
+    removed: set  # the indices of the equations replaced by the new ones
+    replaced: set  # equations that must be dead afterwards (the scores and their gradients)
+    touched: set
+
+    def describe(self) -> str:
+        s = self.spec
+        what = "forward and backward" if s.dq is not None else "forward"
+        mask = "causal" if s.causal else ("masked" if s.mask is not None else "unmasked")
+        return (f"{what} as flash-attention kernels (batch {list(s.batch)}, {s.tq} x {s.tk} positions, "
+                f"head dim {s.d}, {mask}, {s.dtype})")
+
+
+def _new_var(shape, dtype):
+    return jex_core.Var(jax.core.ShapedArray(tuple(shape), np.dtype(dtype)))
+
+
+def _eqn(graph, invars, outvars, spec, phase, run_eqns, outputs, lse=None, origin=()):
+    fallback = _Fallback(jax.make_jaxpr(_replayed(graph, run_eqns, invars, outputs))(*map(_struct, invars)), lse)
+    names = trace.VarNames()
+    params = dict(spec=spec, phase=phase, out_avals=tuple(v.aval for v in outvars), fallback=fallback,
+                  origin=tuple(trace.equation_text(graph.eqns[j], names) for j in origin))
+    return jex_core.new_jaxpr_eqn(list(invars), list(outvars), attention_p, params, jex_core.no_effects)
+
+
+def _causal(graph, mask, strides, shape, nb, eqns: list) -> bool:
+    """Whether a mask computed from constants is ``tril`` over (query, key);
+    ``eqns`` gets the equations computing it."""
+    tq, tk = shape[nb], shape[nb + 1]
+    if any(strides[:nb]) or tq != tk or tq * tk > MAX_EVALUATED_MASK or not _constant(graph, mask, eqns):
+        return False
+    # eagerly, on the host, even where pallaskit compiles inside an outer trace
+    with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
+        value = np.asarray(_replayed(graph, eqns, [], mask)())
+    # the [tq, tk] plane of the broadcast mask
+    plane = np.lib.stride_tricks.as_strided(value, (tq, tk), (strides[nb] * value.itemsize,
+                                                               strides[nb + 1] * value.itemsize))
+    return bool(np.array_equal(plane, np.tri(tq, tk, dtype=bool)))
+
+
+def _match(graph, i) -> _Rewrite | None:
+    fwd = _forward(graph, i)
+    nb = fwd.nb
+    s_eqn, o_eqn = graph.eqns[fwd.s_dot], graph.eqns[fwd.o_dot]
+    qv, kv = s_eqn.invars
+    vv = o_eqn.invars[1] if o_eqn.invars[0] is fwd.p else o_eqn.invars[0]
+    full = fwd.s.aval.shape
+    dtype = str(qv.aval.dtype)
+    constants: list = []
+    for j in fwd.chain:
+        for x in graph.eqns[j].invars:
+            if x is not fwd.s and x not in fwd.frees and graph.made_by(x) not in fwd.chain:
+                if not _constant(graph, x, constants):
+                    raise _NoMatch("the softmax reads another value")
+    chased: set = set()
+
+    def operand(v, roles, t, d):
+        base, strides = _strided(graph, v, chased)
+        return base, _layout([roles[a] for a in range(v.aval.ndim)], strides, nb, t, d)
+
+    qb, q = operand(qv, fwd.q_roles, "q", "d")
+    kb, k = operand(kv, fwd.k_roles, "k", "d")
+    vb, v = operand(vv, fwd.v_roles, "k", "e")
+    o_var, o_strides, o_t = _absorbed(graph, o_eqn.outvars[0])
+    o = _layout(fwd.o_roles, o_strides, nb, "q", "e")
+    absorbed = [] if o_t is None else [o_t]
+    s_roles = [("b", n) for n in range(nb)] + ["q", "k"]
+    mask_in, mask, causal = [], None, False
+    if fwd.mask is not None:
+        mb, strides = _strided(graph, fwd.mask, chased)
+        causal = _causal(graph, mb, strides, full, nb, constants)
+        if not causal:
+            mask = _layout(s_roles, strides, nb, "q", "k")
+            mask_in = [mb]
+    if any(str(x.aval.dtype) != dtype for x in (kv, vv, fwd.p, o_var)):
+        raise _NoMatch("operands of several dtypes")
+    spec = AttentionSpec(batch=tuple(full[:nb]), tq=full[nb], tk=full[nb + 1], d=qv.aval.shape[
+        [a for a, r in fwd.q_roles.items() if r == "d"][0]], dv=o_eqn.outvars[0].aval.shape[fwd.o_roles.index("e")],
+        scale=fwd.scale, causal=causal, mask=mask, fill=fwd.fill, dtype=dtype, q=q, k=k, v=v, o=o)
+    lse = _new_var(full[:nb + 1], np.float32)
+    fwd_run = sorted(chased) + [fwd.s_dot] + fwd.chain + constants + [fwd.o_dot] + absorbed
+    lse_shape = full[:nb + 1]
+    origin = [fwd.s_dot, fwd.o_dot]
+    fwd_eqn = _eqn(graph, [qb, kb, vb, *mask_in], [o_var, lse], spec, "forward", fwd_run,
+                   [o_var, fwd.rowmax, fwd.rowsum], lse=lse_shape, origin=origin)
+    full_size = [j for j in fwd.chain if graph.eqns[j].outvars[0].aval.shape == full]
+    replaced = {fwd.s_dot, fwd.o_dot, *full_size}
+    bwd = _backward(graph, fwd, constants)
+    if bwd is None:
+        return _Rewrite(spec, {fwd.o_dot: fwd_eqn}, {fwd.o_dot, *absorbed}, replaced,
+                        replaced | set(fwd.chain) | set(absorbed))
+    chased_b: set = set()
+    dob, strides = _strided(graph, bwd.do, chased_b)
+    do = _layout([bwd.do_roles[a] for a in range(bwd.do.aval.ndim)], strides, nb, "q", "e")
+    outs = {}
+    for dot, t, d, operand_roles, free in ((bwd.dq_dot, "q", "d", fwd.k_roles, "d"),
+                                           (bwd.dk_dot, "k", "d", fwd.q_roles, "d")):
+        g = graph.eqns[dot]
+        known = 0 if g.invars[0] is bwd.ds else 1
+        other, contracted, out = _pair(g, known, dict(enumerate(s_roles)), free)
+        if other != operand_roles or contracted != ({"k"} if t == "q" else {"q"}) or not _dot_plain(g):
+            raise _NoMatch("dQ or dK contracts another dim")
+        var, strides, tr = _absorbed(graph, g.outvars[0])
+        absorbed += [] if tr is None else [tr]
+        outs[t] = (var, _layout(out, strides, nb, t, d))
+    g = graph.eqns[bwd.dv_dot]
+    known = 0 if g.invars[0] is fwd.p else 1
+    other, contracted, out = _pair(g, known, dict(enumerate(s_roles)), "e")
+    if other != bwd.do_roles or contracted != {"q"} or not _dot_plain(g):
+        raise _NoMatch("dV contracts another dim")
+    dv_var, dv_strides, tr = _absorbed(graph, g.outvars[0])
+    absorbed += [] if tr is None else [tr]
+    dq_var, dk_var = outs["q"][0], outs["k"][0]
+    if any(str(x.aval.dtype) != dtype for x in (bwd.do, dq_var, dk_var, dv_var)):
+        raise _NoMatch("gradients of several dtypes")
+    spec = dataclasses.replace(spec, do=do, dq=outs["q"][1], dk=outs["k"][1],
+                               dv_out=_layout(out, dv_strides, nb, "k", "e"))
+    fwd_eqn = _eqn(graph, [qb, kb, vb, *mask_in], [o_var, lse], spec, "forward", fwd_run,
+                   [o_var, fwd.rowmax, fwd.rowsum], lse=lse_shape, origin=origin)
+    grads = (bwd.dq_dot, bwd.dk_dot, bwd.dv_dot)
+    bwd_run = (sorted(chased | chased_b) + [fwd.s_dot] + fwd.chain + constants + sorted(bwd.image)
+               + [bwd.dp_dot, *grads] + absorbed[0 if o_t is None else 1:])
+    bwd_eqn = _eqn(graph, [qb, kb, vb, o_var, dob, lse, *mask_in], [dq_var, dk_var, dv_var], spec, "backward",
+                   bwd_run, [dq_var, dk_var, dv_var], origin=[bwd.dp_dot, *grads])
+    image_full = [j for j in bwd.image if graph.eqns[j].outvars[0].aval.shape == full]
+    replaced |= {bwd.dp_dot, *grads, *image_full}
+    return _Rewrite(spec, {fwd.o_dot: fwd_eqn, min(grads): bwd_eqn}, {fwd.o_dot, *grads, *absorbed}, replaced,
+                    replaced | set(fwd.chain) | bwd.image)
+
+
+def _apply(eqns, rewrites) -> list:
+    at, removed = {}, set()
+    for r in rewrites:
+        at.update(r.at)
+        removed |= r.removed
+    out = []
+    for i, e in enumerate(eqns):
+        if i in at:
+            out.append(at[i])
+        if i not in removed:
+            out.append(e)
+    return out

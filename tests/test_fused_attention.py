@@ -1,0 +1,244 @@
+"""Fused attention ([Note: fused attention] in lowering/attention.py): plain
+attention and its gradient found in the jaxpr and run as flash-attention
+kernels. The pass is checked on its own (which programs it rewrites; the
+rewritten jaxpr, run by XLA through each equation's fallback, against
+jax.jit) and through pallaskit.jit with raw Triton (Triton's interpreter on
+the CPU), against jax.jit."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.extend import core as jex_core
+
+import pallaskit
+from conftest import assert_close
+from lowering.attention import fuse_attention
+
+F32_MIN = float(jnp.finfo(jnp.float32).min)
+
+
+def attention(q, k, v, *, causal=True, mask=None, fill=F32_MIN, layout="bthd", scale=None):
+    """Attention as users write it: scores in float32, jnp.where mask, jax.nn.softmax."""
+    eq = {"bthd": ("bqhd,bkhd->bhqk", "bhqk,bkhd->bqhd"), "bhtd": ("bhqd,bhkd->bhqk", "bhqk,bhkd->bhqd")}[layout]
+    d = q.shape[-1]
+    s = jnp.einsum(eq[0], q, k).astype(jnp.float32) * (d ** -0.5 if scale is None else scale)
+    t, u = s.shape[-2:]
+    if causal:
+        s = jnp.where(jnp.tril(jnp.ones((t, u), dtype=bool)), s, fill)
+    if mask is not None:
+        s = jnp.where(mask, s, fill)
+    p = jax.nn.softmax(s, axis=-1).astype(q.dtype)
+    return jnp.einsum(eq[1], p, v)
+
+
+def flax_style(q, k, v):
+    """flax.linen.dot_product_attention's order: q scaled first, no float32 cast."""
+    q = q / jnp.sqrt(q.shape[-1]).astype(q.dtype)
+    w = jnp.einsum("...qhd,...khd->...hqk", q, k)
+    w = jax.nn.softmax(w).astype(q.dtype)
+    return jnp.einsum("...hqk,...khd->...qhd", w, v)
+
+
+def manual_softmax(q, k, v):
+    """A softmax written out: max without stop_gradient, exp, divide."""
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) / 8.0
+    e = jnp.exp(s - s.max(-1, keepdims=True))
+    p = (e / e.sum(-1, keepdims=True)).astype(q.dtype)
+    return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+
+
+def grouped_query(q, k, v):
+    """k and v shared by pairs of query heads (grouped-query attention)."""
+    k, v = jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2)
+    return attention(q, k, v)
+
+
+def _normal(rng, shape, dtype, scale=1.0):
+    return jnp.asarray(rng.standard_normal(shape) * scale, dtype)
+
+
+def _qkv(rng, dtype, b=2, t=13, h=2, d=16, tk=None, kv_heads=None):
+    tk = t if tk is None else tk
+    return (_normal(rng, (b, t, h, d), dtype), _normal(rng, (b, tk, kv_heads or h, d), dtype),
+            _normal(rng, (b, tk, kv_heads or h, d), dtype))
+
+
+def _loss(fn):
+    def loss(q, k, v, w):
+        return jnp.sum(fn(q, k, v).astype(jnp.float32) * w)
+    return loss
+
+
+def _grad(fn):
+    return jax.value_and_grad(_loss(fn), argnums=(0, 1, 2))
+
+
+def _rewrites(fn, *args):
+    closed = jax.make_jaxpr(fn)(*args)
+    new, lines = fuse_attention(closed)
+    return closed, new, lines
+
+
+def _check_fallback(fn, new, args, dtype):
+    """The rewritten jaxpr, each attention equation run by XLA from the equations
+    it replaced, computes what jax.jit(fn) does."""
+    got = jax.jit(jex_core.jaxpr_as_fun(new))(*args)
+    want = jax.tree_util.tree_leaves(jax.jit(fn)(*args))
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert_close(a, b, dtype)
+
+
+CASES = {
+    "causal": lambda q, k, v: attention(q, k, v),
+    "unmasked": lambda q, k, v: attention(q, k, v, causal=False),
+    "bhtd": lambda q, k, v: attention(*(jnp.swapaxes(x, 1, 2) for x in (q, k, v)), layout="bhtd"),
+    "flax": flax_style,
+    "manual_softmax": manual_softmax,
+    "causal_-inf": lambda q, k, v: attention(q, k, v, fill=-jnp.inf),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_pass_rewrites_forward_and_backward(rng, case):
+    """Each form of attention is found, with its gradient; where pallaskit does
+    not run the kernels, XLA runs the equations they replaced (two cases: the
+    check compiles the whole program)."""
+    fn = CASES[case]
+    args = _qkv(rng, jnp.bfloat16, t=7)
+    _, new, lines = _rewrites(fn, *args)
+    assert len(lines) == 1 and "forward as flash-attention" in lines[0], lines
+    w = _normal(rng, fn(*args).shape, jnp.float32)
+    _, new, lines = _rewrites(_grad(fn), *args, w)
+    assert len(lines) == 1 and "forward and backward" in lines[0], lines
+    assert not any(e.primitive.name == "exp" for e in new.jaxpr.eqns)  # no softmax left
+    if case in ("causal", "flax"):
+        _check_fallback(_grad(fn), new, (*args, w), jnp.bfloat16)
+
+
+def test_pass_reads_causal_mask_and_views(rng):
+    args = _qkv(rng, jnp.bfloat16, t=8)
+    _, new, lines = _rewrites(CASES["causal"], *args)
+    (eqn,) = [e for e in new.jaxpr.eqns if e.primitive.name == "pallaskit_attention"]
+    spec = eqn.params["spec"]
+    assert spec.causal and spec.mask is None and spec.batch == (2, 2) and (spec.tq, spec.tk, spec.d) == (8, 8, 16)
+    # q, k, v read where they are, [B, T, H, D], with no transpose before the kernel
+    assert spec.q.t == 2 * 16 and spec.q.d == 1 and spec.q.batch == (8 * 2 * 16, 16)
+    assert list(eqn.invars) == list(new.jaxpr.invars)
+
+
+@pytest.mark.parametrize("case", ["weights_returned", "softmax_over_queries", "dropout", "bias_added"])
+def test_pass_leaves_other_programs(rng, case):
+    """What is not exactly softmax(where(mask, s * scale, fill)) · v, or whose
+    scores or probabilities another value reads, stays plain attention."""
+    q, k, v = _qkv(rng, jnp.bfloat16, t=8)
+
+    def fn(q, k, v):
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) * 0.25
+        if case == "bias_added":
+            s = s + jnp.arange(8.0)
+        p = jax.nn.softmax(s, axis=-2 if case == "softmax_over_queries" else -1)
+        if case == "dropout":
+            p = p * jax.random.bernoulli(jax.random.key(0), 0.9, p.shape) / 0.9
+        p = p.astype(v.dtype)
+        o = jnp.einsum("bhqk,bkhd->bqhd", p, v)
+        return (o, p) if case == "weights_returned" else o
+
+    assert _rewrites(fn, q, k, v)[2] == []
+
+
+def test_pass_leaves_float32(rng):
+    """float32 attention stays plain (lowering/attention.py ``_16BIT``: XLA's TF32 dots)."""
+    assert _rewrites(CASES["causal"], *_qkv(rng, jnp.float32, t=8))[2] == []
+    assert len(_rewrites(CASES["causal"], *_qkv(rng, jnp.float16, t=8))[2]) == 1
+
+
+def test_pass_leaves_a_partial_gradient(rng):
+    """Only q differentiated: no dK / dV dots, so nothing is rewritten (the
+    forward's probabilities feed the backward)."""
+    q, k, v = _qkv(rng, jnp.bfloat16, t=8)
+    w = _normal(rng, (2, 8, 2, 16), jnp.float32)
+    fn = jax.grad(_loss(CASES["causal"]), argnums=0)
+    _, new, lines = _rewrites(fn, q, k, v, w)
+    assert lines == []
+
+
+# --------------------------------------------------------------------------- #
+# Through pallaskit.jit: the kernels (Triton's interpreter on the CPU)
+# --------------------------------------------------------------------------- #
+def _jit_check(fn, args, dtype, tol_dtype=None):
+    with pallaskit.config.override(kernel_backend="triton"):
+        e = pallaskit.explain(fn, *args)
+        got = pallaskit.jit(fn)(*args)
+    assert any("flash-attention" in r for r in e.rewrites), e.rewrites
+    assert sum(k.kind == "attention" for k in e.kernels) >= 1 and e.fallbacks == []
+    want = jax.jit(fn)(*args)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert_close(a, b, tol_dtype or dtype)
+    return e
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_jit_causal_forward_and_grad(rng, dtype):
+    args = _qkv(rng, dtype)
+    w = _normal(rng, (2, 13, 2, 16), jnp.float32)
+    e = _jit_check(_grad(CASES["causal"]), (*args, w), dtype)
+    assert sum(k.kind == "attention" for k in e.kernels) == 2  # forward, backward
+    assert "flash attention, backward" in e.source
+
+
+def test_jit_mask_with_an_empty_row_and_cross_lengths(rng):
+    """A bool mask operand (broadcast over batch and heads) with a row whose
+    keys are all masked (uniform over every key under a finite fill), and
+    more keys than queries."""
+    q, k, v = _qkv(rng, jnp.bfloat16, t=5, tk=11)
+    mask = rng.random((5, 11)) < 0.6
+    mask[2] = False
+    mask = jnp.asarray(mask)
+    w = _normal(rng, (2, 5, 2, 16), jnp.float32)
+    fn = _grad(lambda q, k, v: attention(q, k, v, causal=False, mask=mask))
+    _jit_check(fn, (q, k, v, w), jnp.bfloat16)
+
+
+def test_jit_grouped_query_and_flax(rng):
+    q, k, v = _qkv(rng, jnp.bfloat16, t=9, h=4, kv_heads=2)
+    w = _normal(rng, (2, 9, 4, 16), jnp.float32)
+    _jit_check(_grad(grouped_query), (q, k, v, w), jnp.bfloat16)
+    q, k, v = _qkv(rng, jnp.bfloat16, t=7, d=8)
+    _jit_check(flax_style, (q, k, v), jnp.bfloat16)
+
+
+def test_jit_nan_travels(rng):
+    q, k, v = _qkv(rng, jnp.bfloat16, t=6)
+    q = q.at[0, 3, 1, 2].set(jnp.nan)
+    got = _jit_check(lambda q, k, v: attention(q, k, v), (q, k, v), jnp.bfloat16)
+    assert got is not None
+
+
+def test_option_off_and_pallas_leave_attention(rng):
+    args = _qkv(rng, jnp.bfloat16, t=4)
+    with pallaskit.config.override(kernel_backend="triton", fused_attention=False):
+        assert pallaskit.explain(CASES["causal"], *args).rewrites == []
+    with pallaskit.config.override(kernel_backend="pallas"):  # only raw Triton writes the kernels
+        assert pallaskit.explain(CASES["causal"], *args).rewrites == []
+    assert "fused_attention" in pallaskit.config.help()
+
+
+def test_grad_of_a_pallaskit_function(rng):
+    """jax.grad of pallaskit.jit(loss): the pass runs on the joint graph, so the
+    forward half saves O and the log-sum-exp, the backward half runs the
+    backward kernel."""
+    q, k, v = _qkv(rng, jnp.bfloat16, t=6)
+    w = _normal(rng, (2, 6, 2, 16), jnp.float32)
+    loss = _loss(CASES["causal"])
+    with pallaskit.config.override(kernel_backend="triton"):
+        got = jax.grad(pallaskit.jit(loss), argnums=(0, 1, 2))(q, k, v, w)
+        e = pallaskit.explain_grad(loss, q, k, v, w)
+    want = jax.grad(loss, argnums=(0, 1, 2))(q, k, v, w)
+    for a, b in zip(got, want):
+        assert_close(a, b, jnp.bfloat16)
+    assert [x.kind for x in e.forward.kernels].count("attention") == 1
+    assert [x.kind for x in e.backward.kernels].count("attention") == 1
+    assert not any(s.shape[-2:] == (6, 6) for s in e.saved)  # no [T, T] probabilities saved
