@@ -57,8 +57,20 @@ FWD_BLOCK_M, FWD_BLOCK_N, FWD_WARPS, FWD_STAGES = 128, 64, 4, 3
 # under a query block of M2.
 BWD_BLOCK_M1, BWD_BLOCK_N1, BWD_BLOCK_M2, BWD_BLOCK_N2 = 32, 128, 128, 32
 BWD_WARPS, BWD_STAGES = 4, 5
+# 8 warps where a program's float32 accumulators outgrow 4 warps' registers
+# (ptxas for sm_90 spilled 100-3000 bytes a thread past these, none with 8):
+# the forward's [BLOCK_M, head dim] tile in the inputs' bytes, the backward's
+# dK + dV tiles [BLOCK_N1, d + dv]. At D 64 bf16 both stay at 4 (the backward
+# spills ~200 bytes there, the tutorial's own ~1000).
+WIDE_WARPS = 8
+FWD_TILE_BYTES_4_WARPS = 128 * 64 * 2
+BWD_TILE_BYTES_4_WARPS = 128 * 128 * 2
 # Triton's interpreter (CPU tests) is slow per element: small blocks there.
 INTERPRET_BLOCK, INTERPRET_WARPS, INTERPRET_STAGES = 16, 4, 1
+# Shared memory a config may plan for (the H100 gives a program 227 KiB; the
+# estimates below are upper bounds of what Triton 3.6 allocated at D 64 / 128,
+# and the rest is room for its layout conversions).
+SHARED_BUDGET = 192 * 1024
 # tl.dot takes no dimension below 16: head dims pad to a power of two >= 16.
 MIN_DOT = 16
 # Causal blocks above the diagonal are skipped only when the fill is at most
@@ -70,6 +82,7 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 F32_MAX = float(np.finfo(np.float32).max)
 DTYPES = {"bfloat16": "tl.bfloat16", "float16": "tl.float16", "float32": "tl.float32"}
+_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,8 +131,7 @@ def render_forward(spec: AttentionSpec, name: str, interpret: bool) -> Kernel:
     """Parameters ``q, k, v, [mask], o, lse``; lse float32 ``[prod(batch), tq]``."""
     _check(spec)
     r = _Renderer(spec, interpret)
-    bm = _block(FWD_BLOCK_M, spec.tq, interpret)
-    bn = _block(FWD_BLOCK_N, spec.tk, interpret)
+    bm, bn, warps, stages = _forward_config(spec, interpret)
     n_m = -(-spec.tq // bm)
     tensors = {"q": spec.q, "k": spec.k, "v": spec.v, "o": spec.o}
     if spec.mask is not None:
@@ -159,7 +171,7 @@ def render_forward(spec: AttentionSpec, name: str, interpret: bool) -> Kernel:
         w.line(f"acc = {r.dot(r.cast('p'), 'v', 'acc * alpha[:, None]')}")
         w.line("m_i = m_new")
 
-    r.key_loops(w, body, q_block="BLOCK_M", q_start="mb * BLOCK_M", bm=bm, bn=bn, step="BLOCK_N")
+    r.key_loops(w, body, "mb", "BLOCK_M", "BLOCK_N", bm, bn)
     w.line("o = acc / l_i[:, None]")
     lse = "(m_i + tl.math.log2(l_i)) * " + _lit(LN2)
     if r.fill_finite and spec.mask is not None:
@@ -171,8 +183,7 @@ def render_forward(spec: AttentionSpec, name: str, interpret: bool) -> Kernel:
     row_mask = ", mask=offs_m < " + str(spec.tq) if spec.tq % bm else ""
     w.line(f"tl.store(LSE + z * {spec.tq} + offs_m, lse{row_mask})")
     return Kernel(name=f"{name}_kernel", source=w.text(), grid=_prod(spec.batch) * n_m,
-                  num_warps=INTERPRET_WARPS if interpret else FWD_WARPS,
-                  num_stages=INTERPRET_STAGES if interpret else FWD_STAGES,
+                  num_warps=warps, num_stages=stages,
                   constexprs={"BLOCK_M": bm, "BLOCK_N": bn})
 
 
@@ -183,10 +194,7 @@ def render_backward(spec: AttentionSpec, name: str, interpret: bool) -> Kernel:
     if None in (spec.do, spec.dq, spec.dk, spec.dv_out):
         raise ValueError("render_backward: the spec needs do, dq, dk and dv_out layouts")
     r = _Renderer(spec, interpret)
-    m1 = _block(BWD_BLOCK_M1, spec.tq, interpret)
-    n1 = _block(BWD_BLOCK_N1, spec.tk, interpret)
-    m2 = _block(BWD_BLOCK_M2, spec.tq, interpret)
-    n2 = _block(BWD_BLOCK_N2, spec.tk, interpret)
+    m1, n1, m2, n2, warps, stages = _backward_config(spec, interpret)
     blocks_kv, blocks_q = -(-spec.tk // n1), -(-spec.tq // m2)
     n_blocks = max(blocks_kv, blocks_q)
     tensors = {"q": spec.q, "k": spec.k, "v": spec.v, "o": spec.o, "do": spec.do,
@@ -208,12 +216,12 @@ def render_backward(spec: AttentionSpec, name: str, interpret: bool) -> Kernel:
     r.dim_offsets(w)
     lse_ptr = f"LSE + z * {spec.tq}"
 
-    def row_terms(rows: str, block: int, o_name: str, do_name: str):
+    def row_terms(rows: str, block: int, do_name: str, masked: bool):
         """lse (log2 units, +inf past tq: p = 0 there), the masked scores' exponent, D = rowsum(dO * O)."""
         bound = f", mask={rows} < {spec.tq}, other=float(\"inf\")" if spec.tq % block else ""
         w.line(f"lse = tl.load({lse_ptr} + {rows}{bound})")
         w.line(f"lse2 = lse * {_lit(LOG2E)}")
-        if r.any_masked:
+        if masked and r.any_masked:
             r.fill_exponent(w)
         w.line(f"o = {r.load('O', 'o', spec.o, rows, 'offs_e', spec.tq, spec.dv, block)}")
         w.line(f"delta = tl.sum({do_name}.to(tl.float32) * o.to(tl.float32), 1)")
@@ -231,7 +239,7 @@ def render_backward(spec: AttentionSpec, name: str, interpret: bool) -> Kernel:
         w.line("rows = start_m + tl.arange(0, BLOCK_M1)")
         w.line(f"qt = {r.load('Q', 'q', spec.q, 'rows', 'offs_d', spec.tq, spec.d, m1, transposed=True)}")
         w.line(f"do = {r.load('DO', 'do', spec.do, 'rows', 'offs_e', spec.tq, spec.dv, m1)}")
-        row_terms("rows", m1, "o", "do")
+        row_terms("rows", m1, "do", masked)
         w.line(f"st = {r.dot('k', 'qt')} * {_lit(r.qk_scale2)}  # scores, transposed: [keys, queries]")
         r.probabilities(w, "pt", "st", "rows", "cols", masked, m1, n1, transposed=True)
         w.line(f"dv = {r.dot(r.cast('pt'), 'do', 'dv')}")
@@ -241,7 +249,7 @@ def render_backward(spec: AttentionSpec, name: str, interpret: bool) -> Kernel:
             w.line("dst = tl.where(visible, dst, 0.0)")
         w.line(f"dk = {r.dot(r.cast('dst'), 'tl.trans(qt)', 'dk')}")
 
-    r.query_loops(w, dkdv_body, k_start="blk * BLOCK_N1", bm=m1, bn=n1)
+    r.query_loops(w, dkdv_body, "blk", m1, n1)
     w.line(f"dk = dk * {_lit(spec.scale)}")
     w.line(r.store("DK", "dk", spec.dk, "cols", "offs_d", spec.tk, spec.d, n1, "dk"))
     w.line(r.store("DV", "dv", spec.dv_out, "cols", "offs_e", spec.tk, spec.dv, n1, "dv"))
@@ -254,7 +262,7 @@ def render_backward(spec: AttentionSpec, name: str, interpret: bool) -> Kernel:
     w.line("offs_n = tl.arange(0, BLOCK_N2)")
     w.line(f"q = {r.load('Q', 'q', spec.q, 'rows', 'offs_d', spec.tq, spec.d, m2)}")
     w.line(f"do = {r.load('DO', 'do', spec.do, 'rows', 'offs_e', spec.tq, spec.dv, m2)}")
-    row_terms("rows", m2, "o", "do")
+    row_terms("rows", m2, "do", True)
     w.line(f"dq = tl.zeros([BLOCK_M2, {r.dp}], tl.float32)")
 
     def dq_body(masked: bool):
@@ -269,13 +277,12 @@ def render_backward(spec: AttentionSpec, name: str, interpret: bool) -> Kernel:
             w.line("ds = tl.where(visible, ds, 0.0)")
         w.line(f"dq = {r.dot(r.cast('ds'), 'tl.trans(kt)', 'dq')}")
 
-    r.key_loops(w, dq_body, q_block="BLOCK_M2", q_start="blk * BLOCK_M2", bm=m2, bn=n2, step="BLOCK_N2")
+    r.key_loops(w, dq_body, "blk", "BLOCK_M2", "BLOCK_N2", m2, n2)
     w.line(f"dq = dq * {_lit(spec.scale)}")
     w.line(r.store("DQ", "dq", spec.dq, "rows", "offs_d", spec.tq, spec.d, m2, "dq"))
     w.dedent()
     return Kernel(name=f"{name}_kernel", source=w.text(), grid=_prod(spec.batch) * n_blocks,
-                  num_warps=INTERPRET_WARPS if interpret else BWD_WARPS,
-                  num_stages=INTERPRET_STAGES if interpret else BWD_STAGES, constexprs=consts)
+                  num_warps=warps, num_stages=stages, constexprs=consts)
 
 
 class _Renderer:
@@ -429,19 +436,22 @@ class _Renderer:
             c = f"{cols}[:, None]" if transposed else f"{cols}[None, :]"
             w.line(f"{p} = tl.where({c} < {self.spec.tk}, {p}, 0.0)  # past the keys")
 
-    def key_loops(self, w: _Writer, body, q_block: str, q_start: str, bm: int, bn: int, step: str):
-        """Key blocks for one query block (forward, dQ): below the diagonal
-        unmasked, the diagonal masked; or every block (masked if any mask)."""
+    def key_loops(self, w: _Writer, body, index: str, q_block: str, step: str, bm: int, bn: int):
+        """Key blocks (of ``step``) for query block ``index`` (of ``q_block``; the
+        forward, dQ): below the diagonal unmasked, the diagonal masked; or every
+        block (masked if any mask). Bounds as ``(index + 1) * BLOCK``: written as
+        ``index * BLOCK + BLOCK``, ptxas serialized the forward's wgmma (C7515)."""
         s = self.spec
         if self.skip_above:
-            w.line(f"diag = ({q_start}) // {step} * {step}  # first key block the diagonal crosses")
+            diag = f"{index} * {q_block}" if bm % bn == 0 else f"{index} * {q_block} // {step} * {step}"
+            w.line(f"diag = {diag}  # the first key block the diagonal crosses")
             w.line("# Below the diagonal: every key visible.")
             w.line(f"for start_n in range(0, diag, {step}):")
             w.indent()
             body(False)
             w.dedent()
             w.line("# The diagonal: causal mask; blocks above it are skipped (p = 0 there).")
-            w.line(f"for start_n in range(diag, tl.minimum({q_start} + {q_block}, {s.tk}), {step}):")
+            w.line(f"for start_n in range(diag, tl.minimum(({index} + 1) * {q_block}, {s.tk}), {step}):")
             w.indent()
             body(True)
             w.dedent()
@@ -451,13 +461,18 @@ class _Renderer:
             body(True)
             w.dedent()
 
-    def query_loops(self, w: _Writer, body, k_start: str, bm: int, bn: int):
-        """Query blocks for one key block (dK / dV): the diagonal masked, below it
-        unmasked; or every block."""
+    def query_loops(self, w: _Writer, body, index: str, bm: int, bn: int):
+        """Query blocks (of BLOCK_M1) for key block ``index`` (of BLOCK_N1; dK / dV):
+        the diagonal masked, below it unmasked; or every block."""
         s = self.spec
         if self.skip_above:
-            w.line(f"lo = ({k_start}) // BLOCK_M1 * BLOCK_M1  # first query block the diagonal crosses")
-            w.line(f"hi = tl.minimum(({k_start} + BLOCK_N1 + BLOCK_M1 - 1) // BLOCK_M1 * BLOCK_M1, {s.tq})")
+            if bn % bm == 0:
+                lo, hi = f"{index} * BLOCK_N1", f"({index} + 1) * BLOCK_N1"
+            else:
+                lo = f"{index} * BLOCK_N1 // BLOCK_M1 * BLOCK_M1"
+                hi = f"(({index} + 1) * BLOCK_N1 + BLOCK_M1 - 1) // BLOCK_M1 * BLOCK_M1"
+            w.line(f"lo = {lo}  # the first query block the diagonal crosses")
+            w.line(f"hi = tl.minimum({hi}, {s.tq})  # and the first below it")
             w.line("# The diagonal: causal mask; query blocks above it see none of these keys (skipped).")
             w.line("for start_m in range(lo, hi, BLOCK_M1):")
             w.indent()
@@ -495,6 +510,43 @@ def _check(spec: AttentionSpec):
         layout = getattr(spec, t)
         if layout is not None and len(layout.batch) != len(spec.batch):
             raise ValueError(f"flash attention: {t} has {len(layout.batch)} batch strides for {len(spec.batch)} dims")
+
+
+def _forward_config(spec: AttentionSpec, interpret: bool) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, warps, stages): the configured ones, as small as the sizes
+    need, then fewer stages and smaller key blocks until the pipelined k / v tiles
+    and the q tile fit ``SHARED_BUDGET`` (large head dims, float32)."""
+    bm, bn = _block(FWD_BLOCK_M, spec.tq, interpret), _block(FWD_BLOCK_N, spec.tk, interpret)
+    if interpret:
+        return bm, bn, INTERPRET_WARPS, INTERPRET_STAGES
+    size, dp, dvp, stages = _ITEMSIZE[spec.dtype], _padded(spec.d), _padded(spec.dv), FWD_STAGES
+    while size * (bm * dp + stages * bn * (dp + dvp)) > SHARED_BUDGET and (stages > 2 or bn > MIN_DOT):
+        stages, bn = (stages - 1, bn) if stages > 2 else (stages, bn // 2)
+    warps = WIDE_WARPS if size * bm * max(dp, dvp) > FWD_TILE_BYTES_4_WARPS else FWD_WARPS
+    return bm, bn, warps, stages
+
+
+def _backward_config(spec: AttentionSpec, interpret: bool) -> tuple[int, int, int, int, int, int]:
+    """(BLOCK_M1, BLOCK_N1, BLOCK_M2, BLOCK_N2, warps, stages), fitted to ``SHARED_BUDGET``
+    as the forward's: dK / dV hold a k and v tile and pipeline q, dO and O tiles;
+    dQ holds q and dO and pipelines k and v."""
+    m1, n1 = _block(BWD_BLOCK_M1, spec.tq, interpret), _block(BWD_BLOCK_N1, spec.tk, interpret)
+    m2, n2 = _block(BWD_BLOCK_M2, spec.tq, interpret), _block(BWD_BLOCK_N2, spec.tk, interpret)
+    if interpret:
+        return m1, n1, m2, n2, INTERPRET_WARPS, INTERPRET_STAGES
+    size, dp, dvp, stages = _ITEMSIZE[spec.dtype], _padded(spec.d), _padded(spec.dv), BWD_STAGES
+
+    def shared():
+        return size * max(n1 * (dp + dvp) + stages * m1 * (dp + 2 * dvp),
+                          m2 * (dp + dvp) + stages * n2 * (dp + dvp))
+
+    while shared() > SHARED_BUDGET and (stages > 2 or max(n1, m2) > MIN_DOT):
+        if stages > 2:
+            stages -= 1
+        else:
+            n1, m2 = max(n1 // 2, MIN_DOT), max(m2 // 2, MIN_DOT)
+    warps = WIDE_WARPS if size * n1 * (dp + dvp) > BWD_TILE_BYTES_4_WARPS else BWD_WARPS
+    return m1, n1, m2, n2, warps, stages
 
 
 def _block(block: int, size: int, interpret: bool) -> int:
