@@ -156,3 +156,52 @@ def test_rendered_source_reads_as_its_spec():
     for other in (dataclasses.replace(spec, fill=-2.0), dataclasses.replace(spec, mask=fa.Layout((0, 0), 1024, 1))):
         assert "diag" not in fa.render_forward(other, "a", interpret=False).source
         assert "hi = " not in fa.render_backward(other, "a", interpret=False).source
+
+
+_COMPILE_SCRIPT = '''
+import linecache
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from lowering.codegen import attention as fa
+from pallaskit.runtime import triton_compile
+
+TYPES = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32"}
+lay = lambda t, h, d: fa.Layout((t * h * d, d), h * d, 1)  # [B, T, H, D]
+specs = [  # the causal GPU path (blocks above the diagonal skipped); a mask, ragged sizes, float16
+    fa.AttentionSpec(batch=(2, 4), tq=256, tk=256, d=64, dv=64, scale=0.125, causal=True, mask=None,
+                     fill=float("-inf"), dtype="bfloat16", q=lay(256, 4, 64), k=lay(256, 4, 64), v=lay(256, 4, 64),
+                     o=lay(256, 4, 64), do=lay(256, 4, 64), dq=lay(256, 4, 64), dk=lay(256, 4, 64),
+                     dv_out=lay(256, 4, 64)),
+    fa.AttentionSpec(batch=(2, 3), tq=77, tk=50, d=40, dv=24, scale=0.2, causal=False,
+                     mask=fa.Layout((0, 50 * 77), 50, 1), fill=-1e9, dtype="float16", q=lay(77, 3, 40),
+                     k=lay(50, 3, 40), v=lay(50, 3, 24), o=lay(77, 3, 24), do=lay(77, 3, 24), dq=lay(77, 3, 40),
+                     dk=lay(50, 3, 40), dv_out=lay(50, 3, 24)),
+]
+for spec in specs:
+    t, m = TYPES[spec.dtype], ["*i1"] if spec.mask else []
+    for kernel, types in ((fa.render_forward(spec, "fwd", False), [t] * 3 + m + [t, "*fp32"]),
+                          (fa.render_backward(spec, "bwd", False), [t] * 5 + ["*fp32"] + m + [t] * 3)):
+        name = "<" + kernel.name + spec.dtype + ">"
+        linecache.cache[name] = (len(kernel.source), None, kernel.source.splitlines(True), name)
+        ns = {"__name__": name, "triton": triton, "tl": tl}
+        exec(compile(kernel.source, name, "exec"), ns)
+        fn = ns[kernel.name]
+        signature = dict(zip(fn.arg_names, types), **{c: "constexpr" for c in kernel.constexprs})
+        out = triton_compile._compile_uncached(
+            triton_compile.ast_source(fn, signature, kernel.constexprs), GPUTarget("cuda", 90, 32),
+            {"num_warps": kernel.num_warps, "num_stages": kernel.num_stages}, until="ptx")
+        print("SHARED", out.metadata.shared)
+print("COMPILED")
+'''
+
+
+def test_the_gpu_source_compiles():
+    """Both kernels of the GPU's source through Triton's stages to PTX for sm_90
+    (Triton's interpreter takes code the compiler refuses), within an H100's
+    shared memory (227 KiB)."""
+    from conftest import run_python_on_cpu
+
+    proc = run_python_on_cpu(_COMPILE_SCRIPT, timeout=300)
+    assert proc.returncode == 0 and "COMPILED" in proc.stdout, proc.stderr[-4000:]
+    shared = [int(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("SHARED")]
+    assert len(shared) == 4 and max(shared) <= 227 * 1024, shared
