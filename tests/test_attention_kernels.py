@@ -28,11 +28,9 @@ def _kernel_fn(kernel: fa.Kernel):
     return ns[kernel.name]
 
 
-def _launch(kernel: fa.Kernel, out_shapes, *args):
-    fn = _kernel_fn(kernel)
-    return jax.jit(lambda *a: triton_call.triton_call(
-        fn, kernel.grid, out_shapes, *a, num_warps=kernel.num_warps, num_stages=kernel.num_stages, interpret=True,
-        **kernel.constexprs))(*args)
+def _launch(fn, kernel: fa.Kernel, out_shapes, *args):
+    return triton_call.triton_call(fn, kernel.grid, tuple(out_shapes), *args, num_warps=kernel.num_warps,
+                                   num_stages=kernel.num_stages, interpret=True, **kernel.constexprs)
 
 
 def _physical(batch, t, d, order):
@@ -113,21 +111,29 @@ def test_flash_attention_kernels_match_jax(case):
     scale = d ** -0.5
     spec = fa.AttentionSpec(batch=batch, tq=tq, tk=tk, d=d, dv=dv, scale=scale, causal=causal, mask=mask_layout,
                             fill=fill, dtype=dtype, q=ql, k=kl, v=vl, o=ol, do=ol, dq=ql, dk=kl, dv_out=vl)
-    q, k, v, do = (jnp.asarray(rng.standard_normal(s), jnp.float32).astype(dtype) for s in (qp, kp, vp, op))
-    logical = lambda x, axes: jnp.transpose(x, axes).astype(jnp.float32)  # noqa: E731
-    ref = jax.jit(lambda q, k, v: _reference(q, k, v, mask, scale=scale, causal=causal, fill=fill, dtype=dtype))
-    (o_ref, lse_ref), vjp = jax.vjp(ref, logical(q, qaxes), logical(k, kaxes), logical(v, vaxes))
-    dq_ref, dk_ref, dv_ref = vjp((logical(do, oaxes), jnp.zeros_like(lse_ref)))
+    q, k, v, do = (rng.standard_normal(s).astype(np.float32).astype(jnp.dtype(dtype)) for s in (qp, kp, vp, op))
+    logical = lambda x, axes: np.transpose(np.asarray(x).astype(np.float32), axes)  # noqa: E731
 
+    def reference(q, k, v, do):
+        plain = lambda q, k, v: _reference(q, k, v, mask, scale=scale, causal=causal, fill=fill, dtype=dtype)  # noqa: E731
+        (o, lse), vjp = jax.vjp(plain, q, k, v)
+        return (o, lse, *vjp((do, jnp.zeros_like(lse))))
+
+    o_ref, lse_ref, dq_ref, dk_ref, dv_ref = jax.jit(reference)(
+        logical(q, qaxes), logical(k, kaxes), logical(v, vaxes), logical(do, oaxes))
+
+    fwd = _kernel_fn(fwd_k := fa.render_forward(spec, "attn_fwd", interpret=not gpu_source))
+    bwd = _kernel_fn(bwd_k := fa.render_backward(spec, "attn_bwd", interpret=not gpu_source))
     rows = int(np.prod(batch, dtype=np.int64)) * tq
-    extra = () if mask is None else (jnp.asarray(mask),)
-    fwd = fa.render_forward(spec, "attn_fwd", interpret=not gpu_source)
-    o, lse = _launch(fwd, (jax.ShapeDtypeStruct((q.size // d * dv,), dtype), jax.ShapeDtypeStruct((rows,), jnp.float32)),
-                     q.reshape(-1), k.reshape(-1), v.reshape(-1), *extra)
-    bwd = fa.render_backward(spec, "attn_bwd", interpret=not gpu_source)
-    dq, dk, dv_ = _launch(bwd, tuple(jax.ShapeDtypeStruct((x.size,), dtype) for x in (q, k, v)),
-                          q.reshape(-1), k.reshape(-1), v.reshape(-1), o, do.reshape(-1), lse, *extra)
+    outs = [jax.ShapeDtypeStruct((q.size // d * dv,), dtype), jax.ShapeDtypeStruct((rows,), jnp.float32)]
 
+    def kernels(q, k, v, do, *mask):
+        o, lse = _launch(fwd, fwd_k, outs, q, k, v, *mask)
+        return (o, lse, *_launch(bwd, bwd_k, [jax.ShapeDtypeStruct((x.size,), dtype) for x in (q, k, v)],
+                                 q, k, v, o, do, lse, *mask))
+
+    o, lse, dq, dk, dv_ = jax.jit(kernels)(*(x.reshape(-1) for x in (q, k, v, do)),
+                                           *(() if mask is None else (mask,)))
     tol = dict(rtol=2e-2, atol=2e-2) if dtype == "bfloat16" else dict(rtol=2e-5, atol=2e-5)
     got = {"o": logical(o.reshape(op), oaxes), "lse": lse.reshape(*batch, tq),
            "dq": logical(dq.reshape(qp), qaxes), "dk": logical(dk.reshape(kp), kaxes),

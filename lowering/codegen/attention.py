@@ -144,8 +144,8 @@ def render_forward(spec: AttentionSpec, name: str, interpret: bool) -> Kernel:
     r.header(w, "forward", {"BLOCK_M": bm, "BLOCK_N": bn})
     w.line("# Program -> (batch, query block); the last query blocks (the most keys when causal) first.")
     w.line("pid = tl.program_id(0)")
-    w.line(f"mb = {n_m - 1} - pid % {n_m}")
-    r.batch_bases(w, f"pid // {n_m}", tensors)
+    w.line(f"mb = {n_m - 1} - pid % {n_m}" if n_m > 1 else "mb = 0")
+    r.batch_bases(w, f"pid // {n_m}" if n_m > 1 else "pid", tensors)
     w.line("offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)")
     w.line("offs_n = tl.arange(0, BLOCK_N)")
     r.dim_offsets(w)
@@ -211,8 +211,8 @@ def render_backward(spec: AttentionSpec, name: str, interpret: bool) -> Kernel:
     r.header(w, "backward", consts)
     w.line("# Program -> (batch, block): key block `blk` for dK / dV, query block `blk` for dQ.")
     w.line("pid = tl.program_id(0)")
-    w.line(f"blk = pid % {n_blocks}")
-    r.batch_bases(w, f"pid // {n_blocks}", tensors)
+    w.line(f"blk = pid % {n_blocks}" if n_blocks > 1 else "blk = 0")
+    r.batch_bases(w, f"pid // {n_blocks}" if n_blocks > 1 else "pid", tensors)
     r.dim_offsets(w)
     lse_ptr = f"LSE + z * {spec.tq}"
 
@@ -319,7 +319,7 @@ class _Renderer:
 
     def batch_bases(self, w: _Writer, flat: str, tensors: dict):
         """``z`` (the flat batch index, int64) and each tensor's ``{name}_base``."""
-        w.line(f"z = ({flat}).to(tl.int64)")
+        w.line(f"z = ({flat}).to(tl.int64)  # the flat batch index")
         dims = self.spec.batch
         idx = [f"b{i}" for i in range(len(dims))]
         rest = "z"  # the flat index of dims[:i + 1]
