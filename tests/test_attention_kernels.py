@@ -70,11 +70,14 @@ CASES = {  # id: (batch, tq, tk, d, dv, order, causal, mask, fill, dtype)
     "transposed-t1": ((), 1, 1, 8, 8, "transposed", True, None, F32_MIN, "float32"),
     "bhtd-tq1-tk20": ((2,), 1, 20, 16, 16, "transposed", False, None, -1e9, "float32"),
     # A mask over (tq, tk) broadcast over the batch, row 3 masked throughout (uniform over all keys).
-    "mask-row-masked-fmin": ((2, 2), 17, 18, 8, 8, "bthd", False, "row", F32_MIN, "float32"),
+    "mask-row-masked-fmin-tq33-tk17": ((2, 2), 33, 17, 8, 8, "bthd", False, "row", F32_MIN, "float32"),
     "mask-causal-row-masked-bf16": ((2,), 17, 17, 8, 8, "bhtd", True, "row", -1e9, "bfloat16"),
     # fill -inf: a row whose first key block is all masked, later ones not; row 3 masked throughout (NaN).
     "mask-neg-inf": ((), 9, 33, 8, 8, "bhtd", False, "late", float("-inf"), "float32"),
+    # NaN and +-inf in q, k and v (SPECIAL), past a broadcast mask.
+    "special-values": ((2,), 9, 9, 8, 8, "bthd", True, "row", F32_MIN, "float32"),
 }
+SPECIAL = {"special-values"}
 # The GPU's source (float32: the interpreter's only other change is 16-bit dots) over
 # several blocks of the GPU's sizes: causal blocks above the diagonal skipped, loop
 # bounds from the program id (which Triton's interpreter takes, with triton_launch's patch).
@@ -112,6 +115,9 @@ def test_flash_attention_kernels_match_jax(case):
     spec = fa.AttentionSpec(batch=batch, tq=tq, tk=tk, d=d, dv=dv, scale=scale, causal=causal, mask=mask_layout,
                             fill=fill, dtype=dtype, q=ql, k=kl, v=vl, o=ol, do=ol, dq=ql, dk=kl, dv_out=vl)
     q, k, v, do = (rng.standard_normal(s).astype(np.float32).astype(jnp.dtype(dtype)) for s in (qp, kp, vp, op))
+    if case in SPECIAL:
+        for x, values in ((q, [np.nan, np.inf]), (k, [-np.inf]), (v, [np.nan, -0.0])):
+            x.reshape(-1)[rng.choice(x.size, len(values), replace=False)] = values
     logical = lambda x, axes: np.transpose(np.asarray(x).astype(np.float32), axes)  # noqa: E731
 
     def reference(q, k, v, do):
@@ -135,10 +141,12 @@ def test_flash_attention_kernels_match_jax(case):
     o, lse, dq, dk, dv_ = jax.jit(kernels)(*(x.reshape(-1) for x in (q, k, v, do)),
                                            *(() if mask is None else (mask,)))
     tol = dict(rtol=2e-2, atol=2e-2) if dtype == "bfloat16" else dict(rtol=2e-5, atol=2e-5)
-    got = {"o": logical(o.reshape(op), oaxes), "lse": lse.reshape(*batch, tq),
-           "dq": logical(dq.reshape(qp), qaxes), "dk": logical(dk.reshape(kp), kaxes),
-           "dv": logical(dv_.reshape(vp), vaxes)}
-    want = {"o": o_ref, "lse": lse_ref, "dq": dq_ref, "dk": dk_ref, "dv": dv_ref}
+    got = {"o": logical(o.reshape(op), oaxes), "dq": logical(dq.reshape(qp), qaxes),
+           "dk": logical(dk.reshape(kp), kaxes), "dv": logical(dv_.reshape(vp), vaxes),
+           "lse": lse.reshape(*batch, tq)}
+    want = {"o": o_ref, "dq": dq_ref, "dk": dk_ref, "dv": dv_ref, "lse": lse_ref}
+    # A +inf score: jax's logsumexp is +inf, the kernel's NaN (the row's o is NaN in both).
+    want["lse"] = np.where(np.isposinf(want["lse"]), np.nan, want["lse"])
     for name in got:
         np.testing.assert_allclose(np.asarray(got[name]), np.asarray(want[name]), err_msg=f"{case}: {name}",
                                    **(tol if name != "lse" else dict(rtol=2e-5, atol=2e-5)), equal_nan=True)

@@ -40,6 +40,12 @@ they are not part of the row. Three places need more than the textbook loop:
   score's ``p`` is 0, i.e. ``exp(fill - lse)`` underflows: the fill must be
   far below every visible score (``CAUSAL_SKIP_FILL``). With a tensor mask no
   block is skipped (a row masked throughout is uniform over all keys).
+  Skipping also drops ``0 * NaN``: a NaN / inf in q (k) reaches every dK (dQ)
+  row through the plain program's dense ``ds`` product, where masked ``ds``
+  is 0; the skipping kernel leaves the rows that never see it finite.
+
+Where a score is +inf, jax's logsumexp is +inf and this lse NaN (the row's
+``o`` is NaN in both).
 """
 from __future__ import annotations
 
