@@ -78,9 +78,10 @@ CASES = {  # id: (batch, tq, tk, d, dv, order, causal, mask, fill, dtype)
     "special-values": ((2,), 9, 9, 8, 8, "bthd", True, "row", F32_MIN, "float32"),
 }
 SPECIAL = {"special-values"}
-# The GPU's source (float32: the interpreter's only other change is 16-bit dots) over
-# several blocks of the GPU's sizes: causal blocks above the diagonal skipped, loop
-# bounds from the program id (which Triton's interpreter takes, with triton_launch's patch).
+# The GPU's source (float32 at precision 'highest': the interpreter's only other
+# changes are its 16-bit dots and TF32 rounding) over several blocks of the GPU's
+# sizes: causal blocks above the diagonal skipped, loop bounds from the program id
+# (which Triton's interpreter takes, with triton_launch's patch).
 GPU_CASES = {
     "gpu-causal-t150": ((2,), 150, 150, 8, 8, "bthd", True, None, F32_MIN, "float32"),
     # A moderate fill: masked scores still weigh in, so no block may be skipped.
@@ -113,7 +114,8 @@ def test_flash_attention_kernels_match_jax(case):
     mask_layout = None if mask is None else fa.Layout((0,) * n, tk, 1)
     scale = d ** -0.5
     spec = fa.AttentionSpec(batch=batch, tq=tq, tk=tk, d=d, dv=dv, scale=scale, causal=causal, mask=mask_layout,
-                            fill=fill, dtype=dtype, q=ql, k=kl, v=vl, o=ol, do=ol, dq=ql, dk=kl, dv_out=vl)
+                            fill=fill, dtype=dtype, q=ql, k=kl, v=vl, o=ol, do=ol, dq=ql, dk=kl, dv_out=vl,
+                            precision="highest" if gpu_source else "default")
     q, k, v, do = (rng.standard_normal(s).astype(np.float32).astype(jnp.dtype(dtype)) for s in (qp, kp, vp, op))
     if case in SPECIAL:
         for x, values in ((q, [np.nan, np.inf]), (k, [-np.inf]), (v, [np.nan, -0.0])):
@@ -181,15 +183,14 @@ from pallaskit.runtime import triton_compile
 
 TYPES = {"bfloat16": "*bf16", "float16": "*fp16", "float32": "*fp32"}
 lay = lambda t, h, d: fa.Layout((t * h * d, d), h * d, 1)  # [B, T, H, D]
-specs = [  # the causal GPU path (blocks above the diagonal skipped); a mask, ragged sizes, float16
-    fa.AttentionSpec(batch=(2, 4), tq=256, tk=256, d=64, dv=64, scale=0.125, causal=True, mask=None,
-                     fill=float("-inf"), dtype="bfloat16", q=lay(256, 4, 64), k=lay(256, 4, 64), v=lay(256, 4, 64),
-                     o=lay(256, 4, 64), do=lay(256, 4, 64), dq=lay(256, 4, 64), dk=lay(256, 4, 64),
-                     dv_out=lay(256, 4, 64)),
+specs = [  # a mask, ragged sizes, float16; the causal GPU path (blocks above the diagonal skipped), TF32 dots
     fa.AttentionSpec(batch=(2, 3), tq=77, tk=50, d=40, dv=24, scale=0.2, causal=False,
                      mask=fa.Layout((0, 50 * 77), 50, 1), fill=-1e9, dtype="float16", q=lay(77, 3, 40),
                      k=lay(50, 3, 40), v=lay(50, 3, 24), o=lay(77, 3, 24), do=lay(77, 3, 24), dq=lay(77, 3, 40),
                      dk=lay(50, 3, 40), dv_out=lay(50, 3, 24)),
+    fa.AttentionSpec(batch=(3, 1), tq=64, tk=64, d=32, dv=32, scale=0.1, causal=True, mask=None, fill=-1e9,
+                     dtype="float32", q=lay(64, 1, 32), k=lay(64, 1, 32), v=lay(64, 1, 32), o=lay(64, 1, 32),
+                     do=lay(64, 1, 32), dq=lay(64, 1, 32), dk=lay(64, 1, 32), dv_out=lay(64, 1, 32)),
 ]
 for spec in specs:
     t, m = TYPES[spec.dtype], ["*i1"] if spec.mask else []

@@ -89,6 +89,10 @@ LN2 = 0.6931471805599453
 F32_MAX = float(np.finfo(np.float32).max)
 DTYPES = {"bfloat16": "tl.bfloat16", "float16": "tl.float16", "float32": "tl.float32"}
 _ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
+PRECISIONS = ("default", "highest")
+# A float32 rounded to TF32, nearest with ties away (the tensor core alone truncates).
+_TF32 = ('tl.inline_asm_elementwise("cvt.rna.tf32.f32 $0, $1;", "=r,r", [{x}], dtype=tl.float32, is_pure=True, '
+         'pack=1)')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +123,9 @@ class AttentionSpec:
     dq: Layout | None = None
     dk: Layout | None = None
     dv_out: Layout | None = None
+    # float32 dots: 'default' as jax.jit on the GPU (TF32 operands, rounded to
+    # nearest), 'highest' exact float32 products (lax.Precision.HIGHEST)
+    precision: str = "default"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -380,11 +387,20 @@ class _Renderer:
         return x if self.spec.dtype == "float32" else f"{x}.to({self.tl_dtype})"
 
     def dot(self, a: str, b: str, acc: str | None = None) -> str:
-        """``tl.dot``; Triton's interpreter multiplies 16-bit operands wrongly, so
-        there they are widened to float32 first."""
+        """``tl.dot``. Triton's interpreter multiplies 16-bit operands wrongly, so
+        there they are widened to float32 first (and float32 products are exact).
+        On the GPU float32 operands are TF32 rounded to nearest, as cuBLAS and
+        XLA's Triton pipeline feed the tensor cores (Triton's own TF32 truncates;
+        ``lowering/codegen/triton.py``'s matmul template does the same), unless
+        the precision is 'highest'."""
+        s, option = self.spec, ""
         if self.interpret:
             a, b = (x if x.endswith(".to(tl.float32)") else f"{x}.to(tl.float32)" for x in (a, b))
-        return f"tl.dot({a}, {b}, {acc})" if acc else f"tl.dot({a}, {b})"
+        elif s.dtype == "float32" and s.precision == "highest":
+            option = ', input_precision="ieee"'
+        elif s.dtype == "float32":
+            a, b = _TF32.format(x=a), _TF32.format(x=b)
+        return f"tl.dot({a}, {b}{', ' + acc if acc else ''}{option})"
 
     def visible(self, w: _Writer, rows: str, cols: str, transposed: bool, bm: int, bn: int):
         """``visible`` ([rows, cols], or [cols, rows] transposed): the tensor mask and causal."""
@@ -508,6 +524,8 @@ def _snap_band(fill: float, log_tk: float) -> float:
 def _check(spec: AttentionSpec):
     if spec.dtype not in DTYPES:
         raise ValueError(f"flash attention: dtype {spec.dtype!r} is not one of {sorted(DTYPES)}")
+    if spec.precision not in PRECISIONS:
+        raise ValueError(f"flash attention: precision {spec.precision!r} is not one of {PRECISIONS}")
     if spec.causal and spec.tq != spec.tk:
         raise ValueError(f"flash attention: causal needs tq == tk, got {spec.tq} and {spec.tk}")
     if min(spec.tq, spec.tk, spec.d, spec.dv) < 1:
