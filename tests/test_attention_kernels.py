@@ -69,7 +69,7 @@ CASES = {  # id: (batch, tq, tk, d, dv, order, causal, mask, fill, dtype)
     "bthd-causal-t13-d8": ((2, 3), 13, 13, 8, 8, "bthd", True, None, F32_MIN, "float32"),
     "bhtd-tq5-tk33-d40-dv24-bf16": ((3,), 5, 33, 40, 24, "bhtd", False, None, F32_MIN, "bfloat16"),
     "transposed-t1": ((), 1, 1, 8, 8, "transposed", True, None, F32_MIN, "float32"),
-    "bhtd-tq1-tk20": ((2,), 1, 20, 16, 16, "transposed", False, None, -1e9, "float32"),
+    "transposed-b3x1x2-tq1-tk20": ((3, 1, 2), 1, 20, 16, 16, "transposed", False, None, -1e9, "float32"),
     # A mask over (tq, tk) broadcast over the batch, row 3 masked throughout (uniform over all keys).
     "mask-row-masked-fmin-tq33-tk17": ((2, 2), 33, 17, 8, 8, "bthd", False, "row", F32_MIN, "float32"),
     "mask-causal-row-masked-bf16": ((2,), 17, 17, 8, 8, "bhtd", True, "row", -1e9, "bfloat16"),

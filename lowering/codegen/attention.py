@@ -311,8 +311,10 @@ class _Renderer:
         fill2 = self.fill * LOG2E
         self.fill2 = max(min(fill2, F32_MAX), -F32_MAX) if self.fill_finite else self.fill
         self.any_masked = spec.causal or spec.mask is not None
-        # Causal blocks above the diagonal skipped (the GPU: loop bounds from the
-        # program id, which Triton's interpreter cannot take).
+        # Causal blocks above the diagonal skipped on the GPU (loop bounds from the
+        # program id); in interpret mode every block is walked, masked (the
+        # prototype's interpreter quirk; with triton_launch's patch the interpreter
+        # takes such bounds, and the tests run the GPU's source there too).
         self.skip_above = (spec.causal and spec.mask is None and not interpret
                            and self.fill <= CAUSAL_SKIP_FILL)
 
