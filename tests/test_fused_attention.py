@@ -6,7 +6,6 @@ jax.jit) and through pallaskit.jit with raw Triton (Triton's interpreter on
 the CPU), against jax.jit."""
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from jax.extend import core as jex_core
 
