@@ -164,12 +164,14 @@ def test_rendered_source_reads_as_its_spec():
                             fill=F32_MIN, dtype="bfloat16", q=lay, k=lay, v=lay, o=lay, do=lay, dq=lay, dk=lay,
                             dv_out=lay)
     gpu = fa.render_forward(spec, "a", interpret=False)
-    assert (gpu.grid, gpu.num_warps, gpu.num_stages, gpu.constexprs) == (8 * 12 * 8, 4, 3,
-                                                                         {"BLOCK_M": 128, "BLOCK_N": 64})
+    assert (gpu.grid, gpu.num_warps, gpu.num_stages, gpu.constexprs) == (
+        8 * 12 * (1024 // fa.FWD_BLOCK_M), fa.FWD_WARPS, fa.FWD_STAGES,
+        {"BLOCK_M": fa.FWD_BLOCK_M, "BLOCK_N": fa.FWD_BLOCK_N})
     assert "batch (8, 12), tq 1024" in gpu.source and "skipped" in gpu.source and "diag" in gpu.source
     assert "diag" not in fa.render_forward(spec, "a", interpret=True).source
     back = fa.render_backward(spec, "a", interpret=False)
-    assert back.grid == 8 * 12 * 8 and (back.num_warps, back.num_stages) == (4, 5) and "hi = " in back.source
+    assert back.grid == 8 * 12 * 8 and (back.num_warps, back.num_stages) == (fa.BWD_WARPS, fa.BWD_STAGES)
+    assert "hi = " in back.source
     for other in (dataclasses.replace(spec, fill=-2.0), dataclasses.replace(spec, mask=fa.Layout((0, 0), 1024, 1))):
         assert "diag" not in fa.render_forward(other, "a", interpret=False).source
         assert "hi = " not in fa.render_backward(other, "a", interpret=False).source

@@ -55,14 +55,18 @@ import math
 import numpy as np
 
 # [Note: flash attention configs] Block sizes and launch options, H100.
-# Forward: BLOCK_M query rows per program, BLOCK_N keys per step; the causal
-# prototype's (benchmarks/attention.py) best at bf16, D=64.
-FWD_BLOCK_M, FWD_BLOCK_N, FWD_WARPS, FWD_STAGES = 128, 64, 4, 3
+# Forward: BLOCK_M query rows per program, BLOCK_N keys per step. Measured under
+# pallaskit.jit (bf16, B=8, T=1024, 12 heads of 64, causal; device ms,
+# benchmarks/RESULTS.md "Session 29"): 64 x 64, 4 warps, 3 stages 0.0578; 128 x 64
+# 0.0655 (8 warps 0.0643); 64 x 64 with 4 stages 0.0622; 128 x 128, 8 warps 0.0757.
+FWD_BLOCK_M, FWD_BLOCK_N, FWD_WARPS, FWD_STAGES = 64, 64, 4, 3
 # Backward: Triton's fused-attention tutorial (06-fused-attention.py): dK/dV
 # walk query blocks of M1 under a key block of N1; dQ walks key blocks of N2
-# under a query block of M2.
+# under a query block of M2. Forward + backward, same shapes: 3 stages 0.2369 ms,
+# the tutorial's 5 stages 0.2440, 8 warps 0.2759 (3 stages 0.2736), blocks
+# M1 = N2 = 64 with 8 warps and 3 stages 0.2532.
 BWD_BLOCK_M1, BWD_BLOCK_N1, BWD_BLOCK_M2, BWD_BLOCK_N2 = 32, 128, 128, 32
-BWD_WARPS, BWD_STAGES = 4, 5
+BWD_WARPS, BWD_STAGES = 4, 3
 # 8 warps where a program's float32 accumulators outgrow 4 warps' registers
 # (ptxas for sm_90 spilled 100-3000 bytes a thread past these, none with 8):
 # the forward's [BLOCK_M, head dim] tile in the inputs' bytes, the backward's
