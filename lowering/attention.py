@@ -86,10 +86,11 @@ class _Fallback:
         outs = jax.core.eval_jaxpr(self.closed.jaxpr, self.closed.consts, *args)
         if self.lse is None:
             return outs
-        # the forward's row log-sum-exp from its max and sum outputs
+        # the forward's row log-sum-exp from its max and sum outputs, in lse's dim order
         o, m, s = outs
-        m = m.reshape(m.shape[:len(self.lse)])
-        return [o, (m + jax.numpy.log(s.reshape(m.shape))).astype(np.float32)]
+        shape, order = self.lse
+        lse = (m.reshape(shape) + jax.numpy.log(s.reshape(shape))).transpose(order)
+        return [o, lse.astype(np.float32)]
 
     def __repr__(self):
         return f"<fallback of {len(self.closed.jaxpr.eqns)} equations>"
@@ -281,30 +282,46 @@ def _free(ndim, contracting, batch):
     return [a for a in range(ndim) if a not in contracting and a not in batch]
 
 
+def _one(role) -> bool:
+    """A size-1 dim outside the pattern's own (jax.nn.dot_product_attention's head group)."""
+    return isinstance(role, tuple) and role[0] == "one"
+
+
+def _pick(aval, free: list):
+    """Which of a dot operand's free dims is the sequence (or head) dim: the one
+    larger than 1 (the last where all are 1); None where two are larger."""
+    big = [a for a in free if aval.shape[a] != 1]
+    return None if len(big) > 1 or not free else (big[0] if big else free[-1])
+
+
 def _pair(eqn, known: int, roles: dict, free_role):
-    """Given the roles of operand ``known``'s dims, the other operand's (its one
-    free dim taking ``free_role``), the contracted roles and the output's roles."""
+    """Given the roles of operand ``known``'s dims, the other operand's (its
+    free dim taking ``free_role``, any other free dims of size 1), the
+    contracted roles and the output's roles."""
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
     lhs, rhs = (v.aval for v in eqn.invars)
     kc, oc, kb, ob = (lc, rc, lb, rb) if known == 0 else (rc, lc, rb, lb)
-    other_nd = (rhs if known == 0 else lhs).ndim
+    other_aval = rhs if known == 0 else lhs
     other = {b: roles[a] for a, b in zip(kc, oc)}
     other.update({b: roles[a] for a, b in zip(kb, ob)})
-    free = _free(other_nd, oc, ob)
-    if len(free) != 1 or len(other) + 1 != other_nd:
+    free = _free(other_aval.ndim, oc, ob)
+    pick = _pick(other_aval, free)
+    if pick is None:
         raise _NoMatch(f"{eqn.primitive.name}: the other operand has {len(free)} free dims")
-    other[free[0]] = free_role
+    other.update({a: free_role if a == pick else ("one", id(eqn), a) for a in free})
     lroles, rroles = (roles, other) if known == 0 else (other, roles)
     out = ([lroles[a] for a in lb] + [lroles[a] for a in _free(lhs.ndim, lc, lb)]
            + [rroles[a] for a in _free(rhs.ndim, rc, rb)])
-    return other, {roles[a] for a in kc}, out
+    return other, {roles[a] for a in kc if not _one(roles[a])}, out
 
 
 def _dot_plain(eqn) -> bool:
-    p = eqn.params
-    return p.get("precision") in (None, (None, None)) or all(
-        x is None or str(x).endswith("DEFAULT") for x in (p["precision"] if isinstance(p["precision"], tuple)
-                                                          else (p["precision"],)))
+    """A dot at default precision, or with the algorithm a 16-bit tl.dot runs
+    (``BF16_BF16_F32``, as jax.nn.dot_product_attention asks)."""
+    p = eqn.params.get("precision")
+    dtype = str(eqn.invars[0].aval.dtype)
+    ok = ("DEFAULT", {"bfloat16": "BF16_BF16_F32", "float16": "F16_F16_F32"}.get(dtype, "DEFAULT"))
+    return all(x is None or str(x).endswith(ok) for x in (p if isinstance(p, tuple) else (p,)))
 
 
 # --------------------------------------------------------------------------- #
@@ -400,8 +417,8 @@ def _absorbed(graph, v):
 
 
 def _layout(roles: list, strides, nb: int, t: str, d: str) -> Layout:
-    where = {r: a for a, r in enumerate(roles)}
-    if len(where) != len(roles) or set(where) != {("b", i) for i in range(nb)} | {t, d}:
+    where = {r: a for a, r in enumerate(roles) if not _one(r)}
+    if len(where) != sum(not _one(r) for r in roles) or set(where) != {("b", i) for i in range(nb)} | {t, d}:
         raise _NoMatch(f"dims {roles} are not batch, {t}, {d}")
     return Layout(tuple(int(strides[where[("b", i)]]) for i in range(nb)), int(strides[where[t]]),
                   int(strides[where[d]]))
@@ -435,6 +452,10 @@ class _Forward:
     v_roles: dict
     o_roles: list
     nb: int
+    s_roles: list  # of S's dims: ("b", i), "q", "k", or a size-1 dim's ("one", ...)
+    p_roles: list  # of P's dims (the chain may transpose the scores)
+    mask_roles: list | None  # of the mask's dims
+    row_roles: list  # of the row max's and row sum's dims
 
 
 # What may sit between a row max or sum and its use: keepdims reshapes, broadcasts,
@@ -467,17 +488,21 @@ def _forward(graph, i) -> _Forward:
     e = graph.eqns[i]
     (lc, rc), (lb, rb) = e.params["dimension_numbers"]
     lhs, rhs = (v.aval for v in e.invars)
-    if len(lc) != 1 or len(_free(lhs.ndim, lc, lb)) != 1 or len(_free(rhs.ndim, rc, rb)) != 1:
+    lfree, rfree = _free(lhs.ndim, lc, lb), _free(rhs.ndim, rc, rb)
+    qa, ka = _pick(lhs, lfree), _pick(rhs, rfree)
+    if len(lc) != 1 or qa is None or ka is None:
         raise _NoMatch("not a q·kᵀ product")
     if not _dot_plain(e) or any(str(a.dtype) not in _16BIT for a in (lhs, rhs)) or lhs.dtype != rhs.dtype:
         raise _NoMatch("operand dtypes or precision")
+    if not all(isinstance(n, int) for n in e.outvars[0].aval.shape):
+        raise _NoMatch("symbolic sizes")
     nb = len(lb)
-    q_roles = {a: ("b", n) for n, a in enumerate(lb)} | {_free(lhs.ndim, lc, lb)[0]: "q", lc[0]: "d"}
-    k_roles = {a: ("b", n) for n, a in enumerate(rb)} | {_free(rhs.ndim, rc, rb)[0]: "k", rc[0]: "d"}
+    q_roles = {a: ("b", n) for n, a in enumerate(lb)} | {a: "q" if a == qa else ("one", "q", a) for a in lfree}
+    k_roles = {a: ("b", n) for n, a in enumerate(rb)} | {a: "k" if a == ka else ("one", "k", a) for a in rfree}
+    q_roles[lc[0]], k_roles[rc[0]] = "d", "d"
+    s_roles = [("b", n) for n in range(nb)] + [q_roles[a] for a in lfree] + [k_roles[a] for a in rfree]
     s = e.outvars[0]
-    full = s.aval.shape
-    key_axis = nb + 1
-    x, chain, scale, fill, mask, frees = s, [], 1.0, None, None, []
+    x, roles, chain, scale, fill, mask, mask_roles, frees = s, list(s_roles), [], 1.0, None, None, None, []
 
     def next_eqn(v, *names):
         j = graph.only_reader(v)
@@ -488,9 +513,10 @@ def _forward(graph, i) -> _Forward:
             return None
         return j
 
-    # the scores' prologue: widening converts, a scalar scale, a mask, any order
+    # the scores' prologue: widening converts, a scalar scale, a mask, transposes and
+    # size-1 reshapes of the scores, any order
     while True:
-        j = next_eqn(x, "convert_element_type", "mul", "div", "select_n", "reduce_max")
+        j = next_eqn(x, "convert_element_type", "mul", "div", "select_n", "transpose", "reshape", "reduce_max")
         if j is None:
             raise _NoMatch("no softmax over the scores")
         f = graph.eqns[j]
@@ -500,6 +526,10 @@ def _forward(graph, i) -> _Forward:
         if name == "convert_element_type":
             if np.dtype(f.params["new_dtype"]).itemsize < np.dtype(x.aval.dtype).itemsize:
                 raise _NoMatch("a narrowing convert")
+        elif name == "transpose":
+            roles = [roles[a] for a in f.params["permutation"]]
+        elif name == "reshape":
+            roles = _reshaped_roles(roles, x.aval.shape, f.outvars[0].aval.shape, j)
         elif name in ("mul", "div"):
             a, b = f.invars
             c = _scalar(graph, b) if a is x else (_scalar(graph, a) if name == "mul" and b is x else None)
@@ -514,16 +544,15 @@ def _forward(graph, i) -> _Forward:
             fill = _scalar(graph, f.invars[1])
             if fill is None:
                 raise _NoMatch("a mask's fill that is not a scalar")
-            mask = f.invars[0]
-            if getattr(mask.aval, "shape", None) != full or str(mask.aval.dtype) != "bool":
+            mask, mask_roles = f.invars[0], list(roles)
+            if getattr(mask.aval, "shape", None) != x.aval.shape or str(mask.aval.dtype) != "bool":
                 raise _NoMatch("a mask of another shape")
             frees.append(mask)
         chain.append(j)
         x = f.outvars[0]
-        if x.aval.shape != full:
-            raise _NoMatch("the scores change shape")
     # softmax: e = exp(x - max), p = e / sum(e), over the key dim
     f = graph.eqns[j]
+    key_axis = roles.index("k")
     if tuple(f.params["axes"]) != (key_axis,):
         raise _NoMatch("a max over another dim")
     rowmax = f.outvars[0]
@@ -555,7 +584,7 @@ def _forward(graph, i) -> _Forward:
     for _ in range(2):
         dots = [r for r in graph.read_by(p) if graph.eqns[r].primitive.name == "dot_general"]
         conv = [r for r in graph.read_by(p) if graph.eqns[r].primitive.name == "convert_element_type"]
-        if dots and len(dots) >= 1:
+        if dots:
             o_dot = dots
             break
         if len(conv) != 1:
@@ -564,22 +593,39 @@ def _forward(graph, i) -> _Forward:
         p = graph.eqns[conv[0]].outvars[0]
     if not o_dot:
         raise _NoMatch("no P · v")
-    s_roles = {a: r for a, r in enumerate([("b", n) for n in range(nb)] + ["q", "k"])}
     for od in o_dot:  # P · v: contracts the key dim; the dV dot contracts the query dim
         g = graph.eqns[od]
         known = 0 if g.invars[0] is p else 1
         if g.invars[1 - known] is p:
             continue
         try:
-            v_roles, contracted, o_roles = _pair(g, known, s_roles, "e")
+            v_roles, contracted, o_roles = _pair(g, known, dict(enumerate(roles)), "e")
         except _NoMatch:
             continue
         if contracted == {"k"} and _dot_plain(g):
             break
     else:
         raise _NoMatch("no P · v contracting the key dim")
+    row_roles = roles[:key_axis] + roles[key_axis + 1:]
     return _Forward(i, od, chain, s, p, mask, frees, scale, -math.inf if fill is None else fill, rowmax, rowsum,
-                    q_roles, k_roles, v_roles, o_roles, nb)
+                    q_roles, k_roles, v_roles, o_roles, nb, s_roles, roles, mask_roles, row_roles)
+
+
+def _reshaped_roles(roles: list, shape, new_shape, j) -> list:
+    """The roles of a reshape that only adds or drops dims of size 1 (else no match)."""
+    old = [(r, n) for r, n in zip(roles, shape) if not (_one(r) and n == 1)]
+    out, k = [], 0
+    for a, n in enumerate(new_shape):
+        if k < len(old) and old[k][1] == n and (n != 1 or not _one(old[k][0])):
+            out.append(old[k][0])
+            k += 1
+        elif n == 1:
+            out.append(("one", "reshape", j, a))
+        else:
+            raise _NoMatch("a reshape of the scores")
+    if k != len(old):
+        raise _NoMatch("a reshape of the scores")
+    return out
 
 
 def _constant(graph, v, out: list) -> bool:
@@ -677,8 +723,8 @@ def _backward(graph, fwd: _Forward, constants: list):
     g = graph.eqns[dp_dot]
     known = 0 if g.invars[0] is vv else 1
     do_roles, contracted, out = _pair(g, known, fwd.v_roles, "q")
-    s_roles = [("b", n) for n in range(fwd.nb)] + ["q", "k"]
-    if contracted != {"e"} or out != s_roles or not _dot_plain(g):
+    if contracted != {"e"} or [r if not _one(r) else None for r in out] != [
+            r if not _one(r) else None for r in fwd.p_roles] or not _dot_plain(g):
         raise _NoMatch("dO · vᵀ in another order")
     do = g.invars[1 - known]
     dv_dot = None
@@ -786,19 +832,27 @@ def _eqn(graph, invars, outvars, spec, phase, run_eqns, outputs, lse=None, origi
     return jex_core.new_jaxpr_eqn(list(invars), list(outvars), attention_p, params, jex_core.no_effects)
 
 
-def _causal(graph, mask, strides, shape, nb, eqns: list) -> bool:
-    """Whether a mask computed from constants is ``tril`` over (query, key);
-    ``eqns`` gets the equations computing it."""
-    tq, tk = shape[nb], shape[nb + 1]
-    if any(strides[:nb]) or tq != tk or tq * tk > MAX_EVALUATED_MASK or not _constant(graph, mask, eqns):
+def _causal(graph, mask, layout: Layout, batch: tuple, tq: int, tk: int, eqns: list) -> bool:
+    """Whether a mask computed from constants is ``tril`` over (query, key) in
+    every batch entry (``layout``: its strides in its buffer); ``eqns`` gets
+    the equations computing it."""
+    if tq != tk or _numel_of(mask) > MAX_EVALUATED_MASK or not _constant(graph, mask, eqns):
         return False
     # eagerly, on the host, even where pallaskit compiles inside an outer trace
     with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
         value = np.asarray(_replayed(graph, eqns, [], mask)())
-    # the [tq, tk] plane of the broadcast mask
-    plane = np.lib.stride_tricks.as_strided(value, (tq, tk), (strides[nb] * value.itemsize,
-                                                               strides[nb + 1] * value.itemsize))
-    return bool(np.array_equal(plane, np.tri(tq, tk, dtype=bool)))
+    batch = tuple(n if st else 1 for n, st in zip(batch, layout.batch))  # one entry of a broadcast dim
+    strides = tuple(st * value.itemsize for st in (*layout.batch, layout.t, layout.d))
+    logical = np.lib.stride_tricks.as_strided(value, batch + (tq, tk), strides)
+    return bool(np.all(logical == np.tri(tq, tk, dtype=bool)))
+
+
+def _numel_of(v) -> int:
+    return math.prod(v.aval.shape)
+
+
+def _size(shape, roles, role) -> int:
+    return int(shape[roles.index(role)])
 
 
 def _match(graph, i) -> _Rewrite | None:
@@ -808,6 +862,8 @@ def _match(graph, i) -> _Rewrite | None:
     qv, kv = s_eqn.invars
     vv = o_eqn.invars[1] if o_eqn.invars[0] is fwd.p else o_eqn.invars[0]
     full = fwd.s.aval.shape
+    batch = tuple(_size(full, fwd.s_roles, ("b", n)) for n in range(nb))
+    tq, tk = _size(full, fwd.s_roles, "q"), _size(full, fwd.s_roles, "k")
     dtype = str(qv.aval.dtype)
     constants: list = []
     for j in fwd.chain:
@@ -827,26 +883,31 @@ def _match(graph, i) -> _Rewrite | None:
     o_var, o_strides, o_t = _absorbed(graph, o_eqn.outvars[0])
     o = _layout(fwd.o_roles, o_strides, nb, "q", "e")
     absorbed = [] if o_t is None else [o_t]
-    s_roles = [("b", n) for n in range(nb)] + ["q", "k"]
     mask_in, mask, causal = [], None, False
     if fwd.mask is not None:
         mb, strides = _strided(graph, fwd.mask, chased)
-        causal = _causal(graph, mb, strides, full, nb, constants)
-        if not causal:
-            mask = _layout(s_roles, strides, nb, "q", "k")
+        mask = _layout(fwd.mask_roles, strides, nb, "q", "k")
+        causal = _causal(graph, mb, mask, batch, tq, tk, constants)
+        if causal:
+            mask = None
+        else:
             mask_in = [mb]
     if any(str(x.aval.dtype) != dtype for x in (kv, vv, fwd.p, o_var)):
         raise _NoMatch("operands of several dtypes")
-    spec = AttentionSpec(batch=tuple(full[:nb]), tq=full[nb], tk=full[nb + 1], d=qv.aval.shape[
-        [a for a, r in fwd.q_roles.items() if r == "d"][0]], dv=o_eqn.outvars[0].aval.shape[fwd.o_roles.index("e")],
-        scale=fwd.scale, causal=causal, mask=mask, fill=fwd.fill, dtype=dtype, q=q, k=k, v=v, o=o)
-    lse = _new_var(full[:nb + 1], np.float32)
+    spec = AttentionSpec(batch=batch, tq=tq, tk=tk, d=_size(qv.aval.shape, [fwd.q_roles[a] for a in range(
+        qv.aval.ndim)], "d"), dv=_size(o_eqn.outvars[0].aval.shape, fwd.o_roles, "e"), scale=fwd.scale,
+        causal=causal, mask=mask, fill=fwd.fill, dtype=dtype, q=q, k=k, v=v, o=o)
+    lse = _new_var(batch + (tq,), np.float32)
     fwd_run = sorted(chased) + [fwd.s_dot] + fwd.chain + constants + [fwd.o_dot] + absorbed
-    lse_shape = full[:nb + 1]
+    # the row max's dims in lse's order ([batch..., tq]), its size-1 extras dropped
+    kept = [a for a, r in enumerate(fwd.row_roles) if not _one(r)]
+    order = [[fwd.row_roles[a] for a in kept].index(r) for r in [("b", n) for n in range(nb)] + ["q"]]
+    lse_view = (tuple(fwd.rowmax.aval.shape[a] for a in kept), tuple(order))
     origin = [fwd.s_dot, fwd.o_dot]
     fwd_eqn = _eqn(graph, [qb, kb, vb, *mask_in], [o_var, lse], spec, "forward", fwd_run,
-                   [o_var, fwd.rowmax, fwd.rowsum], lse=lse_shape, origin=origin)
-    full_size = [j for j in fwd.chain if graph.eqns[j].outvars[0].aval.shape == full]
+                   [o_var, fwd.rowmax, fwd.rowsum], lse=lse_view, origin=origin)
+    n_full = _numel_of(fwd.s)
+    full_size = [j for j in fwd.chain if _numel_of(graph.eqns[j].outvars[0]) == n_full]
     replaced = {fwd.s_dot, fwd.o_dot, *full_size}
     bwd = _backward(graph, fwd, constants)
     if bwd is None:
@@ -860,16 +921,17 @@ def _match(graph, i) -> _Rewrite | None:
                                            (bwd.dk_dot, "k", "d", fwd.q_roles, "d")):
         g = graph.eqns[dot]
         known = 0 if g.invars[0] is bwd.ds else 1
-        other, contracted, out = _pair(g, known, dict(enumerate(s_roles)), free)
-        if other != operand_roles or contracted != ({"k"} if t == "q" else {"q"}) or not _dot_plain(g):
+        other, contracted, out = _pair(g, known, dict(enumerate(fwd.s_roles)), free)
+        if (_significant(other) != _significant(operand_roles) or contracted != ({"k"} if t == "q" else {"q"})
+                or not _dot_plain(g)):
             raise _NoMatch("dQ or dK contracts another dim")
         var, strides, tr = _absorbed(graph, g.outvars[0])
         absorbed += [] if tr is None else [tr]
         outs[t] = (var, _layout(out, strides, nb, t, d))
     g = graph.eqns[bwd.dv_dot]
     known = 0 if g.invars[0] is fwd.p else 1
-    other, contracted, out = _pair(g, known, dict(enumerate(s_roles)), "e")
-    if other != bwd.do_roles or contracted != {"q"} or not _dot_plain(g):
+    other, contracted, out = _pair(g, known, dict(enumerate(fwd.p_roles)), "e")
+    if _significant(other) != _significant(bwd.do_roles) or contracted != {"q"} or not _dot_plain(g):
         raise _NoMatch("dV contracts another dim")
     dv_var, dv_strides, tr = _absorbed(graph, g.outvars[0])
     absorbed += [] if tr is None else [tr]
@@ -879,16 +941,21 @@ def _match(graph, i) -> _Rewrite | None:
     spec = dataclasses.replace(spec, do=do, dq=outs["q"][1], dk=outs["k"][1],
                                dv_out=_layout(out, dv_strides, nb, "k", "e"))
     fwd_eqn = _eqn(graph, [qb, kb, vb, *mask_in], [o_var, lse], spec, "forward", fwd_run,
-                   [o_var, fwd.rowmax, fwd.rowsum], lse=lse_shape, origin=origin)
+                   [o_var, fwd.rowmax, fwd.rowsum], lse=lse_view, origin=origin)
     grads = (bwd.dq_dot, bwd.dk_dot, bwd.dv_dot)
     bwd_run = (sorted(chased | chased_b) + [fwd.s_dot] + fwd.chain + constants + sorted(bwd.image)
                + [bwd.dp_dot, *grads] + absorbed[0 if o_t is None else 1:])
     bwd_eqn = _eqn(graph, [qb, kb, vb, o_var, dob, lse, *mask_in], [dq_var, dk_var, dv_var], spec, "backward",
                    bwd_run, [dq_var, dk_var, dv_var], origin=[bwd.dp_dot, *grads])
-    image_full = [j for j in bwd.image if graph.eqns[j].outvars[0].aval.shape == full]
+    image_full = [j for j in bwd.image if _numel_of(graph.eqns[j].outvars[0]) == n_full]
     replaced |= {bwd.dp_dot, *grads, *image_full}
     return _Rewrite(spec, {fwd.o_dot: fwd_eqn, min(grads): bwd_eqn}, {fwd.o_dot, *grads, *absorbed}, replaced,
                     replaced | set(fwd.chain) | bwd.image)
+
+
+def _significant(roles: dict) -> dict:
+    """Roles by dim without the size-1 extras (named per dot)."""
+    return {a: r for a, r in roles.items() if not _one(r)}
 
 
 def _apply(eqns, rewrites) -> list:

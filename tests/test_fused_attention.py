@@ -209,6 +209,15 @@ def test_jit_grouped_query_and_flax(rng):
     _jit_check(flax_style, (q, k, v), jnp.bfloat16)
 
 
+def test_jit_dot_product_attention_forward(rng):
+    """jax.nn.dot_product_attention (XLA's implementation): a head-group dim of
+    size 1 in q, the scores transposed inside the mask's where, a causal mask
+    and'ed with a broadcast True, a BF16_BF16_F32 dot."""
+    q, k, v = _qkv(rng, jnp.bfloat16, t=9)
+    e = _jit_check(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True), (q, k, v), jnp.bfloat16)
+    assert "causal" in e.rewrites[0]
+
+
 def test_jit_nan_travels(rng):
     q, k, v = _qkv(rng, jnp.bfloat16, t=6)
     q = q.at[0, 3, 1, 2].set(jnp.nan)
