@@ -643,6 +643,24 @@ def _constant(graph, v, out: list) -> bool:
     return False
 
 
+def _closure(graph, outputs: list, inputs: list) -> list:
+    """The equations computing ``outputs`` from ``inputs`` (and literals): what
+    an attention equation's fallback replays. No match where they would read
+    another value (the kernels' operands are all the fallback gets)."""
+    stop, need, stack = set(inputs), set(), list(outputs)
+    while stack:
+        v = stack.pop()
+        if isinstance(v, jex_core.Literal) or v in stop:
+            continue
+        i = graph.made_by(v)
+        if i is None:
+            raise _NoMatch("the replaced equations read a value the kernels do not")
+        if i not in need:
+            need.add(i)
+            stack.extend(graph.eqns[i].invars)
+    return sorted(need)
+
+
 def _replayed(graph, eqns, inputs: list, output):
     """A function of ``inputs`` (variables) running ``eqns`` (indices) as the
     program does; it returns ``output`` (a variable, or a list of them)."""
@@ -674,6 +692,7 @@ class _Backward:
     do: object
     do_roles: dict
     image: set  # the program's equations the cotangent of S is made of
+    p_dv: object  # the P the dV dot reads: the forward's, or computed again (jax.checkpoint)
 
 
 def _struct(x):
@@ -727,14 +746,16 @@ def _backward(graph, fwd: _Forward, constants: list):
             r if not _one(r) else None for r in fwd.p_roles] or not _dot_plain(g):
         raise _NoMatch("dO · vᵀ in another order")
     do = g.invars[1 - known]
-    dv_dot = None
-    for r in graph.read_by(fwd.p):
+    dv_dot, p_dv = None, None
+    for r in graph.read_by(do):  # dV = Pᵀ · dO, P the forward's or recomputed (jax.checkpoint)
         h = graph.eqns[r]
-        if r != fwd.o_dot and h.primitive.name == "dot_general" and do in h.invars:
-            dv_dot = r
+        other = h.invars[0] if h.invars[1] is do else h.invars[1]
+        if (r != dp_dot and h.primitive.name == "dot_general" and other is not do
+                and _recomputed(graph, fwd.p, other, {})):
+            dv_dot, p_dv = r, other
     if dv_dot is None:
         raise _NoMatch("no dV = Pᵀ · dO")
-    return _Backward(ds, dp_dot, dv_dot, dq_dot, dk_dot, do, do_roles, iso.image)
+    return _Backward(ds, dp_dot, dv_dot, dq_dot, dk_dot, do, do_roles, iso.image, p_dv)
 
 
 class _Isomorphism:
@@ -760,8 +781,8 @@ class _Isomorphism:
                 return c is not None and _same_value(c, dv.val) and ov.aval.dtype == dv.aval.dtype
             return (isinstance(dv, jex_core.Literal) and isinstance(ov, jex_core.Literal)
                     and _same_value(ov.val, dv.val) and ov.aval.dtype == dv.aval.dtype)
-        if dv in self.bound:
-            return self.bound[dv] is ov
+        if dv in self.bound:  # the forward's value, or the same computed again (jax.checkpoint's recompute)
+            return self.bound[dv] is ov or _recomputed(self.graph, self.bound[dv], ov, {})
         if dv is self.ct:
             self.bound[dv] = ov
             return True
@@ -780,6 +801,32 @@ class _Isomorphism:
         if ok:
             self.image.add(oi)
         return ok
+
+
+def _recomputed(graph, a, b, memo: dict, depth: int = 64) -> bool:
+    """Whether ``b`` is ``a`` computed again by the same equations from the same
+    values: what ``jax.checkpoint`` makes its backward do (the remat'd forward
+    recomputes the scores and the mask from the saved q and k)."""
+    if a is b:
+        return True
+    if isinstance(a, jex_core.Literal) or isinstance(b, jex_core.Literal):
+        return (isinstance(a, jex_core.Literal) and isinstance(b, jex_core.Literal)
+                and _same_value(a.val, b.val) and a.aval.dtype == b.aval.dtype)
+    for x, y in ((a, b), (b, a)):  # an optimization barrier (remat's prevent_cse) passes its operands through
+        i = graph.made_by(y, "optimization_barrier")
+        if i is not None:
+            return _recomputed(graph, x, graph.eqns[i].invars[graph.eqns[i].outvars.index(y)], memo, depth - 1)
+    key = (id(a), id(b))
+    if key not in memo:
+        ia, ib = graph.made_by(a), graph.made_by(b)
+        memo[key] = False
+        if ia is None or ib is None or depth == 0:
+            return False
+        ea, eb = graph.eqns[ia], graph.eqns[ib]
+        memo[key] = (ea.primitive is eb.primitive and not ea.effects and len(ea.invars) == len(eb.invars)
+                     and ea.outvars.index(a) == eb.outvars.index(b) and _same_params(ea.params, eb.params)
+                     and all(_recomputed(graph, x, y, memo, depth - 1) for x, y in zip(ea.invars, eb.invars)))
+    return memo[key]
 
 
 def _same_value(a, b) -> bool:
@@ -824,8 +871,9 @@ def _new_var(shape, dtype):
     return jex_core.Var(jax.core.ShapedArray(tuple(shape), np.dtype(dtype)))
 
 
-def _eqn(graph, invars, outvars, spec, phase, run_eqns, outputs, lse=None, origin=()):
-    fallback = _Fallback(jax.make_jaxpr(_replayed(graph, run_eqns, invars, outputs))(*map(_struct, invars)), lse)
+def _eqn(graph, invars, outvars, spec, phase, outputs, lse=None, origin=()):
+    run = _closure(graph, outputs, invars)
+    fallback = _Fallback(jax.make_jaxpr(_replayed(graph, run, invars, outputs))(*map(_struct, invars)), lse)
     names = trace.VarNames()
     params = dict(spec=spec, phase=phase, out_avals=tuple(v.aval for v in outvars), fallback=fallback,
                   origin=tuple(trace.equation_text(graph.eqns[j], names) for j in origin))
@@ -898,13 +946,12 @@ def _match(graph, i) -> _Rewrite | None:
         qv.aval.ndim)], "d"), dv=_size(o_eqn.outvars[0].aval.shape, fwd.o_roles, "e"), scale=fwd.scale,
         causal=causal, mask=mask, fill=fwd.fill, dtype=dtype, q=q, k=k, v=v, o=o)
     lse = _new_var(batch + (tq,), np.float32)
-    fwd_run = sorted(chased) + [fwd.s_dot] + fwd.chain + constants + [fwd.o_dot] + absorbed
     # the row max's dims in lse's order ([batch..., tq]), its size-1 extras dropped
     kept = [a for a, r in enumerate(fwd.row_roles) if not _one(r)]
     order = [[fwd.row_roles[a] for a in kept].index(r) for r in [("b", n) for n in range(nb)] + ["q"]]
     lse_view = (tuple(fwd.rowmax.aval.shape[a] for a in kept), tuple(order))
     origin = [fwd.s_dot, fwd.o_dot]
-    fwd_eqn = _eqn(graph, [qb, kb, vb, *mask_in], [o_var, lse], spec, "forward", fwd_run,
+    fwd_eqn = _eqn(graph, [qb, kb, vb, *mask_in], [o_var, lse], spec, "forward",
                    [o_var, fwd.rowmax, fwd.rowsum], lse=lse_view, origin=origin)
     n_full = _numel_of(fwd.s)
     full_size = [j for j in fwd.chain if _numel_of(graph.eqns[j].outvars[0]) == n_full]
@@ -929,7 +976,7 @@ def _match(graph, i) -> _Rewrite | None:
         absorbed += [] if tr is None else [tr]
         outs[t] = (var, _layout(out, strides, nb, t, d))
     g = graph.eqns[bwd.dv_dot]
-    known = 0 if g.invars[0] is fwd.p else 1
+    known = 0 if g.invars[0] is bwd.p_dv else 1
     other, contracted, out = _pair(g, known, dict(enumerate(fwd.p_roles)), "e")
     if _significant(other) != _significant(bwd.do_roles) or contracted != {"q"} or not _dot_plain(g):
         raise _NoMatch("dV contracts another dim")
@@ -940,13 +987,11 @@ def _match(graph, i) -> _Rewrite | None:
         raise _NoMatch("gradients of several dtypes")
     spec = dataclasses.replace(spec, do=do, dq=outs["q"][1], dk=outs["k"][1],
                                dv_out=_layout(out, dv_strides, nb, "k", "e"))
-    fwd_eqn = _eqn(graph, [qb, kb, vb, *mask_in], [o_var, lse], spec, "forward", fwd_run,
+    fwd_eqn = _eqn(graph, [qb, kb, vb, *mask_in], [o_var, lse], spec, "forward",
                    [o_var, fwd.rowmax, fwd.rowsum], lse=lse_view, origin=origin)
     grads = (bwd.dq_dot, bwd.dk_dot, bwd.dv_dot)
-    bwd_run = (sorted(chased | chased_b) + [fwd.s_dot] + fwd.chain + constants + sorted(bwd.image)
-               + [bwd.dp_dot, *grads] + absorbed[0 if o_t is None else 1:])
     bwd_eqn = _eqn(graph, [qb, kb, vb, o_var, dob, lse, *mask_in], [dq_var, dk_var, dv_var], spec, "backward",
-                   bwd_run, [dq_var, dk_var, dv_var], origin=[bwd.dp_dot, *grads])
+                   [dq_var, dk_var, dv_var], origin=[bwd.dp_dot, *grads])
     image_full = [j for j in bwd.image if _numel_of(graph.eqns[j].outvars[0]) == n_full]
     replaced |= {bwd.dp_dot, *grads, *image_full}
     return _Rewrite(spec, {fwd.o_dot: fwd_eqn, min(grads): bwd_eqn}, {fwd.o_dot, *grads, *absorbed}, replaced,

@@ -96,6 +96,10 @@ CASES = {
     "flax": flax_style,
     "manual_softmax": manual_softmax,
     "causal_-inf": lambda q, k, v: attention(q, k, v, fill=-jnp.inf),
+    # jax.checkpoint: the backward recomputes the scores and the mask from q and k
+    "remat": jax.checkpoint(lambda q, k, v: attention(q, k, v)),
+    "remat_dots_saved": jax.checkpoint(lambda q, k, v: attention(q, k, v),
+                                       policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable),
 }
 
 
@@ -207,6 +211,15 @@ def test_jit_grouped_query_and_flax(rng):
     _jit_check(_grad(grouped_query), (q, k, v, w), jnp.bfloat16)
     q, k, v = _qkv(rng, jnp.bfloat16, t=7, d=8)
     _jit_check(flax_style, (q, k, v), jnp.bfloat16)
+
+
+def test_jit_remat(rng):
+    """jax.checkpoint around attention: the backward's recomputed scores are the
+    forward's, computed again; one forward and one backward kernel."""
+    q, k, v = _qkv(rng, jnp.bfloat16, t=7)
+    w = _normal(rng, (2, 7, 2, 16), jnp.float32)
+    e = _jit_check(_grad(CASES["remat"]), (q, k, v, w), jnp.bfloat16)
+    assert [x.kind for x in e.kernels].count("attention") == 2
 
 
 def test_jit_dot_product_attention_forward(rng):
