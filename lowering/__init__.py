@@ -71,6 +71,7 @@ def compile_jaxpr(closed_jaxpr, options: CompileOptions, title: str = "") -> Com
             closed_jaxpr, more = fuse_attention(closed_jaxpr)
             rewrites += more
     lowered = lower(closed_jaxpr, options)
+    rewrites += lowered.rewrites
     sched = schedule(lowered.graph, options, combine=combine)
     program = codegen_program.render(sched, options, title)
     graph = lowered.graph

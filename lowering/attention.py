@@ -79,13 +79,20 @@ class _Fallback:
     """The equations an attention equation replaced, as a callable XLA can lower
     (hashable by identity, as a primitive parameter must be)."""
 
-    def __init__(self, closed: jex_core.ClosedJaxpr, lse: tuple | None = None):
-        self.closed, self.lse = closed, lse
+    def __init__(self, closed: jex_core.ClosedJaxpr, lse: tuple | None = None, o_roles: tuple | None = None):
+        self.closed, self.lse, self.o_roles = closed, lse, o_roles
 
     def __call__(self, *args):
         outs = jax.core.eval_jaxpr(self.closed.jaxpr, self.closed.consts, *args)
         if self.lse is None:
             return outs
+        if self.o_roles is not None:  # O = P · v, P and v by their dims' roles
+            p, v, *outs = outs
+            letters: dict = {}
+            spec = ["".join(letters.setdefault(r, chr(ord("a") + len(letters))) for r in roles)
+                    for roles in self.o_roles]
+            o = jax.numpy.einsum(f"{spec[0]},{spec[1]}->{spec[2]}", p, v, preferred_element_type=np.float32)
+            outs = [o.astype(p.dtype), *outs]
         # the forward's row log-sum-exp from its max and sum outputs, in lse's dim order
         o, m, s = outs
         shape, order = self.lse
@@ -128,7 +135,17 @@ def fuse_attention(closed: jex_core.ClosedJaxpr) -> tuple[jex_core.ClosedJaxpr, 
     eqns, outvars = _flatten(closed.jaxpr)
     eqns = _live(eqns, outvars)
     graph = _Graph(eqns, outvars)
-    rewrites, lines = [], []
+    scans, lines = {}, []
+    for i, e in enumerate(eqns):  # a scanned layer stack's attention ([Note: fused attention in scans])
+        if e.primitive.name == "scan":
+            new, more = _fused_scan(graph, e)
+            if more:
+                scans[i] = new
+                lines += more
+    if scans:
+        eqns = [scans.get(i, e) for i, e in enumerate(eqns)]
+        graph = _Graph(eqns, outvars)
+    rewrites = []
     used = set()
     for i, e in enumerate(eqns):
         if e.primitive.name != "dot_general" or i in used:
@@ -142,20 +159,63 @@ def fuse_attention(closed: jex_core.ClosedJaxpr) -> tuple[jex_core.ClosedJaxpr, 
             continue
         rewrites.append(r)
         used |= r.touched
-    while rewrites:
+    while True:
         new_eqns = _apply(eqns, rewrites)
         live = _live(new_eqns, outvars)
         kept = {id(e) for e in live}
         bad = [r for r in rewrites if any(id(eqns[i]) in kept for i in r.replaced)]
         if not bad:
-            for r in rewrites:
-                lines.append(f"attention: {r.describe()}")
+            lines += [f"attention: {r.describe()}" for r in rewrites]
+            if not lines:
+                return closed, []
             jaxpr = closed.jaxpr.replace(eqns=live, outvars=outvars)
             return jex_core.ClosedJaxpr(jaxpr, closed.consts), lines
         for r in bad:
             log.debug("attention not fused: its scores or probabilities have other readers")
         rewrites = [r for r in rewrites if r not in bad]
-    return closed, []
+
+
+# [Note: fused attention in scans]
+# A layer stack under lax.scan (flax's nn.scan, a scanned transformer) holds its
+# attention in the scan's body, and jax hoists the body's loop-invariant values
+# out as scan constants: the causal mask and the broadcast fill arrive as body
+# inputs, so the body alone shows neither a scalar fill nor a constant mask. The
+# scan's body is searched with the outer equations computing such constants (from
+# literals alone) copied in front of it; where attention is found, the rewritten
+# body replaces the scan's (its inputs and outputs unchanged, the copies that only
+# the scores read dead). A checkpointed layer (nn.remat) recomputes its forward
+# in the backward scan's body, which then holds the whole pattern.
+def _fused_scan(graph, eqn):
+    """(``eqn``, a scan, with attention fused in its body; the rewrites' lines)."""
+    body, n = eqn.params["jaxpr"], eqn.params["num_consts"]
+    if not isinstance(body, jex_core.ClosedJaxpr) or not _may_hold(body.jaxpr):
+        return eqn, []
+    env: dict = {}
+    copies: list = []
+    sub: dict = {}
+    for inner, outer in zip(body.jaxpr.invars[:n], eqn.invars[:n]):
+        need: list = []
+        if isinstance(outer, jex_core.Literal) or not _constant(graph, outer, need):
+            continue
+        for j in sorted(need):
+            f = graph.eqns[j]
+            if f.outvars[0] in env:
+                continue
+            outs = [o if isinstance(o, jex_core.DropVar) else env.setdefault(o, jex_core.Var(o.aval))
+                    for o in f.outvars]
+            copies.append(f.replace(invars=[x if isinstance(x, jex_core.Literal) else env.get(x, x)
+                                            for x in f.invars], outvars=outs))
+        sub[inner] = env[outer]
+
+    def get(x):
+        return x if isinstance(x, jex_core.Literal) else sub.get(x, x)
+
+    eqns = copies + [e.replace(invars=[get(x) for x in e.invars]) for e in body.jaxpr.eqns]
+    augmented = body.jaxpr.replace(eqns=eqns, outvars=[get(x) for x in body.jaxpr.outvars])
+    fused, lines = fuse_attention(jex_core.ClosedJaxpr(augmented, body.consts))
+    if not lines:
+        return eqn, []
+    return eqn.replace(params={**eqn.params, "jaxpr": fused}), [f"{line} (in a scan's body)" for line in lines]
 
 
 class _NoMatch(Exception):
@@ -171,6 +231,8 @@ def _may_hold(jaxpr) -> bool:
             body = trace.inlined_body(e)
             if body is not None:
                 walk(body[0])
+            elif e.primitive.name == "scan" and isinstance(e.params.get("jaxpr"), jex_core.ClosedJaxpr):
+                walk(e.params["jaxpr"].jaxpr)
 
     walk(jaxpr)
     return all(n in names for n in _NEEDED)
@@ -604,8 +666,8 @@ def _forward(graph, i) -> _Forward:
             continue
         if contracted == {"k"} and _dot_plain(g):
             break
-    else:
-        raise _NoMatch("no P · v contracting the key dim")
+    else:  # no O: a backward's recomputed forward (jax.checkpoint), v from dO · vᵀ
+        od, v_roles, o_roles = None, None, None
     row_roles = roles[:key_axis] + roles[key_axis + 1:]
     return _Forward(i, od, chain, s, p, mask, frees, scale, -math.inf if fill is None else fill, rowmax, rowsum,
                     q_roles, k_roles, v_roles, o_roles, nb, s_roles, roles, mask_roles, row_roles)
@@ -693,6 +755,8 @@ class _Backward:
     do_roles: dict
     image: set  # the program's equations the cotangent of S is made of
     p_dv: object  # the P the dV dot reads: the forward's, or computed again (jax.checkpoint)
+    v: object  # v, and its dims' roles
+    v_roles: dict
 
 
 def _struct(x):
@@ -702,8 +766,6 @@ def _struct(x):
 def _backward(graph, fwd: _Forward, constants: list):
     s_eqn = graph.eqns[fwd.s_dot]
     qv, kv = s_eqn.invars
-    o_eqn = graph.eqns[fwd.o_dot]
-    vv = o_eqn.invars[1] if o_eqn.invars[0] is fwd.p else o_eqn.invars[0]
     full = fwd.s.aval.shape
     # S's cotangent: the one operand of a dot with k and of a dot with q
     cands = []
@@ -737,13 +799,32 @@ def _backward(graph, fwd: _Forward, constants: list):
         raise _NoMatch("the scores' cotangent is not the softmax's gradient")
     ct = iso.bound.get(d_in[-1])
     dp_dot = graph.made_by(ct, "dot_general")
-    if dp_dot is None or vv not in graph.eqns[dp_dot].invars:
+    if dp_dot is None:
         raise _NoMatch("P's cotangent is not dO · vᵀ")
     g = graph.eqns[dp_dot]
-    known = 0 if g.invars[0] is vv else 1
-    do_roles, contracted, out = _pair(g, known, fwd.v_roles, "q")
-    if contracted != {"e"} or [r if not _one(r) else None for r in out] != [
-            r if not _one(r) else None for r in fwd.p_roles] or not _dot_plain(g):
+    p_roles = [r if not _one(r) else None for r in fwd.p_roles]
+    if fwd.o_dot is not None:  # v as the forward's P · v reads it
+        o_eqn = graph.eqns[fwd.o_dot]
+        vv = o_eqn.invars[1] if o_eqn.invars[0] is fwd.p else o_eqn.invars[0]
+        if vv not in g.invars:
+            raise _NoMatch("P's cotangent is not dO · vᵀ")
+        known = 0 if g.invars[0] is vv else 1
+        do_roles, contracted, out = _pair(g, known, fwd.v_roles, "q")
+        v_roles = fwd.v_roles
+    else:  # no P · v (a recomputed forward): dO's dims from dV = Pᵀ · dO, then v's from dO · vᵀ
+        dv = [r for r in graph.read_by(fwd.p) if graph.eqns[r].primitive.name == "dot_general"]
+        if len(dv) != 1:
+            raise _NoMatch("no dV = Pᵀ · dO")
+        h = graph.eqns[dv[0]]
+        known_p = 0 if h.invars[0] is fwd.p else 1
+        do_roles, contracted, _ = _pair(h, known_p, dict(enumerate(fwd.p_roles)), "e")
+        if contracted != {"q"} or h.invars[1 - known_p] not in g.invars:
+            raise _NoMatch("no dV = Pᵀ · dO")
+        known = g.invars.index(h.invars[1 - known_p])
+        v_roles, contracted, out = _pair(g, known, do_roles, "k")
+        vv = g.invars[1 - known]
+        known = 1 - known  # v's side
+    if contracted != {"e"} or [r if not _one(r) else None for r in out] != p_roles or not _dot_plain(g):
         raise _NoMatch("dO · vᵀ in another order")
     do = g.invars[1 - known]
     dv_dot, p_dv = None, None
@@ -755,7 +836,7 @@ def _backward(graph, fwd: _Forward, constants: list):
             dv_dot, p_dv = r, other
     if dv_dot is None:
         raise _NoMatch("no dV = Pᵀ · dO")
-    return _Backward(ds, dp_dot, dv_dot, dq_dot, dk_dot, do, do_roles, iso.image, p_dv)
+    return _Backward(ds, dp_dot, dv_dot, dq_dot, dk_dot, do, do_roles, iso.image, p_dv, vv, v_roles)
 
 
 class _Isomorphism:
@@ -854,7 +935,7 @@ def _same_params(a: dict, b: dict) -> bool:
 @dataclasses.dataclass(eq=False)
 class _Rewrite:
     spec: AttentionSpec
-    at: dict  # equation index -> the new equation taking its place
+    at: dict  # equation index -> the new equations taking its place
     removed: set  # the indices of the equations replaced by the new ones
     replaced: set  # equations that must be dead afterwards (the scores and their gradients)
     touched: set
@@ -871,9 +952,17 @@ def _new_var(shape, dtype):
     return jex_core.Var(jax.core.ShapedArray(tuple(shape), np.dtype(dtype)))
 
 
-def _eqn(graph, invars, outvars, spec, phase, outputs, lse=None, origin=()):
+def _eqn(graph, invars, outvars, spec, phase, outputs, lse=None, origin=(), o_from_p=None):
+    """``o_from_p``: (v, v's roles, P's roles, batch dims) where the program has no O (a
+    recomputed forward): the fallback computes it from the replayed P and v."""
+    o_roles = None
+    if o_from_p is not None:
+        v, v_roles, p_roles, nb = o_from_p
+        outputs = [outputs[0], v, *outputs[1:]]
+        o_roles = (list(p_roles), [v_roles[a] for a in range(v.aval.ndim)], [("b", n) for n in range(nb)] + ["q", "e"])
     run = _closure(graph, outputs, invars)
-    fallback = _Fallback(jax.make_jaxpr(_replayed(graph, run, invars, outputs))(*map(_struct, invars)), lse)
+    fallback = _Fallback(jax.make_jaxpr(_replayed(graph, run, invars, outputs))(*map(_struct, invars)), lse,
+                         o_roles)
     names = trace.VarNames()
     params = dict(spec=spec, phase=phase, out_avals=tuple(v.aval for v in outvars), fallback=fallback,
                   origin=tuple(trace.equation_text(graph.eqns[j], names) for j in origin))
@@ -906,9 +995,8 @@ def _size(shape, roles, role) -> int:
 def _match(graph, i) -> _Rewrite | None:
     fwd = _forward(graph, i)
     nb = fwd.nb
-    s_eqn, o_eqn = graph.eqns[fwd.s_dot], graph.eqns[fwd.o_dot]
+    s_eqn = graph.eqns[fwd.s_dot]
     qv, kv = s_eqn.invars
-    vv = o_eqn.invars[1] if o_eqn.invars[0] is fwd.p else o_eqn.invars[0]
     full = fwd.s.aval.shape
     batch = tuple(_size(full, fwd.s_roles, ("b", n)) for n in range(nb))
     tq, tk = _size(full, fwd.s_roles, "q"), _size(full, fwd.s_roles, "k")
@@ -925,11 +1013,24 @@ def _match(graph, i) -> _Rewrite | None:
         base, strides = _strided(graph, v, chased)
         return base, _layout([roles[a] for a in range(v.aval.ndim)], strides, nb, t, d)
 
+    bwd = _backward(graph, fwd, constants)
+    if fwd.o_dot is None and bwd is None:
+        raise _NoMatch("no P · v")
     qb, q = operand(qv, fwd.q_roles, "q", "d")
     kb, k = operand(kv, fwd.k_roles, "k", "d")
-    vb, v = operand(vv, fwd.v_roles, "k", "e")
-    o_var, o_strides, o_t = _absorbed(graph, o_eqn.outvars[0])
-    o = _layout(fwd.o_roles, o_strides, nb, "q", "e")
+    if fwd.o_dot is not None:
+        o_eqn = graph.eqns[fwd.o_dot]
+        vv, v_roles = (o_eqn.invars[1] if o_eqn.invars[0] is fwd.p else o_eqn.invars[0]), fwd.v_roles
+        o_var, o_strides, o_t = _absorbed(graph, o_eqn.outvars[0])
+        o_roles, dv = fwd.o_roles, _size(o_eqn.outvars[0].aval.shape, fwd.o_roles, "e")
+    else:  # a recomputed forward without O (jax.checkpoint): the kernel writes O for the backward alone
+        vv, v_roles = bwd.v, bwd.v_roles
+        dv = _size(vv.aval.shape, [v_roles[a] for a in range(vv.aval.ndim)], "e")
+        o_roles, o_t = [("b", n) for n in range(nb)] + ["q", "e"], None
+        o_var = _new_var(batch + (tq, dv), dtype)
+        o_strides = _contiguous(o_var.aval.shape)
+    vb, v = operand(vv, v_roles, "k", "e")
+    o = _layout(o_roles, o_strides, nb, "q", "e")
     absorbed = [] if o_t is None else [o_t]
     mask_in, mask, causal = [], None, False
     if fwd.mask is not None:
@@ -943,22 +1044,21 @@ def _match(graph, i) -> _Rewrite | None:
     if any(str(x.aval.dtype) != dtype for x in (kv, vv, fwd.p, o_var)):
         raise _NoMatch("operands of several dtypes")
     spec = AttentionSpec(batch=batch, tq=tq, tk=tk, d=_size(qv.aval.shape, [fwd.q_roles[a] for a in range(
-        qv.aval.ndim)], "d"), dv=_size(o_eqn.outvars[0].aval.shape, fwd.o_roles, "e"), scale=fwd.scale,
+        qv.aval.ndim)], "d"), dv=dv, scale=fwd.scale,
         causal=causal, mask=mask, fill=fwd.fill, dtype=dtype, q=q, k=k, v=v, o=o)
     lse = _new_var(batch + (tq,), np.float32)
     # the row max's dims in lse's order ([batch..., tq]), its size-1 extras dropped
     kept = [a for a, r in enumerate(fwd.row_roles) if not _one(r)]
     order = [[fwd.row_roles[a] for a in kept].index(r) for r in [("b", n) for n in range(nb)] + ["q"]]
     lse_view = (tuple(fwd.rowmax.aval.shape[a] for a in kept), tuple(order))
-    origin = [fwd.s_dot, fwd.o_dot]
-    fwd_eqn = _eqn(graph, [qb, kb, vb, *mask_in], [o_var, lse], spec, "forward",
-                   [o_var, fwd.rowmax, fwd.rowsum], lse=lse_view, origin=origin)
+    origin = [fwd.s_dot] + ([] if fwd.o_dot is None else [fwd.o_dot])
     n_full = _numel_of(fwd.s)
     full_size = [j for j in fwd.chain if _numel_of(graph.eqns[j].outvars[0]) == n_full]
-    replaced = {fwd.s_dot, fwd.o_dot, *full_size}
-    bwd = _backward(graph, fwd, constants)
+    replaced = {fwd.s_dot, *full_size} | ({fwd.o_dot} if fwd.o_dot is not None else set())
     if bwd is None:
-        return _Rewrite(spec, {fwd.o_dot: fwd_eqn}, {fwd.o_dot, *absorbed}, replaced,
+        fwd_eqn = _eqn(graph, [qb, kb, vb, *mask_in], [o_var, lse], spec, "forward",
+                       [o_var, fwd.rowmax, fwd.rowsum], lse=lse_view, origin=origin)
+        return _Rewrite(spec, {fwd.o_dot: [fwd_eqn]}, {fwd.o_dot, *absorbed}, replaced,
                         replaced | set(fwd.chain) | set(absorbed))
     chased_b: set = set()
     dob, strides = _strided(graph, bwd.do, chased_b)
@@ -987,15 +1087,21 @@ def _match(graph, i) -> _Rewrite | None:
         raise _NoMatch("gradients of several dtypes")
     spec = dataclasses.replace(spec, do=do, dq=outs["q"][1], dk=outs["k"][1],
                                dv_out=_layout(out, dv_strides, nb, "k", "e"))
-    fwd_eqn = _eqn(graph, [qb, kb, vb, *mask_in], [o_var, lse], spec, "forward",
-                   [o_var, fwd.rowmax, fwd.rowsum], lse=lse_view, origin=origin)
+    if fwd.o_dot is not None:
+        fwd_eqn = _eqn(graph, [qb, kb, vb, *mask_in], [o_var, lse], spec, "forward",
+                       [o_var, fwd.rowmax, fwd.rowsum], lse=lse_view, origin=origin)
+    else:  # its fallback: the row max and sum the program has, and O as P · v
+        fwd_eqn = _eqn(graph, [qb, kb, vb, *mask_in], [o_var, lse], spec, "forward",
+                       [fwd.p, fwd.rowmax, fwd.rowsum], lse=lse_view, origin=origin,
+                       o_from_p=(vv, bwd.v_roles, fwd.p_roles, nb))
     grads = (bwd.dq_dot, bwd.dk_dot, bwd.dv_dot)
     bwd_eqn = _eqn(graph, [qb, kb, vb, o_var, dob, lse, *mask_in], [dq_var, dk_var, dv_var], spec, "backward",
                    [dq_var, dk_var, dv_var], origin=[bwd.dp_dot, *grads])
     image_full = [j for j in bwd.image if _numel_of(graph.eqns[j].outvars[0]) == n_full]
     replaced |= {bwd.dp_dot, *grads, *image_full}
-    return _Rewrite(spec, {fwd.o_dot: fwd_eqn, min(grads): bwd_eqn}, {fwd.o_dot, *grads, *absorbed}, replaced,
-                    replaced | set(fwd.chain) | bwd.image)
+    at = {min(grads): [fwd_eqn, bwd_eqn]} if fwd.o_dot is None else {fwd.o_dot: [fwd_eqn], min(grads): [bwd_eqn]}
+    removed = {*grads, *absorbed} | ({fwd.o_dot} if fwd.o_dot is not None else set())
+    return _Rewrite(spec, at, removed, replaced, replaced | set(fwd.chain) | bwd.image)
 
 
 def _significant(roles: dict) -> dict:
@@ -1010,8 +1116,7 @@ def _apply(eqns, rewrites) -> list:
         removed |= r.removed
     out = []
     for i, e in enumerate(eqns):
-        if i in at:
-            out.append(at[i])
+        out += at.get(i, [])
         if i not in removed:
             out.append(e)
     return out

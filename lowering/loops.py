@@ -229,6 +229,12 @@ def _body(ctx, name, closed, bound, fallbacks, carries: int = 0) -> Body:
         jaxpr, consts = closed.jaxpr, list(closed.consts)
     else:
         jaxpr, consts = closed, []
+    if _fuses_attention(ctx.options):  # a scanned layer's attention ([Note: fused attention])
+        from lowering.attention import fuse_attention
+
+        fused, lines = fuse_attention(jex_core.ClosedJaxpr(jaxpr, consts))
+        jaxpr = fused.jaxpr
+        ctx.rewrites += [f"{line} in loop body {name}" for line in lines]
     sub = ctx.child()
     closure = []
 
@@ -266,6 +272,12 @@ def _body(ctx, name, closed, bound, fallbacks, carries: int = 0) -> Body:
         k.name = f"{name}_{k.name}"
     _mark_in_place(sched, list(zip(params[:carries], graph.outputs[:carries])))
     return Body(name, sched, params, closure)
+
+
+def _fuses_attention(options) -> bool:
+    from lowering import executors
+
+    return options.fused_attention and not options.size_hints and executors.wants_triton("attention", options)
 
 
 # [Note: distinct body outputs]
@@ -319,6 +331,17 @@ def _reads_in_place(kernel, read: str, writer) -> bool:
             if ld.buffer == read and (m is not writer or ld.mask is not None or tuple(ld.index) != symbols):
                 return False
     return True
+
+
+def scheduled_attention(schedule, scope: str = ""):
+    """(flash-attention step ([Note: fused attention]), the body function
+    holding it or '') of a schedule and of every loop body in it, in order."""
+    for step in schedule.steps:
+        if isinstance(step, Loop):
+            for b in step.bodies:
+                yield from scheduled_attention(b.schedule, b.name)
+        elif isinstance(step, ir.Attention):
+            yield step, scope
 
 
 def scheduled_kernels(schedule, scope: str = ""):

@@ -222,6 +222,31 @@ def test_jit_remat(rng):
     assert [x.kind for x in e.kernels].count("attention") == 2
 
 
+def test_jit_scanned_layers(rng):
+    """Layers under lax.scan, each checkpointed (flax's nn.scan over nn.remat):
+    the forward body's attention and the backward body's recomputed attention
+    and its gradient run as the flash kernels inside the loop bodies."""
+    x = _normal(rng, (2, 6, 2, 16), jnp.bfloat16)
+    ws = _normal(rng, (2, 3, 16, 16), jnp.bfloat16, 0.3)  # per layer: q, k, v projections
+    w = _normal(rng, (2, 6, 2, 16), jnp.float32)
+
+    @jax.checkpoint
+    def layer(x, wl):
+        return attention(x @ wl[0], x @ wl[1], x @ wl[2]) + x
+
+    def loss(x, ws, w):  # squares: no cancellation for bf16 rounding to show through
+        y, _ = jax.lax.scan(lambda y, wl: (layer(y, wl), None), x, ws)
+        return jnp.mean(jnp.square(y.astype(jnp.float32) * w))
+
+    step = jax.value_and_grad(loss, argnums=(0, 1))
+    e = _jit_check(step, (x, ws, w), jnp.bfloat16)
+    kinds = [(x.kind, bool(x.scope)) for x in e.kernels if x.kind == "attention"]
+    assert len(kinds) == 3 and all(scoped for _, scoped in kinds), kinds  # forward body; backward body: both
+    _, new, lines = _rewrites(step, x, ws, w)  # a loop XLA runs: each equation's fallback (O from P where
+    assert len(lines) == 2  # the recomputed forward has none)
+    _check_fallback(step, new, (x, ws, w), jnp.bfloat16)
+
+
 def test_jit_dot_product_attention_forward(rng):
     """jax.nn.dot_product_attention (XLA's implementation): a head-group dim of
     size 1 in q, the scores transposed inside the mask's where, a causal mask

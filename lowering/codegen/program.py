@@ -51,11 +51,11 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> emit
         kernels.append(rk)
         guards += [g for g in getattr(rk, "guards", ()) if g not in guards]
     attention = {}  # step name -> its kernel ([Note: fused attention] in lowering/attention.py)
-    for step in schedule.steps:
-        if isinstance(step, ir.Attention):
-            rk = attention[step.name] = _render_attention(step, f"att{len(attention)}_{_PHASE[step.params['phase']]}",
-                                                          options)
-            kernels.append(rk)
+    for step, scope in loops.scheduled_attention(schedule):  # loop bodies' too (a scanned layer)
+        name = f"att{len(attention)}_{_PHASE[step.params['phase']]}"
+        rk = attention[step.name] = _render_attention(step, name, options)
+        rk.scope = scope
+        kernels.append(rk)
     share_triton_functions([rk for rk in kernels if rk.triton])
     share_pallas_kernels([rk for rk in kernels if not rk.triton])
     dims = program_dims(schedule)
