@@ -61,6 +61,7 @@ from jax.extend import core as jex_core
 from jax.interpreters import mlir
 
 from lowering import trace
+from lowering.trace import scan_counts
 from lowering.codegen.attention import AttentionSpec, Layout
 
 log = logging.getLogger("pallaskit")
@@ -129,9 +130,19 @@ attention_p.def_impl(_impl)
 # --------------------------------------------------------------------------- #
 def fuse_attention(closed: jex_core.ClosedJaxpr) -> tuple[jex_core.ClosedJaxpr, list[str]]:
     """``closed`` with each attention it finds run by attention equations, and
-    one line per rewrite; unchanged where none is found."""
+    one line per rewrite; unchanged where none is found, or where the pass
+    itself fails (logged: the program then runs as written)."""
     if not _may_hold(closed.jaxpr):
         return closed, []
+    try:
+        return _fuse(closed)
+    except Exception as e:  # noqa: BLE001 - a pass that fails must not fail the user's program
+        log.warning("pallaskit: the attention pass failed (%s: %s); attention runs as written",
+                    type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        return closed, []
+
+
+def _fuse(closed: jex_core.ClosedJaxpr) -> tuple[jex_core.ClosedJaxpr, list[str]]:
     eqns, outvars = _flatten(closed.jaxpr)
     eqns = _live(eqns, outvars)
     graph = _Graph(eqns, outvars)
@@ -187,7 +198,7 @@ def fuse_attention(closed: jex_core.ClosedJaxpr) -> tuple[jex_core.ClosedJaxpr, 
 # in the backward scan's body, which then holds the whole pattern.
 def _fused_scan(graph, eqn):
     """(``eqn``, a scan, with attention fused in its body; the rewrites' lines)."""
-    body, n = eqn.params["jaxpr"], eqn.params["num_consts"]
+    body, (n, _) = eqn.params["jaxpr"], scan_counts(eqn.params)
     if not isinstance(body, jex_core.ClosedJaxpr) or not _may_hold(body.jaxpr):
         return eqn, []
     env: dict = {}

@@ -38,6 +38,7 @@ import numpy as np
 from jax.extend import core as jex_core
 
 from lowering import ir, sizes, symbolic
+from lowering.trace import scan_counts
 
 log = logging.getLogger("pallaskit")
 
@@ -197,16 +198,6 @@ def _takes(aval) -> bool:
     if any(isinstance(d, int) and d == 0 for d in shape):
         return symbolic.is_plain(symbolic.SymAval((1,) * len(shape), aval.dtype))
     return symbolic.is_plain(aval)
-
-
-def scan_counts(params) -> tuple[int, int]:
-    """(constants, carries) of a scan equation. jax 0.10 names the counts;
-    jax 0.11 packs the operand layout (consts, carry, xs) into a flat tree
-    ``ft_in`` instead. The body's invars are consts, carry, xs either way."""
-    if "num_consts" in params:
-        return params["num_consts"], params["num_carry"]
-    consts, carry, _ = params["ft_in"].unpack()
-    return len(consts), len(carry)
 
 
 def _drop_hoisted(ctx, n_inputs):

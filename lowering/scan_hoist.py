@@ -42,7 +42,7 @@ import jax
 import numpy as np
 from jax.extend import core as jex_core
 
-from lowering.loops import scan_counts
+from lowering.trace import scan_counts
 
 log = logging.getLogger("pallaskit")
 

@@ -117,3 +117,13 @@ def equation_text(eqn, names: VarNames) -> str:
     p = f"[{' '.join(params)}]" if params else ""
     ins = " ".join(names(v) for v in eqn.invars)
     return f"{outs} = {eqn.primitive.name}{p} {ins}".strip()
+
+
+def scan_counts(params) -> tuple[int, int]:
+    """(constants, carries) of a scan equation. jax 0.10 names the counts;
+    jax 0.11 packs the operand layout (consts, carry, xs) into a flat tree
+    ``ft_in`` instead. The body's invars are consts, carry, xs either way."""
+    if "num_consts" in params:
+        return params["num_consts"], params["num_carry"]
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(consts), len(carry)

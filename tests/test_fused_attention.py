@@ -288,3 +288,20 @@ def test_grad_of_a_pallaskit_function(rng):
     assert [x.kind for x in e.forward.kernels].count("attention") == 1
     assert [x.kind for x in e.backward.kernels].count("attention") == 1
     assert not any(s.shape[-2:] == (6, 6) for s in e.saved)  # no [T, T] probabilities saved
+
+
+def test_a_failing_pass_leaves_the_program(rng, monkeypatch, caplog):
+    """A bug in the pass must not break the user's program: it runs as written."""
+    import lowering.attention as attention_pass
+
+    def broken(closed):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(attention_pass, "_fuse", broken)
+    args = _qkv(rng, jnp.bfloat16, t=4)
+    with pallaskit.config.override(kernel_backend="triton"):
+        e = pallaskit.explain(CASES["causal"], *args)
+        got = pallaskit.jit(CASES["causal"])(*args)
+    assert e.rewrites == [] and "attention pass failed (RuntimeError: boom)" in caplog.text
+    assert_close(got, jax.jit(CASES["causal"])(*args), jnp.bfloat16)
+
