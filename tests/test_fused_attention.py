@@ -239,7 +239,8 @@ def test_jit_scanned_layers(rng):
         return jnp.mean(jnp.square(y.astype(jnp.float32) * w))
 
     step = jax.value_and_grad(loss, argnums=(0, 1))
-    e = _jit_check(step, (x, ws, w), jnp.bfloat16)
+    with pallaskit.config.override(loop_bodies="on"):  # on a GPU 'auto' leaves so small a loop to XLA
+        e = _jit_check(step, (x, ws, w), jnp.bfloat16)
     kinds = [(x.kind, bool(x.scope)) for x in e.kernels if x.kind == "attention"]
     assert len(kinds) == 3 and all(scoped for _, scoped in kinds), kinds  # forward body; backward body: both
     _, new, lines = _rewrites(step, x, ws, w)  # a loop XLA runs: each equation's fallback (O from P where
