@@ -45,9 +45,15 @@ rewrite does for torch. The pass finds the pattern and replaces it:
 - Each new equation carries its fallback, the equations it replaced: lowered
   by XLA where pallaskit does not run the kernels (``_fallback_lowering``).
 
-Only static shapes, at the top level of the program (call bodies inlined),
-where raw Triton runs the kernels (``executors.wants_triton``). Loop bodies
-(a scanned layer stack) keep plain attention for now.
+- ``jax.checkpoint``: the backward recomputes the scores, mask and
+  probabilities; they count as the forward's when they are the same
+  equations over the same values (``_recomputed``). A recomputed forward with
+  no ``P · v`` of its own gets a forward kernel for the O and lse its backward
+  kernel reads.
+- Scan bodies too ([Note: fused attention in scans]); the program, call
+  bodies inlined, otherwise. Only static shapes, only 16-bit q, k, v, and only
+  where raw Triton runs the kernels (``executors.wants_triton``). A pass that
+  fails logs one line and leaves the program as it was.
 """
 from __future__ import annotations
 
