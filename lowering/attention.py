@@ -323,16 +323,31 @@ def _literal(x):
 
 
 def _scalar(graph, x):
-    """A scalar literal's value through broadcasts and converts of it, else None."""
-    for _ in range(4):
-        v = _literal(x)
-        if v is not None:
-            return float(np.asarray(v, x.aval.dtype)) if str(x.aval.dtype) in _FLOATS else v
+    """The value of ``x`` where it is one scalar computed from literals alone,
+    through broadcasts and converts of it (a literal, ``sqrt(8.0)``,
+    ``jnp.where``'s fill ``-1e30`` converted to bfloat16), rounded as the
+    program rounds it at each convert; else None."""
+    casts = []
+    while not isinstance(x, jex_core.Literal) and x.aval.shape != ():
         i = graph.made_by(x, "broadcast_in_dim", "convert_element_type")
         if i is None:
             return None
+        if graph.eqns[i].primitive.name == "convert_element_type":
+            casts.append(x.aval.dtype)
         x = graph.eqns[i].invars[0]
-    return None
+    if isinstance(x, jex_core.Literal):
+        if np.shape(x.val) != ():
+            return None
+        value = np.asarray(x.val, x.aval.dtype)
+    else:
+        eqns: list = []
+        if not _constant(graph, x, eqns) or any(graph.eqns[j].effects for j in eqns):
+            return None
+        with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
+            value = np.asarray(_replayed(graph, eqns, [], x)())
+    for dtype in reversed(casts):
+        value = np.asarray(value, dtype)
+    return float(value)
 
 
 # --------------------------------------------------------------------------- #

@@ -46,6 +46,15 @@ def manual_softmax(q, k, v):
     return jnp.einsum("bhqk,bkhd->bqhd", p, v)
 
 
+def haiku_style(q, k, v):
+    """Scores left in bfloat16, divided by a scale computed in the trace
+    (sqrt of the head dim), masked with haiku's fill -1e30 (jnp.where converts
+    it to bfloat16: the backward's fill is that rounded value), softmax in bfloat16."""
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.float32(q.shape[-1])).astype(q.dtype)
+    s = jnp.where(jnp.tril(jnp.ones(s.shape[-2:], bool)), s, -1e30)
+    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s), v)
+
+
 def grouped_query(q, k, v):
     """k and v shared by pairs of query heads (grouped-query attention)."""
     k, v = jnp.repeat(k, 2, axis=2), jnp.repeat(v, 2, axis=2)
@@ -94,6 +103,7 @@ CASES = {
     "unmasked": lambda q, k, v: attention(q, k, v, causal=False),
     "bhtd": lambda q, k, v: attention(*(jnp.swapaxes(x, 1, 2) for x in (q, k, v)), layout="bhtd"),
     "flax": flax_style,
+    "haiku": haiku_style,
     "manual_softmax": manual_softmax,
     "causal_-inf": lambda q, k, v: attention(q, k, v, fill=-jnp.inf),
     # jax.checkpoint: the backward recomputes the scores and the mask from q and k
