@@ -4,6 +4,8 @@ kernels. The pass is checked on its own (which programs it rewrites; the
 rewritten jaxpr, run by XLA through each equation's fallback, against
 jax.jit) and through pallaskit.jit with raw Triton (Triton's interpreter on
 the CPU), against jax.jit."""
+import math
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -53,6 +55,15 @@ def haiku_style(q, k, v):
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.float32(q.shape[-1])).astype(q.dtype)
     s = jnp.where(jnp.tril(jnp.ones(s.shape[-2:], bool)), s, -1e30)
     return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s), v)
+
+
+def nanogpt(q, k, v, mask):
+    """nanoGPT's CausalSelfAttention: [B, H, T, D], bfloat16 scores, a float
+    mask whose zeros hide (where(mask == 0, -inf, att): the select's operands
+    the other way round)."""
+    att = (q @ jnp.swapaxes(k, -2, -1)) * (1.0 / math.sqrt(k.shape[-1]))
+    att = jnp.where(mask == 0, float("-inf"), att)
+    return jax.nn.softmax(att, axis=-1) @ v
 
 
 def grouped_query(q, k, v):
@@ -213,6 +224,21 @@ def test_jit_mask_with_an_empty_row_and_cross_lengths(rng):
     w = _normal(rng, (2, 5, 2, 16), jnp.float32)
     fn = _grad(lambda q, k, v: attention(q, k, v, causal=False, mask=mask))
     _jit_check(fn, (q, k, v, w), jnp.bfloat16)
+
+
+def test_jit_nanogpt_mask_hides(rng):
+    """A mask that is True where hidden (nanoGPT's form), read as an operand:
+    a query row hidden throughout (NaN under -inf; its dQ is 0, as in jax, only
+    if keys past tk read as hidden), more keys than queries. The constant
+    tril's form is causal."""
+    q, k, v = (_normal(rng, (2, 2, t, 16), jnp.bfloat16) for t in (5, 11, 11))
+    mask = jnp.asarray(rng.random((5, 11)) < 0.6, jnp.float32).at[2].set(0)
+    w = _normal(rng, (2, 2, 5, 16), jnp.float32)
+    loss = lambda q, k, v, w: jnp.sum(nanogpt(q, k, v, mask).astype(jnp.float32) * w)  # noqa: E731
+    _jit_check(jax.value_and_grad(loss, argnums=(0, 1, 2)), (q, k, v, w), jnp.bfloat16)
+    q = q[:, :, :4]
+    _, _, lines = _rewrites(lambda q: nanogpt(q, q, q, jnp.tril(jnp.ones((4, 4)))), q)
+    assert len(lines) == 1 and "causal" in lines[0], lines
 
 
 def test_jit_grouped_query_and_flax(rng):
