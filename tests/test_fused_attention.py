@@ -152,6 +152,21 @@ def test_pass_reads_causal_mask_and_views(rng):
     assert list(eqn.invars) == list(new.jaxpr.invars)
 
 
+def test_pass_reads_the_fill_as_the_program_rounds_it(rng):
+    """jnp.where converts its fill to the scores' dtype: -1e9 is -inf in float16,
+    so a row masked throughout is NaN (as jax.jit), not uniform over the keys."""
+    q, k, v = _qkv(rng, jnp.float16, t=4)
+
+    def fn(q, k, v):
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k) * 0.25
+        s = jnp.where(jnp.tril(jnp.ones((4, 4), bool)), s, -1e9)
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s), v)
+
+    _, new, _ = _rewrites(fn, q, k, v)
+    (eqn,) = [e for e in new.jaxpr.eqns if e.primitive.name == "pallaskit_attention"]
+    assert eqn.params["spec"].fill == -math.inf
+
+
 @pytest.mark.parametrize("case", ["weights_returned", "softmax_over_queries", "dropout", "bias_added"])
 def test_pass_leaves_other_programs(rng, case):
     """What is not exactly softmax(where(mask, s * scale, fill)) · v, or whose
