@@ -617,9 +617,12 @@ def _forward(graph, i) -> _Forward:
             c = _scalar(graph, b) if a is x else (_scalar(graph, a) if name == "mul" and b is x else None)
             if c is None or c == 0 or not math.isfinite(c):
                 raise _NoMatch(f"{name} by a non-scalar")
+            if fill is not None:  # a scale after the mask scales the fill, rounded as the program rounds it
+                with np.errstate(over="ignore"):  # float16's min / 0.5 is -inf
+                    f_, c_ = (np.asarray(y, f.outvars[0].aval.dtype) for y in (fill, c))
+                    fill = float(f_ * c_ if name == "mul" else f_ / c_)
             c = c if name == "mul" else 1.0 / c
             scale *= c
-            fill = None if fill is None else fill * c
         else:  # select_n(pred, on_false, on_true): jnp.where(mask, s, fill), or where(mask, fill, s)
             # (nanoGPT's where(mask == 0, -inf, s)): the mask then marks the hidden scores
             if mask is not None or len(f.invars) != 3 or x not in f.invars[1:] or f.invars[1] is f.invars[2]:

@@ -152,14 +152,20 @@ def test_pass_reads_causal_mask_and_views(rng):
     assert list(eqn.invars) == list(new.jaxpr.invars)
 
 
-def test_pass_reads_the_fill_as_the_program_rounds_it(rng):
-    """jnp.where converts its fill to the scores' dtype: -1e9 is -inf in float16,
-    so a row masked throughout is NaN (as jax.jit), not uniform over the keys."""
+@pytest.mark.parametrize("case", ["converted", "scaled_after"])
+def test_pass_reads_the_fill_as_the_program_rounds_it(rng, case):
+    """jnp.where converts its fill to the scores' dtype (-1e9 is -inf in
+    float16), and a scale after the mask scales it in that dtype (float16's min
+    / 0.5 is -inf): a row masked throughout is then NaN (as jax.jit), not
+    uniform over the keys."""
     q, k, v = _qkv(rng, jnp.float16, t=4)
 
     def fn(q, k, v):
-        s = jnp.einsum("bqhd,bkhd->bhqk", q, k) * 0.25
-        s = jnp.where(jnp.tril(jnp.ones((4, 4), bool)), s, -1e9)
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+        if case == "converted":
+            s = jnp.where(jnp.tril(jnp.ones((4, 4), bool)), s * 0.25, -1e9)
+        else:
+            s = jnp.where(jnp.tril(jnp.ones((4, 4), bool)), s, jnp.finfo(jnp.float16).min) / 0.5
         return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s), v)
 
     _, new, _ = _rewrites(fn, q, k, v)
