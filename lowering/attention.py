@@ -14,8 +14,10 @@ rewrite does for torch. The pass finds the pattern and replaces it:
 - **Forward.** ``S = dot_general(q, k)`` with one contracting (head) dim, one
   free dim each side (the query and key positions) and any batch dims; then a
   chain over S of a widening convert, a scalar scale (``mul`` / ``div`` by a
-  literal) and a mask (``select_n(mask, fill, s)``, ``jnp.where``'s form, with a
-  scalar fill), in any order; then the softmax over the key dim as
+  scalar of literals) and a mask (``select_n(mask, fill, s)``, ``jnp.where``'s form, with a
+  scalar fill; or the operands the other way round, nanoGPT's
+  ``where(mask == 0, -inf, s)``, the mask then marking the hidden scores:
+  ``AttentionSpec.mask_hides``), in any order; then the softmax over the key dim as
   ``jax.nn.softmax`` writes it (``reduce_max``, ``stop_gradient``, ``sub``,
   ``exp``, ``reduce_sum``, ``div``), an optional convert, and
   ``O = dot_general(P, v)`` contracting the key dim. Its semantics are then
@@ -40,8 +42,9 @@ rewrite does for torch. The pass finds the pattern and replaces it:
   the scores, the probabilities or their gradients); otherwise the match is
   dropped and the program stays as it was.
 - **Masks.** A mask computed from constants alone (iotas and compares) is
-  evaluated; where it is ``tril`` the kernels skip the key blocks above the
-  diagonal (``causal``). Any other mask is a bool operand read in the kernel.
+  evaluated; where it is ``tril`` (``~tril`` for a hiding mask) the kernels
+  skip the key blocks above the diagonal (``causal``). Any other mask is a
+  bool operand read in the kernel.
 - Each new equation carries its fallback, the equations it replaced: lowered
   by XLA where pallaskit does not run the kernels (``_fallback_lowering``).
 
@@ -340,16 +343,31 @@ def _literal(x):
 
 
 def _scalar(graph, x):
-    """A scalar literal's value through broadcasts and converts of it, else None."""
-    for _ in range(4):
-        v = _literal(x)
-        if v is not None:
-            return float(np.asarray(v, x.aval.dtype)) if str(x.aval.dtype) in _FLOATS else v
+    """The value of ``x`` where it is one scalar computed from literals alone,
+    through broadcasts and converts of it (a literal, ``sqrt(8.0)``,
+    ``jnp.where``'s fill ``-1e30`` converted to bfloat16), rounded as the
+    program rounds it at each convert; else None."""
+    casts = []
+    while not isinstance(x, jex_core.Literal) and x.aval.shape != ():
         i = graph.made_by(x, "broadcast_in_dim", "convert_element_type")
         if i is None:
             return None
+        if graph.eqns[i].primitive.name == "convert_element_type":
+            casts.append(x.aval.dtype)
         x = graph.eqns[i].invars[0]
-    return None
+    if isinstance(x, jex_core.Literal):
+        if np.shape(x.val) != ():
+            return None
+        value = np.asarray(x.val, x.aval.dtype)
+    else:
+        eqns: list = []
+        if not _constant(graph, x, eqns) or any(graph.eqns[j].effects for j in eqns):
+            return None
+        with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
+            value = np.asarray(_replayed(graph, eqns, [], x)())
+    for dtype in reversed(casts):
+        value = np.asarray(value, dtype)
+    return float(value)
 
 
 # --------------------------------------------------------------------------- #
@@ -535,6 +553,7 @@ class _Forward:
     p_roles: list  # of P's dims (the chain may transpose the scores)
     mask_roles: list | None  # of the mask's dims
     row_roles: list  # of the row max's and row sum's dims
+    mask_hides: bool = False  # the mask is True at the hidden scores: where(mask, fill, s)
 
 
 # What may sit between a row max or sum and its use: keepdims reshapes, broadcasts,
@@ -582,6 +601,7 @@ def _forward(graph, i) -> _Forward:
     s_roles = [("b", n) for n in range(nb)] + [q_roles[a] for a in lfree] + [k_roles[a] for a in rfree]
     s = e.outvars[0]
     x, roles, chain, scale, fill, mask, mask_roles, frees = s, list(s_roles), [], 1.0, None, None, None, []
+    hides = False
 
     def next_eqn(v, *names):
         j = graph.only_reader(v)
@@ -614,13 +634,18 @@ def _forward(graph, i) -> _Forward:
             c = _scalar(graph, b) if a is x else (_scalar(graph, a) if name == "mul" and b is x else None)
             if c is None or c == 0 or not math.isfinite(c):
                 raise _NoMatch(f"{name} by a non-scalar")
+            if fill is not None:  # a scale after the mask scales the fill, rounded as the program rounds it
+                with np.errstate(over="ignore"):  # float16's min / 0.5 is -inf
+                    f_, c_ = (np.asarray(y, f.outvars[0].aval.dtype) for y in (fill, c))
+                    fill = float(f_ * c_ if name == "mul" else f_ / c_)
             c = c if name == "mul" else 1.0 / c
             scale *= c
-            fill = None if fill is None else fill * c
-        else:  # select_n(pred, on_false, on_true): jnp.where(mask, s, fill)
-            if mask is not None or len(f.invars) != 3 or f.invars[2] is not x:
+        else:  # select_n(pred, on_false, on_true): jnp.where(mask, s, fill), or where(mask, fill, s)
+            # (nanoGPT's where(mask == 0, -inf, s)): the mask then marks the hidden scores
+            if mask is not None or len(f.invars) != 3 or x not in f.invars[1:] or f.invars[1] is f.invars[2]:
                 raise _NoMatch("a select that is not where(mask, scores, fill)")
-            fill = _scalar(graph, f.invars[1])
+            hides = f.invars[1] is x
+            fill = _scalar(graph, f.invars[2 if hides else 1])
             if fill is None:
                 raise _NoMatch("a mask's fill that is not a scalar")
             mask, mask_roles = f.invars[0], list(roles)
@@ -687,7 +712,7 @@ def _forward(graph, i) -> _Forward:
         od, v_roles, o_roles = None, None, None
     row_roles = roles[:key_axis] + roles[key_axis + 1:]
     return _Forward(i, od, chain, s, p, mask, frees, scale, -math.inf if fill is None else fill, rowmax, rowsum,
-                    q_roles, k_roles, v_roles, o_roles, nb, s_roles, roles, mask_roles, row_roles)
+                    q_roles, k_roles, v_roles, o_roles, nb, s_roles, roles, mask_roles, row_roles, hides)
 
 
 def _reshaped_roles(roles: list, shape, new_shape, j) -> list:
@@ -986,10 +1011,11 @@ def _eqn(graph, invars, outvars, spec, phase, outputs, lse=None, origin=(), o_fr
     return jex_core.new_jaxpr_eqn(list(invars), list(outvars), attention_p, params, jex_core.no_effects)
 
 
-def _causal(graph, mask, layout: Layout, batch: tuple, tq: int, tk: int, eqns: list) -> bool:
+def _causal(graph, mask, layout: Layout, batch: tuple, tq: int, tk: int, eqns: list, hides: bool) -> bool:
     """Whether a mask computed from constants is ``tril`` over (query, key) in
-    every batch entry (``layout``: its strides in its buffer); ``eqns`` gets
-    the equations computing it."""
+    every batch entry (``layout``: its strides in its buffer; ``hides``: True
+    marks the hidden scores, so the mask must be ``~tril``); ``eqns`` gets the
+    equations computing it."""
     if tq != tk or _numel_of(mask) > MAX_EVALUATED_MASK or not _constant(graph, mask, eqns):
         return False
     # eagerly, on the host, even where pallaskit compiles inside an outer trace
@@ -998,7 +1024,7 @@ def _causal(graph, mask, layout: Layout, batch: tuple, tq: int, tk: int, eqns: l
     batch = tuple(n if st else 1 for n, st in zip(batch, layout.batch))  # one entry of a broadcast dim
     strides = tuple(st * value.itemsize for st in (*layout.batch, layout.t, layout.d))
     logical = np.lib.stride_tricks.as_strided(value, batch + (tq, tk), strides)
-    return bool(np.all(logical == np.tri(tq, tk, dtype=bool)))
+    return bool(np.all(logical == (np.tri(tq, tk, dtype=bool) ^ hides)))
 
 
 def _numel_of(v) -> int:
@@ -1053,7 +1079,7 @@ def _match(graph, i) -> _Rewrite | None:
     if fwd.mask is not None:
         mb, strides = _strided(graph, fwd.mask, chased)
         mask = _layout(fwd.mask_roles, strides, nb, "q", "k")
-        causal = _causal(graph, mb, mask, batch, tq, tk, constants)
+        causal = _causal(graph, mb, mask, batch, tq, tk, constants, fwd.mask_hides)
         if causal:
             mask = None
         else:
@@ -1062,7 +1088,8 @@ def _match(graph, i) -> _Rewrite | None:
         raise _NoMatch("operands of several dtypes")
     spec = AttentionSpec(batch=batch, tq=tq, tk=tk, d=_size(qv.aval.shape, [fwd.q_roles[a] for a in range(
         qv.aval.ndim)], "d"), dv=dv, scale=fwd.scale,
-        causal=causal, mask=mask, fill=fwd.fill, dtype=dtype, q=q, k=k, v=v, o=o)
+        causal=causal, mask=mask, fill=fwd.fill, dtype=dtype, q=q, k=k, v=v, o=o,
+        mask_hides=fwd.mask_hides and mask is not None)
     lse = _new_var(batch + (tq,), np.float32)
     # the row max's dims in lse's order ([batch..., tq]), its size-1 extras dropped
     kept = [a for a, r in enumerate(fwd.row_roles) if not _one(r)]

@@ -4,6 +4,8 @@ kernels. The pass is checked on its own (which programs it rewrites; the
 rewritten jaxpr, run by XLA through each equation's fallback, against
 jax.jit) and through pallaskit.jit with raw Triton (Triton's interpreter on
 the CPU), against jax.jit."""
+import math
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -44,6 +46,24 @@ def manual_softmax(q, k, v):
     e = jnp.exp(s - s.max(-1, keepdims=True))
     p = (e / e.sum(-1, keepdims=True)).astype(q.dtype)
     return jnp.einsum("bhqk,bkhd->bqhd", p, v)
+
+
+def haiku_style(q, k, v):
+    """Scores left in bfloat16, divided by a scale computed in the trace
+    (sqrt of the head dim), masked with haiku's fill -1e30 (jnp.where converts
+    it to bfloat16: the backward's fill is that rounded value), softmax in bfloat16."""
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.float32(q.shape[-1])).astype(q.dtype)
+    s = jnp.where(jnp.tril(jnp.ones(s.shape[-2:], bool)), s, -1e30)
+    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s), v)
+
+
+def nanogpt(q, k, v, mask):
+    """nanoGPT's CausalSelfAttention: [B, H, T, D], bfloat16 scores, a float
+    mask whose zeros hide (where(mask == 0, -inf, att): the select's operands
+    the other way round)."""
+    att = (q @ jnp.swapaxes(k, -2, -1)) * (1.0 / math.sqrt(k.shape[-1]))
+    att = jnp.where(mask == 0, float("-inf"), att)
+    return jax.nn.softmax(att, axis=-1) @ v
 
 
 def grouped_query(q, k, v):
@@ -94,6 +114,7 @@ CASES = {
     "unmasked": lambda q, k, v: attention(q, k, v, causal=False),
     "bhtd": lambda q, k, v: attention(*(jnp.swapaxes(x, 1, 2) for x in (q, k, v)), layout="bhtd"),
     "flax": flax_style,
+    "haiku": haiku_style,
     "manual_softmax": manual_softmax,
     "causal_-inf": lambda q, k, v: attention(q, k, v, fill=-jnp.inf),
     # jax.checkpoint: the backward recomputes the scores and the mask from q and k
@@ -129,6 +150,27 @@ def test_pass_reads_causal_mask_and_views(rng):
     # q, k, v read where they are, [B, T, H, D], with no transpose before the kernel
     assert spec.q.t == 2 * 16 and spec.q.d == 1 and spec.q.batch == (8 * 2 * 16, 16)
     assert list(eqn.invars) == list(new.jaxpr.invars)
+
+
+@pytest.mark.parametrize("case", ["converted", "scaled_after"])
+def test_pass_reads_the_fill_as_the_program_rounds_it(rng, case):
+    """jnp.where converts its fill to the scores' dtype (-1e9 is -inf in
+    float16), and a scale after the mask scales it in that dtype (float16's min
+    / 0.5 is -inf): a row masked throughout is then NaN (as jax.jit), not
+    uniform over the keys."""
+    q, k, v = _qkv(rng, jnp.float16, t=4)
+
+    def fn(q, k, v):
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k)
+        if case == "converted":
+            s = jnp.where(jnp.tril(jnp.ones((4, 4), bool)), s * 0.25, -1e9)
+        else:
+            s = jnp.where(jnp.tril(jnp.ones((4, 4), bool)), s, jnp.finfo(jnp.float16).min) / 0.5
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s), v)
+
+    _, new, _ = _rewrites(fn, q, k, v)
+    (eqn,) = [e for e in new.jaxpr.eqns if e.primitive.name == "pallaskit_attention"]
+    assert eqn.params["spec"].fill == -math.inf
 
 
 @pytest.mark.parametrize("case", ["weights_returned", "softmax_over_queries", "dropout", "bias_added"])
@@ -203,6 +245,21 @@ def test_jit_mask_with_an_empty_row_and_cross_lengths(rng):
     w = _normal(rng, (2, 5, 2, 16), jnp.float32)
     fn = _grad(lambda q, k, v: attention(q, k, v, causal=False, mask=mask))
     _jit_check(fn, (q, k, v, w), jnp.bfloat16)
+
+
+def test_jit_nanogpt_mask_hides(rng):
+    """A mask that is True where hidden (nanoGPT's form), read as an operand:
+    a query row hidden throughout (NaN under -inf; its dQ is 0, as in jax, only
+    if keys past tk read as hidden), more keys than queries. The constant
+    tril's form is causal."""
+    q, k, v = (_normal(rng, (2, 2, t, 16), jnp.bfloat16) for t in (5, 11, 11))
+    mask = jnp.asarray(rng.random((5, 11)) < 0.6, jnp.float32).at[2].set(0)
+    w = _normal(rng, (2, 2, 5, 16), jnp.float32)
+    loss = lambda q, k, v, w: jnp.sum(nanogpt(q, k, v, mask).astype(jnp.float32) * w)  # noqa: E731
+    _jit_check(jax.value_and_grad(loss, argnums=(0, 1, 2)), (q, k, v, w), jnp.bfloat16)
+    q = q[:, :, :4]
+    _, _, lines = _rewrites(lambda q: nanogpt(q, q, q, jnp.tril(jnp.ones((4, 4)))), q)
+    assert len(lines) == 1 and "causal" in lines[0], lines
 
 
 def test_jit_grouped_query_and_flax(rng):

@@ -116,7 +116,7 @@ class AttentionSpec:
     dv: int  # v / o head dim
     scale: float  # scores = (q . k^T) * scale, in float32
     causal: bool  # key j visible to query i only where j <= i (tq == tk)
-    mask: Layout | None  # bool over (batch..., tq, tk); None: no tensor mask
+    mask: Layout | None  # bool over (batch..., tq, tk), True where visible; None: no tensor mask
     fill: float  # a masked score's value
     dtype: str  # 'bfloat16' | 'float16' | 'float32'
     q: Layout
@@ -127,6 +127,8 @@ class AttentionSpec:
     dq: Layout | None = None
     dk: Layout | None = None
     dv_out: Layout | None = None
+    # the tensor mask is True where hidden (where(mask, fill, s): nanoGPT's mask == 0)
+    mask_hides: bool = False
     # float32 dots: 'default' as jax.jit on the GPU (TF32 operands, rounded to
     # nearest), 'highest' exact float32 products (lax.Precision.HIGHEST)
     precision: str = "default"
@@ -421,8 +423,9 @@ class _Renderer:
             rr, cc = (r.replace(rows, f"{rows}.to(tl.int64)"), c.replace(cols, f"{cols}.to(tl.int64)")) if wide \
                 else (r, c)
             ptr = f"MASK + mask_base + {_times(rr, m.t)} + {_times(cc, m.d)}"
-            load = f"tl.load({ptr}, mask={' & '.join(bounds)}, other=0)" if bounds else f"tl.load({ptr})"
-            parts.append(f"({load} != 0)")
+            hidden = int(s.mask_hides)  # past tq or tk: hidden (a NaN row's ds stays 0 there)
+            load = f"tl.load({ptr}, mask={' & '.join(bounds)}, other={hidden})" if bounds else f"tl.load({ptr})"
+            parts.append(f"({load} {'==' if s.mask_hides else '!='} 0)")
         if s.causal:
             parts.append(f"({r} >= {c})")
         w.line(f"visible = {' & '.join(parts)}")
