@@ -414,11 +414,15 @@ def _pair(eqn, known: int, roles: dict, free_role):
 
 def _dot_plain(eqn) -> bool:
     """A dot at default precision, or with the algorithm a 16-bit tl.dot runs
-    (``BF16_BF16_F32``, as jax.nn.dot_product_attention asks)."""
+    (``BF16_BF16_F32``, as jax.nn.dot_product_attention asks: both operands
+    rounded to bfloat16, a float32 one included, as the kernels round theirs)."""
     p = eqn.params.get("precision")
-    dtype = str(eqn.invars[0].aval.dtype)
-    ok = ("DEFAULT", {"bfloat16": "BF16_BF16_F32", "float16": "F16_F16_F32"}.get(dtype, "DEFAULT"))
-    return all(x is None or str(x).endswith(ok) for x in (p if isinstance(p, tuple) else (p,)))
+    dtypes = {str(v.aval.dtype) for v in eqn.invars}
+    ok = ["DEFAULT"]
+    for half, algorithm in (("bfloat16", "BF16_BF16_F32"), ("float16", "F16_F16_F32")):
+        if half in dtypes and dtypes <= {half, "float32"}:
+            ok.append(algorithm)
+    return all(x is None or str(x).endswith(tuple(ok)) for x in (p if isinstance(p, tuple) else (p,)))
 
 
 # --------------------------------------------------------------------------- #
@@ -498,19 +502,31 @@ def _strided(graph, v, chased: set):
     return base, strides
 
 
-def _absorbed(graph, v):
-    """(value, strides of ``v``'s dims in its buffer, the absorbed equation or
-    None): where ``v``'s one reader is a transpose, a kernel writing ``v``
-    writes the transpose's result instead (no copy after it)."""
-    r = graph.only_reader(v)
-    if r is not None and graph.eqns[r].primitive.name == "transpose":
-        t = graph.eqns[r].outvars[0]
-        ct, perm = _contiguous(t.aval.shape), graph.eqns[r].params["permutation"]
-        strides = [0] * len(perm)
-        for j, a in enumerate(perm):
-            strides[a] = ct[j]
-        return t, strides, r
-    return v, _contiguous(v.aval.shape), None
+def _absorbed(graph, v, dtype: str):
+    """(value, strides of ``v``'s dims in its buffer, the absorbed equations): a
+    kernel writing ``v`` writes, in ``dtype``, what a chain of sole readers makes
+    of it instead: transposes (no copy after the kernel) and one convert to
+    ``dtype`` (a float32 product the program rounds: jax.nn.dot_product_attention's
+    gradients). No match where the value never reaches ``dtype``."""
+    eqns, perm = [], list(range(v.aval.ndim))
+    for _ in range(4):
+        r = graph.only_reader(v)
+        f = None if r is None else graph.eqns[r]
+        if f is not None and f.primitive.name == "transpose":
+            perm = [perm[a] for a in f.params["permutation"]]
+        elif (f is not None and f.primitive.name == "convert_element_type" and str(v.aval.dtype) != dtype
+              and str(f.outvars[0].aval.dtype) == dtype):
+            pass
+        else:
+            break
+        eqns.append(r)
+        v = f.outvars[0]
+    if str(v.aval.dtype) != dtype:
+        raise _NoMatch("a product of another dtype")
+    ct, strides = _contiguous(v.aval.shape), [0] * len(perm)
+    for j, a in enumerate(perm):
+        strides[a] = ct[j]
+    return v, strides, eqns
 
 
 def _layout(roles: list, strides, nb: int, t: str, d: str) -> Layout:
@@ -840,6 +856,10 @@ def _backward(graph, fwd: _Forward, constants: list):
     if not iso.same(ds, d_outs[0]):
         raise _NoMatch("the scores' cotangent is not the softmax's gradient")
     ct = iso.bound.get(d_in[-1])
+    views = []  # dO · vᵀ may reach P's layout through transposes (flax nnx, jax.nn.dot_product_attention)
+    while graph.made_by(ct, "transpose", "reshape") is not None and len(views) < 4:
+        views.insert(0, graph.made_by(ct))
+        ct = graph.eqns[views[0]].invars[0]
     dp_dot = graph.made_by(ct, "dot_general")
     if dp_dot is None:
         raise _NoMatch("P's cotangent is not dO · vᵀ")
@@ -866,6 +886,10 @@ def _backward(graph, fwd: _Forward, constants: list):
         v_roles, contracted, out = _pair(g, known, do_roles, "k")
         vv = g.invars[1 - known]
         known = 1 - known  # v's side
+    for j in views:  # the dot's dims as P's cotangent has them
+        f = graph.eqns[j]
+        out = ([out[a] for a in f.params["permutation"]] if f.primitive.name == "transpose" else
+               _reshaped_roles(out, f.invars[0].aval.shape, f.outvars[0].aval.shape, j))
     if contracted != {"e"} or [r if not _one(r) else None for r in out] != p_roles or not _dot_plain(g):
         raise _NoMatch("dO · vᵀ in another order")
     do = g.invars[1 - known]
@@ -1064,17 +1088,17 @@ def _match(graph, i) -> _Rewrite | None:
     if fwd.o_dot is not None:
         o_eqn = graph.eqns[fwd.o_dot]
         vv, v_roles = (o_eqn.invars[1] if o_eqn.invars[0] is fwd.p else o_eqn.invars[0]), fwd.v_roles
-        o_var, o_strides, o_t = _absorbed(graph, o_eqn.outvars[0])
+        o_var, o_strides, o_t = _absorbed(graph, o_eqn.outvars[0], dtype)
         o_roles, dv = fwd.o_roles, _size(o_eqn.outvars[0].aval.shape, fwd.o_roles, "e")
     else:  # a recomputed forward without O (jax.checkpoint): the kernel writes O for the backward alone
         vv, v_roles = bwd.v, bwd.v_roles
         dv = _size(vv.aval.shape, [v_roles[a] for a in range(vv.aval.ndim)], "e")
-        o_roles, o_t = [("b", n) for n in range(nb)] + ["q", "e"], None
+        o_roles, o_t = [("b", n) for n in range(nb)] + ["q", "e"], []
         o_var = _new_var(batch + (tq, dv), dtype)
         o_strides = _contiguous(o_var.aval.shape)
     vb, v = operand(vv, v_roles, "k", "e")
     o = _layout(o_roles, o_strides, nb, "q", "e")
-    absorbed = [] if o_t is None else [o_t]
+    absorbed = list(o_t)
     mask_in, mask, causal = [], None, False
     if fwd.mask is not None:
         mb, strides = _strided(graph, fwd.mask, chased)
@@ -1116,16 +1140,16 @@ def _match(graph, i) -> _Rewrite | None:
         if (_significant(other) != _significant(operand_roles) or contracted != ({"k"} if t == "q" else {"q"})
                 or not _dot_plain(g)):
             raise _NoMatch("dQ or dK contracts another dim")
-        var, strides, tr = _absorbed(graph, g.outvars[0])
-        absorbed += [] if tr is None else [tr]
+        var, strides, tr = _absorbed(graph, g.outvars[0], dtype)
+        absorbed += tr
         outs[t] = (var, _layout(out, strides, nb, t, d))
     g = graph.eqns[bwd.dv_dot]
     known = 0 if g.invars[0] is bwd.p_dv else 1
     other, contracted, out = _pair(g, known, dict(enumerate(fwd.p_roles)), "e")
     if _significant(other) != _significant(bwd.do_roles) or contracted != {"q"} or not _dot_plain(g):
         raise _NoMatch("dV contracts another dim")
-    dv_var, dv_strides, tr = _absorbed(graph, g.outvars[0])
-    absorbed += [] if tr is None else [tr]
+    dv_var, dv_strides, tr = _absorbed(graph, g.outvars[0], dtype)
+    absorbed += tr
     dq_var, dk_var = outs["q"][0], outs["k"][0]
     if any(str(x.aval.dtype) != dtype for x in (bwd.do, dq_var, dk_var, dv_var)):
         raise _NoMatch("gradients of several dtypes")

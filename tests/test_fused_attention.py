@@ -305,13 +305,17 @@ def test_jit_scanned_layers(rng):
     _check_fallback(step, new, (x, ws, w), jnp.bfloat16)
 
 
-def test_jit_dot_product_attention_forward(rng):
-    """jax.nn.dot_product_attention (XLA's implementation): a head-group dim of
-    size 1 in q, the scores transposed inside the mask's where, a causal mask
-    and'ed with a broadcast True, a BF16_BF16_F32 dot."""
+def test_jit_dot_product_attention(rng):
+    """jax.nn.dot_product_attention (XLA's implementation; flax nnx's attention
+    has its form): a head-group dim of size 1 in q, the scores transposed
+    inside the mask's where, a causal mask and'ed with a broadcast True,
+    BF16_BF16_F32 dots; in the gradient, P's cotangent transposed after
+    dO · vᵀ and dQ, dK float32 products transposed, then rounded."""
     q, k, v = _qkv(rng, jnp.bfloat16, t=9)
-    e = _jit_check(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True), (q, k, v), jnp.bfloat16)
-    assert "causal" in e.rewrites[0]
+    w = _normal(rng, (2, 9, 2, 16), jnp.float32)
+    e = _jit_check(_grad(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)), (q, k, v, w),
+                   jnp.bfloat16)
+    assert "forward and backward" in e.rewrites[0] and "causal" in e.rewrites[0]
 
 
 def test_jit_nan_travels(rng):
