@@ -154,7 +154,8 @@ def fuse_attention(closed: jex_core.ClosedJaxpr) -> tuple[jex_core.ClosedJaxpr, 
 def _fuse(closed: jex_core.ClosedJaxpr) -> tuple[jex_core.ClosedJaxpr, list[str]]:
     eqns, outvars = _flatten(closed.jaxpr)
     eqns = _live(eqns, outvars)
-    graph = _Graph(eqns, outvars)
+    consts = dict(zip(closed.jaxpr.constvars, closed.consts))  # a closed-over mask or bias
+    graph = _Graph(eqns, outvars, consts)
     scans, lines = {}, []
     for i, e in enumerate(eqns):  # a scanned layer stack's attention ([Note: fused attention in scans])
         if e.primitive.name == "scan":
@@ -164,7 +165,7 @@ def _fuse(closed: jex_core.ClosedJaxpr) -> tuple[jex_core.ClosedJaxpr, list[str]
                 lines += more
     if scans:
         eqns = [scans.get(i, e) for i, e in enumerate(eqns)]
-        graph = _Graph(eqns, outvars)
+        graph = _Graph(eqns, outvars, consts)
     rewrites = []
     used = set()
     for i, e in enumerate(eqns):
@@ -304,8 +305,9 @@ def _live(eqns, outvars) -> list:
 # The program's dataflow
 # --------------------------------------------------------------------------- #
 class _Graph:
-    def __init__(self, eqns, outvars):
+    def __init__(self, eqns, outvars, consts: dict | None = None):
         self.eqns = eqns
+        self.consts = consts or {}  # the jaxpr's constants: constvar -> value
         self.pos = {id(e): i for i, e in enumerate(eqns)}
         self.producer: dict = {}
         self.readers: dict = {}
@@ -569,6 +571,8 @@ class _Forward:
     p_roles: list  # of P's dims (the chain may transpose the scores)
     mask_roles: list | None  # of the mask's dims
     row_roles: list  # of the row max's and row sum's dims
+    bias: object = None  # an additive bias (S's shape) and its dims' roles, or None
+    bias_roles: list | None = None
     mask_hides: bool = False  # the mask is True at the hidden scores: where(mask, fill, s)
 
 
@@ -617,6 +621,7 @@ def _forward(graph, i) -> _Forward:
     s_roles = [("b", n) for n in range(nb)] + [q_roles[a] for a in lfree] + [k_roles[a] for a in rfree]
     s = e.outvars[0]
     x, roles, chain, scale, fill, mask, mask_roles, frees = s, list(s_roles), [], 1.0, None, None, None, []
+    bias, bias_roles = None, None
     hides = False
 
     def next_eqn(v, *names):
@@ -631,7 +636,8 @@ def _forward(graph, i) -> _Forward:
     # the scores' prologue: widening converts, a scalar scale, a mask, transposes and
     # size-1 reshapes of the scores, any order
     while True:
-        j = next_eqn(x, "convert_element_type", "mul", "div", "select_n", "transpose", "reshape", "reduce_max")
+        j = next_eqn(x, "convert_element_type", "mul", "div", "add", "select_n", "transpose", "reshape",
+                     "reduce_max")
         if j is None:
             raise _NoMatch("no softmax over the scores")
         f = graph.eqns[j]
@@ -645,11 +651,21 @@ def _forward(graph, i) -> _Forward:
             roles = [roles[a] for a in f.params["permutation"]]
         elif name == "reshape":
             roles = _reshaped_roles(roles, x.aval.shape, f.outvars[0].aval.shape, j)
+        elif name == "add":  # an additive bias (flax's bias=, ALiBi, T5), before any mask
+            other = f.invars[1] if f.invars[0] is x else f.invars[0]
+            if (bias is not None or mask is not None or isinstance(other, jex_core.Literal) or other is x
+                    or other.aval.ndim != x.aval.ndim
+                    or any(n not in (1, m) for n, m in zip(other.aval.shape, x.aval.shape))):
+                raise _NoMatch("an addition that is not one bias before the mask")
+            bias, bias_roles = other, list(roles)
+            frees.append(bias)
         elif name in ("mul", "div"):
             a, b = f.invars
             c = _scalar(graph, b) if a is x else (_scalar(graph, a) if name == "mul" and b is x else None)
             if c is None or c == 0 or not math.isfinite(c):
                 raise _NoMatch(f"{name} by a non-scalar")
+            if bias is not None:
+                raise _NoMatch("a scale after the bias")
             if fill is not None:  # a scale after the mask scales the fill, rounded as the program rounds it
                 with np.errstate(over="ignore"):  # float16's min / 0.5 is -inf
                     f_, c_ = (np.asarray(y, f.outvars[0].aval.dtype) for y in (fill, c))
@@ -728,7 +744,8 @@ def _forward(graph, i) -> _Forward:
         od, v_roles, o_roles = None, None, None
     row_roles = roles[:key_axis] + roles[key_axis + 1:]
     return _Forward(i, od, chain, s, p, mask, frees, scale, -math.inf if fill is None else fill, rowmax, rowsum,
-                    q_roles, k_roles, v_roles, o_roles, nb, s_roles, roles, mask_roles, row_roles, hides)
+                    q_roles, k_roles, v_roles, o_roles, nb, s_roles, roles, mask_roles, row_roles,
+                    bias=bias, bias_roles=bias_roles, mask_hides=hides)
 
 
 def _reshaped_roles(roles: list, shape, new_shape, j) -> list:
@@ -749,8 +766,9 @@ def _reshaped_roles(roles: list, shape, new_shape, j) -> list:
 
 
 def _constant(graph, v, out: list) -> bool:
-    """Whether ``v`` is computed from literals alone; its equations added to ``out``."""
-    if isinstance(v, jex_core.Literal):
+    """Whether ``v`` is computed from literals and the jaxpr's constants alone;
+    its equations added to ``out``."""
+    if isinstance(v, jex_core.Literal) or v in graph.consts:
         return True
     i = graph.made_by(v)
     if i is None:
@@ -770,7 +788,7 @@ def _closure(graph, outputs: list, inputs: list) -> list:
     stop, need, stack = set(inputs), set(), list(outputs)
     while stack:
         v = stack.pop()
-        if isinstance(v, jex_core.Literal) or v in stop:
+        if isinstance(v, jex_core.Literal) or v in stop or v in graph.consts:
             continue
         i = graph.made_by(v)
         if i is None:
@@ -787,7 +805,7 @@ def _replayed(graph, eqns, inputs: list, output):
     order = sorted(set(eqns))
 
     def run(*vals):
-        env = dict(zip(inputs, vals))
+        env = {**graph.consts, **dict(zip(inputs, vals))}
         for j in order:
             e = graph.eqns[j]
             args = [x.val if isinstance(x, jex_core.Literal) else env[x] for x in e.invars]
@@ -1010,6 +1028,7 @@ class _Rewrite:
         s = self.spec
         what = "forward and backward" if s.dq is not None else "forward"
         mask = "causal" if s.causal else ("masked" if s.mask is not None else "unmasked")
+        mask += ", with a bias" if s.bias is not None else ""
         return (f"{what} as flash-attention kernels (batch {list(s.batch)}, {s.tq} x {s.tk} positions, "
                 f"head dim {s.d}, {mask}, {s.dtype})")
 
@@ -1053,6 +1072,27 @@ def _causal(graph, mask, layout: Layout, batch: tuple, tq: int, tk: int, eqns: l
 
 def _numel_of(v) -> int:
     return math.prod(v.aval.shape)
+
+
+# The largest |bias| the kernels take ([Note: fused attention]): within it, a row's
+# log-sum-exp keeps the precision its probabilities need.
+MAX_BIAS = 1e4
+
+
+def _bounded_bias(graph, bias) -> None:
+    """No match unless the bias is a constant (ALiBi's slopes x distances, a fixed
+    relative-position table) whose values are finite and at most ``MAX_BIAS``.
+    A bias of float32's min (a padding mask written additively) makes a row
+    whose keys all carry it uniform over its keys under jax, a result the
+    kernels' log-sum-exp cannot hold at that magnitude; a bias known only at run
+    time could be such a one."""
+    eqns: list = []
+    if _numel_of(bias) > MAX_EVALUATED_MASK or not _constant(graph, bias, eqns):
+        raise _NoMatch("a bias computed at run time (it could hold float32's min)")
+    with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
+        value = np.asarray(_replayed(graph, eqns, [], bias)(), np.float32)
+    if not np.all(np.isfinite(value)) or np.max(np.abs(value), initial=0.0) > MAX_BIAS:
+        raise _NoMatch("a bias with values past MAX_BIAS")
 
 
 def _size(shape, roles, role) -> int:
@@ -1108,12 +1148,22 @@ def _match(graph, i) -> _Rewrite | None:
             mask = None
         else:
             mask_in = [mb]
+    bias = None
+    if fwd.bias is not None:  # read after the mask: the kernels' operand order
+        _bounded_bias(graph, fwd.bias)
+        bb, strides = _strided(graph, fwd.bias, chased)
+        # lax's degenerate broadcasting: a size-1 dim of the bias is read with stride 0
+        strides = [0 if n == 1 else st for n, st in zip(fwd.bias.aval.shape, strides)]
+        bias = _layout(fwd.bias_roles, strides, nb, "q", "k")
+        if str(bb.aval.dtype) not in _FLOATS:
+            raise _NoMatch("a bias of another dtype")
+        mask_in = mask_in + [bb]
     if any(str(x.aval.dtype) != dtype for x in (kv, vv, fwd.p, o_var)):
         raise _NoMatch("operands of several dtypes")
     spec = AttentionSpec(batch=batch, tq=tq, tk=tk, d=_size(qv.aval.shape, [fwd.q_roles[a] for a in range(
         qv.aval.ndim)], "d"), dv=dv, scale=fwd.scale,
         causal=causal, mask=mask, fill=fwd.fill, dtype=dtype, q=q, k=k, v=v, o=o,
-        mask_hides=fwd.mask_hides and mask is not None)
+        mask_hides=fwd.mask_hides and mask is not None, bias=bias)
     lse = _new_var(batch + (tq,), np.float32)
     # the row max's dims in lse's order ([batch..., tq]), its size-1 extras dropped
     kept = [a for a, r in enumerate(fwd.row_roles) if not _one(r)]

@@ -181,8 +181,8 @@ def test_pass_leaves_other_programs(rng, case):
 
     def fn(q, k, v):
         s = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) * 0.25
-        if case == "bias_added":
-            s = s + jnp.arange(8.0)
+        if case == "bias_added":  # a bias known only at run time (a constant, bounded one is fused)
+            s = s + jnp.sum(q.astype(jnp.float32), -1).transpose(0, 2, 1)[..., None]
         p = jax.nn.softmax(s, axis=-2 if case == "softmax_over_queries" else -1)
         if case == "dropout":
             p = p * jax.random.bernoulli(jax.random.key(0), 0.9, p.shape) / 0.9
@@ -316,6 +316,34 @@ def test_jit_dot_product_attention(rng):
     e = _jit_check(_grad(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)), (q, k, v, w),
                    jnp.bfloat16)
     assert "forward and backward" in e.rewrites[0] and "causal" in e.rewrites[0]
+
+
+@pytest.mark.parametrize("bias_kind", ["alibi", "padding"])
+def test_jit_additive_bias(rng, bias_kind):
+    """An additive bias before the mask: ALiBi (a constant, bounded) runs in the
+    kernels, forward and gradient, read broadcast over the batch; HF's padding
+    mask written as 0 / float32 min (a batch entry padded throughout, whose rows
+    jax makes uniform over every key) stays plain, and right."""
+    q, k, v = _qkv(rng, jnp.bfloat16, t=7)
+    w = _normal(rng, (2, 7, 2, 16), jnp.float32)
+    if bias_kind == "alibi":
+        pos = jnp.arange(7.0)
+        bias = (-jnp.abs(pos[:, None] - pos[None, :]) * jnp.asarray([0.5, 0.25])[:, None, None])[None]
+    else:
+        keep = rng.random((2, 7)) < 0.7
+        keep[1] = False  # a row (batch entry) padded throughout
+        bias = jnp.where(jnp.asarray(keep)[:, None, None, :], 0.0, F32_MIN)
+
+    def fn(q, k, v):
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) * 0.25 + bias
+        s = jnp.where(jnp.tril(jnp.ones((7, 7), bool)), s, F32_MIN)
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, -1).astype(q.dtype), v)
+
+    if bias_kind == "padding":
+        assert _rewrites(_grad(fn), q, k, v, w)[2] == []
+        return
+    e = _jit_check(_grad(fn), (q, k, v, w), jnp.bfloat16)
+    assert "with a bias" in e.rewrites[0] and "causal" in e.rewrites[0]
 
 
 def test_jit_nan_travels(rng):

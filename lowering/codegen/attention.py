@@ -129,6 +129,10 @@ class AttentionSpec:
     dv_out: Layout | None = None
     # the tensor mask is True where hidden (where(mask, fill, s): nanoGPT's mask == 0)
     mask_hides: bool = False
+    # An additive bias over (batch..., tq, tk), as ``mask`` (t: the query stride, d: the key
+    # stride; 0 broadcast), added to the scaled scores before the mask: scores =
+    # where(visible, q·kᵀ * scale + bias, fill) (flax's ``bias=``, ALiBi, T5's relative bias)
+    bias: Layout | None = None
     # float32 dots: 'default' as jax.jit on the GPU (TF32 operands, rounded to
     # nearest), 'highest' exact float32 products (lax.Precision.HIGHEST)
     precision: str = "default"
@@ -155,7 +159,10 @@ def render_forward(spec: AttentionSpec, name: str, interpret: bool) -> Kernel:
     tensors = {"q": spec.q, "k": spec.k, "v": spec.v, "o": spec.o}
     if spec.mask is not None:
         tensors["mask"] = spec.mask
-    params = ["Q", "K", "V"] + (["MASK"] if spec.mask is not None else []) + ["O", "LSE"]
+    if spec.bias is not None:
+        tensors["bias"] = spec.bias
+    params = (["Q", "K", "V"] + (["MASK"] if spec.mask is not None else []) + (["BIAS"] if spec.bias is not None else [])
+              + ["O", "LSE"])
     w = _Writer()
     w.line("@triton.jit")
     w.line(f"def {name}_kernel({', '.join(params)}, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):")
@@ -177,6 +184,7 @@ def render_forward(spec: AttentionSpec, name: str, interpret: bool) -> Kernel:
         w.line("cols = start_n + offs_n")
         w.line(f"kt = {r.load('K', 'k', spec.k, 'cols', 'offs_d', spec.tk, spec.d, bn, transposed=True)}")
         w.line(f"s = {r.dot('q', 'kt')} * {_lit(r.qk_scale2)}  # log2 units")
+        r.add_bias(w, "s", "offs_m", "cols", bm, bn, transposed=False)
         r.mask_scores(w, "s", "offs_m", "cols", masked, bm, bn, transposed=False)
         w.line("m_new = tl.maximum(m_i, tl.max(s, 1))")
         m_sub = "m_new"
@@ -220,7 +228,10 @@ def render_backward(spec: AttentionSpec, name: str, interpret: bool) -> Kernel:
                "dq": spec.dq, "dk": spec.dk, "dv": spec.dv_out}
     if spec.mask is not None:
         tensors["mask"] = spec.mask
-    params = ["Q", "K", "V", "O", "DO", "LSE"] + (["MASK"] if spec.mask is not None else []) + ["DQ", "DK", "DV"]
+    if spec.bias is not None:
+        tensors["bias"] = spec.bias
+    params = (["Q", "K", "V", "O", "DO", "LSE"] + (["MASK"] if spec.mask is not None else [])
+              + (["BIAS"] if spec.bias is not None else []) + ["DQ", "DK", "DV"])
     consts = {"BLOCK_M1": m1, "BLOCK_N1": n1, "BLOCK_M2": m2, "BLOCK_N2": n2}
     w = _Writer()
     w.line("@triton.jit")
@@ -260,6 +271,7 @@ def render_backward(spec: AttentionSpec, name: str, interpret: bool) -> Kernel:
         w.line(f"do = {r.load('DO', 'do', spec.do, 'rows', 'offs_e', spec.tq, spec.dv, m1)}")
         row_terms("rows", m1, "do", masked)
         w.line(f"st = {r.dot('k', 'qt')} * {_lit(r.qk_scale2)}  # scores, transposed: [keys, queries]")
+        r.add_bias(w, "st", "rows", "cols", m1, n1, transposed=True)
         r.probabilities(w, "pt", "st", "rows", "cols", masked, m1, n1, transposed=True)
         w.line(f"dv = {r.dot(r.cast('pt'), 'do', 'dv')}")
         w.line(f"dpt = {r.dot('v', 'tl.trans(do)')}")
@@ -289,6 +301,7 @@ def render_backward(spec: AttentionSpec, name: str, interpret: bool) -> Kernel:
         w.line(f"kt = {r.load('K', 'k', spec.k, 'cols', 'offs_d', spec.tk, spec.d, n2, transposed=True)}")
         w.line(f"vt = {r.load('V', 'v', spec.v, 'cols', 'offs_e', spec.tk, spec.dv, n2, transposed=True)}")
         w.line(f"s = {r.dot('q', 'kt')} * {_lit(r.qk_scale2)}")
+        r.add_bias(w, "s", "rows", "cols", m2, n2, transposed=False)
         r.probabilities(w, "p", "s", "rows", "cols", masked, m2, n2, transposed=False)
         w.line(f"dp = {r.dot('do', 'vt')}")
         w.line("ds = p * (dp - delta[:, None])")
@@ -321,12 +334,14 @@ class _Renderer:
         # program id); in interpret mode every block is walked, masked (the
         # prototype's interpreter quirk; with triton_launch's patch the interpreter
         # takes such bounds, and the tests run the GPU's source there too).
-        self.skip_above = (spec.causal and spec.mask is None and not interpret
+        self.skip_above = (spec.causal and spec.mask is None and spec.bias is None and not interpret
                            and self.fill <= CAUSAL_SKIP_FILL)
 
     def header(self, w: _Writer, which: str, blocks: dict):
         s = self.spec
         mask = "no tensor mask" if s.mask is None else f"mask strides {_layout_text(s.mask)}"
+        if s.bias is not None:
+            mask += f", bias strides {_layout_text(s.bias)}"
         w.line(f"# Flash attention {which}: batch {s.batch}, tq {s.tq}, tk {s.tk}, d {s.d}, dv {s.dv}, "
                f"{s.dtype}, scale {s.scale!r}")
         w.line(f"# {'causal' if s.causal else 'not causal'}, {mask}, fill {s.fill!r}; "
@@ -429,6 +444,23 @@ class _Renderer:
         if s.causal:
             parts.append(f"({r} >= {c})")
         w.line(f"visible = {' & '.join(parts)}")
+
+    def add_bias(self, w: _Writer, s: str, rows: str, cols: str, bm: int, bn: int, transposed: bool):
+        """``s += bias * log2(e)`` (scores in log2 units; [rows, cols], or [cols, rows] transposed).
+        With a bias no causal block is skipped: a bias of -inf or float32's min (a padding mask
+        written additively) can make a row's visible scores as low as the fill."""
+        b = self.spec.bias
+        if b is None:
+            return
+        r, c = (f"{rows}[None, :]", f"{cols}[:, None]") if transposed else (f"{rows}[:, None]", f"{cols}[None, :]")
+        bounds = [f"({r} < {self.spec.tq})"] if self.spec.tq % bm else []
+        bounds += [f"({c} < {self.spec.tk})"] if self.spec.tk % bn else []
+        if (self.spec.tq - 1) * abs(b.t) + (self.spec.tk - 1) * abs(b.d) >= 2**31:
+            r, c = r.replace(rows, f"{rows}.to(tl.int64)"), c.replace(cols, f"{cols}.to(tl.int64)")
+        ptr = f"BIAS + bias_base + {_times(r, b.t)} + {_times(c, b.d)}"
+        load = f"tl.load({ptr}, mask={' & '.join(bounds)}, other=0.0)" if bounds else f"tl.load({ptr})"
+        # clamped as the fill is: finfo.min * log2(e) (an additive padding mask) would overflow to -inf
+        w.line(f"{s} += tl.maximum({load}.to(tl.float32) * {_lit(LOG2E)}, {_lit(-F32_MAX)})  # the additive bias")
 
     def mask_scores(self, w: _Writer, s: str, rows: str, cols: str, masked: bool, bm: int, bn: int,
                     transposed: bool):
@@ -539,7 +571,7 @@ def _check(spec: AttentionSpec):
         raise ValueError(f"flash attention: causal needs tq == tk, got {spec.tq} and {spec.tk}")
     if min(spec.tq, spec.tk, spec.d, spec.dv) < 1:
         raise ValueError("flash attention: every size must be at least 1")
-    for t in ("q", "k", "v", "o", "mask", "do", "dq", "dk", "dv_out"):
+    for t in ("q", "k", "v", "o", "mask", "bias", "do", "dq", "dk", "dv_out"):
         layout = getattr(spec, t)
         if layout is not None and len(layout.batch) != len(spec.batch):
             raise ValueError(f"flash attention: {t} has {len(layout.batch)} batch strides for {len(spec.batch)} dims")
