@@ -472,10 +472,9 @@ def _reshape_strides(shape, strides, new):
     return out
 
 
-def _strided(graph, v, chased: set):
+def _strided(graph, v):
     """(buffer variable, strides of ``v``'s dims in it): ``v`` followed back
-    through transposes, copy-free reshapes and broadcasts. ``chased`` gets the
-    view equations read through."""
+    through transposes, copy-free reshapes and broadcasts."""
     chain, base = [], v
     while True:
         i = graph.made_by(base, *_VIEWS)
@@ -500,7 +499,6 @@ def _strided(graph, v, chased: set):
             base, strides, chain = out, _contiguous(out.aval.shape), chain[:k]
             continue
         strides = new
-    chased.update(chain)
     return base, strides
 
 
@@ -1114,10 +1112,8 @@ def _match(graph, i) -> _Rewrite | None:
             if x is not fwd.s and x not in fwd.frees and graph.made_by(x) not in fwd.chain:
                 if not _constant(graph, x, constants):
                     raise _NoMatch("the softmax reads another value")
-    chased: set = set()
-
     def operand(v, roles, t, d):
-        base, strides = _strided(graph, v, chased)
+        base, strides = _strided(graph, v)
         return base, _layout([roles[a] for a in range(v.aval.ndim)], strides, nb, t, d)
 
     bwd = _backward(graph, fwd, constants)
@@ -1139,25 +1135,25 @@ def _match(graph, i) -> _Rewrite | None:
     vb, v = operand(vv, v_roles, "k", "e")
     o = _layout(o_roles, o_strides, nb, "q", "e")
     absorbed = list(o_t)
-    mask_in, mask, causal = [], None, False
+    extra_in, mask, causal = [], None, False  # the mask and bias operands the kernels read, in that order
     if fwd.mask is not None:
-        mb, strides = _strided(graph, fwd.mask, chased)
+        mb, strides = _strided(graph, fwd.mask)
         mask = _layout(fwd.mask_roles, strides, nb, "q", "k")
         causal = _causal(graph, mb, mask, batch, tq, tk, constants, fwd.mask_hides)
         if causal:
             mask = None
         else:
-            mask_in = [mb]
+            extra_in = [mb]
     bias = None
     if fwd.bias is not None:  # read after the mask: the kernels' operand order
         _bounded_bias(graph, fwd.bias)
-        bb, strides = _strided(graph, fwd.bias, chased)
+        bb, strides = _strided(graph, fwd.bias)
         # lax's degenerate broadcasting: a size-1 dim of the bias is read with stride 0
         strides = [0 if n == 1 else st for n, st in zip(fwd.bias.aval.shape, strides)]
         bias = _layout(fwd.bias_roles, strides, nb, "q", "k")
         if str(bb.aval.dtype) not in _FLOATS:
             raise _NoMatch("a bias of another dtype")
-        mask_in = mask_in + [bb]
+        extra_in = extra_in + [bb]
     if any(str(x.aval.dtype) != dtype for x in (kv, vv, fwd.p, o_var)):
         raise _NoMatch("operands of several dtypes")
     spec = AttentionSpec(batch=batch, tq=tq, tk=tk, d=_size(qv.aval.shape, [fwd.q_roles[a] for a in range(
@@ -1174,12 +1170,11 @@ def _match(graph, i) -> _Rewrite | None:
     full_size = [j for j in fwd.chain if _numel_of(graph.eqns[j].outvars[0]) == n_full]
     replaced = {fwd.s_dot, *full_size} | ({fwd.o_dot} if fwd.o_dot is not None else set())
     if bwd is None:
-        fwd_eqn = _eqn(graph, [qb, kb, vb, *mask_in], [o_var, lse], spec, "forward",
+        fwd_eqn = _eqn(graph, [qb, kb, vb, *extra_in], [o_var, lse], spec, "forward",
                        [o_var, fwd.rowmax, fwd.rowsum], lse=lse_view, origin=origin)
         return _Rewrite(spec, {fwd.o_dot: [fwd_eqn]}, {fwd.o_dot, *absorbed}, replaced,
                         replaced | set(fwd.chain) | set(absorbed))
-    chased_b: set = set()
-    dob, strides = _strided(graph, bwd.do, chased_b)
+    dob, strides = _strided(graph, bwd.do)
     do = _layout([bwd.do_roles[a] for a in range(bwd.do.aval.ndim)], strides, nb, "q", "e")
     outs = {}
     for dot, t, d, operand_roles, free in ((bwd.dq_dot, "q", "d", fwd.k_roles, "d"),
@@ -1206,14 +1201,14 @@ def _match(graph, i) -> _Rewrite | None:
     spec = dataclasses.replace(spec, do=do, dq=outs["q"][1], dk=outs["k"][1],
                                dv_out=_layout(out, dv_strides, nb, "k", "e"))
     if fwd.o_dot is not None:
-        fwd_eqn = _eqn(graph, [qb, kb, vb, *mask_in], [o_var, lse], spec, "forward",
+        fwd_eqn = _eqn(graph, [qb, kb, vb, *extra_in], [o_var, lse], spec, "forward",
                        [o_var, fwd.rowmax, fwd.rowsum], lse=lse_view, origin=origin)
     else:  # its fallback: the row max and sum the program has, and O as P · v
-        fwd_eqn = _eqn(graph, [qb, kb, vb, *mask_in], [o_var, lse], spec, "forward",
+        fwd_eqn = _eqn(graph, [qb, kb, vb, *extra_in], [o_var, lse], spec, "forward",
                        [fwd.p, fwd.rowmax, fwd.rowsum], lse=lse_view, origin=origin,
                        o_from_p=(vv, bwd.v_roles, fwd.p_roles, nb))
     grads = (bwd.dq_dot, bwd.dk_dot, bwd.dv_dot)
-    bwd_eqn = _eqn(graph, [qb, kb, vb, o_var, dob, lse, *mask_in], [dq_var, dk_var, dv_var], spec, "backward",
+    bwd_eqn = _eqn(graph, [qb, kb, vb, o_var, dob, lse, *extra_in], [dq_var, dk_var, dv_var], spec, "backward",
                    [dq_var, dk_var, dv_var], origin=[bwd.dp_dot, *grads])
     image_full = [j for j in bwd.image if _numel_of(graph.eqns[j].outvars[0]) == n_full]
     replaced |= {bwd.dp_dot, *grads, *image_full}
