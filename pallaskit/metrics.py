@@ -22,6 +22,7 @@ import collections
 import csv
 import io
 import logging
+import math
 import os
 
 import filelock
@@ -203,7 +204,28 @@ def kernel_stats(result) -> list[dict]:
                         block_rows=getattr(cfg, "block_rows", None), block_cols=getattr(cfg, "block_cols", None),
                         num_warps=getattr(cfg, "num_warps", None), persistent=getattr(cfg, "persistent", None),
                         bytes_read=read, bytes_written=written, num_equations=len(k.origin)))
+    for k in result.program.kernels:  # flash attention ([Note: fused attention] in lowering/attention.py)
+        spec = k.config
+        if k.name.startswith("att") and hasattr(spec, "tq") and hasattr(spec, "batch"):
+            out.append(dict(kernel_name=k.name, kind="attention", rows=math.prod(spec.batch) * spec.tq, cols=spec.tk,
+                            block_rows=None, block_cols=None, num_warps=None, persistent=None,
+                            bytes_read=_attention_bytes(spec, k.name.endswith("_bwd"))[0],
+                            bytes_written=_attention_bytes(spec, k.name.endswith("_bwd"))[1],
+                            num_equations=len(k.equations)))
     return out
+
+
+def _attention_bytes(spec, backward: bool) -> tuple[int, int]:
+    """(bytes read, bytes written) of a flash-attention kernel: q, k, v (and O, dO,
+    lse backward) read; O and lse (dQ, dK, dV backward) written; masks and biases
+    not counted."""
+    rows = math.prod(spec.batch)
+    item = {"bfloat16": 2, "float16": 2, "float32": 4}[spec.dtype]
+    q, k, v = rows * spec.tq * spec.d, rows * spec.tk * spec.d, rows * spec.tk * spec.dv
+    o, lse = rows * spec.tq * spec.dv, rows * spec.tq * 4
+    if backward:
+        return (q + k + v + 2 * o) * item + lse, (q + k + v) * item
+    return (q + k + v) * item, o * item + lse
 
 
 def graph_deltas(result) -> dict:

@@ -8,6 +8,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.extend import core as jex_core
 
@@ -232,6 +233,12 @@ def test_jit_causal_forward_and_grad(rng, dtype):
     e = _jit_check(_grad(CASES["causal"]), (*args, w), dtype)
     assert sum(k.kind == "attention" for k in e.kernels) == 2  # forward, backward
     assert "flash attention, backward" in e.source
+    from pallaskit import metrics  # the kernel_metadata rows hold both, with their bytes
+    with pallaskit.config.override(kernel_backend="triton"):
+        entry = pallaskit.jit(_grad(CASES["causal"])).lower_to_result(*args, w)
+    rows = [r for r in metrics.kernel_stats(entry.result) if r["kind"] == "attention"]
+    assert [r["kernel_name"] for r in rows] == ["att0_fwd", "att1_bwd"]
+    assert rows[0]["bytes_read"] == 3 * 2 * 13 * 2 * 16 * np.dtype(dtype).itemsize
 
 
 def test_jit_mask_with_an_empty_row_and_cross_lengths(rng):
