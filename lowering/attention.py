@@ -575,8 +575,8 @@ class _Forward:
 
 
 # What may sit between a row max or sum and its use: keepdims reshapes, broadcasts,
-# converts, stop_gradient, and jnp.max's floor max(m, -inf).
-_ROW_STEPS = ("reshape", "broadcast_in_dim", "convert_element_type", "stop_gradient", "max")
+# transposes, converts, stop_gradient, and jnp.max's floor max(m, -inf).
+_ROW_STEPS = ("reshape", "broadcast_in_dim", "convert_element_type", "stop_gradient", "max", "transpose")
 
 
 def _path(graph, start, through, goal, depth: int = 5):
@@ -636,6 +636,9 @@ def _forward(graph, i) -> _Forward:
     while True:
         j = next_eqn(x, "convert_element_type", "mul", "div", "add", "select_n", "transpose", "reshape",
                      "reduce_max")
+        maxes = [r for r in graph.read_by(x) if graph.eqns[r].primitive.name == "reduce_max"]
+        if j is None and len(maxes) == 1:  # the max taken before a view of the scores (dot_product_attention)
+            j = maxes[0]
         if j is None:
             raise _NoMatch("no softmax over the scores")
         f = graph.eqns[j]
@@ -690,12 +693,29 @@ def _forward(graph, i) -> _Forward:
     if tuple(f.params["axes"]) != (key_axis,):
         raise _NoMatch("a max over another dim")
     rowmax = f.outvars[0]
+    row_roles = roles[:key_axis] + roles[key_axis + 1:]
     chain.append(j)
+    # the scores as the subtraction reads them: x, or a transpose / size-1 reshape of it
+    views, v_eqns, y, y_roles = {x: (list(roles), [])}, [], x, list(roles)
+    while True:
+        r = [t for t in graph.read_by(y) if graph.eqns[t].primitive.name in ("transpose", "reshape")]
+        if len(r) != 1:
+            break
+        g = graph.eqns[r[0]]
+        y_roles = ([y_roles[a] for a in g.params["permutation"]] if g.primitive.name == "transpose" else
+                   _reshaped_roles(y_roles, y.aval.shape, g.outvars[0].aval.shape, r[0]))
+        v_eqns = v_eqns + [r[0]]
+        y = g.outvars[0]
+        views[y] = (list(y_roles), v_eqns)
     # max(m, -inf) (jnp.max's initial), keepdims reshape / broadcast, stop_gradient, then x - max
-    path = _path(graph, rowmax, _ROW_STEPS, lambda e, v: e.primitive.name == "sub" and e.invars == [x, v])
+    path = _path(graph, rowmax, _ROW_STEPS, lambda e, v: e.primitive.name == "sub" and e.invars[1] is v
+                 and not isinstance(e.invars[0], jex_core.Literal) and e.invars[0] in views)
     if path is None:
         raise _NoMatch("no x - max")
-    chain += path
+    x = graph.eqns[path[-1]].invars[0]
+    roles, more = views[x]
+    chain += more + path
+    key_axis = roles.index("k")
     j = next_eqn(graph.eqns[path[-1]].outvars[0], "exp")
     if j is None:
         raise _NoMatch("no exp")
@@ -707,6 +727,9 @@ def _forward(graph, i) -> _Forward:
         raise _NoMatch("no row sum of exp")
     chain += path
     rowsum = graph.eqns[path[-1]].outvars[0]
+    sum_roles = roles[:key_axis] + roles[key_axis + 1:]
+    if [r for r in sum_roles if not _one(r)] != [r for r in row_roles if not _one(r)]:
+        raise _NoMatch("the row max and sum in other orders")
     path = _path(graph, rowsum, _ROW_STEPS, lambda e, v: e.primitive.name == "div" and e.invars == [ex, v])
     if path is None:
         raise _NoMatch("no exp / sum")
@@ -740,7 +763,6 @@ def _forward(graph, i) -> _Forward:
             break
     else:  # no O: a backward's recomputed forward (jax.checkpoint), v from dO · vᵀ
         od, v_roles, o_roles = None, None, None
-    row_roles = roles[:key_axis] + roles[key_axis + 1:]
     return _Forward(i, od, chain, s, p, mask, frees, scale, -math.inf if fill is None else fill, rowmax, rowsum,
                     q_roles, k_roles, v_roles, o_roles, nb, s_roles, roles, mask_roles, row_roles,
                     bias=bias, bias_roles=bias_roles, mask_hides=hides)

@@ -323,6 +323,9 @@ def test_jit_dot_product_attention(rng):
     e = _jit_check(_grad(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True)), (q, k, v, w),
                    jnp.bfloat16)
     assert "forward and backward" in e.rewrites[0] and "causal" in e.rewrites[0]
+    # unmasked: the row max read before the scores' transpose, the subtraction after it
+    _, _, lines = _rewrites(_grad(lambda q, k, v: jax.nn.dot_product_attention(q, k, v)), q, k, v, w)
+    assert len(lines) == 1 and "forward and backward" in lines[0] and "unmasked" in lines[0]
 
 
 @pytest.mark.parametrize("bias_kind", ["alibi", "padding"])
