@@ -308,7 +308,6 @@ class _Graph:
     def __init__(self, eqns, outvars, consts: dict | None = None):
         self.eqns = eqns
         self.consts = consts or {}  # the jaxpr's constants: constvar -> value
-        self.pos = {id(e): i for i, e in enumerate(eqns)}
         self.producer: dict = {}
         self.readers: dict = {}
         for i, e in enumerate(eqns):
