@@ -89,11 +89,12 @@ class _Fallback:
     """The equations an attention equation replaced, as a callable XLA can lower
     (hashable by identity, as a primitive parameter must be)."""
 
-    def __init__(self, closed: jex_core.ClosedJaxpr, lse: tuple | None = None, o_roles: tuple | None = None):
-        self.closed, self.lse, self.o_roles = closed, lse, o_roles
+    def __init__(self, run, n_eqns: int, lse: tuple | None = None, o_roles: tuple | None = None):
+        # ``run``: the replayed equations (``_replayed``), bound only where XLA lowers this
+        self.run, self.n_eqns, self.lse, self.o_roles = run, n_eqns, lse, o_roles
 
     def __call__(self, *args):
-        outs = jax.core.eval_jaxpr(self.closed.jaxpr, self.closed.consts, *args)
+        outs = self.run(*args)
         if self.lse is None:
             return outs
         if self.o_roles is not None:  # O = P · v, P and v by their dims' roles
@@ -110,7 +111,7 @@ class _Fallback:
         return [o, lse.astype(np.float32)]
 
     def __repr__(self):
-        return f"<fallback of {len(self.closed.jaxpr.eqns)} equations>"
+        return f"<fallback of {self.n_eqns} equations>"
 
 
 def _abstract(*args, spec, phase, out_avals, fallback, origin):
@@ -166,13 +167,13 @@ def _fuse(closed: jex_core.ClosedJaxpr) -> tuple[jex_core.ClosedJaxpr, list[str]
     if scans:
         eqns = [scans.get(i, e) for i, e in enumerate(eqns)]
         graph = _Graph(eqns, outvars, consts)
-    rewrites = []
+    rewrites, memo = [], {}
     used = set()
     for i, e in enumerate(eqns):
         if e.primitive.name != "dot_general" or i in used:
             continue
         try:
-            r = _match(graph, i)
+            r = _match(graph, i, memo)
         except _NoMatch as why:
             log.debug("attention at %s not fused: %s", e, why)
             continue
@@ -858,7 +859,27 @@ def _struct(x):
     return jax.ShapeDtypeStruct(x.aval.shape, x.aval.dtype)
 
 
-def _backward(graph, fwd: _Forward, constants: list):
+def _chain_key(graph, eqns: list, inputs: list, output):
+    """A forward chain's structure, the same for two chains whose replays JAX
+    differentiates alike: each equation's primitive, parameters and operands
+    (which input, earlier result or literal), the inputs' types; None where it
+    reads anything else (a constant array)."""
+    ref = {v: ("in", n) for n, v in enumerate(inputs)}
+    parts = []
+    for k, j in enumerate(eqns):
+        e = graph.eqns[j]
+        ins = tuple(("lit", repr(np.asarray(x.val).tolist()), str(x.aval.dtype)) if isinstance(x, jex_core.Literal)
+                    else ref.get(x) for x in e.invars)
+        if None in ins:
+            return None
+        for n, o in enumerate(e.outvars):
+            ref[o] = ("eq", k, n)
+        parts.append((e.primitive.name, repr(sorted(e.params.items())), ins,
+                      tuple((str(o.aval.dtype), tuple(o.aval.shape)) for o in e.outvars)))
+    return tuple(parts), tuple((str(v.aval.dtype), tuple(v.aval.shape)) for v in inputs), ref.get(output)
+
+
+def _backward(graph, fwd: _Forward, constants: list, memo: dict):
     s_eqn = graph.eqns[fwd.s_dot]
     qv, kv = s_eqn.invars
     full = fwd.s.aval.shape
@@ -878,17 +899,25 @@ def _backward(graph, fwd: _Forward, constants: list):
     if len(cands) != 1:
         return None
     ds, dq_dot, dk_dot = cands[0]
-    run = _replayed(graph, fwd.chain + constants, [fwd.s, *fwd.frees], fwd.p)
+    inputs = [fwd.s, *fwd.frees]
+    key = _chain_key(graph, sorted(set(fwd.chain + constants)), inputs, fwd.p)
+    if key is None or key not in memo:  # every layer of a model has the same chain: derived once
+        run = _replayed(graph, fwd.chain + constants, inputs, fwd.p)
 
-    def vjp(s, *rest):
-        frees, ct = rest[:-1], rest[-1]
-        return jax.vjp(lambda s_: run(s_, *frees), s)[1](ct)[0]
+        def vjp(s, *rest):
+            frees, ct = rest[:-1], rest[-1]
+            return jax.vjp(lambda s_: run(s_, *frees), s)[1](ct)[0]
 
-    derived = jax.make_jaxpr(vjp)(_struct(fwd.s), *[_struct(f) for f in fwd.frees], _struct(fwd.p))
-    d_eqns, d_outs = _flatten(derived.jaxpr)
-    if derived.consts:
-        return None
-    d_in = derived.jaxpr.invars
+        derived = jax.make_jaxpr(vjp)(*map(_struct, inputs), _struct(fwd.p))
+        if derived.consts:
+            return None
+        d_eqns, d_outs = _flatten(derived.jaxpr)
+        found = (d_eqns, d_outs, derived.jaxpr.invars)
+        if key is not None:
+            memo[key] = found
+    else:
+        found = memo[key]
+    d_eqns, d_outs, d_in = found
     iso = _Isomorphism(graph, d_eqns, {d_in[0]: fwd.s, **dict(zip(d_in[1:-1], fwd.frees))}, ct=d_in[-1])
     if not iso.same(ds, d_outs[0]):
         raise _NoMatch("the scores' cotangent is not the softmax's gradient")
@@ -1065,8 +1094,7 @@ def _eqn(graph, invars, outvars, spec, phase, outputs, lse=None, origin=(), o_fr
         outputs = [outputs[0], v, *outputs[1:]]
         o_roles = (list(p_roles), [v_roles[a] for a in range(v.aval.ndim)], [("b", n) for n in range(nb)] + ["q", "e"])
     run = _closure(graph, outputs, invars)
-    fallback = _Fallback(jax.make_jaxpr(_replayed(graph, run, invars, outputs))(*map(_struct, invars)), lse,
-                         o_roles)
+    fallback = _Fallback(_replayed(graph, run, invars, outputs), len(run), lse, o_roles)
     names = trace.VarNames()
     params = dict(spec=spec, phase=phase, out_avals=tuple(v.aval for v in outvars), fallback=fallback,
                   origin=tuple(trace.equation_text(graph.eqns[j], names) for j in origin))
@@ -1118,7 +1146,9 @@ def _size(shape, roles, role) -> int:
     return int(shape[roles.index(role)])
 
 
-def _match(graph, i) -> _Rewrite | None:
+def _match(graph, i, memo: dict) -> _Rewrite | None:
+    """The rewrite of the attention whose scores dot is equation ``i``; ``memo``:
+    derived backward chains by their structure (``_chain_key``), for one program."""
     fwd = _forward(graph, i)
     nb = fwd.nb
     s_eqn = graph.eqns[fwd.s_dot]
@@ -1137,7 +1167,7 @@ def _match(graph, i) -> _Rewrite | None:
         base, strides = _strided(graph, v)
         return base, _layout([roles[a] for a in range(v.aval.ndim)], strides, nb, t, d)
 
-    bwd = _backward(graph, fwd, constants)
+    bwd = _backward(graph, fwd, constants, memo)
     if fwd.o_dot is None and bwd is None:
         raise _NoMatch("no P · v")
     qb, q = operand(qv, fwd.q_roles, "q", "d")
