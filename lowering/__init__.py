@@ -63,15 +63,13 @@ def compile_jaxpr(closed_jaxpr, options: CompileOptions, title: str = "") -> Com
         from lowering.scan_hoist import hoist_scans
 
         closed_jaxpr, rewrites = hoist_scans(closed_jaxpr)
-    if options.fused_attention and not options.size_hints:
-        from lowering import executors
-        from lowering.attention import fuse_attention
+    if options.fused_attention:
+        from lowering import attention
 
-        if executors.wants_triton("attention", options):
-            closed_jaxpr, more = fuse_attention(closed_jaxpr)
+        if attention.enabled(options):
+            closed_jaxpr, more = attention.fuse_attention(closed_jaxpr)
             rewrites += more
     lowered = lower(closed_jaxpr, options)
-    rewrites += lowered.rewrites
     sched = schedule(lowered.graph, options, combine=combine)
     program = codegen_program.render(sched, options, title)
     graph = lowered.graph

@@ -138,6 +138,14 @@ attention_p.def_impl(_impl)
 # --------------------------------------------------------------------------- #
 # The pass
 # --------------------------------------------------------------------------- #
+def enabled(options) -> bool:
+    """Does the compiler fuse attention under ``options``: option ``fused_attention``,
+    a static program, and raw Triton running the kernels (``executors.wants_triton``)."""
+    from lowering import executors
+
+    return options.fused_attention and not options.size_hints and executors.wants_triton("attention", options)
+
+
 def fuse_attention(closed: jex_core.ClosedJaxpr) -> tuple[jex_core.ClosedJaxpr, list[str]]:
     """``closed`` with each attention it finds run by attention equations, and
     one line per rewrite; unchanged where none is found, or where the pass
@@ -365,8 +373,7 @@ def _scalar(graph, x):
         eqns: list = []
         if not _constant(graph, x, eqns) or any(graph.eqns[j].effects for j in eqns):
             return None
-        with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
-            value = np.asarray(_replayed(graph, eqns, [], x)())
+        value = _evaluated(graph, eqns, x)
     for dtype in reversed(casts):
         value = np.asarray(value, dtype)
     return float(value)
@@ -801,6 +808,14 @@ def _constant(graph, v, out: list) -> bool:
     return False
 
 
+def _evaluated(graph, eqns: list, v) -> np.ndarray:
+    """The value of ``v``, computed by ``eqns`` from literals and constants
+    (``_constant``): eagerly, on the host, even where pallaskit compiles inside
+    an outer trace."""
+    with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
+        return np.asarray(_replayed(graph, eqns, [], v)())
+
+
 def _closure(graph, outputs: list, inputs: list) -> list:
     """The equations computing ``outputs`` from ``inputs`` (and literals): what
     an attention equation's fallback replays. No match where they would read
@@ -1108,9 +1123,7 @@ def _causal(graph, mask, layout: Layout, batch: tuple, tq: int, tk: int, eqns: l
     equations computing it."""
     if tq != tk or _numel_of(mask) > MAX_EVALUATED_MASK or not _constant(graph, mask, eqns):
         return False
-    # eagerly, on the host, even where pallaskit compiles inside an outer trace
-    with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
-        value = np.asarray(_replayed(graph, eqns, [], mask)())
+    value = _evaluated(graph, eqns, mask)
     batch = tuple(n if st else 1 for n, st in zip(batch, layout.batch))  # one entry of a broadcast dim
     strides = tuple(st * value.itemsize for st in (*layout.batch, layout.t, layout.d))
     logical = np.lib.stride_tricks.as_strided(value, batch + (tq, tk), strides)
@@ -1136,8 +1149,7 @@ def _bounded_bias(graph, bias) -> None:
     eqns: list = []
     if _numel_of(bias) > MAX_EVALUATED_MASK or not _constant(graph, bias, eqns):
         raise _NoMatch("a bias computed at run time (it could hold float32's min)")
-    with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
-        value = np.asarray(_replayed(graph, eqns, [], bias)(), np.float32)
+    value = _evaluated(graph, eqns, bias).astype(np.float32)
     if not np.all(np.isfinite(value)) or np.max(np.abs(value), initial=0.0) > MAX_BIAS:
         raise _NoMatch("a bias with values past MAX_BIAS")
 

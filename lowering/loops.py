@@ -220,12 +220,6 @@ def _body(ctx, name, closed, bound, fallbacks, carries: int = 0) -> Body:
         jaxpr, consts = closed.jaxpr, list(closed.consts)
     else:
         jaxpr, consts = closed, []
-    if _fuses_attention(ctx.options):  # a scanned layer's attention ([Note: fused attention])
-        from lowering.attention import fuse_attention
-
-        fused, lines = fuse_attention(jex_core.ClosedJaxpr(jaxpr, consts))
-        jaxpr = fused.jaxpr
-        ctx.rewrites += [f"{line} in loop body {name}" for line in lines]
     sub = ctx.child()
     closure = []
 
@@ -263,12 +257,6 @@ def _body(ctx, name, closed, bound, fallbacks, carries: int = 0) -> Body:
         k.name = f"{name}_{k.name}"
     _mark_in_place(sched, list(zip(params[:carries], graph.outputs[:carries])))
     return Body(name, sched, params, closure)
-
-
-def _fuses_attention(options) -> bool:
-    from lowering import executors
-
-    return options.fused_attention and not options.size_hints and executors.wants_triton("attention", options)
 
 
 # [Note: distinct body outputs]

@@ -31,7 +31,6 @@ class LoweringContext:
         self.var_names = trace.VarNames()
         self._count = 0
         self.in_loop_body = False  # lowering a loop's body ([Note: loop bodies] in loops.py)
-        self.rewrites: list[str] = []  # what jaxpr passes rewrote in loop bodies (a scanned layer's attention)
 
     def child(self) -> LoweringContext:
         """A context for a nested jaxpr (a loop body, [Note: loop bodies]): a
@@ -39,7 +38,6 @@ class LoweringContext:
         sub = LoweringContext(self.options)
         sub._count = self._count  # one counter: body names never shadow outer ones
         sub.var_names = self.var_names
-        sub.rewrites = self.rewrites
         sub.in_loop_body = True
         return sub
 
@@ -169,7 +167,6 @@ def _safe_dtype(aval):
 class LoweredGraph:
     graph: ir.Graph
     fallbacks: list[str]  # primitive names run through XLA, in first-seen order
-    rewrites: list[str] = dataclasses.field(default_factory=list)  # jaxpr passes' rewrites in loop bodies
 
 
 def lower(closed: jex_core.ClosedJaxpr, options: CompileOptions | None = None) -> LoweredGraph:
@@ -187,7 +184,7 @@ def lower(closed: jex_core.ClosedJaxpr, options: CompileOptions | None = None) -
     outs = [prng.key_value(ctx, o, v.aval) for o, v in zip(outs, closed.jaxpr.outvars)]  # [Note: key values]
     graph = ir.Graph(inputs=list(ctx.inputs), nodes=ctx.nodes, outputs=list(outs), constants=ctx.constants,
                      weak_outputs=tuple(bool(getattr(v.aval, "weak_type", False)) for v in closed.jaxpr.outvars))
-    return LoweredGraph(graph, fallbacks, ctx.rewrites)
+    return LoweredGraph(graph, fallbacks)
 
 
 def _literal(lit) -> ir.Const:

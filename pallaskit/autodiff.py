@@ -317,12 +317,11 @@ def grad_entry(sig: Signature, perturbed: tuple[bool, ...], method: str) -> Grad
 
 
 def _attention_fused() -> bool:
-    """Does the compiler fuse attention here (option ``fused_attention``, raw Triton)?"""
-    from lowering import executors
+    """Does the compiler fuse attention here (``lowering.attention.enabled``)?"""
+    from lowering import attention
     from pallaskit.orchestrator import compile_options
 
-    options = compile_options()
-    return options.fused_attention and executors.wants_triton("attention", options)
+    return attention.enabled(compile_options())
 
 
 def _fuse_attention(joint):
