@@ -24,8 +24,12 @@ wait, after the last call, for background work still running (a speculative
 compile that the small function never uses: its cost), and the CPU seconds
 with it (ptxas subprocesses not counted).
 
-The clock starts after ``import jax``, ``import pallaskit`` and the inputs are
-on the device (``import_s`` is reported apart). Each pallaskit row also shows
+The child does what a script does: imports, defines its function
+(``pallaskit.jit(fn)``, which starts importing the compiler on a thread:
+[Note: compiler preload] in pallaskit/runtime/preload.py), builds its inputs
+on the device; the clock starts then (``import_s`` and ``setup_s`` are
+reported apart; ``first_result_s`` is from ``import jax`` to the first call's
+result). ``pallaskit nopreload``: option ``preload_compiler`` off. Each pallaskit row also shows
 where its time went, summed over the calls: ``trace`` (jax's trace of the
 function), ``passes`` (``lowering.compile_jaxpr``; on a cold process it
 includes importing the compiler), ``eager`` (building the eager program of a
@@ -58,7 +62,7 @@ import threading
 import time
 
 RESULT = "RESULT "
-ROWS = ("jax.jit", "pallaskit", "pallaskit+pre", "pallaskit dynamic=", "pallaskit nospeculate",
+ROWS = ("jax.jit", "pallaskit", "pallaskit nopreload", "pallaskit+pre", "pallaskit dynamic=", "pallaskit nospeculate",
         "pallaskit eager-threads")
 SMOKE_ROWS, SMOKE_DIMS = (5, 17, 33, 64, 100), (32, 64, 32)
 
@@ -129,26 +133,23 @@ def child(spec: dict) -> dict:
     if row != "jax.jit":
         import pallaskit
     import_s = time.perf_counter() - t0
-    rng = np.random.default_rng(0)
+    # As a script does: the functions are defined (decorated) first, then the inputs
+    # built; pallaskit.jit starts importing the compiler there ([Note: compiler
+    # preload] in pallaskit/runtime/preload.py), beside building the inputs.
     if spec["case"] == "small":
         fn = lambda x: jnp.tanh(x) * 2 + 1  # noqa: E731
-        calls = [(jnp.asarray(rng.standard_normal((128, 256)), jnp.float32),)]
-        labels = ["128x256"]
     else:
         from benchmarks.workloads import SWEEP_ROWS, gelu_mlp
 
         fn = gelu_mlp
-        rows, (k, h, n) = (SMOKE_ROWS, SMOKE_DIMS) if spec["smoke"] else (SWEEP_ROWS, (1024, 4096, 1024))
-        w1 = jnp.asarray(rng.standard_normal((k, h)) * k ** -0.5, jnp.bfloat16)
-        w2 = jnp.asarray(rng.standard_normal((h, n)) * h ** -0.5, jnp.bfloat16)
-        calls = [(jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16), w1, w2) for m in rows]
-        labels = [str(m) for m in rows]
-    jax.block_until_ready(calls)
     summary = None
     if row == "jax.jit":
         f = jax.jit(fn)
     else:
+        if row == "pallaskit nopreload":
+            pallaskit.config.update(preload_compiler=False)
         if row == "pallaskit+pre":
+            pallaskit.config.update(preload_compiler=False)
             import lowering.codegen.program  # noqa: F401  (the compiler and its imports, before the clock)
             import lowering.lower  # noqa: F401
             import sympy.tensor.tensor  # noqa: F401  (sympy imports it on its first addition)
@@ -163,6 +164,18 @@ def child(spec: dict) -> dict:
                                                        options)
             triton_launch._compile_cubin = on_thread
         f = pallaskit.jit(fn, dynamic={"x": {0: "m"}}) if row == "pallaskit dynamic=" else pallaskit.jit(fn)
+    rng = np.random.default_rng(0)
+    if spec["case"] == "small":
+        calls = [(jnp.asarray(rng.standard_normal((128, 256)), jnp.float32),)]
+        labels = ["128x256"]
+    else:
+        rows, (k, h, n) = (SMOKE_ROWS, SMOKE_DIMS) if spec["smoke"] else (SWEEP_ROWS, (1024, 4096, 1024))
+        w1 = jnp.asarray(rng.standard_normal((k, h)) * k ** -0.5, jnp.bfloat16)
+        w2 = jnp.asarray(rng.standard_normal((h, n)) * h ** -0.5, jnp.bfloat16)
+        calls = [(jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16), w1, w2) for m in rows]
+        labels = [str(m) for m in rows]
+    jax.block_until_ready(calls)
+    setup_s = time.perf_counter() - t0 - import_s
     per = []
     outs = []
     per_phases = []  # the first two calls' phases (size 1, and size 2: where automatic dynamic starts)
@@ -176,6 +189,7 @@ def child(spec: dict) -> dict:
         if mark is not None:
             per_phases.append(summary(mark))
     total, cpu = time.perf_counter() - start, time.process_time() - cpu
+    first_result_s = start + per[0] - t0  # from `import jax` to the first call's result
     background = 0.0
     if row != "jax.jit":  # work still running after the last call (a speculative compile, tier-up)
         t = time.perf_counter()
@@ -186,7 +200,8 @@ def child(spec: dict) -> dict:
     ref = jax.jit(fn)
     err = max(float(jnp.max(jnp.abs(outs[i].astype(jnp.float32) - ref(*calls[i]).astype(jnp.float32))))
               for i in {0, len(calls) - 1})
-    out = {"row": row, "case": spec["case"], "import_s": round(import_s, 3), "total_s": round(total, 3), "cpu_s": round(cpu, 3),
+    out = {"row": row, "case": spec["case"], "import_s": round(import_s, 3), "setup_s": round(setup_s, 3),
+           "first_result_s": round(first_result_s, 3), "total_s": round(total, 3), "cpu_s": round(cpu, 3),
            "background_s": round(background, 3), "cpu_with_background_s": round(cpu_all, 3),
            "per_call_s": [round(p, 4) for p in per], "labels": labels, "max_abs_err_vs_jax": err,
            "device": jax.devices()[0].device_kind}
@@ -260,7 +275,8 @@ def main(argv=None) -> int:
             first = r["per_call_s"][0]
             rest = sum(r["per_call_s"][1:])
             line = (f"{case:6s} {row:20s} total {r['total_s']:7.3f} s  first {first:6.3f}  rest {rest:6.3f}  "
-                    f"cpu {r['cpu_s']:.2f}  import {r['import_s']:.2f}  err {r['max_abs_err_vs_jax']:.2g}")
+                    f"cpu {r['cpu_s']:.2f}  import {r['import_s']:.2f}  setup {r['setup_s']:.2f}  "
+                    f"to first result {r['first_result_s']:.2f}  err {r['max_abs_err_vs_jax']:.2g}")
             if r.get("background_s", 0) >= 0.001:  # after the last call, until the background work ended
                 line += f"  background {r['background_s']:.3f} (cpu with it {r['cpu_with_background_s']:.2f})"
             if r.get("phases"):

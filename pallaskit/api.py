@@ -27,9 +27,10 @@ import jax
 
 from pallaskit import autodiff, metrics, orchestrator, sharding, signature
 from pallaskit import dynamic as dynamic_dims
+from pallaskit.config import config
 from pallaskit.executable import Compiled
 from pallaskit.orchestrator import compile_options  # noqa: F401  (the public name: tests, benchmarks, explain)
-from pallaskit.runtime import fastpath, gc_pause, xla_args
+from pallaskit.runtime import fastpath, gc_pause, preload, xla_args
 
 log = logging.getLogger("pallaskit")
 
@@ -156,6 +157,8 @@ class JitFunction:
         # updated=(): a function wrapping a JitFunction (jax.grad(f) of one) carries its
         # __dict__ (fn, _cache); copying that would make this one run the wrapped function.
         functools.update_wrapper(self, fn, updated=())
+        if config.preload_compiler:  # [Note: compiler preload]
+            preload.start(orchestrator.prepare_first_compile)
 
     def __get__(self, obj, objtype=None):
         """As jax.jit's: a method's ``self`` is the first argument (``static_argnums=0`` makes it static)."""

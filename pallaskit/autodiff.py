@@ -40,6 +40,7 @@ from jax._src.interpreters import batching as _batching
 from jax._src.interpreters import partial_eval as _pe
 
 from pallaskit import metrics, sharding
+from pallaskit.runtime import preload
 from pallaskit.config import config
 from pallaskit.signature import ClosedOverTracers, JaxOnly, Signature, flat_function
 
@@ -304,6 +305,7 @@ def grad_entry(sig: Signature, perturbed: tuple[bool, ...], method: str) -> Grad
     if entry is None:
         from jax.extend import core as jex_core
 
+        preload.wait()
         from lowering import partition as partition_mod
 
         joint = partition_mod.joint_jaxpr(sig.flat, sig.avals, perturbed)
@@ -318,6 +320,7 @@ def grad_entry(sig: Signature, perturbed: tuple[bool, ...], method: str) -> Grad
 
 def _attention_fused() -> bool:
     """Does the compiler fuse attention here (``lowering.attention.enabled``)?"""
+    preload.wait()
     from lowering import attention
     from pallaskit.orchestrator import compile_options
 
@@ -329,6 +332,7 @@ def _fuse_attention(joint):
     is partitioned: the forward half's flash kernel then saves O and the rows'
     log-sum-exp for the backward half's, as torch's SDPA does, where each half
     on its own would hold only half of the pattern (the probabilities saved)."""
+    preload.wait()
     from lowering.attention import fuse_attention
 
     closed, lines = fuse_attention(joint.jaxpr)
@@ -518,6 +522,7 @@ def _call_vmap(sig: Signature, leaves):
 def explain_entry(jf, args, kwargs, method: str | None = None) -> GradEntry:
     """The reverse-mode entry of ``jf`` at these arguments, differentiated with
     respect to every inexact argument leaf (for ``pallaskit.explain_grad``)."""
+    preload.wait()
     from lowering import partition as partition_mod
 
     method = method or config.partitioner

@@ -170,6 +170,9 @@ def _check_matmul_template(v):
 
 
 def _check_partitioner(v):
+    from pallaskit.runtime import preload
+
+    preload.wait()
     from lowering.partition import PARTITIONERS
 
     if v not in PARTITIONERS:
@@ -294,6 +297,11 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "programs under 5 kernels as separate launches): one graph launch per call, less host time "
            "([Note: command buffers] in pallaskit/cache). XLA_FLAGS that turn command buffers off still do.",
            _parse_bool, _check_bool, "true, false"),
+    Option("preload_compiler", True, "pallaskit.jit(f) starts importing the compiler (lowering's passes, sympy; "
+           "on the CPU jax's Pallas interpreter) on a thread, so that a first compile does not wait for it: the "
+           "import runs while the script builds its inputs ([Note: compiler preload] in "
+           "pallaskit/runtime/preload.py). Off: imported by the first compile.", _parse_bool, _check_bool,
+           "true, false"),
     Option("triton_compile_processes", True, "On a GPU, compile raw Triton kernels (to PTX inside XLA, to cubin "
            "for eager launches) in worker processes, one per compile thread, started as a GPU compile begins "
            "and more with the threads that need them: Triton's Python frontend holds the GIL, so on threads the "

@@ -7,6 +7,8 @@ import types
 
 import jax
 
+from pallaskit.runtime import preload
+
 
 @dataclasses.dataclass
 class KernelInfo:
@@ -92,6 +94,7 @@ def explain(fn, *args, **kwargs) -> Explanation:
 
 def _describe(entry) -> Explanation:
     r = entry.result
+    preload.wait()
     from lowering.loops import scheduled_kernels
 
     sched = {k.name: k for k, _, _ in scheduled_kernels(r.schedule)}  # loop bodies' kernels too

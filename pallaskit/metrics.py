@@ -176,6 +176,9 @@ def _nbytes(graph, name, hints=()) -> int:
     n = 1
     for d in shape:
         if not isinstance(d, int):
+            from pallaskit.runtime import preload
+
+            preload.wait()
             from lowering import sizes
 
             d = sizes.hint(d, hints)

@@ -29,7 +29,7 @@ from lowering.options import CompileOptions
 from pallaskit import cache, executable, metrics, per_shard, shape_guards, sharding, signature
 from pallaskit.config import config
 from pallaskit.executable import Compiled
-from pallaskit.runtime import eager, gc_pause, loader, multikernel, xla_args
+from pallaskit.runtime import eager, gc_pause, loader, multikernel, preload, xla_args
 
 log = logging.getLogger("pallaskit")
 
@@ -202,7 +202,8 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
     title = jf._title()
 
     def build(options=options, jaxpr=None):  # jaxpr: a per-shard plan's local one ([Note: per-shard kernels])
-        _start_compile_workers(options)
+        start_compile_workers(options)
+        preload.wait()  # [Note: compiler preload]
         with gc_pause.paused():  # [Note: no collections while compiling]
             result = lowering.compile_jaxpr(jaxpr or closed, options, title)
         call = loader.load_lazily(result.program)
@@ -399,6 +400,8 @@ def _from_cache(key, parts, structs, title, started, xla=None) -> Served | None:
     t0 = time.perf_counter()
     entry = cache.load(key, parts)
     t1 = time.perf_counter()
+    if entry is not None and entry.executable is None and jax.default_backend() == "cpu":
+        preload.wait()  # rebuilt from its source, which imports Pallas: the preload's on the CPU
     metrics.counters["cache_read_seconds"] += t1 - t0
     if entry is None:
         return None
@@ -482,7 +485,7 @@ def _warm_up_for_eager(options):
     return triton_launch.warm_up
 
 
-# Compile workers started as a GPU compile begins (``_start_compile_workers``),
+# Compile workers started as a GPU compile begins (``start_compile_workers``),
 # one for each compile thread (``triton_call._compile_pool``): each takes a few
 # tenths of a second to start, so they start beside the passes rather than
 # when the first kernels wait for them (two left most threads waiting: a ResNet
@@ -490,7 +493,7 @@ def _warm_up_for_eager(options):
 PRESTART_WORKERS = 8
 
 
-def _start_compile_workers(options) -> None:
+def start_compile_workers(options) -> None:
     """On a GPU, Triton's compile workers started as the compiler begins
     (``triton_compile.prestart``): they start beside the passes, not after
     them, when the program's kernels (inside XLA or eager) compile. None where
@@ -502,6 +505,22 @@ def _start_compile_workers(options) -> None:
     from pallaskit.runtime import triton_compile
 
     triton_compile.prestart(min(PRESTART_WORKERS, os.cpu_count() or 1))
+
+
+def prepare_first_compile() -> bool:
+    """What a first compile on this platform would start, started early by the
+    compiler's preload ([Note: compiler preload] in runtime/preload.py): on a
+    GPU, triton's import and the compile workers. Returns whether kernels run
+    interpreted (the preload then imports jax's Pallas interpreter)."""
+    options = compile_options()
+    if options.interpret:
+        return True
+    if options.triton_available:
+        from pallaskit.runtime import triton_launch
+
+        triton_launch.warm_up()
+    start_compile_workers(options)
+    return False
 
 
 def eager_wanted(options) -> bool:
@@ -516,6 +535,7 @@ def _eager_program(title: str, built: dict, options, first_sizes: dict):
     if not eager_wanted(options):
         return None
     mode = config.dynamic_launch
+    preload.wait()
     from lowering.codegen import triton as triton_codegen
 
     renderable, why = [], []

@@ -58,6 +58,8 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from pallaskit.runtime import preload
+
 log = logging.getLogger("pallaskit")
 
 Spec = tuple  # per dim: a tuple of mesh axis names (major to minor); () for a whole dim
@@ -77,6 +79,7 @@ _NO_PLAN = frozenset({"shard_map", "psum", "pmax", "pmin", "all_gather", "all_to
 
 @functools.lru_cache(maxsize=None)
 def _pointwise_names() -> frozenset:
+    preload.wait()
     from lowering.rules.pointwise import ELEMENTWISE, IDENTITY
 
     return frozenset(ELEMENTWISE) | frozenset(IDENTITY) | _MORE_POINTWISE
@@ -241,6 +244,7 @@ class _Interpreter:
         name = self.current = eqn.primitive.name
         if name in _NO_PLAN:
             raise NoPlan(f"the jaxpr holds {name}")
+        preload.wait()
         from lowering.trace import inlined_body
 
         body = inlined_body(eqn)

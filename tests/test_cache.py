@@ -50,11 +50,14 @@ _CHILD = textwrap.dedent("""
 """ % (HEAVY_MODULES,))
 
 
-def _spawn(cache_dir, out):
+def _spawn(cache_dir, out, preload=True):
     # A CPU child: kernel_backend 'auto' (Pallas's interpreter), not a GPU run's 'triton'
     # (TEST_DISABLE_PALLAS_TRITON), whose interpreter host callbacks no executable can serialize.
+    # preload=False: no compiler imported on a thread ([Note: compiler preload]), so that the
+    # child's modules are the ones its call imported.
     env = dict(os.environ, PALLASKIT_CACHE_DIR=str(cache_dir), JAX_PLATFORMS="cpu", PALLASKIT_INTERPRET="auto",
-               PALLASKIT_KERNEL_BACKEND="auto", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               PALLASKIT_KERNEL_BACKEND="auto", PALLASKIT_PRELOAD_COMPILER=str(int(preload)),
+               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.Popen([sys.executable, "-c", _CHILD, str(out)], env=env, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -74,7 +77,7 @@ def test_warm_start_in_a_fresh_process_compiles_nothing(tmp_path):
     cold = _finish(_spawn(tmp_path, tmp_path / "cold.npy"))
     assert cold["cache_misses"] == 1 and cold["cache_hits"] == 0 and cold["kernels_compiled"] >= 1
     assert "sympy" in cold["heavy_modules"]  # the child does see a compilation's imports
-    warm = _finish(_spawn(tmp_path, tmp_path / "warm.npy"))
+    warm = _finish(_spawn(tmp_path, tmp_path / "warm.npy", preload=False))
     assert warm["kernels_compiled"] == 0 and warm["cache_hits"] == 1 and warm["cache_misses"] == 0
     assert warm["heavy_modules"] == []  # a hit imports neither the compiler nor Pallas
     # the code statistics are replayed from the entry

@@ -229,18 +229,18 @@ _EAGER_SCRIPT = textwrap.dedent('''
     threads_error = error()
     assert threads_error.startswith("broken_kernel: Triton compile failed"), threads_error
     gpu = CompileOptions(interpret=False, triton_available=True)
-    orchestrator._start_compile_workers(gpu)
+    orchestrator.start_compile_workers(gpu)
     assert not triton_compile._workers, "a worker started with the option off"
 
     pallaskit.config.update(triton_compile_processes=True)
-    orchestrator._start_compile_workers(CompileOptions(interpret=True, triton_available=True))
+    orchestrator.start_compile_workers(CompileOptions(interpret=True, triton_available=True))
     assert not triton_compile._workers, "a worker started in interpret mode"
     pallaskit.config.update(dynamic_launch="off")
-    orchestrator._start_compile_workers(CompileOptions(interpret=False, triton_available=True,
+    orchestrator.start_compile_workers(CompileOptions(interpret=False, triton_available=True,
                                                        kernel_backend="pallas"))
     assert not triton_compile._workers, "a worker started with no raw Triton kernel to compile"
     pallaskit.config.update(dynamic_launch="auto")
-    orchestrator._start_compile_workers(gpu)  # as a GPU compile begins: before the kernels
+    orchestrator.start_compile_workers(gpu)  # as a GPU compile begins: before the kernels
     triton_compile.prestart(2)
     spares = list(triton_compile._spares)
     assert len(spares) == 2 and all(w.ready(120) for w in spares)

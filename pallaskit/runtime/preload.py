@@ -1,0 +1,139 @@
+"""Import the compiler on a thread while the user's script sets up.
+
+[Note: compiler preload]
+The compiler (``lowering``'s passes, its rule tables, sympy) is imported on
+first need, so that a process whose programs all come from the on-disk cache
+never imports it (lowering/__init__.py). A process that compiles paid that
+import in its first call: about 0.5 s, most of a small function's cold first
+call (issue 24 asks for at most 0.3 s of pallaskit's own time on top of
+jax.jit's). So ``pallaskit.jit(f)`` starts importing it on a thread
+(``start``). Scripts define their functions, then build inputs and
+parameters; JAX's backend start and the XLA compiles of that setup leave the
+GIL free, and the import runs there. Once JAX has started its backend (the
+thread polls for it; a compile that begins first ends the wait) the thread
+also does what that platform's first compile would: on the CPU it imports the
+modules jax's lowering of an interpreted ``pallas_call`` imports (its Mosaic
+interpreters, ~0.3 s); on a GPU it starts triton's import
+(``triton_launch.warm_up``, on a thread of its own) and the Triton compile
+workers (``orchestrator.start_compile_workers``), which take a few tenths of a
+second to start and which the passes' own time used to cover.
+
+One importer at a time. Two threads importing modules of one package can meet
+a circular wait, which Python ends with a ``_DeadlockError`` (or a partly
+initialized module) in the thread that closes it. So:
+- every pallaskit path that imports the compiler's modules calls ``wait()``
+  first (the compile, autodiff's joint-graph passes, explain, per-shard plans,
+  the options' help; on the CPU, a program loaded from the cache, which
+  imports Pallas); tests/test_preload.py checks each such import;
+- ``jax.extend``, which the compiler imports and which imports all its modules
+  (Pallas's among them), is imported by ``start`` in the caller (~20 ms), since
+  run-time paths that do not wait import it too (a GPU program loaded from the
+  cache, a gradient's trace); the thread then imports no jax module;
+- the thread imports packages before their modules (``COMPILER_MODULES``).
+  Importing ``a.b`` takes ``a.b``'s lock before ``a``'s; a thread holding a
+  module while waiting for its package can make the other thread's import
+  fail. Packages first, only this thread's own import can fail (logged at
+  debug level; the compile then imports what it needs).
+A disk-cache hit on a GPU imports none of the thread's modules and does not
+wait: there the thread only competes for the GIL. A fork waits for the thread
+(``os.register_at_fork``): a child forked mid-import would inherit its import
+locks. Option ``preload_compiler`` turns it off (``PALLASKIT_PRELOAD_COMPILER=0``).
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import threading
+import time
+from typing import Callable
+
+log = logging.getLogger("pallaskit")
+
+# What a first compile imports (lowering/__init__.py's compile_jaxpr and what its
+# passes import in turn), packages before their modules (see the note).
+COMPILER_MODULES = ("sympy", "lowering.rules", "lowering.codegen", "lowering.lower", "lowering.scheduler",
+                    "lowering.combo", "lowering.codegen.program",
+                    "lowering.scan_hoist", "lowering.attention", "lowering.partition")
+# What jax's lowering of ``pallas_call(interpret=True)`` imports on its first
+# use (jax/_src/pallas/pallas_call.py, ``_pallas_call_lowering``); each optional.
+INTERPRET_MODULES = ("jax.experimental.pallas", "jax._src.pallas.mosaic.interpret.interpret_pallas_call",
+                     "jax._src.pallas.mosaic.interpret.params",
+                     "jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call",
+                     "jax._src.pallas.mosaic_gpu.interpret.params")
+
+_thread: threading.Thread | None = None
+_lock = threading.Lock()
+
+
+def start(prepare: Callable[[], bool]) -> None:
+    """Start the import thread, once per process. ``prepare``: called on the
+    thread once JAX's backend has started; starts what the platform's first
+    compile would wait for and returns whether kernels run interpreted
+    (``orchestrator.prepare_first_compile``)."""
+    global _thread
+    if _thread is not None:
+        return
+    with _lock:
+        if _thread is not None:
+            return
+        import jax.extend  # noqa: F401  (here, not on the thread: see "One importer at a time")
+
+        _thread = threading.Thread(target=_preload, args=(prepare,), name="pallaskit-compiler-import", daemon=True)
+        _thread.start()
+
+
+def wait() -> None:
+    """Return once the import thread (if any) is done; called before a path
+    imports any module the thread imports. A thread still waiting for JAX's
+    backend stops waiting."""
+    thread = _thread
+    if thread is not None and thread is not threading.current_thread() and thread.is_alive():
+        _compiling.set()
+        thread.join()
+
+
+_compiling = threading.Event()  # a compile began: the thread stops waiting for the backend
+BACKEND_WAIT_S = 60.0  # how long the thread waits for JAX to start its backend
+
+
+def _preload(prepare) -> None:
+    try:
+        for name in COMPILER_MODULES:
+            _import(name)
+        if _backend_started() and prepare():
+            for name in INTERPRET_MODULES:
+                try:
+                    _import(name)
+                except ImportError:  # another jax: its lowering imports what it has
+                    pass
+    except Exception as e:  # noqa: BLE001  (the compile that needs it will say what is wrong)
+        log.debug("pallaskit: preparing the compiler on a thread failed (%s: %s)", type(e).__name__, e)
+
+
+def _import(name: str) -> None:
+    """Import ``name`` after each of its packages, outermost first (see the note)."""
+    parts = name.split(".")
+    for i in range(1, len(parts) + 1):
+        importlib.import_module(".".join(parts[:i]))
+
+
+def _backend_started() -> bool:
+    """Wait (polling, the GIL free) until JAX has started its backends, a
+    compile begins, or BACKEND_WAIT_S; True in the first case. Never starts
+    them: that stays the script's to do."""
+    try:
+        from jax._src import xla_bridge
+
+        started = xla_bridge.backends_are_initialized
+    except (ImportError, AttributeError):  # another jax: skip the platform's part
+        return False
+    deadline = time.monotonic() + BACKEND_WAIT_S
+    while not started():
+        if _compiling.wait(0.01) or time.monotonic() > deadline:
+            return False
+    return True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=wait)
