@@ -491,9 +491,12 @@ def _warm_up_for_eager(options):
 # when the first kernels wait for them (two left most threads waiting: a ResNet
 # block's cold compile in benchmarks/RESULTS.md, "Session 23").
 PRESTART_WORKERS = 8
+# Started by the compiler's preload, before any compile: enough for a small
+# program's kernels; a larger one's passes cover the rest's start.
+PRELOAD_WORKERS = 2
 
 
-def start_compile_workers(options) -> None:
+def start_compile_workers(options, count: int | None = None) -> None:
     """On a GPU, Triton's compile workers started as the compiler begins
     (``triton_compile.prestart``): they start beside the passes, not after
     them, when the program's kernels (inside XLA or eager) compile. None where
@@ -504,22 +507,20 @@ def start_compile_workers(options) -> None:
         return
     from pallaskit.runtime import triton_compile
 
-    triton_compile.prestart(min(PRESTART_WORKERS, os.cpu_count() or 1))
+    triton_compile.prestart(min(PRESTART_WORKERS if count is None else count, os.cpu_count() or 1))
 
 
 def prepare_first_compile() -> bool:
     """What a first compile on this platform would start, started early by the
     compiler's preload ([Note: compiler preload] in runtime/preload.py): on a
-    GPU, triton's import and the compile workers. Returns whether kernels run
-    interpreted (the preload then imports jax's Pallas interpreter)."""
+    GPU, ``PRELOAD_WORKERS`` compile workers (processes: they take no GIL from
+    the script; triton's own import, which would, stays with the compile).
+    Returns whether kernels run interpreted (the preload then imports jax's
+    Pallas interpreter)."""
     options = compile_options()
     if options.interpret:
         return True
-    if options.triton_available:
-        from pallaskit.runtime import triton_launch
-
-        triton_launch.warm_up()
-    start_compile_workers(options)
+    start_compile_workers(options, PRELOAD_WORKERS)
     return False
 
 

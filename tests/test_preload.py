@@ -41,7 +41,8 @@ _CHILD = textwrap.dedent("""
 
 
 def _run_child(**env) -> dict:
-    environment = {**os.environ, "PALLASKIT_CACHE": "0", "JAX_PLATFORMS": "cpu", **env}
+    environment = {**os.environ, "PALLASKIT_CACHE": "0", "JAX_PLATFORMS": "cpu", "PALLASKIT_INTERPRET": "auto",
+                   "PALLASKIT_KERNEL_BACKEND": "auto", **env}
     environment["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, environment.get("PYTHONPATH")) if p)
     proc = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, env=environment,
                           timeout=300, cwd=REPO)

@@ -13,10 +13,14 @@ GIL free, and the import runs there. Once JAX has started its backend (the
 thread polls for it; a compile that begins first ends the wait) the thread
 also does what that platform's first compile would: on the CPU it imports the
 modules jax's lowering of an interpreted ``pallas_call`` imports (its Mosaic
-interpreters, ~0.3 s); on a GPU it starts triton's import
-(``triton_launch.warm_up``, on a thread of its own) and the Triton compile
-workers (``orchestrator.start_compile_workers``), which take a few tenths of a
-second to start and which the passes' own time used to cover.
+interpreters, ~0.3 s); on a GPU it starts two Triton compile workers
+(``orchestrator.prepare_first_compile``), processes which take a few tenths of
+a second to start, which the passes' import used to cover. Not triton's own
+import: a thread busy with Python when a warm process makes its first call
+(served from the disk cache) slows it several times over, since each of that
+call's returns to Python waits up to a switch interval for the GIL (measured:
+0.025 -> 0.19 s, benchmarks/RESULTS.md, session 30); the compiler's import is
+done by then in scripts that build anything.
 
 One importer at a time. Two threads importing modules of one package can meet
 a circular wait, which Python ends with a ``_DeadlockError`` (or a partly
