@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 
 import jax
 
-from pallaskit import autodiff, metrics, orchestrator, sharding, signature
+from pallaskit import autodiff, cache, metrics, orchestrator, sharding, signature
 from pallaskit import dynamic as dynamic_dims
 from pallaskit.config import config
 from pallaskit.executable import Compiled
@@ -157,7 +157,8 @@ class JitFunction:
         # updated=(): a function wrapping a JitFunction (jax.grad(f) of one) carries its
         # __dict__ (fn, _cache); copying that would make this one run the wrapped function.
         functools.update_wrapper(self, fn, updated=())
-        if config.preload_compiler:  # [Note: compiler preload]
+        # [Note: compiler preload]: unless this function's program is likely on disk ([Note: function markers]).
+        if config.preload_compiler and not preload.started() and not cache.holds_function(fn):
             preload.start(orchestrator.prepare_first_compile)
 
     def __get__(self, obj, objtype=None):
@@ -330,6 +331,7 @@ class JitFunction:
                          if placement is None else None)
             entry = self._compile(avals, treedef, static_pos, static_kw, n_args,
                                   xla=xla, placement=placement, while_compiling=speculate)
+            cache.mark_function(self.fn)  # a later process likely finds it on disk ([Note: function markers])
         self._cache[key] = entry
         return entry
 

@@ -46,18 +46,16 @@ _CHILD = textwrap.dedent("""
     dx, dw = pallaskit.jit(rms_bwd)(x, w, g)
     np.save(sys.argv[1], np.concatenate([np.asarray(dx).ravel(), np.asarray(dw)]))
     heavy = [m for m in %r if m in sys.modules]
-    print(json.dumps(dict(pallaskit.metrics.counters, heavy_modules=heavy)))
+    from pallaskit.runtime import preload
+    print(json.dumps(dict(pallaskit.metrics.counters, heavy_modules=heavy, preload=preload.started())))
 """ % (HEAVY_MODULES,))
 
 
-def _spawn(cache_dir, out, preload=True):
+def _spawn(cache_dir, out):
     # A CPU child: kernel_backend 'auto' (Pallas's interpreter), not a GPU run's 'triton'
     # (TEST_DISABLE_PALLAS_TRITON), whose interpreter host callbacks no executable can serialize.
-    # preload=False: no compiler imported on a thread ([Note: compiler preload]), so that the
-    # child's modules are the ones its call imported.
     env = dict(os.environ, PALLASKIT_CACHE_DIR=str(cache_dir), JAX_PLATFORMS="cpu", PALLASKIT_INTERPRET="auto",
-               PALLASKIT_KERNEL_BACKEND="auto", PALLASKIT_PRELOAD_COMPILER=str(int(preload)),
-               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               PALLASKIT_KERNEL_BACKEND="auto", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.Popen([sys.executable, "-c", _CHILD, str(out)], env=env, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -77,9 +75,12 @@ def test_warm_start_in_a_fresh_process_compiles_nothing(tmp_path):
     cold = _finish(_spawn(tmp_path, tmp_path / "cold.npy"))
     assert cold["cache_misses"] == 1 and cold["cache_hits"] == 0 and cold["kernels_compiled"] >= 1
     assert "sympy" in cold["heavy_modules"]  # the child does see a compilation's imports
-    warm = _finish(_spawn(tmp_path, tmp_path / "warm.npy", preload=False))
+    assert cold["preload"]  # a function never run: the compiler imported on a thread ([Note: compiler preload])
+    warm = _finish(_spawn(tmp_path, tmp_path / "warm.npy"))
     assert warm["kernels_compiled"] == 0 and warm["cache_hits"] == 1 and warm["cache_misses"] == 0
-    assert warm["heavy_modules"] == []  # a hit imports neither the compiler nor Pallas
+    # A hit imports neither the compiler nor Pallas, and a function the cache holds (its
+    # marker, [Note: function markers]) starts no preload: jax.extend is the preload's import.
+    assert not warm["preload"] and warm["heavy_modules"] == []
     # the code statistics are replayed from the entry
     for name in pallaskit.metrics.COMPILE_DELTA_NAMES:
         assert warm[name] == cold[name], name

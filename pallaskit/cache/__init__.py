@@ -121,6 +121,40 @@ def enabled() -> bool:
     return bool(config.cache)
 
 
+# [Note: function markers]
+# ``functions/<digest>``: an empty file per user function that has run with the
+# cache on, named by the digest of its module, qualified name, file and
+# bytecode. ``pallaskit.jit(f)`` asks for it to tell a process that will likely
+# serve ``f`` from the cache (no compiler import wanted: [Note: compiler
+# preload] in runtime/preload.py) from one that will compile it. A hint, not a
+# key: a stale marker (its entries evicted, or a callee changed) only means
+# the compiler is imported by the first compile, as without the preload.
+def function_marker(fn) -> str | None:
+    """The marker's path for ``fn``; None for a callable without bytecode (a
+    ``functools.partial``, a callable object) or with the cache off."""
+    code = getattr(fn, "__code__", None)
+    if code is None or not enabled():
+        return None
+    name = f"{getattr(fn, '__module__', '')}\0{getattr(fn, '__qualname__', '')}\0{code.co_filename}\0"
+    digest = hashlib.sha256(name.encode() + code.co_code).hexdigest()[:32]
+    return os.path.join(cache_dir(), "functions", digest)
+
+
+def holds_function(fn) -> bool:
+    path = function_marker(fn)
+    return path is not None and os.path.exists(path)
+
+
+def mark_function(fn) -> None:
+    path = function_marker(fn)
+    if path is None or os.path.exists(path):
+        return
+    try:
+        _write_atomic(path, b"")
+    except OSError as e:  # a read-only or full disk: the hint is lost, nothing else
+        log.debug("pallaskit cache: no marker for %s (%s)", getattr(fn, "__qualname__", fn), e)
+
+
 # --------------------------------------------------------------------------- #
 # The key
 # --------------------------------------------------------------------------- #
@@ -664,13 +698,15 @@ def stats() -> dict:
 def clear() -> int:
     """Delete every entry, environment stamp, multi-kernel choice file
     (``multi_kernel/``), compiled raw-Triton kernel (``triton_kernels/``), eager program
-    (``eager/``) and stray temporary file; returns the count of entries."""
+    (``eager/``), function marker (``functions/``) and stray temporary file; returns the
+    count of entries."""
     n = 0
     with _lock("evict"):
         for folder, suffix in ((graphs_dir(), SUFFIX), (env_dir(), ".json"),
                                (os.path.join(cache_dir(), "multi_kernel"), ".json"),
                                (os.path.join(cache_dir(), "triton_kernels"), ""),
-                               (os.path.join(cache_dir(), "eager"), ".json")):
+                               (os.path.join(cache_dir(), "eager"), ".json"),
+                               (os.path.join(cache_dir(), "functions"), "")):
             try:
                 listing = list(os.scandir(folder))
             except FileNotFoundError:

@@ -7,20 +7,23 @@ never imports it (lowering/__init__.py). A process that compiles paid that
 import in its first call: about 0.5 s, most of a small function's cold first
 call (issue 24 asks for at most 0.3 s of pallaskit's own time on top of
 jax.jit's). So ``pallaskit.jit(f)`` starts importing it on a thread
-(``start``). Scripts define their functions, then build inputs and
-parameters; JAX's backend start and the XLA compiles of that setup leave the
-GIL free, and the import runs there. Once JAX has started its backend (the
-thread polls for it; a compile that begins first ends the wait) the thread
-also does what that platform's first compile would: on the CPU it imports the
-modules jax's lowering of an interpreted ``pallas_call`` imports (its Mosaic
-interpreters, ~0.3 s); on a GPU it starts two Triton compile workers
-(``orchestrator.prepare_first_compile``), processes which take a few tenths of
-a second to start, which the passes' import used to cover. Not triton's own
-import: a thread busy with Python when a warm process makes its first call
-(served from the disk cache) slows it several times over, since each of that
-call's returns to Python waits up to a switch interval for the GIL (measured:
-0.025 -> 0.19 s, benchmarks/RESULTS.md, session 30); the compiler's import is
-done by then in scripts that build anything.
+(``start``), unless the cache has run ``f`` before ([Note: function markers]
+in pallaskit/cache: its program is likely on disk, and a warm process should
+not pay for an import it will not use). Scripts define their functions, then
+build inputs and parameters; JAX's backend start and the XLA compiles of that
+setup leave the GIL free, and the import runs there. If JAX has started its
+backend by the time the import is done, the thread also does what that
+platform's first compile would: on the CPU it imports the modules jax's
+lowering of an interpreted ``pallas_call`` imports (its Mosaic interpreters,
+~0.3 s); on a GPU it starts two Triton compile workers
+(``orchestrator.prepare_first_compile``), processes that take a few tenths
+of a second to start, which the passes' import used to cover.
+
+The thread costs a call that runs while it still imports: each return of that
+call to Python waits up to a switch interval for the GIL. A warm process's
+first call (served from the disk cache), 0.025 s alone, took 0.15-0.25 s on
+the H100 host beside the import (benchmarks/RESULTS.md, session 30); hence
+the marker. The GPU host's import takes over a second where its setup is short.
 
 One importer at a time. Two threads importing modules of one package can meet
 a circular wait, which Python ends with a ``_DeadlockError`` (or a partly
@@ -49,7 +52,6 @@ import importlib
 import logging
 import os
 import threading
-import time
 from typing import Callable
 
 log = logging.getLogger("pallaskit")
@@ -87,18 +89,16 @@ def start(prepare: Callable[[], bool]) -> None:
         _thread.start()
 
 
+def started() -> bool:
+    return _thread is not None
+
+
 def wait() -> None:
     """Return once the import thread (if any) is done; called before a path
-    imports any module the thread imports. A thread still waiting for JAX's
-    backend stops waiting."""
+    imports any module the thread imports."""
     thread = _thread
     if thread is not None and thread is not threading.current_thread() and thread.is_alive():
-        _compiling.set()
         thread.join()
-
-
-_compiling = threading.Event()  # a compile began: the thread stops waiting for the backend
-BACKEND_WAIT_S = 60.0  # how long the thread waits for JAX to start its backend
 
 
 def _preload(prepare) -> None:
@@ -123,20 +123,15 @@ def _import(name: str) -> None:
 
 
 def _backend_started() -> bool:
-    """Wait (polling, the GIL free) until JAX has started its backends, a
-    compile begins, or BACKEND_WAIT_S; True in the first case. Never starts
-    them: that stays the script's to do."""
+    """Has JAX started its backends? Asked once, never starting them (that
+    stays the script's to do), and never polled: a thread waking every few
+    milliseconds takes the GIL from the script each time."""
     try:
         from jax._src import xla_bridge
 
-        started = xla_bridge.backends_are_initialized
+        return bool(xla_bridge.backends_are_initialized())
     except (ImportError, AttributeError):  # another jax: skip the platform's part
         return False
-    deadline = time.monotonic() + BACKEND_WAIT_S
-    while not started():
-        if _compiling.wait(0.01) or time.monotonic() > deadline:
-            return False
-    return True
 
 
 if hasattr(os, "register_at_fork"):
