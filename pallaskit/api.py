@@ -331,8 +331,8 @@ class JitFunction:
                          if placement is None else None)
             entry = self._compile(avals, treedef, static_pos, static_kw, n_args,
                                   xla=xla, placement=placement, while_compiling=speculate)
-            cache.mark_function(self.fn)  # a later process likely finds it on disk ([Note: function markers])
         self._cache[key] = entry
+        cache.mark_function(self.fn)  # a later process likely finds it on disk ([Note: function markers])
         return entry
 
     def _fast_key(self, args, kwargs):

@@ -492,8 +492,9 @@ def _warm_up_for_eager(options):
 # block's cold compile in benchmarks/RESULTS.md, "Session 23").
 PRESTART_WORKERS = 8
 # Started by the compiler's preload, before any compile: enough for a small
-# program's kernels; a larger one's passes cover the rest's start.
-PRELOAD_WORKERS = 2
+# program's kernels and its speculative eager ones (the dynamic sweep's first
+# size compiles four at once); a larger one's passes cover the rest's start.
+PRELOAD_WORKERS = 4
 
 
 def start_compile_workers(options, count: int | None = None) -> None:

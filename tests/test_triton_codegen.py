@@ -337,7 +337,9 @@ def test_a_warm_process_serves_new_sizes_without_importing_the_compiler(tmp_path
     for o in outs:
         assert o.returncode == 0, o.stderr[-3000:]
     results = [next(line for line in o.stdout.splitlines() if line.startswith("RESULT")) for o in outs]
-    assert results[0] == "RESULT 0 3 1 ['sympy', 'lowering.scheduler']", outs[0].stderr[-2000:]
+    # The first process compiles (its compiler import may also bring the Pallas interpreter: [Note:
+    # compiler preload]); the second starts no preload for a function it ran ([Note: function markers]).
+    assert results[0].startswith("RESULT 0 3 1 ['sympy', 'lowering.scheduler'"), outs[0].stderr[-2000:]
     assert results[1] == "RESULT 1 3 0 []", outs[1].stderr[-2000:]
 
 

@@ -15,7 +15,7 @@ setup leave the GIL free, and the import runs there. If JAX has started its
 backend by the time the import is done, the thread also does what that
 platform's first compile would: on the CPU it imports the modules jax's
 lowering of an interpreted ``pallas_call`` imports (its Mosaic interpreters,
-~0.3 s); on a GPU it starts two Triton compile workers
+~0.3 s); on a GPU it starts four Triton compile workers
 (``orchestrator.prepare_first_compile``), processes that take a few tenths
 of a second to start, which the passes' import used to cover.
 
@@ -57,8 +57,9 @@ from typing import Callable
 log = logging.getLogger("pallaskit")
 
 # What a first compile imports (lowering/__init__.py's compile_jaxpr and what its
-# passes import in turn), packages before their modules (see the note).
-COMPILER_MODULES = ("sympy", "lowering.rules", "lowering.codegen", "lowering.lower", "lowering.scheduler",
+# passes import in turn; sympy imports sympy.tensor.tensor on its first addition),
+# packages before their modules (see the note).
+COMPILER_MODULES = ("sympy", "sympy.tensor.tensor", "lowering.rules", "lowering.codegen", "lowering.lower", "lowering.scheduler",
                     "lowering.combo", "lowering.codegen.program",
                     "lowering.scan_hoist", "lowering.attention", "lowering.partition")
 # What jax's lowering of ``pallas_call(interpret=True)`` imports on its first
