@@ -514,14 +514,18 @@ def start_compile_workers(options, count: int | None = None) -> None:
 def prepare_first_compile() -> bool:
     """What a first compile on this platform would start, started early by the
     compiler's preload ([Note: compiler preload] in runtime/preload.py): on a
-    GPU, ``PRELOAD_WORKERS`` compile workers (processes: they take no GIL from
-    the script; triton's own import, which would, stays with the compile).
-    Returns whether kernels run interpreted (the preload then imports jax's
-    Pallas interpreter)."""
+    GPU, ``PRELOAD_WORKERS`` compile workers and triton's import (which the
+    loader needs before JAX lowers a program of raw Triton kernels). Returns
+    whether kernels run interpreted (the preload then imports jax's Pallas
+    interpreter)."""
     options = compile_options()
     if options.interpret:
         return True
     start_compile_workers(options, PRELOAD_WORKERS)
+    if options.triton_available:
+        from pallaskit.runtime import triton_launch
+
+        triton_launch.warm_up()
     return False
 
 

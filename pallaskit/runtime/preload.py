@@ -15,15 +15,17 @@ setup leave the GIL free, and the import runs there. If JAX has started its
 backend by the time the import is done, the thread also does what that
 platform's first compile would: on the CPU it imports the modules jax's
 lowering of an interpreted ``pallas_call`` imports (its Mosaic interpreters,
-~0.3 s); on a GPU it starts four Triton compile workers
-(``orchestrator.prepare_first_compile``), processes that take a few tenths
-of a second to start, which the passes' import used to cover.
+~0.3 s); on a GPU it starts four Triton compile workers and triton's import
+(``orchestrator.prepare_first_compile``): worker processes take a few tenths
+of a second to start, which the passes' import used to cover, and the loader
+needs triton before JAX lowers the program.
 
 The thread costs a call that runs while it still imports: each return of that
 call to Python waits up to a switch interval for the GIL. A warm process's
 first call (served from the disk cache), 0.025 s alone, took 0.15-0.25 s on
-the H100 host beside the import (benchmarks/RESULTS.md, session 30); hence
-the marker. The GPU host's import takes over a second where its setup is short.
+the H100 host beside the import (benchmarks/RESULTS.md, session 30), which
+there takes over a second; hence the markers: a process that will likely
+compile nothing starts none of it.
 
 One importer at a time. Two threads importing modules of one package can meet
 a circular wait, which Python ends with a ``_DeadlockError`` (or a partly
