@@ -40,8 +40,8 @@ from jax._src.interpreters import batching as _batching
 from jax._src.interpreters import partial_eval as _pe
 
 from pallaskit import metrics, sharding
-from pallaskit.runtime import preload
 from pallaskit.config import config
+from pallaskit.runtime import preload
 from pallaskit.signature import ClosedOverTracers, JaxOnly, Signature, flat_function
 
 # jax.extend imports all of its modules, Pallas among them, and the

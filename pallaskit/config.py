@@ -297,9 +297,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "programs under 5 kernels as separate launches): one graph launch per call, less host time "
            "([Note: command buffers] in pallaskit/cache). XLA_FLAGS that turn command buffers off still do.",
            _parse_bool, _check_bool, "true, false"),
-    Option("preload_compiler", True, "pallaskit.jit(f) starts importing the compiler (lowering's passes, sympy; "
-           "on the CPU jax's Pallas interpreter) on a thread, so that a first compile does not wait for it: the "
-           "import runs while the script builds its inputs ([Note: compiler preload] in "
+    Option("preload_compiler", True, "pallaskit.jit(f) of a function the cache has not run before starts "
+           "importing the compiler (lowering's passes, sympy; on the CPU jax's Pallas interpreter; on a GPU also "
+           "triton, and four compile workers start) on a thread, so that a first compile does not wait for it: "
+           "the import runs while the script builds its inputs ([Note: compiler preload] in "
            "pallaskit/runtime/preload.py). Off: imported by the first compile.", _parse_bool, _check_bool,
            "true, false"),
     Option("triton_compile_processes", True, "On a GPU, compile raw Triton kernels (to PTX inside XLA, to cubin "

@@ -37,7 +37,8 @@ initialized module) in the thread that closes it. So:
 - ``jax.extend``, which the compiler imports and which imports all its modules
   (Pallas's among them), is imported by ``start`` in the caller (~20 ms), since
   run-time paths that do not wait import it too (a GPU program loaded from the
-  cache, a gradient's trace); the thread then imports no jax module;
+  cache, a gradient's trace); the thread then imports no jax module (on the
+  GPU, only pallaskit's own leaf modules for the workers and triton's import);
 - the thread imports packages before their modules (``COMPILER_MODULES``).
   Importing ``a.b`` takes ``a.b``'s lock before ``a``'s; a thread holding a
   module while waiting for its package can make the other thread's import
@@ -61,9 +62,9 @@ log = logging.getLogger("pallaskit")
 # What a first compile imports (lowering/__init__.py's compile_jaxpr and what its
 # passes import in turn; sympy imports sympy.tensor.tensor on its first addition),
 # packages before their modules (see the note).
-COMPILER_MODULES = ("sympy", "sympy.tensor.tensor", "lowering.rules", "lowering.codegen", "lowering.lower", "lowering.scheduler",
-                    "lowering.combo", "lowering.codegen.program",
-                    "lowering.scan_hoist", "lowering.attention", "lowering.partition")
+COMPILER_MODULES = ("sympy", "sympy.tensor.tensor", "lowering.rules", "lowering.codegen", "lowering.lower",
+                    "lowering.scheduler", "lowering.combo", "lowering.codegen.program", "lowering.scan_hoist",
+                    "lowering.attention", "lowering.partition")
 # What jax's lowering of ``pallas_call(interpret=True)`` imports on its first
 # use (jax/_src/pallas/pallas_call.py, ``_pallas_call_lowering``); each optional.
 INTERPRET_MODULES = ("jax.experimental.pallas", "jax._src.pallas.mosaic.interpret.interpret_pallas_call",
