@@ -309,8 +309,31 @@ def loads(expr: Expr) -> tuple[Load, ...]:
     expression, since the scheduler and renderers ask for them again and again."""
     out = expr.__dict__.get("_loads")
     if out is None:
-        out = tuple(e for e in walk(expr) if isinstance(e, Load))
-        object.__setattr__(expr, "_loads", out)
+        out = _summarize(expr)[0]
+    return out
+
+
+def op_counts(expr: Expr) -> tuple[tuple[str, int], ...]:
+    """(op name, how many distinct ``Op`` nodes apply it) of ``expr``, in order of
+    first appearance in ``walk``; kept on the expression with its loads (one walk
+    for both: the scheduler weighs and names the bodies whose loads it asks for)."""
+    out = expr.__dict__.get("_op_counts")
+    if out is None:
+        out = _summarize(expr)[1]
+    return out
+
+
+def _summarize(expr: Expr) -> tuple:
+    found, counts = [], {}
+    for e in walk(expr):
+        kind = type(e)
+        if kind is Op:
+            counts[e.op] = counts.get(e.op, 0) + 1
+        elif kind is Load:
+            found.append(e)
+    out = tuple(found), tuple(counts.items())
+    object.__setattr__(expr, "_loads", out[0])
+    object.__setattr__(expr, "_op_counts", out[1])
     return out
 
 

@@ -199,17 +199,14 @@ def broadcast_tables(graph: ir.Graph, live: set[str], keep: set[str], options: C
         return frozenset(out)
 
     def body_cost(expr) -> int | None:
-        total = 0
-        for e in ir.walk(expr):
-            if isinstance(e, ir.Op):
-                total += heuristics.op_weight(e.op)
-            elif isinstance(e, ir.Load):
-                if e.buffer in leaf:
-                    continue
-                c = cost.get(e.buffer)
-                if c is None:
-                    return None
-                total += c
+        total = sum(heuristics.op_weight(op) * n for op, n in ir.op_counts(expr))
+        for ld in ir.loads(expr):
+            if ld.buffer in leaf:
+                continue
+            c = cost.get(ld.buffer)
+            if c is None:
+                return None
+            total += c
         return total
 
     def domain(n) -> int | None:
@@ -1271,9 +1268,9 @@ def _topological(groups, externs, graph):
 def _to_kernel(g: _Group, index: int, graph, keep=frozenset()) -> Kernel:
     ops = []
     for m in g.members:
-        for e in ir.walk(m.body):
-            if isinstance(e, ir.Op) and e.op not in ops and e.op not in ("convert_element_type", "dot_general"):
-                ops.append(e.op)
+        for op, _ in ir.op_counts(m.body):
+            if op not in ops and op not in ("convert_element_type", "dot_general"):
+                ops.append(op)
         if isinstance(m.node, (ir.Reduction, ir.PartialReduction)):
             ops.append(m.node.op)
     prefix = {"reduction": "red", "pointwise": "poi", "mix": "mix", "matmul": "mm", "scatter": "sca"}[g.kind]
