@@ -313,6 +313,16 @@ def loads(expr: Expr) -> tuple[Load, ...]:
     return out
 
 
+def buffers(expr: Expr) -> tuple[str, ...]:
+    """The buffers ``expr`` loads, sorted: a node's ``reads``, which the passes ask
+    of every node several times; kept on the expression."""
+    out = expr.__dict__.get("_buffers")
+    if out is None:
+        out = tuple(sorted({ld.buffer for ld in loads(expr)}))
+        object.__setattr__(expr, "_buffers", out)
+    return out
+
+
 def op_counts(expr: Expr) -> tuple[tuple[str, int], ...]:
     """(op name, how many distinct ``Op`` nodes apply it) of ``expr``, in order of
     first appearance in ``walk``; kept on the expression with its loads (one walk
@@ -610,7 +620,7 @@ class Pointwise(Node):
         return sizes.index_symbols("i", len(self.shape))
 
     def reads(self):
-        return sorted({ld.buffer for ld in loads(self.body)})
+        return list(buffers(self.body))
 
     def format(self):
         return f"{self.name}: {self.dtype.name}{list(self.shape)} = pointwise {{ {format_expr(self.body)} }}"
@@ -646,7 +656,7 @@ class Reduction(Node):
         return sizes.numel(self.reduced)
 
     def reads(self):
-        return sorted({ld.buffer for ld in loads(self.body)})
+        return list(buffers(self.body))
 
     def format(self):
         return (f"{self.name}: {self.dtype.name}{list(self.shape)} = reduce_{self.op} over "
@@ -686,7 +696,7 @@ class PartialReduction(Node):
         return tuple(range(len(self.reduced), len(self.reduced) + len(self.kept)))
 
     def reads(self):
-        return sorted({ld.buffer for ld in loads(self.body)})
+        return list(buffers(self.body))
 
     def format(self):
         return (f"{self.name}: {self.dtype.name}{list(self.shape)} = partial_{self.op} over "
@@ -726,7 +736,7 @@ class Matmul(Node):
         return self.body.args
 
     def reads(self):
-        return sorted({ld.buffer for ld in loads(self.body)})
+        return list(buffers(self.body))
 
     def format(self):
         return (f"{self.name}: {self.dtype.name}{list(self.shape)} = matmul batch {list(self.batch)} m {list(self.m)} "
@@ -813,7 +823,7 @@ class Scatter(Node):
         return self.body.args[0]
 
     def reads(self):
-        return sorted({ld.buffer for ld in loads(self.body)})
+        return list(buffers(self.body))
 
     def format(self):
         return (f"{self.name}: {self.dtype.name}{list(self.shape)} = scatter_{self.combine} into {self.operand} "
