@@ -28,7 +28,7 @@ import functools
 import hashlib
 import operator
 import threading
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import sympy
@@ -258,9 +258,15 @@ class Op(Expr):
         return f"{self.op}({', '.join(str(a) for a in self.args)}{p})"
 
 
-def walk(expr: Expr, indirect: bool = True) -> list[Expr]:
+def walk(expr: Expr, indirect: bool = True) -> Sequence[Expr]:
     """Every distinct sub-expression of ``expr``, children before parents;
-    ``indirect``: the values of loads' indirect indices too."""
+    ``indirect``: the values of loads' indirect indices too. Kept on the
+    expressions whose loads were asked for (``_summarize``): the scheduler's
+    inlining and the renderers walk those bodies again."""
+    if indirect:
+        kept = expr.__dict__.get("_walk")
+        if kept is not None:
+            return kept
     # ``ids`` settles an object met before without hashing it; ``seen`` tells
     # equal objects apart from new ones by the hash each node keeps (no Python
     # ``__hash__`` call per node), ``collided`` holds unequal nodes of one hash.
@@ -334,8 +340,10 @@ def op_counts(expr: Expr) -> tuple[tuple[str, int], ...]:
 
 
 def _summarize(expr: Expr) -> tuple:
+    nodes = tuple(walk(expr))
+    object.__setattr__(expr, "_walk", nodes)
     found, counts = [], {}
-    for e in walk(expr):
+    for e in nodes:
         kind = type(e)
         if kind is Op:
             counts[e.op] = counts.get(e.op, 0) + 1
