@@ -12,7 +12,7 @@ the device kind, and the XLA flags.
 
 [Note: the warm path]
 A first call on a signature traces the function (``jax.make_jaxpr``), hashes
-the jaxpr text with the rest of the key, reads and checks the entry in one
+the jaxpr's key text with the rest of the key, reads and checks the entry in one
 read, and deserializes the executable. It does not lower to StableHLO (JAX's
 persistent cache must, to compute its key), does not import the compiler's
 passes, sympy or Pallas (``lowering`` loads them on first compilation), and
