@@ -3,8 +3,8 @@
 One workload per fresh process (``benchmarks.cold_breakdown``'s workloads, plus
 ``tiny``: ``tanh(x) * 2 + 1``), compiled as on a GPU: the raw-Triton renderer
 (``kernel_backend='triton'``, ``interpret=False``, ``num_sms=132``), Triton's
-compile left out (no compile workers; each raw-Triton launch lowers to zeros of
-its outputs on the CPU) and automatic-dynamic speculation off, so that what is
+compile left out (no compile workers; each raw-Triton launch lowers to a zero
+constant per output on the CPU, no JAX trace of its own) and automatic-dynamic speculation off, so that what is
 timed is pallaskit's host code and JAX's around it, not Triton or XLA:GPU.
 
 Each phase is the calling thread's CPU time (``time.thread_time``: this
@@ -26,7 +26,6 @@ benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import argparse
-import functools
 import gc
 import json
 import os
@@ -71,11 +70,8 @@ def child(workload: str, profile: str, dump: str) -> dict:
     orchestrator._cuda_with_triton = lambda: True
     orchestrator.start_compile_workers = lambda options: None
 
-    def zeros(*args, out_avals, **_):
-        return [jnp.zeros(o.shape, o.dtype) for o in out_avals]
-
-    def launch(ctx, *args, out_avals, **_):
-        return mlir.lower_fun(functools.partial(zeros, out_avals=out_avals), multiple_results=True)(ctx, *args)
+    def launch(ctx, *args, **_):
+        return [mlir.full_like_aval(ctx, 0, o) for o in ctx.avals_out]
 
     mlir.register_lowering(triton_call.triton_call_p, launch, platform="cpu")
     options = dict(cache_dir=tempfile.mkdtemp(prefix="pallaskit-own-"), interpret=False, kernel_backend="triton",

@@ -1121,9 +1121,13 @@ def _causal(graph, mask, layout: Layout, batch: tuple, tq: int, tk: int, eqns: l
     every batch entry (``layout``: its strides in its buffer; ``hides``: True
     marks the hidden scores, so the mask must be ``~tril``); ``eqns`` gets the
     equations computing it."""
-    if tq != tk or _numel_of(mask) > MAX_EVALUATED_MASK or not _constant(graph, mask, eqns):
+    # Its own equations alone are evaluated: ``eqns`` may hold the softmax's other
+    # constants, such as the fill broadcast to the scores' shape (GPT-2's: 400 MB).
+    own: list = []
+    if tq != tk or _numel_of(mask) > MAX_EVALUATED_MASK or not _constant(graph, mask, own):
         return False
-    value = _evaluated(graph, eqns, mask)
+    eqns.extend(j for j in own if j not in eqns)
+    value = _evaluated(graph, own, mask)
     batch = tuple(n if st else 1 for n, st in zip(batch, layout.batch))  # one entry of a broadcast dim
     strides = tuple(st * value.itemsize for st in (*layout.batch, layout.t, layout.d))
     logical = np.lib.stride_tricks.as_strided(value, batch + (tq, tk), strides)

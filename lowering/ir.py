@@ -28,7 +28,7 @@ import functools
 import hashlib
 import operator
 import threading
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import sympy
@@ -258,9 +258,15 @@ class Op(Expr):
         return f"{self.op}({', '.join(str(a) for a in self.args)}{p})"
 
 
-def walk(expr: Expr, indirect: bool = True) -> list[Expr]:
+def walk(expr: Expr, indirect: bool = True) -> Sequence[Expr]:
     """Every distinct sub-expression of ``expr``, children before parents;
-    ``indirect``: the values of loads' indirect indices too."""
+    ``indirect``: the values of loads' indirect indices too. Kept on the
+    expressions whose loads were asked for (``_summarize``): the scheduler's
+    inlining and the renderers walk those bodies again."""
+    if indirect:
+        kept = expr.__dict__.get("_walk")
+        if kept is not None:
+            return kept
     # ``ids`` settles an object met before without hashing it; ``seen`` tells
     # equal objects apart from new ones by the hash each node keeps (no Python
     # ``__hash__`` call per node), ``collided`` holds unequal nodes of one hash.
@@ -309,8 +315,43 @@ def loads(expr: Expr) -> tuple[Load, ...]:
     expression, since the scheduler and renderers ask for them again and again."""
     out = expr.__dict__.get("_loads")
     if out is None:
-        out = tuple(e for e in walk(expr) if isinstance(e, Load))
-        object.__setattr__(expr, "_loads", out)
+        out = _summarize(expr)[0]
+    return out
+
+
+def buffers(expr: Expr) -> tuple[str, ...]:
+    """The buffers ``expr`` loads, sorted: a node's ``reads``, which the passes ask
+    of every node several times; kept on the expression."""
+    out = expr.__dict__.get("_buffers")
+    if out is None:
+        out = tuple(sorted({ld.buffer for ld in loads(expr)}))
+        object.__setattr__(expr, "_buffers", out)
+    return out
+
+
+def op_counts(expr: Expr) -> tuple[tuple[str, int], ...]:
+    """(op name, how many distinct ``Op`` nodes apply it) of ``expr``, in order of
+    first appearance in ``walk``; kept on the expression with its loads (one walk
+    for both: the scheduler weighs and names the bodies whose loads it asks for)."""
+    out = expr.__dict__.get("_op_counts")
+    if out is None:
+        out = _summarize(expr)[1]
+    return out
+
+
+def _summarize(expr: Expr) -> tuple:
+    nodes = tuple(walk(expr))
+    object.__setattr__(expr, "_walk", nodes)
+    found, counts = [], {}
+    for e in nodes:
+        kind = type(e)
+        if kind is Op:
+            counts[e.op] = counts.get(e.op, 0) + 1
+        elif kind is Load:
+            found.append(e)
+    out = tuple(found), tuple(counts.items())
+    object.__setattr__(expr, "_loads", out[0])
+    object.__setattr__(expr, "_op_counts", out[1])
     return out
 
 
@@ -587,7 +628,7 @@ class Pointwise(Node):
         return sizes.index_symbols("i", len(self.shape))
 
     def reads(self):
-        return sorted({ld.buffer for ld in loads(self.body)})
+        return list(buffers(self.body))
 
     def format(self):
         return f"{self.name}: {self.dtype.name}{list(self.shape)} = pointwise {{ {format_expr(self.body)} }}"
@@ -623,7 +664,7 @@ class Reduction(Node):
         return sizes.numel(self.reduced)
 
     def reads(self):
-        return sorted({ld.buffer for ld in loads(self.body)})
+        return list(buffers(self.body))
 
     def format(self):
         return (f"{self.name}: {self.dtype.name}{list(self.shape)} = reduce_{self.op} over "
@@ -663,7 +704,7 @@ class PartialReduction(Node):
         return tuple(range(len(self.reduced), len(self.reduced) + len(self.kept)))
 
     def reads(self):
-        return sorted({ld.buffer for ld in loads(self.body)})
+        return list(buffers(self.body))
 
     def format(self):
         return (f"{self.name}: {self.dtype.name}{list(self.shape)} = partial_{self.op} over "
@@ -703,7 +744,7 @@ class Matmul(Node):
         return self.body.args
 
     def reads(self):
-        return sorted({ld.buffer for ld in loads(self.body)})
+        return list(buffers(self.body))
 
     def format(self):
         return (f"{self.name}: {self.dtype.name}{list(self.shape)} = matmul batch {list(self.batch)} m {list(self.m)} "
@@ -790,7 +831,7 @@ class Scatter(Node):
         return self.body.args[0]
 
     def reads(self):
-        return sorted({ld.buffer for ld in loads(self.body)})
+        return list(buffers(self.body))
 
     def format(self):
         return (f"{self.name}: {self.dtype.name}{list(self.shape)} = scatter_{self.combine} into {self.operand} "

@@ -199,17 +199,14 @@ def broadcast_tables(graph: ir.Graph, live: set[str], keep: set[str], options: C
         return frozenset(out)
 
     def body_cost(expr) -> int | None:
-        total = 0
-        for e in ir.walk(expr):
-            if isinstance(e, ir.Op):
-                total += heuristics.op_weight(e.op)
-            elif isinstance(e, ir.Load):
-                if e.buffer in leaf:
-                    continue
-                c = cost.get(e.buffer)
-                if c is None:
-                    return None
-                total += c
+        total = sum(heuristics.op_weight(op) * n for op, n in ir.op_counts(expr))
+        for ld in ir.loads(expr):
+            if ld.buffer in leaf:
+                continue
+            c = cost.get(ld.buffer)
+            if c is None:
+                return None
+            total += c
         return total
 
     def domain(n) -> int | None:
@@ -533,12 +530,12 @@ def _merge(a: _Group, b: _Group, order: dict, members_memo: dict | None = None) 
     if base.kind == "pointwise":
         if a.domain != b.domain:
             return None
-        members = a.members + b.members
+        runs = [a.members, b.members]
     else:
         if b.kind != "pointwise" and b.domain != base.domain:
             return None
         shape = (base.kind, base.rows, base.cols, base.domain)
-        members = []
+        runs = []
         for g in (a, b):
             if g._as is None:
                 g._as = {}
@@ -546,9 +543,24 @@ def _merge(a: _Group, b: _Group, order: dict, members_memo: dict | None = None) 
                 g._as[shape] = _members_as(g.members, shape, members_memo)
             if g._as[shape] is None:
                 return None
-            members += g._as[shape]
-    members.sort(key=lambda m: order[m.node.name])
-    return _Group(base.kind, base.rows, base.cols, base.domain, members, min(a.order, b.order))
+            runs.append(g._as[shape])
+    return _Group(base.kind, base.rows, base.cols, base.domain, _in_order(*runs, order), min(a.order, b.order))
+
+
+def _in_order(left: list[Member], right: list[Member], order: dict) -> list[Member]:
+    """Both runs' members in graph order. Each run is in that order already
+    (every group's members are: a group of one, or made here or by
+    ``_merge_into_matmul``), and most merges join runs over disjoint ranges of
+    the graph (a 12-layer GPT-2 step: 97% of 12,000 merges), which need no sort."""
+    def key(m):
+        return order[m.node.name]
+
+    if left and right:
+        if key(left[-1]) < key(right[0]):
+            return left + right
+        if key(right[-1]) < key(left[0]):
+            return right + left
+    return sorted(left + right, key=key)
 
 
 def _members_as(members: list[Member], shape: tuple, members_memo: dict | None) -> list[Member] | None:
@@ -1271,9 +1283,9 @@ def _topological(groups, externs, graph):
 def _to_kernel(g: _Group, index: int, graph, keep=frozenset()) -> Kernel:
     ops = []
     for m in g.members:
-        for e in ir.walk(m.body):
-            if isinstance(e, ir.Op) and e.op not in ops and e.op not in ("convert_element_type", "dot_general"):
-                ops.append(e.op)
+        for op, _ in ir.op_counts(m.body):
+            if op not in ops and op not in ("convert_element_type", "dot_general"):
+                ops.append(op)
         if isinstance(m.node, (ir.Reduction, ir.PartialReduction)):
             ops.append(m.node.op)
     prefix = {"reduction": "red", "pointwise": "poi", "mix": "mix", "matmul": "mm", "scatter": "sca"}[g.kind]

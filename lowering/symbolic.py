@@ -75,14 +75,17 @@ def convert(value):
 
 def params_symbolic(params) -> bool:
     """Do an equation's params hold a symbolic dim (then XLA cannot run it as is)?"""
-    def walk(v):
-        if is_jax_dim(v):
-            return True
-        if isinstance(v, (tuple, list)):
-            return any(walk(x) for x in v)
-        return False
+    return any(_holds_jax_dim(v) for v in params.values())
 
-    return any(walk(v) for v in params.values())
+
+def _holds_jax_dim(v) -> bool:
+    # A module function, not a recursive closure: that is a reference cycle per
+    # call (every equation's), garbage that only the cyclic collector frees.
+    if is_jax_dim(v):
+        return True
+    if isinstance(v, (tuple, list)):
+        return any(_holds_jax_dim(x) for x in v)
+    return False
 
 
 @dataclasses.dataclass(frozen=True)

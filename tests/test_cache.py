@@ -224,6 +224,37 @@ def test_version_option_and_constant_changes_miss(tmp_path, rng, monkeypatch):
         assert pallaskit.metrics.counters["cache_hits"] == hits + 1
 
 
+def test_jaxpr_key_text_tells_programs_apart():
+    """[Note: the jaxpr's key text]: a function traced again has the same text;
+    programs that differ in a parameter, a literal (its sign, a non-scalar
+    one's values), which variable an equation reads, a binder's type
+    or a nested jaxpr have different texts, as jax's own printer tells them apart
+    and beyond it (it writes ``[...]`` for every non-scalar literal)."""
+    x = jax.ShapeDtypeStruct((4, 3), jnp.float32)
+
+    def text(f, *args):
+        return cache.jaxpr_text(jax.make_jaxpr(f)(*(args or (x,))))
+
+    scan = lambda a, k: jax.lax.scan(lambda c, r: (c * k + r, c), a[0], a)[0]  # noqa: E731
+    programs = [
+        lambda a: jnp.sum(a, 0), lambda a: jnp.sum(a, 1),  # a parameter
+        lambda a: a * 2.0, lambda a: a * -2.0, lambda a: a * 0.0, lambda a: a * -0.0,  # literal values, signs
+        lambda a: jnp.sin(a) + jnp.cos(a), lambda a: jnp.sin(a) + jnp.sin(a),  # which variable is read
+        lambda a: a.astype(jnp.bfloat16), lambda a: a.astype(jnp.float16),  # a binder's type
+        lambda a: scan(a, 2.0), lambda a: scan(a, 3.0),  # a nested jaxpr
+        lambda a: jax.jit(jnp.tanh)(a) + jax.jit(jnp.tanh)(a),  # one nested jaxpr read twice
+    ]
+    texts = [text(f) for f in programs]
+    assert len(set(texts)) == len(texts)
+    assert [text(f) for f in programs] == texts
+    literal = jax.make_jaxpr(lambda a: a)(x)  # a non-scalar literal: jax writes its values as [...]
+    eqn = jax.make_jaxpr(lambda a: a + 1.0)(x).jaxpr.eqns[0]
+    lit = [type(eqn.invars[1])(np.full((4, 3), v, np.float32), eqn.invars[0].aval) for v in (1.0, 2.0)]
+    with_lits = [literal.replace(jaxpr=literal.jaxpr.replace(
+        eqns=[eqn.replace(invars=[literal.jaxpr.invars[0], v])], outvars=eqn.outvars)) for v in lit]
+    assert str(with_lits[0]) == str(with_lits[1]) and cache.jaxpr_text(with_lits[0]) != cache.jaxpr_text(with_lits[1])
+
+
 def test_jax_context_that_the_jaxpr_text_hides_is_in_the_key(tmp_path):
     """``jax.threefry_partitionable(False)`` changes random bits, yet the jaxpr's
     text is the same (the flag sits in each equation's context): a hit on the

@@ -14,6 +14,7 @@ from jax.extend import core as jex_core
 
 import pallaskit
 from conftest import assert_close
+from lowering import attention as attention_pass
 from lowering.attention import fuse_attention
 
 F32_MIN = float(jnp.finfo(jnp.float32).min)
@@ -142,9 +143,14 @@ def test_pass_rewrites_forward_and_backward(rng, case):
         _check_fallback(_grad(fn), new, (*args, w), jnp.bfloat16)
 
 
-def test_pass_reads_causal_mask_and_views(rng):
+def test_pass_reads_causal_mask_and_views(rng, monkeypatch):
     args = _qkv(rng, jnp.bfloat16, t=8)
+    evaluated = []  # the mask's own equations are evaluated, not the fill broadcast to the scores' shape
+    inner = attention_pass._evaluated
+    monkeypatch.setattr(attention_pass, "_evaluated", lambda graph, eqns, v: evaluated.extend(
+        graph.eqns[j].outvars[0].aval.shape for j in eqns) or inner(graph, eqns, v))
     _, new, lines = _rewrites(CASES["causal"], *args)
+    assert evaluated and max(math.prod(s) for s in evaluated) == 8 * 8
     (eqn,) = [e for e in new.jaxpr.eqns if e.primitive.name == "pallaskit_attention"]
     spec = eqn.params["spec"]
     assert spec.causal and spec.mask is None and spec.batch == (2, 2) and (spec.tq, spec.tk, spec.d) == (8, 8, 16)

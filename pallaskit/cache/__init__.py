@@ -3,7 +3,7 @@ compiles nothing.
 
 [Note: graph cache]
 An entry is keyed by a content hash of everything the compiled program depends
-on (``key_parts``, ``key_of``): the jaxpr text and the bytes of its constants, the input
+on (``key_parts``, ``key_of``): the jaxpr's text ([Note: the jaxpr's key text]) and the bytes of its constants, the input
 avals (weak types included), the static arguments, every compile option
 (``CompileOptions.key()``), the versions of pallaskit, jax, jaxlib, the CUDA
 plugin and triton, a hash of pallaskit's own source (so an edited compiler never
@@ -12,7 +12,7 @@ the device kind, and the XLA flags.
 
 [Note: the warm path]
 A first call on a signature traces the function (``jax.make_jaxpr``), hashes
-the jaxpr text with the rest of the key, reads and checks the entry in one
+the jaxpr's key text with the rest of the key, reads and checks the entry in one
 read, and deserializes the executable. It does not lower to StableHLO (JAX's
 persistent cache must, to compute its key), does not import the compiler's
 passes, sympy or Pallas (``lowering`` loads them on first compilation), and
@@ -410,6 +410,97 @@ def _nested_consts(closed_jaxpr) -> list:
     return consts
 
 
+# [Note: the jaxpr's key text]
+# The key hashes a text of the jaxpr written here rather than jax's pretty printer
+# (``str(closed_jaxpr)``), which builds and lays out a document per equation: on a
+# 1000-array optimizer update it was most of the key's time. The text holds at least
+# what jax's does: each equation's primitive, every parameter (jax's custom rules
+# hide some: ``accuracy=None``, a jit's defaults; here all are written, sorted by
+# name, as ``str`` with object addresses masked, as jax writes the rest), its
+# operands and results, each binder's type (``str_short``, as jax writes it) and weak
+# type (which jax leaves out), scalar literals' values and types, a non-scalar
+# literal's bytes (jax writes ``[...]``), nested jaxprs in full (each written once:
+# a jaxpr met again is referred to by its number). Variables are numbered in the
+# order they are bound. Only a jaxpr's text is hashed: its constants' bytes are
+# hashed apart (``_consts_hash``).
+def jaxpr_text(closed_jaxpr) -> str:
+    """The jaxpr's text for the cache key ([Note: the jaxpr's key text])."""
+    from jax._src import core as jax_core
+
+    literal, drop, jaxpr_type = jax_core.Literal, jax_core.DropVar, jax_core.Jaxpr
+    closed_type = type(closed_jaxpr)
+    types: dict[int, str] = {}  # id(aval) -> text (the jaxpr keeps every aval alive while this runs)
+    params_text: dict[int, str] = {}  # id(value) -> text, for the values that are not jaxprs
+    jaxprs: dict[int, int] = {}  # id(jaxpr) -> its number
+    out: list[str] = []
+    write = out.append
+
+    def typed(aval) -> str:
+        t = types.get(id(aval))
+        if t is None:
+            t = aval.str_short(short_dtypes=True) + ("~w" if getattr(aval, "weak_type", False) else "")
+            types[id(aval)] = t
+        return t
+
+    def atom(x, names) -> str:
+        if type(x) is literal:
+            v = np.asarray(x.val)
+            if v.shape:
+                return f"lit[{hashlib.sha256(np.ascontiguousarray(v).tobytes()).hexdigest()}]:{typed(x.aval)}"
+            return f"{v.item()!r}:{typed(x.aval)}"
+        n = names.get(x)
+        return "?" if n is None else n  # a free variable: jax's own check rejects such a jaxpr
+
+    def bind(vs, names) -> str:
+        parts = []
+        for v in vs:
+            if isinstance(v, drop):
+                parts.append("_:" + typed(v.aval))
+            else:
+                n = names[v] = f"v{len(names)}"
+                parts.append(f"{n}:{typed(v.aval)}")
+        return " ".join(parts)
+
+    def param(v) -> None:
+        if isinstance(v, closed_type):
+            v = v.jaxpr
+        if isinstance(v, jaxpr_type):
+            sub(v)
+        elif type(v) is tuple and v and all(isinstance(j, (jaxpr_type, closed_type)) for j in v):
+            write("(")
+            for j in v:
+                param(j)
+            write(")")
+        else:
+            t = params_text.get(id(v))
+            if t is None:
+                s = (f"frozenset({{{', '.join(repr(e) for e in sorted(v))}}})" if isinstance(v, frozenset)
+                     else str(v))
+                t = params_text[id(v)] = _ADDRESS.sub(" at 0x", s)
+            write(t)
+
+    def sub(jaxpr) -> None:
+        number = jaxprs.get(id(jaxpr))
+        if number is not None:
+            write(f"{{#{number}}}")
+            return
+        jaxprs[id(jaxpr)] = len(jaxprs)
+        names: dict = {}
+        write("{" + bind(jaxpr.constvars, names) + "; " + bind(jaxpr.invars, names) + ".\n")
+        for eqn in jaxpr.eqns:
+            write(bind(eqn.outvars, names) + " = " + eqn.primitive.name + "[")
+            params = eqn.params
+            for k in sorted(params):
+                write(k + "=")
+                param(params[k])
+                write(" ")
+            write("] " + " ".join([atom(x, names) for x in eqn.invars]) + "\n")
+        write("in " + " ".join([atom(x, names) for x in jaxpr.outvars]) + "}")
+
+    sub(closed_jaxpr.jaxpr)
+    return "".join(out)
+
+
 def _consts_hash(consts) -> str:
     h = hashlib.sha256()
     for c in consts:
@@ -423,7 +514,7 @@ def key_parts(closed_jaxpr, avals, static_args, options) -> dict:
     """Everything the compiled program depends on, as JSON-able text."""
     return {
         "format": FORMAT,
-        "jaxpr": hashlib.sha256(str(closed_jaxpr).encode()).hexdigest(),
+        "jaxpr": hashlib.sha256(jaxpr_text(closed_jaxpr).encode()).hexdigest(),
         "consts": _consts_hash(_nested_consts(closed_jaxpr)),
         "avals": [f"{a.str_short()}{' weak' if getattr(a, 'weak_type', False) else ''}" for a in avals],
         "static": [[str(k), _static_text(v)] for k, v in static_args],
