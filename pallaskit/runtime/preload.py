@@ -87,10 +87,16 @@ def start(prepare: Callable[[], bool]) -> None:
     with _lock:
         if _thread is not None:
             return
-        import jax.extend  # noqa: F401  (here, not on the thread: see "One importer at a time")
+        try:
+            import jax.extend  # noqa: F401  (here, not on the thread: see "One importer at a time")
 
-        _thread = threading.Thread(target=_preload, args=(prepare,), name="pallaskit-compiler-import", daemon=True)
-        _thread.start()
+            thread = threading.Thread(target=_preload, args=(prepare,), name="pallaskit-compiler-import",
+                                      daemon=True)
+            thread.start()
+        except (ImportError, RuntimeError) as e:  # another jax; no new threads (interpreter shutdown)
+            log.debug("pallaskit: no compiler preload (%s: %s)", type(e).__name__, e)
+            return
+        _thread = thread
 
 
 def started() -> bool:
