@@ -42,8 +42,10 @@ initialized module) in the thread that closes it. So:
 - the thread imports packages before their modules (``COMPILER_MODULES``).
   Importing ``a.b`` takes ``a.b``'s lock before ``a``'s; a thread holding a
   module while waiting for its package can make the other thread's import
-  fail. Packages first, only this thread's own import can fail (logged at
-  debug level; the compile then imports what it needs).
+  fail. Packages first, a main thread entering the same package by one of its
+  modules waits and the thread's own import is the one that fails (logged at
+  debug level; the compile then imports what it needs). A user's own import of
+  sympy's modules in that window takes the risk any two importing threads take.
 A disk-cache hit on a GPU imports none of the thread's modules and does not
 wait: there the thread only competes for the GIL. A fork waits for the thread
 (``os.register_at_fork``): a child forked mid-import would inherit its import
