@@ -22,7 +22,7 @@ needs triton before JAX lowers the program.
 
 The thread costs a call that runs while it still imports: each return of that
 call to Python waits up to a switch interval for the GIL. A warm process's
-first call (served from the disk cache), 0.025 s alone, took 0.15-0.25 s on
+first call (served from the disk cache), 0.025 s alone, took 0.06-0.25 s on
 the H100 host beside the import (benchmarks/RESULTS.md, session 30), which
 there takes over a second; hence the markers: a process that will likely
 compile nothing starts none of it.
