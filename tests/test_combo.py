@@ -161,6 +161,26 @@ def test_optimizer_updates_over_a_pytree(name, rng):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("cap, arrays, sizes", [(8, 18, [6, 6, 6]), (8, 17, [6, 6, 5]), (8, 16, [8, 8]),
+                                                 (5, 11, [4, 4, 3])])
+def test_launches_share_a_level_evenly(cap, arrays, sizes, rng, monkeypatch):
+    """[Note: balanced packs]: as many combo launches as the member cap needs,
+    the members spread evenly over them (not 8, 8, 2); values as jax.jit's."""
+    from lowering import heuristics
+
+    monkeypatch.setattr(heuristics, "COMBO_MAX_MEMBERS", cap)
+    shapes = [(3 + i % 4, 5 + i) for i in range(arrays)]
+
+    def upd(ps, gs):
+        return [p - 1e-2 * g for p, g in zip(ps, gs)]
+
+    trees = [[jnp.asarray(rng.standard_normal(s), jnp.float32) for s in shapes] for _ in range(2)]
+    e = pallaskit.explain(upd, *trees)
+    assert sorted((len(k.members) for k in _combos(e)), reverse=True) == sizes, [k.name for k in e.kernels]
+    for g, w in zip(pallaskit.jit(upd)(*trees), jax.jit(upd)(*trees)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-7)
+
+
 def test_global_norm_is_one_reduction_launch_and_its_finisher(rng):
     """Sums of squares of every gradient: one launch of row reductions (each
     member's programs write its partial sums), one launch that finishes them."""
@@ -471,3 +491,44 @@ def test_a_training_loop_with_an_empty_leaf_compiles_its_body(rng):
         got = pallaskit.jit(train)(params, mu, grads)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(jax.jit(train)(params, mu, grads))):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=1e-5)
+
+
+_WIDE_PROTOTYPES_SCRIPT = '''
+import os
+os.environ.pop("TRITON_INTERPRET", None)
+import jax, jax.numpy as jnp
+import lowering
+from lowering.options import CompileOptions
+from pallaskit.runtime import triton_compile
+from triton.compiler import code_generator
+__GPU_SPELLING__
+original = code_generator.ASTFunction.deserialize
+shapes = [(7, 3), (2500,), (33, 65), (1,), (5,)] * 8
+def upd(ps, gs, ms):
+    ms = [0.9 * m + 0.1 * g for m, g in zip(ms, gs)]
+    return [p - 1e-2 * m for p, m in zip(ps, ms)], ms
+tree = [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]
+opts = CompileOptions(interpret=False, kernel_backend="triton", triton_available=True, num_sms=132)
+sched = lowering.compile_jaxpr(jax.make_jaxpr(upd)(tree, tree, tree), opts).schedule
+k = next(k for k in sched.kernels if k.kind == "combo")
+print("INSTALLED", triton_compile.wide_prototypes())
+ours = compile_for_gpu(k, sched, opts, until="ptx").cubin
+code_generator.ASTFunction.deserialize = original
+theirs = compile_for_gpu(k, sched, opts, until="ptx").cubin
+print("SAME", ours == theirs, len(ours) > 0, "PARAMS", ours.decode().count(".param .u64"))
+'''
+
+
+def test_triton_wide_prototypes_compile_the_same_kernel():
+    """[Note: Triton's wide prototypes]: Triton 3.6's argument building replaced
+    by a linear one gives the combo kernel's PTX byte for byte (compiled for
+    sm_90 on this CPU, in a child without Triton's interpreter)."""
+    triton = pytest.importorskip("triton")
+    from conftest import GPU_SPELLING_FIXTURE, run_python_on_cpu
+
+    proc = run_python_on_cpu(_WIDE_PROTOTYPES_SCRIPT.replace("__GPU_SPELLING__", GPU_SPELLING_FIXTURE), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = dict(line.split(None, 1) for line in proc.stdout.splitlines() if line.startswith(("INSTALLED", "SAME")))
+    assert lines["INSTALLED"] == str(triton.__version__ == "3.6.0"), lines
+    same, nonempty, _, params = lines["SAME"].split()
+    assert same == "True" and nonempty == "True" and int(params) >= 200, lines
