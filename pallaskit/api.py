@@ -159,7 +159,7 @@ class JitFunction:
         functools.update_wrapper(self, fn, updated=())
         # [Note: compiler preload]: unless this function's program is likely on disk ([Note: function markers]).
         if config.preload_compiler and not preload.started() and not cache.holds_function(fn):
-            preload.start(orchestrator.prepare_first_compile)
+            preload.start(orchestrator.prepare_first_compile, orchestrator.first_compile_facts)
 
     def __get__(self, obj, objtype=None):
         """As jax.jit's: a method's ``self`` is the first argument (``static_argnums=0`` makes it static)."""

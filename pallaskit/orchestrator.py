@@ -400,8 +400,8 @@ def _from_cache(key, parts, structs, title, started, xla=None) -> Served | None:
     t0 = time.perf_counter()
     entry = cache.load(key, parts)
     t1 = time.perf_counter()
-    if entry is not None and entry.executable is None and jax.default_backend() == "cpu":
-        preload.wait()  # rebuilt from its source, which imports Pallas: the preload's on the CPU
+    if entry is not None and entry.executable is None:
+        preload.wait()  # rebuilt from its source, which imports Pallas, as the preload does
     metrics.counters["cache_read_seconds"] += t1 - t0
     if entry is None:
         return None
@@ -511,22 +511,34 @@ def start_compile_workers(options, count: int | None = None) -> None:
     triton_compile.prestart(min(PRESTART_WORKERS if count is None else count, os.cpu_count() or 1))
 
 
-def prepare_first_compile() -> bool:
+def first_compile_facts() -> None:
+    """What a first compile's cache key reads from disk once per process, read
+    early by the compiler's preload ([Note: compiler preload] in
+    runtime/preload.py): the sources' hash and the installed versions
+    (``cache.environment``), whose hundred-odd file reads each wait for the GIL
+    beside another thread's import (0.4-0.5 s of a first call on the H100 host,
+    triton's import running; benchmarks/RESULTS.md, "Session 31")."""
+    if cache.enabled():
+        cache.environment()
+
+
+def prepare_first_compile() -> tuple[str, ...]:
     """What a first compile on this platform would start, started early by the
     compiler's preload ([Note: compiler preload] in runtime/preload.py): on a
     GPU, ``PRELOAD_WORKERS`` compile workers and triton's import (which the
     loader needs before JAX lowers a program of raw Triton kernels). Returns
-    whether kernels run interpreted (the preload then imports jax's Pallas
-    interpreter)."""
+    the jax modules the first compile imports, for the preload to import:
+    Pallas, which every generated program imports, and on the CPU jax's Pallas
+    interpreter."""
     options = compile_options()
     if options.interpret:
-        return True
+        return preload.INTERPRET_MODULES
     start_compile_workers(options, PRELOAD_WORKERS)
     if options.triton_available:
         from pallaskit.runtime import triton_launch
 
         triton_launch.warm_up()
-    return False
+    return preload.PROGRAM_MODULES
 
 
 def eager_wanted(options) -> bool:

@@ -32,6 +32,7 @@ _CHILD = textwrap.dedent("""
         os._exit(0 if "lowering.codegen.program" in sys.modules else 3)
     if out["started"]:
         out["child_exit"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    out["environment_reads"] = pallaskit.cache.environment.cache_info().misses  # before the call: the thread's
     got, want = np.asarray(f(x)), np.asarray(jax.jit(lambda x: jnp.tanh(x) * 2 + 1)(x))
     out["equal"] = bool(np.allclose(got, want, rtol=1e-6, atol=1e-6, equal_nan=True))
     out["alive"] = preload._thread is not None and preload._thread.is_alive()
@@ -57,6 +58,14 @@ def test_preload_imports_the_compiler_and_a_fork_waits():
     assert out["equal"] and not out["alive"]
     # The thread's modules, and on the CPU (the backend started first) Pallas for the interpreter.
     assert out["modules"] == list(preload.COMPILER_MODULES) + ["jax.experimental.pallas"]
+
+
+def test_preload_reads_the_cache_keys_environment_first(tmp_path):
+    """[Note: compiler preload]: with the disk cache on, the thread reads the
+    key's environment (sources' hash, versions), so the first call does not."""
+    out = _run_child(PALLASKIT_CACHE="1", PALLASKIT_CACHE_DIR=str(tmp_path))
+    assert out["started"] and out["equal"] and out["environment_reads"] == 1
+    assert _run_child()["environment_reads"] == 0  # the cache off: nothing to read
 
 
 def test_preload_off():

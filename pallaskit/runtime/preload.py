@@ -13,12 +13,17 @@ not pay for an import it will not use). Scripts define their functions, then
 build inputs and parameters; JAX's backend start and the XLA compiles of that
 setup leave the GIL free, and the import runs there. If JAX has started its
 backend by the time the import is done, the thread also does what that
-platform's first compile would: on the CPU it imports the modules jax's
+platform's first compile would: it imports Pallas, which every generated
+program imports (~0.15 s on the H100 host); on the CPU also the modules jax's
 lowering of an interpreted ``pallas_call`` imports (its Mosaic interpreters,
 ~0.3 s); on a GPU it starts four Triton compile workers and triton's import
 (``orchestrator.prepare_first_compile``): worker processes take a few tenths
 of a second to start, which the passes' import used to cover, and the loader
-needs triton before JAX lowers the program.
+needs triton before JAX lowers the program. Before all that it reads what the
+first compile's cache key reads from disk (``orchestrator.first_compile_facts``):
+on the first call, with triton's import running on its own thread, those
+hundred-odd file reads took 0.4-0.5 s of the call on the H100 host, each read
+waiting for the GIL.
 
 The thread costs a call that runs while it still imports: each return of that
 call to Python waits up to a switch interval for the GIL. A warm process's
@@ -37,8 +42,9 @@ initialized module) in the thread that closes it. So:
 - ``jax.extend``, which the compiler imports and which imports all its modules
   (Pallas's among them), is imported by ``start`` in the caller (~20 ms), since
   run-time paths that do not wait import it too (a GPU program loaded from the
-  cache, a gradient's trace); the thread then imports no jax module (on the
-  GPU, only pallaskit's own leaf modules for the workers and triton's import);
+  cache, a gradient's trace); the thread then imports no jax module but
+  Pallas (and on the CPU its interpreter), which only generated programs
+  import, after a wait;
 - the thread imports packages before their modules (``COMPILER_MODULES``).
   Importing ``a.b`` takes ``a.b``'s lock before ``a``'s; a thread holding a
   module while waiting for its package can make the other thread's import
@@ -46,8 +52,9 @@ initialized module) in the thread that closes it. So:
   modules waits and the thread's own import is the one that fails (logged at
   debug level; the compile then imports what it needs). A user's own import of
   sympy's modules in that window takes the risk any two importing threads take.
-A disk-cache hit on a GPU imports none of the thread's modules and does not
-wait: there the thread only competes for the GIL. A fork waits for the thread
+A disk-cache hit on a GPU imports none of the thread's modules (an entry
+rebuilt from its source waits) and does not wait: there the thread only
+competes for the GIL. A fork waits for the thread
 (``os.register_at_fork``): a child forked mid-import would inherit its import
 locks. Option ``preload_compiler`` turns it off (``PALLASKIT_PRELOAD_COMPILER=0``).
 """
@@ -67,9 +74,11 @@ log = logging.getLogger("pallaskit")
 COMPILER_MODULES = ("sympy", "sympy.tensor.tensor", "lowering.rules", "lowering.codegen", "lowering.lower",
                     "lowering.scheduler", "lowering.combo", "lowering.codegen.program", "lowering.scan_hoist",
                     "lowering.attention", "lowering.partition")
-# What jax's lowering of ``pallas_call(interpret=True)`` imports on its first
+# What every generated program imports (lowering/codegen/program.py's header).
+PROGRAM_MODULES = ("jax.experimental.pallas",)
+# With what jax's lowering of ``pallas_call(interpret=True)`` imports on its first
 # use (jax/_src/pallas/pallas_call.py, ``_pallas_call_lowering``); each optional.
-INTERPRET_MODULES = ("jax.experimental.pallas", "jax._src.pallas.mosaic.interpret.interpret_pallas_call",
+INTERPRET_MODULES = PROGRAM_MODULES + ("jax._src.pallas.mosaic.interpret.interpret_pallas_call",
                      "jax._src.pallas.mosaic.interpret.params",
                      "jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call",
                      "jax._src.pallas.mosaic_gpu.interpret.params")
@@ -78,10 +87,12 @@ _thread: threading.Thread | None = None
 _lock = threading.Lock()
 
 
-def start(prepare: Callable[[], bool]) -> None:
-    """Start the import thread, once per process. ``prepare``: called on the
-    thread once JAX's backend has started; starts what the platform's first
-    compile would wait for and returns whether kernels run interpreted
+def start(prepare: Callable[[], tuple], facts: Callable[[], None] | None = None) -> None:
+    """Start the import thread, once per process. ``facts``: called first on
+    the thread; reads what the first compile would read from disk
+    (``orchestrator.first_compile_facts``). ``prepare``: called on the thread
+    once JAX's backend has started; starts what the platform's first compile
+    would wait for and returns the jax modules it would import
     (``orchestrator.prepare_first_compile``)."""
     global _thread
     if _thread is not None:
@@ -92,7 +103,7 @@ def start(prepare: Callable[[], bool]) -> None:
         try:
             import jax.extend  # noqa: F401  (here, not on the thread: see "One importer at a time")
 
-            thread = threading.Thread(target=_preload, args=(prepare,), name="pallaskit-compiler-import",
+            thread = threading.Thread(target=_preload, args=(prepare, facts), name="pallaskit-compiler-import",
                                       daemon=True)
             thread.start()
         except (ImportError, RuntimeError) as e:  # another jax; no new threads (interpreter shutdown)
@@ -113,12 +124,14 @@ def wait() -> None:
         thread.join()
 
 
-def _preload(prepare) -> None:
+def _preload(prepare, facts=None) -> None:
     try:
+        if facts is not None:
+            facts()
         for name in COMPILER_MODULES:
             _import(name)
-        if _backend_started() and prepare():
-            for name in INTERPRET_MODULES:
+        if _backend_started():
+            for name in prepare():
                 try:
                     _import(name)
                 except ImportError:  # another jax: its lowering imports what it has
