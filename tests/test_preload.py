@@ -11,6 +11,8 @@ import subprocess
 import sys
 import textwrap
 
+import jax
+
 from pallaskit.runtime import preload
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -66,6 +68,19 @@ def test_preload_reads_the_cache_keys_environment_first(tmp_path):
     key's environment (sources' hash, versions), so the first call does not."""
     out = _run_child(PALLASKIT_CACHE="1", PALLASKIT_CACHE_DIR=str(tmp_path))
     assert out["started"] and out["equal"] and out["environment_reads"] == 1
+
+
+def test_a_failing_facts_read_leaves_the_rest_of_the_preload():
+    """An unreadable cache folder while reading the key's environment costs the
+    thread that read only: it still imports and prepares (here, in this thread)."""
+    jax.devices()  # the backend started, as the thread asks
+    prepared = []
+
+    def facts():
+        raise OSError("unreadable cache folder")
+
+    preload._preload(lambda: prepared.append(True) or (), facts)
+    assert prepared == [True]
 
 
 def test_preload_off():

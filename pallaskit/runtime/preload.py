@@ -125,9 +125,12 @@ def wait() -> None:
 
 
 def _preload(prepare, facts=None) -> None:
-    try:
-        if facts is not None:
+    if facts is not None:
+        try:
             facts()
+        except Exception as e:  # noqa: BLE001  (the first compile reads them itself and says what is wrong)
+            log.debug("pallaskit: reading the first compile's facts on a thread failed (%s: %s)", type(e).__name__, e)
+    try:
         for name in COMPILER_MODULES:
             _import(name)
         if _backend_started():
