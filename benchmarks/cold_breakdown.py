@@ -32,7 +32,9 @@ kernels compile on N threads, not ``triton_call._compile_pool``'s, each with its
 ``noprocs`` (option ``triton_compile_processes=False``: raw-Triton kernels compile on the threads
 themselves, not in worker processes: [Note: compile workers]); ``prestart=N`` (N compile workers started as
 the compile begins, ``orchestrator.PRESTART_WORKERS``); ``nograph`` (option ``command_buffers=False``);
-``xla:FLAGS`` (XLA_FLAGS extended by FLAGS, e.g. ``xla:--xla_gpu_autotune_level=0``); ``warm`` (first
+``xla:FLAGS`` (XLA_FLAGS extended by FLAGS, e.g. ``xla:--xla_gpu_autotune_level=0``); ``pretriton`` (on a
+GPU, triton's compiler imported before the clock too, as the compiler preload imports it while a script sets
+up; without it the load phase can wait for that import); ``warm`` (first
 compiles and runs another small jax.jit program, untimed, so that XLA's one-time costs in a process are paid
 before the clock). Variants combine with ``+``: ``threads=16+prestart=16``, ``jax.jit+warm``. Workloads: ``mlp:ROWS`` is the dynamic sweep's gelu
 MLP (bf16 1024 x 4096 x 1024) at ROWS rows.
@@ -264,6 +266,16 @@ def child(workload: str, variant: str) -> dict:
         import lowering.lower  # noqa: F401
         import lowering.scheduler  # noqa: F401
         import pallaskit
+        if "pretriton" in parts:
+            parts.remove("pretriton")
+        if "pretriton" in variant.split("+") and jax.default_backend() == "gpu":
+            # triton's compiler too, as the compiler preload imports it while a script
+            # sets up ([Note: compiler preload]); without it, loading the program waits
+            # for that import on its thread
+            from pallaskit.runtime import triton_launch
+
+            triton_launch._triton(interpret=False)
+            import triton.compiler.compiler  # noqa: F401
         from lowering import heuristics
         from pallaskit.runtime import loader
 
