@@ -266,9 +266,10 @@ def child(workload: str, variant: str) -> dict:
         import lowering.lower  # noqa: F401
         import lowering.scheduler  # noqa: F401
         import pallaskit
-        if "pretriton" in parts:
+        pretriton = "pretriton" in parts
+        if pretriton:
             parts.remove("pretriton")
-        if "pretriton" in variant.split("+") and jax.default_backend() == "gpu":
+        if pretriton and jax.default_backend() == "gpu":
             # triton's compiler too, as the compiler preload imports it while a script
             # sets up ([Note: compiler preload]); without it, loading the program waits
             # for that import on its thread

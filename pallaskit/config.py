@@ -298,8 +298,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "([Note: command buffers] in pallaskit/cache). XLA_FLAGS that turn command buffers off still do.",
            _parse_bool, _check_bool, "true, false"),
     Option("preload_compiler", True, "pallaskit.jit(f) of a function the cache has not run before starts "
-           "importing the compiler (lowering's passes, sympy; on the CPU jax's Pallas interpreter; on a GPU also "
-           "triton, and four compile workers start) on a thread, so that a first compile does not wait for it: "
+           "reading the cache key's environment and importing the compiler (lowering's passes, sympy, Pallas; on "
+           "the CPU jax's Pallas interpreter; on a GPU also triton, and four compile workers start) on a thread, "
+           "so that a first compile does not wait for it: "
            "the import runs while the script builds its inputs ([Note: compiler preload] in "
            "pallaskit/runtime/preload.py). Off: imported by the first compile.", _parse_bool, _check_bool,
            "true, false"),

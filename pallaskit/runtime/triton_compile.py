@@ -73,7 +73,6 @@ def wide_prototypes() -> bool:
         return _wide_prototypes
     try:
         from triton import language
-        from triton._utils import find_paths_if
         from triton.compiler import code_generator
 
         original = code_generator.ASTFunction.deserialize
@@ -86,13 +85,11 @@ def wide_prototypes() -> bool:
         return False
 
     def deserialize(self, fn):
-        def is_val(path, ty):
-            return path not in self.constants and ty is not None
-
         nested = (list, tuple, language.tuple_type)
         if any(isinstance(ty, nested) for ty in self.arg_types) or any(len(p) != 1 for p in self.constants):
             return original(self, fn)  # tuple arguments: Triton's own
-        val_paths = list(find_paths_if(self.arg_types, is_val))
+        # flat arguments: Triton's value paths are (i,) for each non-constant, non-None type
+        val_paths = [(i,) for i, ty in enumerate(self.arg_types) if (i,) not in self.constants and ty is not None]
         vals = language.tuple([language.constexpr(None) for _ in self.arg_types], self.arg_types)
         cursor = 0
         handles = [fn.args(i) for i in range(fn.get_num_args())]
