@@ -107,8 +107,9 @@ def kernel_bytes(k: Kernel, graph: ir.Graph) -> int:
 
 def _packs(kernels: list[Kernel], graph: ir.Graph) -> list[list[Kernel]]:
     """Profit: consecutive members per launch under the member, argument and
-    byte caps, as few launches as the caps allow, of about equal size
-    ([Note: balanced packs])."""
+    byte caps, as few launches as the caps allow; of those plans, the one whose
+    distinct launches cost least to compile ([Note: balanced packs], [Note:
+    periodic packs])."""
     sized = [(k, kernel_bytes(k, graph), set(k.reads) | set(k.stores)) for k in kernels]
     packs = _greedy_packs(sized, heuristics.COMBO_MAX_MEMBERS)
     low, high = -(-len(kernels) // max(len(packs), 1)), heuristics.COMBO_MAX_MEMBERS
@@ -118,7 +119,20 @@ def _packs(kernels: list[Kernel], graph: ir.Graph) -> list[list[Kernel]]:
             high = mid
         else:
             low = mid + 1
-    return _greedy_packs(sized, low) if low < heuristics.COMBO_MAX_MEMBERS else packs
+    if low < heuristics.COMBO_MAX_MEMBERS:
+        packs = _greedy_packs(sized, low)
+    keys = _member_keys(kernels, graph)
+    best = [len(p) for p in packs]
+    best_cost = _compile_cost(keys, best)
+    for lengths in _periodic_plans(sized, keys, len(packs)):
+        cost = _compile_cost(keys, lengths)
+        if cost < best_cost:
+            best, best_cost = lengths, cost
+    out, start = [], 0
+    for n in best:
+        out.append(kernels[start:start + n])
+        start += n
+    return out
 
 
 # [Note: balanced packs]
@@ -142,6 +156,98 @@ def _greedy_packs(sized: list, max_members: int) -> list[list[Kernel]]:
     if cur:
         packs.append(cur)
     return packs
+
+
+# [Note: periodic packs]
+# An optimizer over a model's layers repeats one sequence of shapes, and two
+# launches whose members repeat each other's shapes render to the same Triton
+# function, compiled once ([Note: shared Triton functions] in codegen/program.py).
+# Balanced packs break that: 1000 arrays of a period of 8 shapes in launches of
+# 125 start each launch at another phase of the period, so all eight compile,
+# where launches of 128 (16 periods) make two distinct ones. A plan is costed
+# by its distinct launches: about half of a combo's compile runs in parallel
+# with the others' (Triton's backend passes on the compile threads: the largest
+# is waited for), half one after another (Triton's Python frontend holds the
+# GIL, jaxlib assembles each module's PTX under one lock: the members of every
+# distinct launch add up); measured per stage in benchmarks/RESULTS.md,
+# "Session 31". So the cost is the largest distinct launch plus the sum of the
+# distinct launches, in members, and periodic plans compete with the balanced
+# one at the same number of launches: a prefix of up to COMBO_PERIOD_PREFIX
+# members (the embeddings before the layers) in the first launch, then whole
+# periods per launch.
+def _member_keys(kernels: list[Kernel], graph: ir.Graph) -> list[int]:
+    """Each member's shape of code as a small integer: equal where two members
+    would likely render alike (kind, tile, the shapes and dtypes it reads and
+    stores, its outputs' roles). A heuristic of profit only."""
+    ids: dict = {}
+    out = []
+    for k in kernels:
+        key = (k.kind, k.rows, k.cols, tuple(m.role for m in k.members),  # reads as a multiset: names order them
+               tuple(sorted(repr(graph.buffer_aval(b)) for b in k.reads)), tuple(graph.buffer_aval(b) for b in k.stores))
+        out.append(ids.setdefault(key, len(ids)))
+    return out
+
+
+def _run_period(keys: list) -> tuple[int, int]:
+    """(p, length): the longest prefix of ``keys`` made of two or more repeats
+    of its first p keys (the prefix function's borders); (0, 0) if none."""
+    border = [0] * len(keys)
+    for i in range(1, len(keys)):
+        j = border[i - 1]
+        while j and keys[i] != keys[j]:
+            j = border[j - 1]
+        border[i] = j + 1 if keys[i] == keys[j] else 0
+    for i in range(len(keys) - 1, 0, -1):
+        p = i + 1 - border[i]
+        if 2 * p <= i + 1:
+            return p, i + 1
+    return 0, 0
+
+
+def _periodic_plans(sized: list, keys: list, launches: int):
+    """Launch lengths that keep a repeating run of members in phase: for each
+    prefix q (its own members in the first launch), launches of c members, c a
+    whole number of periods, over the run, then the rest filled greedily; for
+    each q the smallest c within the caps and ``launches``."""
+    n, cap = len(keys), heuristics.COMBO_MAX_MEMBERS
+    for q in range(min(heuristics.COMBO_PERIOD_PREFIX, n - 1) + 1):
+        p, run = _run_period(keys[q:])
+        if not p or p > cap:
+            continue
+        for c in range(p * max(1, -(-(n - q) // (launches * p))), cap + 1, p):
+            lengths, end = [], q + run
+            start = 0
+            while start < end:
+                size = q + p * ((c - q) // p) if not lengths and q else c
+                if size <= 0 or start + size > end:
+                    break
+                lengths.append(size)
+                start += size
+            lengths += [len(pack) for pack in _greedy_packs(sized[start:], cap)]
+            if len(lengths) <= launches and _within_caps(sized, lengths):
+                yield lengths
+                break
+
+
+def _compile_cost(keys: list, lengths: list[int]) -> int:
+    """[Note: periodic packs]: the largest distinct launch plus all distinct launches, in members."""
+    distinct, start = {}, 0
+    for n in lengths:
+        distinct.setdefault(tuple(keys[start:start + n]), n)
+        start += n
+    return max(distinct.values()) + sum(distinct.values())
+
+
+def _within_caps(sized: list, lengths: list[int]) -> bool:
+    start = 0
+    for n in lengths:
+        part = sized[start:start + n]
+        start += n
+        args = set().union(*(a for _, _, a in part))
+        if n > 1 and (n > heuristics.COMBO_MAX_MEMBERS or len(args) > heuristics.COMBO_MAX_ARGS
+                      or sum(b for _, b, _ in part) > heuristics.COMBO_MAX_BYTES):  # one member runs alone
+            return False
+    return True
 
 
 def combine(steps: list, graph: ir.Graph, options: CompileOptions, loop_body: bool = False) -> list:
@@ -180,7 +286,25 @@ def combine(steps: list, graph: ir.Graph, options: CompileOptions, loop_body: bo
 
 def _combo(parts: list[Kernel], name: str) -> ComboKernel:
     members = [m for p in parts for m in p.members]
-    reads = sorted({r for p in parts for r in p.reads})
+    reads = _first_use(parts)
     origin = list(dict.fromkeys(o for p in parts for o in p.origin))  # first-seen order, linear in members
     elements = sum(p.rows * p.cols for p in parts)
     return ComboKernel(name, "combo", 1, elements, members, reads, origin, parts=list(parts))
+
+
+def _first_use(parts: list[Kernel]) -> list[str]:
+    """The parts' reads in order of first use (each member's loads in ``ir.walk``
+    order), not by name: two launches whose members repeat each other's code
+    then number their pointers alike and render to one function ([Note:
+    periodic packs]); sorted names ("p10" before "p9") would not."""
+    out: dict[str, None] = {}
+    for p in parts:
+        own = set(p.reads)
+        for m in p.members:
+            for ld in ir.loads(m.body):
+                if ld.buffer in own:
+                    out.setdefault(ld.buffer)
+        for r in p.reads:  # a read no body names (an index's values): after
+            out.setdefault(r)
+    return list(out)
+

@@ -108,6 +108,10 @@ COMBO_DISPATCH_GROUP = 16
 # Bytes a launch moves: past 1 GiB (~0.3 ms at H100 bandwidth) the launch and
 # tail a combo saves are under 1% of the launch's own time.
 COMBO_MAX_BYTES = 1 << 30
+# Members before a repeating sequence (the embeddings before a model's layers)
+# that a periodic plan puts in its first launch ([Note: periodic packs] in
+# lowering/combo.py).
+COMBO_PERIOD_PREFIX = 16
 # Elements per program of a flat (one-row) pointwise member: 1024-4096 with a
 # few warps is what approaches the memory floor on the H100 (heuristics note
 # above); 2048 over 4 warps gives each thread 16 B vector accesses four deep.

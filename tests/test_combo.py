@@ -181,6 +181,43 @@ def test_launches_share_a_level_evenly(cap, arrays, sizes, rng, monkeypatch):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-7)
 
 
+def _periodic_update(ps, gs, ms):
+    ms = [0.9 * m + 0.1 * g for m, g in zip(ms, gs)]
+    return [p - 1e-2 * (m + 0.1 * p) for p, m in zip(ps, ms)], ms
+
+
+PERIODIC = [(3, 5), (4,), (2, 2)] * 8  # a "model" of 8 layers of 3 arrays
+
+
+@pytest.mark.parametrize("backend", ["pallas", "triton"])
+def test_launches_keep_a_repeating_pytree_in_phase(backend, rng, monkeypatch):
+    """[Note: periodic packs]: 24 arrays repeating 3 shapes under a cap of 9
+    members launch as 9, 9, 6 (whole periods), not 8, 8, 8: the two launches
+    of 9 are one kernel, written and compiled once; values as jax.jit's."""
+    from lowering import heuristics
+
+    monkeypatch.setattr(heuristics, "COMBO_MAX_MEMBERS", 9)
+    trees = [[_special(rng, s, jnp.float32) for s in PERIODIC] for _ in range(3)]
+    e = pallaskit.explain(_periodic_update, *trees)
+    assert [len(k.members) for k in _combos(e)] == [9, 9, 6], [k.name for k in e.kernels]
+    want = jax.tree.leaves(jax.jit(_periodic_update)(*trees))
+    if backend == "pallas":
+        assert re.search(r"^combo_1 = combo_0\b", e.source, flags=re.M), e.source[-3000:]
+        got = jax.tree.leaves(pallaskit.jit(_periodic_update)(*trees))
+    else:
+        if jax.default_backend() != "cpu":
+            pytest.skip("Triton's interpreter runs this on the CPU")
+        import lowering
+
+        options = CompileOptions(interpret=False, kernel_backend="triton", triton_available=True, num_sms=132)
+        source = lowering.compile_jaxpr(jax.make_jaxpr(_periodic_update)(*trees), options).program.source
+        assert "# combo_0_kernel runs for 2 launches: combo_0, combo_1" in source, source[-3000:]
+        assert len(re.findall(r"^def combo_\d+_kernel\(", source, flags=re.M)) == 2
+        _, got = _triton_run(_periodic_update, tuple(trees))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g).reshape(w.shape), w, rtol=2e-6, atol=1e-7)
+
+
 def test_global_norm_is_one_reduction_launch_and_its_finisher(rng):
     """Sums of squares of every gradient: one launch of row reductions (each
     member's programs write its partial sums), one launch that finishes them."""

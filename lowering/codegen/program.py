@@ -264,7 +264,8 @@ def share_pallas_kernels(kernels: list) -> None:
         if rk.inline:
             continue
         lines = rk.source.split("\n")
-        code = _rename(_code(lines), {rk.name: "__launch__", f"{rk.name}_kernel": "__kernel__"})
+        # its own names: the launcher, ``<name>_kernel`` and a combo's ``<name>_part0``, ...
+        code = re.sub(rf"(?<![\w.]){re.escape(rk.name)}(?=_|\b)", "__launch__", _code(lines))
         owner = first.setdefault(code, rk.name)
         if owner != rk.name:
             header = []
