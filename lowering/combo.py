@@ -180,10 +180,15 @@ def _member_keys(kernels: list[Kernel], graph: ir.Graph) -> list[int]:
     would likely render alike (kind, tile, the shapes and dtypes it reads and
     stores, its outputs' roles). A heuristic of profit only."""
     ids: dict = {}
+    avals: dict = {}  # (shape, dtype) -> a small integer, to sort reads by
+
+    def aval(b):
+        return avals.setdefault(graph.buffer_aval(b), len(avals))
+
     out = []
     for k in kernels:
         key = (k.kind, k.rows, k.cols, tuple(m.role for m in k.members),  # reads as a multiset: names order them
-               tuple(sorted(repr(graph.buffer_aval(b)) for b in k.reads)), tuple(graph.buffer_aval(b) for b in k.stores))
+               tuple(sorted(aval(b) for b in k.reads)), tuple(aval(b) for b in k.stores))
         out.append(ids.setdefault(key, len(ids)))
     return out
 
