@@ -382,16 +382,19 @@ def _serve(closed_jaxpr, avals, static_args, options, title: str, build, started
     except (filelock.Timeout, OSError) as e:
         log.warning("pallaskit cache: no lock for %s (%s); compiling without the cache", title, e)
         return _compile_new(build, structs, title, started, "off", xla=xla, while_compiling=warm)
+    handed = False
     try:
         # Another process may have written the entry while this one waited.
         served = _from_cache(key, parts, structs, title, started, xla)
         if served is None:
             metrics.counters["cache_misses"] += 1
             served = _compile_new(build, structs, title, started, "miss", key=key, parts=parts, xla=xla,
-                                  while_compiling=warm)
+                                  while_compiling=warm, lock=lock)
+            handed = True  # _compile_new released the lock or gave it to the entry's writer
         return served
     finally:
-        lock.release()
+        if not handed:
+            lock.release()
 
 
 def _from_cache(key, parts, structs, title, started, xla=None) -> Served | None:
@@ -422,9 +425,22 @@ def _from_cache(key, parts, structs, title, started, xla=None) -> Served | None:
 
 
 def _compile_new(build, structs, title, started, how: str, key=None, parts=None, xla=None,
-                 while_compiling=None) -> Served:
-    """Run the compiler and XLA; with a ``key``, keep the result in the cache.
-    ``while_compiling``: started before JAX lowers the program (``executable.aot_compile``)."""
+                 while_compiling=None, lock=None) -> Served:
+    """Run the compiler and XLA; with a ``key``, keep the result in the cache,
+    written behind the call ([Note: entries written behind the call] in
+    pallaskit/cache). ``lock``: the key's lock, held by the caller: released
+    here if this raises, else by the entry's writer (or here, when nothing is
+    written). ``while_compiling``: started before JAX lowers the program
+    (``executable.aot_compile``)."""
+    try:
+        return _compile_and_keep(build, structs, title, started, how, key, parts, xla, while_compiling, lock)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def _compile_and_keep(build, structs, title, started, how, key, parts, xla, while_compiling, lock) -> Served:
     result, call, constants = build()
     where = xla.placed.replicated() if xla and xla.placed is not None else None
     compiled = executable.aot_compile(call, structs, constants, xla, while_compiling=while_compiling)
@@ -440,16 +456,21 @@ def _compile_new(build, structs, title, started, how: str, key=None, parts=None,
                         "not caching what it compiles from now on (first: %s)", title)
         key = None
     if key is not None:
-        payload, in_tree, out_tree, error = executable.serialize(compiled)
-        if error and title not in _serialize_failures:
-            _serialize_failures.add(title)
-            log.warning("pallaskit cache: the executable of %s cannot be serialized (%s); caching its source only",
-                        title, error)
-        cache.store(cache.Entry(
-            key=key, parts=parts, title=title, source=result.program.source, num_kernels=len(result.program.kernels),
-            has_externs=bool(result.program.externs), constants=list(constants), executable=payload,
-            in_tree=in_tree, out_tree=out_tree, executable_error=error, metric_deltas=deltas, kernels=kernels,
-            created=time.time()))
+        def write():
+            payload, in_tree, out_tree, error = executable.serialize(compiled)
+            if error and title not in _serialize_failures:
+                _serialize_failures.add(title)
+                log.warning("pallaskit cache: the executable of %s cannot be serialized (%s); caching its source "
+                            "only", title, error)
+            cache.store(cache.Entry(
+                key=key, parts=parts, title=title, source=result.program.source,
+                num_kernels=len(result.program.kernels), has_externs=bool(result.program.externs),
+                constants=list(constants), executable=payload, in_tree=in_tree, out_tree=out_tree,
+                executable_error=error, metric_deltas=deltas, kernels=kernels, created=time.time()))
+        cache.write_behind(key, write, lock)
+        lock = None  # the writer releases it
+    if lock is not None:
+        lock.release()
     _finish(served, title, started, deltas, kernels)
     return served
 

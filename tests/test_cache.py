@@ -67,6 +67,7 @@ def _finish(proc):
 
 
 def _entries(cache_dir):
+    cache.wait_written()  # [Note: entries written behind the call]
     folder = os.path.join(cache_dir, "graphs")
     return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
 
@@ -120,6 +121,43 @@ def _run(fn, *args):
 def _only_entry(tmp_path):
     (name,) = _entries(tmp_path)
     return os.path.join(tmp_path, "graphs", name)
+
+
+@pytest.mark.no_speculation
+def test_the_entry_is_written_behind_the_call_under_its_lock(tmp_path, rng, monkeypatch):
+    """[Note: entries written behind the call]: the first call returns while its
+    executable is still being serialized; the key's lock stays held (another
+    process would wait, then hit) until the entry is on disk; then a new jit of
+    the function hits it."""
+    import threading
+
+    import filelock
+
+    pallaskit.config.update(cache_dir=str(tmp_path))
+    go, serializing = threading.Event(), threading.Event()
+    real = executable.serialize
+
+    def slow(compiled):
+        serializing.set()
+        assert go.wait(60)
+        return real(compiled)
+
+    monkeypatch.setattr(executable, "serialize", slow)
+    args = _args(rng)
+    expected = _run(_fn, *args)  # returns with the serialization blocked
+    assert serializing.wait(60)
+    assert not os.path.isdir(os.path.join(tmp_path, "graphs")) or not os.listdir(os.path.join(tmp_path, "graphs"))
+    (key,) = cache._pending
+    with pytest.raises(filelock.Timeout):
+        cache._lock(key[:2], timeout=0).acquire()
+    go.set()
+    cache.wait_written(key)
+    assert len(_entries(tmp_path)) == 1 and not cache._pending
+    with cache._lock(key[:2], timeout=0):  # released by the writer
+        pass
+    pallaskit.metrics.reset()
+    np.testing.assert_array_equal(_run(_fn, *args), expected)
+    assert pallaskit.metrics.counters["cache_hits"] == 1
 
 
 @pytest.mark.no_speculation
@@ -188,6 +226,7 @@ def test_bad_entry_is_recompiled_and_overwritten(tmp_path, rng, caplog, damage, 
     assert [r for r in caplog.records if reason in r.getMessage()], caplog.text
     c = pallaskit.metrics.counters
     assert c["cache_misses"] == 1 and c["cache_hits"] == 0 and c["kernels_compiled"] == 1
+    cache.wait_written()
     with open(path, "rb") as f:  # rewritten, valid
         assert cache.decode(f.read(), os.path.basename(path).removesuffix(cache.SUFFIX)).executable
     pallaskit.metrics.reset()

@@ -54,6 +54,7 @@ bytes into an executable and back.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import hashlib
@@ -65,9 +66,10 @@ import pickle
 import platform
 import re
 import sys
+import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 import filelock
 import jax
@@ -651,6 +653,7 @@ def decode(data: bytes, key: str | None = None, parts: dict | None = None) -> En
 def load(key: str, parts: dict | None = None) -> Entry | None:
     """The valid entry of ``key``, or None (missing, or bad: logged once).
     A hit refreshes the entry's mtime (the LRU clock)."""
+    wait_written(key)
     path = entry_path(key)
     try:
         with open(path, "rb") as f:
@@ -684,15 +687,79 @@ def store(entry: Entry) -> bool:
     return True
 
 
-def _lock(name: str, timeout: float = LOCK_TIMEOUT_S) -> filelock.FileLock:
+def _lock(name: str, timeout: float = LOCK_TIMEOUT_S, thread_local: bool = True) -> filelock.FileLock:
     folder = os.path.join(cache_dir(), "locks")
     os.makedirs(folder, exist_ok=True)
-    return filelock.FileLock(os.path.join(folder, name + ".lock"), timeout=timeout)
+    return filelock.FileLock(os.path.join(folder, name + ".lock"), timeout=timeout, thread_local=thread_local)
 
 
 def key_lock(key: str, timeout: float = LOCK_TIMEOUT_S) -> filelock.FileLock:
-    """The lock writers of ``key`` hold while compiling (one of 256 files)."""
-    return _lock(key[:2], timeout)
+    """The lock writers of ``key`` hold while compiling and until the entry is
+    written (one of 256 files); released by the entry's writer thread
+    ([Note: entries written behind the call]), hence not thread-local."""
+    return _lock(key[:2], timeout, thread_local=False)
+
+
+# [Note: entries written behind the call]
+# A first call's new entry is serialized (``jax.experimental.serialize_executable``:
+# XLA's executable, then a pickle of its argument and output descriptions) and
+# written after the call has its executable. For adamw:1000 (4001 arguments)
+# that serialization took 0.9 s of a 12.5 s first call on the H100 host, for
+# nothing the call returns, so it runs on one writer thread (``write_behind``)
+# while the call runs the program and returns. The key's lock
+# (``key_lock``) stays held until the entry is on disk, so another process
+# compiling the same program waits and then hits, as before. In this process,
+# ``load`` of a key waits for its pending write, ``stats`` and ``clear`` wait for
+# all (``wait_written``), and so do a fork and the interpreter's exit (the
+# executor's thread is joined then): an entry is lost only where the process is
+# killed, and then the atomic write leaves no torn file.
+_writer: concurrent.futures.ThreadPoolExecutor | None = None
+_pending: dict[str, concurrent.futures.Future] = {}
+_pending_lock = threading.Lock()
+
+
+def write_behind(key: str, write: Callable[[], None], lock=None) -> None:
+    """Run ``write()`` (which stores ``key``'s entry) on the writer thread, then
+    release ``lock`` (the key's lock, held by the caller)."""
+    global _writer
+
+    def job():
+        try:
+            write()
+        except Exception as e:  # noqa: BLE001 - a cache that cannot write must not fail the user's call
+            report(graphs_dir(), f"cannot write an entry: {type(e).__name__}: {e}")
+        finally:
+            if lock is not None:
+                lock.release()
+            with _pending_lock:
+                if _pending.get(key) is future_box[0]:
+                    del _pending[key]
+
+    future_box = [None]
+    with _pending_lock:
+        if _writer is None:
+            _writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pallaskit-cache-writer")
+        try:
+            future_box[0] = _pending[key] = _writer.submit(job)
+            return
+        except RuntimeError:  # the interpreter is shutting down: no new threads
+            pass
+    job()
+
+
+def wait_written(key: str | None = None) -> None:
+    """Return once ``key``'s pending entry (every pending entry: None) is written."""
+    with _pending_lock:
+        futures = list(_pending.values()) if key is None else [_pending[key]] if key in _pending else []
+    for f in futures:
+        try:
+            f.result()
+        except Exception:  # noqa: BLE001 - reported by the job
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=wait_written)  # a child must not inherit a held key lock mid-write
 
 
 def _entries() -> list[os.DirEntry]:
@@ -767,6 +834,7 @@ def _remove_old_files(tmp_age_s: float = 3600.0):
 
 
 def stats() -> dict:
+    wait_written()
     files = []
     for e in _entries():
         try:
@@ -791,6 +859,7 @@ def clear() -> int:
     (``multi_kernel/``), compiled raw-Triton kernel (``triton_kernels/``), eager program
     (``eager/``), function marker (``functions/``) and stray temporary file; returns the
     count of entries."""
+    wait_written()
     n = 0
     with _lock("evict"):
         for folder, suffix in ((graphs_dir(), SUFFIX), (env_dir(), ".json"),
