@@ -732,7 +732,7 @@ def write_behind(key: str, write: Callable[[], None], lock=None) -> None:
             if lock is not None:
                 lock.release()
             with _pending_lock:
-                if _pending.get(key) is future_box[0]:
+                if future_box[0] is not None and _pending.get(key) is future_box[0]:
                     del _pending[key]
 
     future_box = [None]
