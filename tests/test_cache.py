@@ -406,6 +406,7 @@ def test_unserializable_executable_caches_the_source(tmp_path, rng, monkeypatch,
     args = _args(rng)
     with caplog.at_level(logging.WARNING, logger="pallaskit"):
         expected = _run(_fn, *args)
+        cache.wait_written()  # the writer thread logs it ([Note: entries written behind the call])
     assert "caching its source only" in caplog.text
     with open(_only_entry(tmp_path), "rb") as f:
         entry = cache.decode(f.read())
