@@ -456,6 +456,8 @@ def _compile_and_keep(build, structs, title, started, how, key, parts, xla, whil
                         "not caching what it compiles from now on (first: %s)", title)
         key = None
     if key is not None:
+        path = cache.entry_path(key)  # the folder as of this call
+
         def write():
             payload, in_tree, out_tree, error = executable.serialize(compiled)
             if error and title not in _serialize_failures:
@@ -466,7 +468,7 @@ def _compile_and_keep(build, structs, title, started, how, key, parts, xla, whil
                 key=key, parts=parts, title=title, source=result.program.source,
                 num_kernels=len(result.program.kernels), has_externs=bool(result.program.externs),
                 constants=list(constants), executable=payload, in_tree=in_tree, out_tree=out_tree,
-                executable_error=error, metric_deltas=deltas, kernels=kernels, created=time.time()))
+                executable_error=error, metric_deltas=deltas, kernels=kernels, created=time.time()), path)
         cache.write_behind(key, write, lock)
         lock = None  # the writer releases it
     if lock is not None:

@@ -133,6 +133,7 @@ def test_the_entry_is_written_behind_the_call_under_its_lock(tmp_path, rng, monk
 
     import filelock
 
+    cache.wait_written()  # an earlier test's entry
     pallaskit.config.update(cache_dir=str(tmp_path))
     go, serializing = threading.Event(), threading.Event()
     real = executable.serialize
@@ -150,8 +151,10 @@ def test_the_entry_is_written_behind_the_call_under_its_lock(tmp_path, rng, monk
     (key,) = cache._pending
     with pytest.raises(filelock.Timeout):
         cache._lock(key[:2], timeout=0).acquire()
+    pallaskit.config.update(cache_dir=str(tmp_path / "elsewhere"))  # the entry goes where the call was made
     go.set()
     cache.wait_written(key)
+    pallaskit.config.update(cache_dir=str(tmp_path))
     assert len(_entries(tmp_path)) == 1 and not cache._pending
     with cache._lock(key[:2], timeout=0):  # released by the writer
         pass

@@ -675,11 +675,14 @@ def load(key: str, parts: dict | None = None) -> Entry | None:
     return entry
 
 
-def store(entry: Entry) -> bool:
-    """Write the entry atomically, then evict past the size cap."""
-    folder = graphs_dir()
+def store(entry: Entry, path: str | None = None) -> bool:
+    """Write the entry atomically (to ``path``: its ``entry_path`` when the
+    write was asked for, as the cache folder may have changed since), then
+    evict past the size cap."""
+    path = path or entry_path(entry.key)
+    folder = os.path.dirname(path)
     try:
-        _write_atomic(entry_path(entry.key), encode(entry))
+        _write_atomic(path, encode(entry))
     except Exception as e:  # noqa: BLE001 - a cache that cannot write must not fail the user's call
         report(folder, f"cannot write an entry: {type(e).__name__}: {e}")
         return False
@@ -708,7 +711,8 @@ def key_lock(key: str, timeout: float = LOCK_TIMEOUT_S) -> filelock.FileLock:
 # nothing the call returns, so it runs on one writer thread (``write_behind``)
 # while the call runs the program and returns. The key's lock
 # (``key_lock``) stays held until the entry is on disk, so another process
-# compiling the same program waits and then hits, as before. In this process,
+# compiling the same program waits and then hits, as before; the entry goes to
+# the folder of the call that made it, whatever ``cache_dir`` is by then. In this process,
 # ``load`` of a key waits for its pending write, ``stats`` and ``clear`` wait for
 # all (``wait_written``), and so do a fork and the interpreter's exit (the
 # executor's thread is joined then): an entry is lost only where the process is
