@@ -349,6 +349,14 @@ class Served:
 
 
 _serialize_failures: set = set()
+# Arguments from which a new entry is written behind the call ([Note: entries
+# written behind the call] in pallaskit/cache): serializing pickles a description
+# of each argument, 0.9 s at 4001 (adamw:1000), 0.09 s at 733 (gpt2_adamw), 3 ms at
+# one (H100 host, benchmarks/RESULTS.md "Session 32"). Below this the write stays in
+# the call: a thread's hand-off and its GIL time buy nothing for a few milliseconds
+# (the dynamic sweep's first size ran 0.04-0.05 s slower with every entry behind),
+# and the entry is on disk when the call returns.
+WRITE_BEHIND_MIN_ARGS = 256
 _sources_changed: list = []  # graphs compiled after this process's sources changed (logged once)
 
 
@@ -469,8 +477,11 @@ def _compile_and_keep(build, structs, title, started, how, key, parts, xla, whil
                 num_kernels=len(result.program.kernels), has_externs=bool(result.program.externs),
                 constants=list(constants), executable=payload, in_tree=in_tree, out_tree=out_tree,
                 executable_error=error, metric_deltas=deltas, kernels=kernels, created=time.time()), path)
-        cache.write_behind(key, write, lock)
-        lock = None  # the writer releases it
+        if len(structs) >= WRITE_BEHIND_MIN_ARGS:
+            cache.write_behind(key, write, lock)
+            lock = None  # the writer releases it
+        else:
+            write()
     if lock is not None:
         lock.release()
     _finish(served, title, started, deltas, kernels)

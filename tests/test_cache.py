@@ -128,7 +128,7 @@ def test_the_entry_is_written_behind_the_call_under_its_lock(tmp_path, rng, monk
     """[Note: entries written behind the call]: the first call returns while its
     executable is still being serialized; the key's lock stays held (another
     process would wait, then hit) until the entry is on disk; then a new jit of
-    the function hits it."""
+    the function hits it. A program of fewer arguments writes it in the call."""
     import threading
 
     import filelock
@@ -144,6 +144,7 @@ def test_the_entry_is_written_behind_the_call_under_its_lock(tmp_path, rng, monk
         return real(compiled)
 
     monkeypatch.setattr(executable, "serialize", slow)
+    monkeypatch.setattr(orchestrator, "WRITE_BEHIND_MIN_ARGS", 2)  # a wide program's path; _fn takes two
     args = _args(rng)
     expected = _run(_fn, *args)  # returns with the serialization blocked
     assert serializing.wait(60)
@@ -161,6 +162,9 @@ def test_the_entry_is_written_behind_the_call_under_its_lock(tmp_path, rng, monk
     pallaskit.metrics.reset()
     np.testing.assert_array_equal(_run(_fn, *args), expected)
     assert pallaskit.metrics.counters["cache_hits"] == 1
+    monkeypatch.setattr(orchestrator, "WRITE_BEHIND_MIN_ARGS", 3)
+    _run(_fn, *_args(rng, rows=6))  # two arguments: written before the call returns
+    assert not cache._pending and len(os.listdir(os.path.join(tmp_path, "graphs"))) == 2
 
 
 @pytest.mark.no_speculation

@@ -708,8 +708,10 @@ def key_lock(key: str, timeout: float = LOCK_TIMEOUT_S) -> filelock.FileLock:
 # XLA's executable, then a pickle of its argument and output descriptions) and
 # written after the call has its executable. For adamw:1000 (4001 arguments)
 # that serialization took 0.9 s of a 12.5 s first call on the H100 host, for
-# nothing the call returns, so it runs on one writer thread (``write_behind``)
-# while the call runs the program and returns. The key's lock
+# nothing the call returns, so for a program of many arguments
+# (``orchestrator.WRITE_BEHIND_MIN_ARGS``; a small one writes in the call, a few
+# milliseconds) it runs on one writer thread (``write_behind``) while the call
+# runs the program and returns. The key's lock
 # (``key_lock``) stays held until the entry is on disk, so another process
 # compiling the same program waits and then hits, as before; the entry goes to
 # the folder of the call that made it, whatever ``cache_dir`` is by then. In this process,
