@@ -434,11 +434,12 @@ def _from_cache(key, parts, structs, title, started, xla=None) -> Served | None:
 
 def _compile_new(build, structs, title, started, how: str, key=None, parts=None, xla=None,
                  while_compiling=None, lock=None) -> Served:
-    """Run the compiler and XLA; with a ``key``, keep the result in the cache,
-    written behind the call ([Note: entries written behind the call] in
-    pallaskit/cache). ``lock``: the key's lock, held by the caller: released
-    here if this raises, else by the entry's writer (or here, when nothing is
-    written). ``while_compiling``: started before JAX lowers the program
+    """Run the compiler and XLA; with a ``key``, keep the result in the cache
+    (a program of ``WRITE_BEHIND_MIN_ARGS`` arguments or more: written behind
+    the call, [Note: entries written behind the call] in pallaskit/cache).
+    ``lock``: the key's lock, held by the caller: released here if this raises,
+    else by the entry's writer (or here, once written or when nothing is).
+    ``while_compiling``: started before JAX lowers the program
     (``executable.aot_compile``)."""
     try:
         return _compile_and_keep(build, structs, title, started, how, key, parts, xla, while_compiling, lock)
