@@ -209,17 +209,21 @@ def _run_period(keys: list) -> tuple[int, int]:
     return 0, 0
 
 
+_PLAN_TRIES = 8
+
+
 def _periodic_plans(sized: list, keys: list, launches: int):
     """Launch lengths that keep a repeating run of members in phase: for each
     prefix q (its own members in the first launch), launches of c members, c a
     whole number of periods, over the run, then the rest filled greedily; for
-    each q the smallest c within the caps and ``launches``."""
+    each q the smallest c within the caps and ``launches``, of its first
+    ``_PLAN_TRIES`` (each try is linear in the members)."""
     n, cap = len(keys), heuristics.COMBO_MAX_MEMBERS
     for q in range(min(heuristics.COMBO_PERIOD_PREFIX, n - 1) + 1):
         p, run = _run_period(keys[q:])
         if not p or p > cap:
             continue
-        for c in range(p * max(1, -(-(n - q) // (launches * p))), cap + 1, p):
+        for c in range(p * max(1, -(-(n - q) // (launches * p))), cap + 1, p)[:_PLAN_TRIES]:
             lengths, end = [], q + run
             start = 0
             while start < end:
