@@ -390,7 +390,6 @@ def _serve(closed_jaxpr, avals, static_args, options, title: str, build, started
     except (filelock.Timeout, OSError) as e:
         log.warning("pallaskit cache: no lock for %s (%s); compiling without the cache", title, e)
         return _compile_new(build, structs, title, started, "off", xla=xla, while_compiling=warm)
-    handed = False
     try:
         # Another process may have written the entry while this one waited.
         served = _from_cache(key, parts, structs, title, started, xla)
@@ -398,11 +397,9 @@ def _serve(closed_jaxpr, avals, static_args, options, title: str, build, started
             metrics.counters["cache_misses"] += 1
             served = _compile_new(build, structs, title, started, "miss", key=key, parts=parts, xla=xla,
                                   while_compiling=warm, lock=lock)
-            handed = True  # _compile_new released the lock or gave it to the entry's writer
         return served
     finally:
-        if not handed:
-            lock.release()
+        lock.release()  # a writer behind the call holds it on until the entry is on disk
 
 
 def _from_cache(key, parts, structs, title, started, xla=None) -> Served | None:
@@ -436,20 +433,10 @@ def _compile_new(build, structs, title, started, how: str, key=None, parts=None,
                  while_compiling=None, lock=None) -> Served:
     """Run the compiler and XLA; with a ``key``, keep the result in the cache
     (a program of ``WRITE_BEHIND_MIN_ARGS`` arguments or more: written behind
-    the call, [Note: entries written behind the call] in pallaskit/cache).
-    ``lock``: the key's lock, held by the caller: released here if this raises,
-    else by the entry's writer (or here, once written or when nothing is).
+    the call, the writer holding ``lock``, the key's lock, until the entry is on
+    disk: [Note: entries written behind the call] in pallaskit/cache).
     ``while_compiling``: started before JAX lowers the program
     (``executable.aot_compile``)."""
-    try:
-        return _compile_and_keep(build, structs, title, started, how, key, parts, xla, while_compiling, lock)
-    except BaseException:
-        if lock is not None:
-            lock.release()
-        raise
-
-
-def _compile_and_keep(build, structs, title, started, how, key, parts, xla, while_compiling, lock) -> Served:
     result, call, constants = build()
     where = xla.placed.replicated() if xla and xla.placed is not None else None
     compiled = executable.aot_compile(call, structs, constants, xla, while_compiling=while_compiling)
@@ -480,11 +467,8 @@ def _compile_and_keep(build, structs, title, started, how, key, parts, xla, whil
                 executable_error=error, metric_deltas=deltas, kernels=kernels, created=time.time()), path)
         if len(structs) >= WRITE_BEHIND_MIN_ARGS:
             cache.write_behind(key, write, lock)
-            lock = None  # the writer releases it
         else:
             write()
-    if lock is not None:
-        lock.release()
     _finish(served, title, started, deltas, kernels)
     return served
 

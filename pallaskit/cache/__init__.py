@@ -711,8 +711,8 @@ def key_lock(key: str, timeout: float = LOCK_TIMEOUT_S) -> filelock.FileLock:
 # nothing the call returns, so for a program of many arguments
 # (``orchestrator.WRITE_BEHIND_MIN_ARGS``; a small one writes in the call, a few
 # milliseconds) it runs on one writer thread (``write_behind``) while the call
-# runs the program and returns. The key's lock
-# (``key_lock``) stays held until the entry is on disk, so another process
+# runs the program and returns. The writer takes its own hold on the key's
+# lock (``key_lock``), so the lock stays held until the entry is on disk and another process
 # compiling the same program waits and then hits, as before; the entry goes to
 # the folder of the call that made it, whatever ``cache_dir`` is by then. In this process,
 # ``load`` of a key waits for its pending write, ``stats`` and ``clear`` wait for
@@ -725,8 +725,9 @@ _pending_lock = threading.Lock()
 
 
 def write_behind(key: str, write: Callable[[], None], lock=None) -> None:
-    """Run ``write()`` (which stores ``key``'s entry) on the writer thread, then
-    release ``lock`` (the key's lock, held by the caller)."""
+    """Run ``write()`` (which stores ``key``'s entry) on the writer thread,
+    holding ``lock`` (the key's lock, held by the caller, who may release it
+    now: the lock is reentrant and not thread-local) until it is done."""
     global _writer
 
     def job():
@@ -737,16 +738,16 @@ def write_behind(key: str, write: Callable[[], None], lock=None) -> None:
         finally:
             if lock is not None:
                 lock.release()
-            with _pending_lock:
-                if future_box[0] is not None and _pending.get(key) is future_box[0]:
-                    del _pending[key]
+            with _pending_lock:  # a key has one pending write: load waits for it before compiling again
+                _pending.pop(key, None)
 
-    future_box = [None]
+    if lock is not None:
+        lock.acquire()  # the writer's own hold
     with _pending_lock:
         if _writer is None:
             _writer = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pallaskit-cache-writer")
         try:
-            future_box[0] = _pending[key] = _writer.submit(job)
+            _pending[key] = _writer.submit(job)
             return
         except RuntimeError:  # the interpreter is shutting down: no new threads
             pass
