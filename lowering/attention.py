@@ -60,6 +60,7 @@ rewrite does for torch. The pass finds the pattern and replaces it:
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -810,10 +811,20 @@ def _constant(graph, v, out: list) -> bool:
 
 def _evaluated(graph, eqns: list, v) -> np.ndarray:
     """The value of ``v``, computed by ``eqns`` from literals and constants
-    (``_constant``): eagerly, on the host, even where pallaskit compiles inside
-    an outer trace."""
-    with jax.ensure_compile_time_eval(), jax.default_device(jax.devices("cpu")[0]):
+    (``_constant``): eagerly, even where pallaskit compiles inside an outer
+    trace; on the host where this process has jax's CPU backend, else (say
+    ``JAX_PLATFORMS=cuda``) on the default device, which runs the program."""
+    with jax.ensure_compile_time_eval(), _host_device():
         return np.asarray(_replayed(graph, eqns, [], v)())
+
+
+def _host_device():
+    """``jax.default_device`` of the CPU, or no change where jax has no CPU backend."""
+    try:
+        cpu = jax.devices("cpu")[0]
+    except RuntimeError:  # "Unknown backend cpu": the attention pass failed there (JAX_PLATFORMS=cuda)
+        return contextlib.nullcontext()
+    return jax.default_device(cpu)
 
 
 def _closure(graph, outputs: list, inputs: list) -> list:

@@ -180,6 +180,30 @@ def test_pass_reads_the_fill_as_the_program_rounds_it(rng, case):
     assert eqn.params["spec"].fill == -math.inf
 
 
+def test_pass_reads_a_computed_fill_without_jaxs_cpu_backend(rng, monkeypatch):
+    """A process started with JAX_PLATFORMS=cuda has no CPU backend: the fill
+    and scale computed from literals are read on the default device (the pass
+    failed there, and every attention ran as written)."""
+    devices = jax.devices
+
+    def no_cpu(backend=None):  # on a CPU host the default device stays the CPU: the name is refused
+        if backend == "cpu":
+            raise RuntimeError("Unknown backend cpu. Available backends are ['cuda']")
+        return devices(backend)
+
+    monkeypatch.setattr(jax, "devices", no_cpu)
+    q, k, v = _qkv(rng, jnp.float16, t=4)
+
+    def fn(q, k, v):
+        s = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.float32(q.shape[-1])).astype(q.dtype)
+        s = jnp.where(jnp.tril(jnp.ones((4, 4), bool)), s, -1e9)
+        return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s), v)
+
+    _, new, _ = _rewrites(fn, q, k, v)
+    (eqn,) = [e for e in new.jaxpr.eqns if e.primitive.name == "pallaskit_attention"]
+    assert eqn.params["spec"].fill == -math.inf
+
+
 @pytest.mark.parametrize("case", ["weights_returned", "softmax_over_queries", "dropout", "bias_added"])
 def test_pass_leaves_other_programs(rng, case):
     """What is not exactly softmax(where(mask, s * scale, fill)) · v, or whose

@@ -258,6 +258,25 @@ def test_numpy_and_scalar_leaves_run_eagerly(rng):
     assert metrics.counters["eager_launches"] == 2
 
 
+def test_eager_outputs_are_committed_as_jax_jits(rng):
+    """An eager call's outputs are committed to their device only where an
+    argument is, as jax.jit's: a loop feeding them back then keeps the
+    signature it had (an uncommitted call and a committed one are two)."""
+    pallaskit.config.update(dynamic_launch="on")
+    f = pallaskit.jit(lambda x, y: (x * 2 + y, jnp.sum(x, axis=1)), dynamic={"x": {0: "n"}, "y": {0: "n"}})
+    jf = jax.jit(lambda x, y: (x * 2 + y, jnp.sum(x, axis=1)))
+    for n, commit in ((3, False), (5, False), (7, True)):
+        x, y = _normal(rng, (n, 6), jnp.float32), _normal(rng, (n, 6), jnp.float32)
+        if commit:
+            y = jax.device_put(y, jax.devices()[0])
+        before = metrics.counters["eager_launches"]
+        got, want = f(x, y), jf(x, y)
+        assert metrics.counters["eager_launches"] == before + 1
+        for g, w in zip(got, want):
+            assert g.committed == w.committed == commit
+            assert_close(g, w)
+
+
 def test_size_used_as_a_value(rng):
     """``x.shape[0]`` as a value (dim_as_value) is the runtime size, not a mask."""
     pallaskit.config.update(dynamic_launch="on")

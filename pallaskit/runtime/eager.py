@@ -82,7 +82,12 @@ class EagerProgram:
         if not self._compiled and not self.interpret and PARALLEL_COMPILE:
             self._compile_all(inputs)
         self._compiled = True
-        return self._launch(Launch(interpret=self.interpret), self.kernels, *inputs)
+        outputs = self._launch(Launch(interpret=self.interpret), self.kernels, *inputs)
+        if any(x.committed for x in inputs):  # jax.jit's outputs are committed where an argument is
+            return outputs
+        from pallaskit.runtime.interop import uncommitted
+
+        return tuple(uncommitted(o) for o in outputs)
 
     def precompile(self, inputs) -> None:
         """Compile (or load) every kernel for ``inputs`` before the first call,

@@ -59,3 +59,20 @@ def weak_type(x):
 
     convert = getattr(lax_internal, "_convert_element_type", None)
     return x if convert is None else convert(x, weak_type=True)
+
+
+def uncommitted(x):
+    """``x``, zero-copy, as an array not committed to its device, as jax.jit
+    returns the outputs of uncommitted arguments (an eager launch's outputs
+    come from DLPack, or in interpret mode from ``device_put`` to a device,
+    both committed): a later call taking them then keys and places them as it
+    would jax.jit's. Where jax's private constructor is missing or differs,
+    ``x`` as it is."""
+    if not getattr(x, "committed", False):
+        return x
+    try:
+        from jax._src.array import ArrayImpl
+
+        return ArrayImpl(x.aval, x.sharding, [x], committed=False, _skip_checks=True)
+    except Exception:  # noqa: BLE001
+        return x
