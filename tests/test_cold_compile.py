@@ -302,3 +302,76 @@ def test_combo_parts_of_one_structure_are_written_once(interpret, monkeypatch):
     assert parts >= len(shapes) and len(written) <= parts - 3
     monkeypatch.setattr(combo, "_structure", lambda *a: None)
     assert lowering.compile_jaxpr(closed, opts).program.source == result.program.source
+
+
+# --------------------------------------------------------------------------- #
+# Function sources without the tokenizer
+# --------------------------------------------------------------------------- #
+def _gpu_program_source(fn, args) -> str:
+    """``fn``'s program as a GPU renders it (raw Triton, sm_90's 132 SMs), written on the CPU."""
+    import dataclasses
+
+    import lowering
+    from pallaskit.api import compile_options
+
+    opts = dataclasses.replace(compile_options(), interpret=False, triton_available=True, num_sms=132,
+                               kernel_backend="triton")
+    return lowering.compile_jaxpr(jax.make_jaxpr(fn)(*args), opts).program.source
+
+
+@pytest.mark.parametrize("name", ["gpt2_12layer_train", "llama_block_train", "resnet_block_train",
+                                  "xent_take_along_axis", "adamw_clip_update"])
+def test_source_blocks_are_what_inspect_reads(name):
+    """[Note: function sources without the tokenizer]: each top-level function
+    of a generated GPU program has, from the indentation scan, the lines
+    inspect's tokenizer gives @triton.jit (or none, where a triple quote is)."""
+    import ast
+    import inspect
+
+    from benchmarks import models
+    from pallaskit.runtime import triton_compile
+
+    spec = next(s for s in models.MODEL_SPECS if s["name"] == name)
+    dtype = jnp.float32 if name.startswith("adamw") else jnp.bfloat16
+    args = spec["make_inputs"](spec["sizes"]["smoke"], dtype, jax.random.key(0))
+    source = _gpu_program_source(spec["jax_fn"], args)
+    lines = source.splitlines(True)
+    blocks = triton_compile.source_blocks(lines)
+    functions = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)]
+    assert sum("@triton.jit" in line for line in lines) >= 2
+    for node in functions:
+        start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        want = inspect.getblock(lines[start - 1:])
+        if any('"""' in x or "'''" in x for x in want):
+            assert start not in blocks
+        else:
+            assert blocks.get(start) == want, node.name
+    assert len(blocks) == len([b for b in blocks if b in {min([n.lineno] + [d.lineno for d in n.decorator_list])
+                                                          for n in functions}])
+
+
+def test_triton_reads_a_registered_modules_sources_and_inspects_the_rest():
+    import inspect
+    import linecache
+
+    from pallaskit.runtime import triton_compile
+
+    source = ("import math\n\n\n# kernel k: a comment before it\n@staticmethod\n@functools_like(\n    x=1)\n"
+              "def k(a,\n      b):\n    c = a + b\n    # inside\n    return c\n    # trailing, indented\n"
+              "# top-level comment\n\ndef g():\n    return 1\n\n\nZ = 3\n")
+    filename = "<pallaskit-test-sources>"
+    lines = source.splitlines(True)
+    linecache.cache[filename] = (len(source), None, lines, filename)
+    namespace = {"staticmethod": lambda f: f, "functools_like": lambda **kw: (lambda f: f)}
+    exec(compile(source, filename, "exec"), namespace)
+    shim = triton_compile._Sources(inspect)
+    triton_compile.register_sources(filename, lines)
+    try:
+        for fn in (namespace["k"], namespace["g"]):
+            assert shim.getsourcelines(fn) == inspect.getsourcelines(fn)
+            assert fn.__code__.co_firstlineno in triton_compile._blocks[filename]
+        assert shim.getsourcelines(_gpu_program_source) == inspect.getsourcelines(_gpu_program_source)
+    finally:
+        triton_compile.forget_sources(filename)
+    assert shim.signature(namespace["k"]) == inspect.signature(namespace["k"])
+    assert shim.getsourcelines(namespace["k"]) == inspect.getsourcelines(namespace["k"])  # forgotten: inspect's

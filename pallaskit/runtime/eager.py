@@ -52,6 +52,7 @@ class EagerProgram:
 
     def __init__(self, source: str, kernels: list, interpret: bool, hints: tuple, guards: list = ()):
         from pallaskit import cache
+        from pallaskit.runtime import triton_compile
         from pallaskit.runtime.triton_launch import TritonKernel, _triton
 
         _triton(interpret)
@@ -63,9 +64,14 @@ class EagerProgram:
         self._compiled = False
         digest = hashlib.sha256(source.encode()).hexdigest()[:16]
         filename = f"<pallaskit-triton-{digest}>"  # Triton reads kernel source through inspect: linecache
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        lines = source.splitlines(True)
+        linecache.cache[filename] = (len(source), None, lines, filename)
         namespace: dict = {"__name__": f"pallaskit_triton_{digest}"}  # Triton reads helpers' __module__
-        exec(compile(source, filename, "exec"), namespace)
+        triton_compile.register_sources(filename, lines)  # [Note: function sources without the tokenizer]
+        try:
+            exec(compile(source, filename, "exec"), namespace)
+        finally:
+            triton_compile.forget_sources(filename)
         self._launch = namespace["launch"]
         artifacts = os.path.join(cache.cache_dir(), "triton_kernels") if cache.enabled() else None
         self.kernels = {name: TritonKernel(namespace[f"{name}_kernel"], num_warps=warps, num_stages=stages,

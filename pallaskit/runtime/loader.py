@@ -53,15 +53,25 @@ def load(program: RenderedProgram):
     registered with linecache so tracebacks show generated lines."""
     digest = hashlib.sha256(program.source.encode()).hexdigest()[:16]
     filename = f"<pallaskit-{digest}>"
-    linecache.cache[filename] = (len(program.source), None, program.source.splitlines(True), filename)
+    lines = program.source.splitlines(True)
+    linecache.cache[filename] = (len(program.source), None, lines, filename)
     # Triton's JIT reads the __module__ of a kernel's @triton.jit helpers (a
     # tl.reduce combine): without __name__ here it is None and compilation fails.
     namespace = {"__name__": f"pallaskit_program_{digest}",
                  "EXTERNS": [_extern_callable(p, params) for p, params in program.externs],
                  "TRITON": _triton_module, "TRITON_CALL": _triton_call,
                  "WEAK_TYPE": _weak_type}
-    exec(compile(program.source, filename, "exec"), namespace)
-    if any(getattr(k, "triton", False) for k in getattr(program, "kernels", ())) and not namespace.get("INTERPRET"):
+    triton = any(getattr(k, "triton", False) for k in getattr(program, "kernels", ()))
+    if triton:
+        from pallaskit.runtime import triton_compile  # imports neither triton nor jax
+
+        triton_compile.register_sources(filename, lines)  # [Note: function sources without the tokenizer]
+    try:
+        exec(compile(program.source, filename, "exec"), namespace)
+    finally:
+        if triton:
+            triton_compile.forget_sources(filename)
+    if triton and not namespace.get("INTERPRET"):
         _hash_triton_functions(namespace)
     for kernel in getattr(program, "kernels", ()):
         if callable(namespace.get(kernel.name)):

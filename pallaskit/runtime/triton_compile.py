@@ -109,6 +109,111 @@ def wide_prototypes() -> bool:
     return True
 
 
+# [Note: function sources without the tokenizer]
+# ``@triton.jit`` reads its function's source with ``inspect.getsourcelines``,
+# which runs Python's tokenizer over the function's lines: about 10 ms for a
+# generated kernel on this repository's CPU, 1.2 of the 2.2 s a 12-layer GPT-2
+# step's 106 functions took to load under a profiler (benchmarks/RESULTS.md,
+# "Session 33"). pallaskit's generated modules hold top-level functions only,
+# so ``register_sources`` finds their blocks by indentation (``source_blocks``)
+# before the module runs, and ``fast_sources`` replaces ``inspect`` in
+# ``triton.runtime.jit``, once, with ``_Sources``: ``getsourcelines`` of a
+# registered function is its block, and everything else (any other function,
+# every other name) is ``inspect``'s own, so a user's kernels are unaffected.
+# A block ends at its last indented line before the next top-level line of
+# code, comments indented at least as the body included, as inspect's
+# ``BlockFinder`` ends it (test_cold_compile checks generated programs against
+# it); a block holding a triple quote is not kept (a string's lines could be
+# at column 0).
+_blocks: dict = {}  # filename -> {first line (1-based): the function's lines}
+_fast_sources: bool | None = None
+
+
+def source_blocks(lines: list) -> dict:
+    """{first line number, 1-based (its first decorator's): lines} of each
+    top-level function of a module's ``lines``."""
+    blocks, pending, start, last = {}, None, None, None
+    header = body = None  # the def line ends its header (":"); the body's first line's indent
+    for i, line in enumerate(lines):
+        code = line.lstrip()
+        if not code:
+            continue
+        indent = len(line) - len(code)
+        if code.startswith("#"):  # a comment indented as the body is the block's (inspect's BlockFinder)
+            if start is not None and body is not None and indent >= body:
+                last = i
+            continue
+        if indent:
+            if start is not None:
+                last = i
+                if header and body is None:
+                    body = indent
+                header = header or line.rstrip().endswith(":")
+            continue
+        if start is not None:
+            blocks[start + 1] = lines[start:last + 1]
+            start = None
+        if code.startswith("@"):
+            pending = i if pending is None else pending
+        elif code.startswith(("def ", "async def ")):
+            start, last, pending = (i if pending is None else pending), i, None
+            header, body = line.rstrip().endswith(":"), None
+        else:
+            pending = None
+    if start is not None:
+        blocks[start + 1] = lines[start:last + 1]
+    return {n: b for n, b in blocks.items() if not any('"""' in x or "'''" in x for x in b)}
+
+
+def register_sources(filename: str, lines: list) -> None:
+    """The top-level functions of the module ``filename`` (its ``lines``), for
+    ``_Sources`` (installed with triton's import: ``fast_sources``)."""
+    _blocks[filename] = source_blocks(lines)
+
+
+def forget_sources(filename: str) -> None:
+    _blocks.pop(filename, None)
+
+
+class _Sources:
+    """``inspect`` as ``triton.runtime.jit`` sees it: ``getsourcelines`` of a
+    registered module's function is its block ([Note: function sources without
+    the tokenizer]); the rest is ``inspect``'s."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def getsourcelines(self, fn):
+        code = getattr(fn, "__code__", None)
+        if code is not None:
+            block = _blocks.get(code.co_filename, {}).get(code.co_firstlineno)
+            if block is not None:
+                return list(block), code.co_firstlineno
+        return self._real.getsourcelines(fn)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def fast_sources() -> bool:
+    """Install ``_Sources`` in ``triton.runtime.jit`` once per process (where it
+    imports ``inspect`` as this module knows it); whether it is installed."""
+    global _fast_sources
+    if _fast_sources is None:
+        import inspect
+
+        try:
+            from triton.runtime import jit
+
+            _fast_sources = getattr(jit, "inspect", None) is inspect or isinstance(getattr(jit, "inspect", None),
+                                                                                     _Sources)
+            if _fast_sources and not isinstance(jit.inspect, _Sources):
+                jit.inspect = _Sources(inspect)
+        except Exception:  # noqa: BLE001  (another Triton: its own reads)
+            _fast_sources = False
+    return _fast_sources
+
+
 def _compile_uncached(src, target, options: dict, until: str = "cubin") -> _Compiled:
     """What ``triton.compile`` does (triton/compiler/compiler.py, Triton 3.6)
     minus its cache: parse the options, make the IR from the kernel's AST, run
@@ -608,6 +713,7 @@ class _Module:
                 lines.extend(["\n"] * (end - len(lines)))
             lines[start - 1:end] = body
         linecache.cache[self.filename] = (sum(map(len, lines)), None, lines, self.filename)
+        register_sources(self.filename, lines)  # kept: the module's functions are defined when first needed
         self.namespace: dict = {"__name__": payload["module"]}
         for name, (module, attr) in payload["imports"].items():
             value = importlib.import_module(module)
@@ -662,6 +768,7 @@ def _worker_main() -> None:
     import triton.compiler.code_generator  # noqa: F401
     import triton.compiler.compiler  # noqa: F401
 
+    fast_sources()  # [Note: function sources without the tokenizer]
     try:
         _serve(out)
     except (EOFError, OSError):  # the parent closed the pipe, or is gone

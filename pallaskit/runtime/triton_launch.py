@@ -97,6 +97,7 @@ def _triton(interpret: bool | None = None):
             "triton is first imported")
     if triton.knobs.runtime.interpret:
         _patch_interpreter()
+    triton_compile.fast_sources()  # [Note: function sources without the tokenizer]
     return triton
 
 
