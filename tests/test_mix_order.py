@@ -322,12 +322,12 @@ def test_triton_call_kernels_live_as_long_as_a_program_uses_them(rng):
         f = pallaskit.jit(rmsnorm_bwd_hand)
         jax.block_until_ready(f(x, w, dy))
         jax.block_until_ready(f(x, w, dy))
-    new = [(k, v) for k, v in list(triton_call._kernels.items()) if not any(v is o for o in known)]
-    assert sorted(v.name.split("_")[0] for _, v in new) == ["mix", "red"]  # the mix kernel and its finisher
-    for (fn, warps, stages), kernel in new:
-        assert triton_call._kernel(fn, warps, stages) is kernel
-    alive = [weakref.ref(kernel) for _, kernel in new]
-    del f, kernel, fn, new, known
+    new = [v for v in list(triton_call._kernels.values()) if not any(v is o for o in known)]
+    assert sorted(v.name.split("_")[0] for v in new) == ["mix", "red"]  # the mix kernel and its finisher
+    for kernel in new:
+        assert triton_call._kernel(kernel.fn, kernel.num_warps, kernel.num_stages) is kernel
+    alive = [weakref.ref(kernel) for kernel in new]
+    del f, kernel, new, known
     jax.clear_caches()
     gc.collect()
     assert [a() for a in alive] == [None, None]

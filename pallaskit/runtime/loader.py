@@ -71,28 +71,10 @@ def load(program: RenderedProgram):
     finally:
         if triton:
             triton_compile.forget_sources(filename)
-    if triton and not namespace.get("INTERPRET"):
-        _hash_triton_functions(namespace)
     for kernel in getattr(program, "kernels", ()):
         if callable(namespace.get(kernel.name)):
             namespace[kernel.name] = _manual_axes(namespace[kernel.name])
     return namespace["call"]
-
-
-def _hash_triton_functions(namespace: dict) -> None:
-    """Each ``@triton.jit`` function's hash (``JITFunction.cache_key``: it
-    parses the source and its callees') taken now, before JAX traces the
-    program: tracing a launch starts its compile on a compile thread, whose
-    parse of the kernel holds ``triton_launch.PARSE_LOCK`` for up to seconds,
-    and a later launch's first hash would wait for it (runtime/triton_call.py,
-    ``_kernel``)."""
-    from pallaskit.runtime import triton_launch
-
-    # ``cache_key`` looked up on the type: on the function it is the hash itself, taken outside the lock.
-    functions = [v for v in namespace.values() if hasattr(type(v), "cache_key") and getattr(v, "hash", 0) is None]
-    with triton_launch.PARSE_LOCK:  # one parse at a time (see PARSE_LOCK)
-        for fn in functions:
-            fn.cache_key  # noqa: B018 - computed and kept by the function
 
 
 def _manual_axes(launch):

@@ -112,6 +112,9 @@ class _Kernel:
 # One _Kernel per (function, launch options), so that equal calls trace to equal
 # primitive parameters. Held weakly: an entry lives as long as a trace or a
 # compiled program refers to it, and a program that is dropped frees its kernels.
+# Keyed by the function's identity (the _Kernel holds the function, so its id is
+# not reused while the entry lives): a JITFunction's own hash parses its source
+# and its callees', which the compile worker does anyway.
 _kernels: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _kernels_lock = threading.Lock()
 
@@ -123,11 +126,8 @@ def _compile_pool() -> concurrent.futures.ThreadPoolExecutor:
 
 
 def _kernel(fn, num_warps: int, num_stages: int) -> _Kernel:
-    if getattr(fn, "hash", None) is None:  # taken already when the program loaded (runtime/loader.py)
-        with triton_launch.PARSE_LOCK:  # a JITFunction's first hash parses its source (beside compile threads)
-            hash(fn)
     with _kernels_lock:
-        key = (fn, num_warps, num_stages)
+        key = (id(fn), num_warps, num_stages)
         kernel = _kernels.get(key)
         if kernel is None:
             kernel = _kernels[key] = _Kernel(fn, num_warps, num_stages)
