@@ -11,7 +11,7 @@ Each phase is the calling thread's CPU time (``time.thread_time``: this
 machine's other processes do not count), summed over its calls:
 ``trace`` (JAX's trace of the function), ``key`` (the graph cache's key: the
 jaxpr's text), ``lower`` / ``schedule`` / ``render`` (the passes), ``load``
-(executing the generated module, hashing its Triton functions), ``jax_lower``
+(executing the generated module: its Triton functions' definitions), ``jax_lower``
 (JAX's trace and lowering of the generated program, ``load`` excluded),
 ``serialize`` (the executable for the cache), ``call`` (the whole first call).
 ``gc`` counts the cyclic collector's runs during the call and their wall time.
