@@ -347,17 +347,16 @@ def test_source_blocks_are_what_inspect_reads(name):
     source = _gpu_program_source(spec["jax_fn"], args)
     lines = source.splitlines(True)
     blocks = triton_compile.source_blocks(lines)
-    functions = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)]
+    starts = {min([n.lineno] + [d.lineno for d in n.decorator_list]): n.name
+              for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
     assert sum("@triton.jit" in line for line in lines) >= 2
-    for node in functions:
-        start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+    for start, name in starts.items():
         want = inspect.getblock(lines[start - 1:])
         if any('"""' in x or "'''" in x for x in want):
             assert start not in blocks
         else:
-            assert blocks.get(start) == want, node.name
-    assert len(blocks) == len([b for b in blocks if b in {min([n.lineno] + [d.lineno for d in n.decorator_list])
-                                                          for n in functions}])
+            assert blocks.get(start) == want, name
+    assert set(blocks) <= set(starts)
 
 
 def test_triton_reads_a_registered_modules_sources_and_inspects_the_rest():

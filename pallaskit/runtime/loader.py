@@ -61,15 +61,15 @@ def load(program: RenderedProgram):
                  "EXTERNS": [_extern_callable(p, params) for p, params in program.externs],
                  "TRITON": _triton_module, "TRITON_CALL": _triton_call,
                  "WEAK_TYPE": _weak_type}
-    triton = any(getattr(k, "triton", False) for k in getattr(program, "kernels", ()))
-    if triton:
+    raw_triton = any(getattr(k, "triton", False) for k in getattr(program, "kernels", ()))
+    if raw_triton:
         from pallaskit.runtime import triton_compile  # imports neither triton nor jax
 
         triton_compile.register_sources(filename, lines)  # [Note: function sources without the tokenizer]
     try:
         exec(compile(program.source, filename, "exec"), namespace)
     finally:
-        if triton:
+        if raw_triton:
             triton_compile.forget_sources(filename)
     for kernel in getattr(program, "kernels", ()):
         if callable(namespace.get(kernel.name)):

@@ -63,7 +63,7 @@ def triton_module(interpret: bool):
 
 class _Kernel:
     """A ``@triton.jit`` function with its launch options: a primitive parameter
-    (hashed by identity, as the function is), and the PTX compiled for it."""
+    (hashed by identity), and the PTX compiled for it."""
 
     def __init__(self, fn, num_warps: int, num_stages: int):
         self.fn, self.num_warps, self.num_stages = fn, num_warps, num_stages

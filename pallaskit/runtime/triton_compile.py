@@ -205,10 +205,9 @@ def fast_sources() -> bool:
         try:
             from triton.runtime import jit
 
-            _fast_sources = getattr(jit, "inspect", None) is inspect or isinstance(getattr(jit, "inspect", None),
-                                                                                     _Sources)
-            if _fast_sources and not isinstance(jit.inspect, _Sources):
+            if getattr(jit, "inspect", None) is inspect:
                 jit.inspect = _Sources(inspect)
+            _fast_sources = isinstance(getattr(jit, "inspect", None), _Sources)
         except Exception:  # noqa: BLE001  (another Triton: its own reads)
             _fast_sources = False
     return _fast_sources
