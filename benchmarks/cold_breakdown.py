@@ -32,6 +32,8 @@ kernels compile on N threads, not ``triton_call._compile_pool``'s, each with its
 ``noprocs`` (option ``triton_compile_processes=False``: raw-Triton kernels compile on the threads
 themselves, not in worker processes: [Note: compile workers]); ``prestart=N`` (N compile workers started as
 the compile begins, ``orchestrator.PRESTART_WORKERS``); ``nograph`` (option ``command_buffers=False``);
+``noahead`` (option ``autotune_ahead=False``: XLA autotunes the externs' matmuls and convolutions in the
+program's own compile, not ahead of it: [Note: autotuning ahead]);
 ``xla:FLAGS`` (XLA_FLAGS extended by FLAGS, e.g. ``xla:--xla_gpu_autotune_level=0``); ``pretriton`` (on a
 GPU, triton's compiler imported before the clock too, as the compiler preload imports it while a script sets
 up; without it the load phase can wait for that import); ``warm`` (first
@@ -228,6 +230,8 @@ def _apply_variant(variant: str, lowering, heuristics, pallaskit) -> None:
         from pallaskit.runtime import triton_call as _tc
         pool = concurrent.futures.ThreadPoolExecutor(int(variant.split("=", 1)[1]))
         _tc._compile_pool = lambda: pool
+    elif variant == "noahead":  # XLA autotunes the externs in the program's own compile ([Note: autotuning ahead])
+        pallaskit.config.update(autotune_ahead=False)
     elif variant == "nograph":  # no command buffer for small programs ([Note: command buffers])
         pallaskit.config.update(command_buffers=False)
     elif variant == "noprocs":

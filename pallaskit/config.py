@@ -297,6 +297,11 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "programs under 5 kernels as separate launches): one graph launch per call, less host time "
            "([Note: command buffers] in pallaskit/cache). XLA_FLAGS that turn command buffers off still do.",
            _parse_bool, _check_bool, "true, false"),
+    Option("autotune_ahead", True, "On a GPU, a new program's matmuls and convolutions that XLA runs are "
+           "compiled alone on a thread as soon as the compiler has scheduled the program, so that XLA autotunes "
+           "them while the raw-Triton kernels compile; the program's own compile then finds them tuned "
+           "([Note: autotuning ahead] in pallaskit/runtime/xla_warm.py).", _parse_bool, _check_bool,
+           "true, false"),
     Option("preload_compiler", True, "pallaskit.jit(f) of a function the cache has not run before starts "
            "reading the cache key's environment and importing the compiler (lowering's passes, sympy, Pallas; on "
            "the CPU jax's Pallas interpreter; on a GPU also triton, and four compile workers start) on a thread, "

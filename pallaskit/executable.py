@@ -137,13 +137,15 @@ class Placed:
         return self.xla.placed.replicated()
 
 
-def aot_compile(call, structs, constants, xla=None, while_compiling: Callable | None = None):
+def aot_compile(call, structs, constants, xla=None, while_compiling: Callable | None = None,
+                before_xla: Callable | None = None):
     """The generated program's ``call`` compiled by XLA now (a
     ``jax.stages.Compiled``). ``xla``: the signature's donation and shardings,
     a sharded signature's placement included ([Note: XLA arguments] in
     runtime/xla_args.py). ``while_compiling``: called before JAX lowers the
     program, whose wait for its raw-Triton kernels and XLA's compile after it
-    leave the GIL free for a thread it starts."""
+    leave the GIL free for a thread it starts. ``before_xla``: called between
+    JAX's lowering and XLA's compile ([Note: autotuning ahead])."""
     if while_compiling is not None:
         try:
             while_compiling()
@@ -152,6 +154,8 @@ def aot_compile(call, structs, constants, xla=None, while_compiling: Callable | 
                                                  type(e).__name__, e)
     with gc_pause.paused():  # JAX traces and lowers the program ([Note: no collections while compiling])
         lowered = xla_args.lower(call, structs, constants, xla)
+    if before_xla is not None:
+        before_xla()
     return lowered.compile(compiler_options=compiler_options() or None)
 
 

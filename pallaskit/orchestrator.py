@@ -29,7 +29,7 @@ from lowering.options import CompileOptions
 from pallaskit import cache, executable, metrics, per_shard, shape_guards, sharding, signature
 from pallaskit.config import config
 from pallaskit.executable import Compiled
-from pallaskit.runtime import eager, gc_pause, loader, multikernel, preload, xla_args
+from pallaskit.runtime import eager, gc_pause, loader, multikernel, preload, xla_args, xla_warm
 
 log = logging.getLogger("pallaskit")
 
@@ -439,7 +439,9 @@ def _compile_new(build, structs, title, started, how: str, key=None, parts=None,
     (``executable.aot_compile``)."""
     result, call, constants = build()
     where = xla.placed.replicated() if xla and xla.placed is not None else None
-    compiled = executable.aot_compile(call, structs, constants, xla, while_compiling=while_compiling)
+    ahead = autotune_ahead(result, where)
+    compiled = executable.aot_compile(call, structs, constants, xla, while_compiling=while_compiling,
+                                      before_xla=ahead.join if ahead else None)
     metrics.counters["kernels_compiled"] += len(result.program.kernels)
     served = Served(compiled, executable.on_device(constants, where), result, how)
     deltas, kernels = metrics.graph_deltas(result), metrics.kernel_stats(result)
@@ -471,6 +473,20 @@ def _compile_new(build, structs, title, started, how: str, key=None, parts=None,
             write()
     _finish(served, title, started, deltas, kernels)
     return served
+
+
+def autotune_ahead(result, placed):
+    """XLA's autotuning of the program's matmuls and convolutions started now,
+    before JAX lowers it (a single-device program on a GPU): its thread, which
+    the program's XLA compile joins first, or None ([Note: autotuning ahead])."""
+    if placed is None and result is not None and config.autotune_ahead and _autotunes():
+        return xla_warm.start(result.schedule)
+    return None
+
+
+def _autotunes() -> bool:
+    """Whether XLA autotunes here: on a GPU."""
+    return jax.default_backend() == "gpu"
 
 
 def _finish(served: Served, title, started, deltas, kernels):

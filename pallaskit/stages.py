@@ -15,7 +15,7 @@ from typing import Any
 
 import jax
 
-from pallaskit import sharding
+from pallaskit import orchestrator, sharding
 from pallaskit.runtime import gc_pause
 
 
@@ -129,14 +129,15 @@ class Traced(_Stage):
                                                            _private_parameters=_private_parameters)
         entry = s.jf._compile(s.avals, s.treedef, s.static_pos, s.static_kw, s.n_args, aot=False, xla=s.xla,
                               traced=(s.jaxpr, s.out_tree), placement=s.placement)
-        return Lowered(s, entry)
+        ahead = orchestrator.autotune_ahead(entry.result, s.placement)  # tuned while JAX lowers, Triton compiles
+        return Lowered(s, entry, ahead)
 
 
 class Lowered(_Stage):
     """The generated program lowered to StableHLO (``JitFunction.lower``)."""
 
-    def __init__(self, signature: _Signature, entry):
-        self._s, self._entry = signature, entry
+    def __init__(self, signature: _Signature, entry, ahead=None):
+        self._s, self._entry, self._ahead = signature, entry, ahead  # ahead: [Note: autotuning ahead]
         jitted = getattr(entry.executable, "top", entry.executable)  # executable._TopLevelJit: the options' jit
         with gc_pause.paused():  # [Note: no collections while compiling]
             self._lowered = jitted.lower(*_structs(signature.avals), *entry.constants)
@@ -161,6 +162,8 @@ class Lowered(_Stage):
         return self._lowered.cost_analysis()
 
     def compile(self, compiler_options: dict | None = None) -> Compiled:
+        if self._ahead is not None:
+            self._ahead.join()
         return Compiled(self._s, self._entry, self._lowered.compile(compiler_options))
 
 

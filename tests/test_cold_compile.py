@@ -384,3 +384,81 @@ def test_triton_reads_a_registered_modules_sources_and_inspects_the_rest():
         triton_compile.forget_sources(filename)
     assert shim.signature(namespace["k"]) == inspect.signature(namespace["k"])
     assert shim.getsourcelines(namespace["k"]) == inspect.getsourcelines(namespace["k"])  # forgotten: inspect's
+
+
+# --------------------------------------------------------------------------- #
+# XLA's autotuning ahead
+# --------------------------------------------------------------------------- #
+def _gpu_schedule(fn, args):
+    """``fn``'s schedule as a GPU's compile makes it (raw Triton, sm_90's 132 SMs), on the CPU."""
+    import dataclasses
+
+    import lowering
+    from pallaskit.api import compile_options
+
+    opts = dataclasses.replace(compile_options(), interpret=False, triton_available=True, num_sms=132,
+                               kernel_backend="triton")
+    return lowering.compile_jaxpr(jax.make_jaxpr(fn)(*args), opts).schedule
+
+
+def _scores_and_conv(q, k, x, w, v):
+    s = jnp.einsum("bqd,bkd->bqk", jnp.tanh(q), k)  # a batched dot: XLA's, on a kernel's output
+    y = jax.lax.conv_general_dilated(jax.nn.relu(x), w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return jax.nn.softmax(s, axis=-1), y * 2, jnp.sort(v) * 3  # the sort: XLA's, no matmul near it
+
+
+_SHAPES = [(2, 5, 8), (2, 7, 8), (2, 6, 6, 3), (3, 3, 3, 4), (9,)]
+
+
+def test_autotuning_ahead_replays_the_programs_matmuls_and_convolutions(rng):
+    """[Note: autotuning ahead]: the XLA part of a GPU program around its
+    matmuls and convolutions, on parameters for what kernels make (tanh(q),
+    relu(x)) and what the caller gives (k, w), computes what the program's
+    externs compute and returns what the kernels read of it; the sort, with no
+    matmul in its group, is left out; a program without a matmul has none."""
+    from pallaskit.runtime import xla_warm
+
+    args = [jax.ShapeDtypeStruct(s, jnp.float32) for s in _SHAPES]
+    fn, structs = xla_warm.extern_program(_gpu_schedule(_scores_and_conv, args))
+    assert [s.shape for s in structs] == _SHAPES[:4]
+    vals = [jnp.asarray(rng.standard_normal(s.shape), jnp.float32) for s in structs]
+    scores, conv = jax.jit(fn)(*vals)
+    assert_close(scores, jnp.einsum("bqd,bkd->bqk", vals[0], vals[1]))
+    assert_close(conv, jax.lax.conv_general_dilated(vals[2], vals[3], (1, 1), "SAME",
+                                                    dimension_numbers=("NHWC", "HWIO", "NHWC")))
+    no_matmul = [jax.ShapeDtypeStruct((9,), jnp.float32), jax.ShapeDtypeStruct((5, 3), jnp.float32)]
+    assert xla_warm.extern_program(_gpu_schedule(lambda v, x: (jnp.sort(v), jnp.cumsum(x, 0) + 1), no_matmul)) \
+        is None
+
+
+@pytest.mark.parametrize("aot", [False, True])
+def test_autotuning_ahead_runs_before_xlas_compile_of_the_program(aot, rng, monkeypatch, tmp_path):
+    """Where XLA autotunes (made true here on the CPU), a new program's XLA part
+    compiles on a thread started after the passes, which the program's own XLA
+    compile joins first, through a call and through ``lower().compile()``;
+    values as jax.jit's. Off with the option."""
+    from pallaskit import orchestrator
+    from pallaskit.runtime import xla_warm
+
+    monkeypatch.setattr(orchestrator, "_autotunes", lambda: True)
+    started, joined = [], []
+    start = xla_warm.start
+
+    def recorded(schedule):
+        thread = start(schedule)
+        started.append(thread)
+        join = thread.join
+        thread.join = lambda *a: joined.append(thread) or join(*a)
+        return thread
+
+    monkeypatch.setattr(xla_warm, "start", recorded)
+    args = [jnp.asarray(rng.standard_normal(s), jnp.float32) for s in _SHAPES]
+    with pallaskit.config.override(cache_dir=str(tmp_path), kernel_backend="triton"):
+        f = pallaskit.jit(_scores_and_conv)
+        got = f.lower(*args).compile()(*args) if aot else f(*args)
+        assert len(started) == 1 and joined == started and not started[0].is_alive()
+        for g, w in zip(got, jax.jit(_scores_and_conv)(*args)):
+            assert_close(g, w)
+        with pallaskit.config.override(autotune_ahead=False):
+            pallaskit.jit(lambda *a: _scores_and_conv(*a)[:2])(*args)
+        assert len(started) == 1

@@ -185,16 +185,18 @@ def submit(fn, *args, thread: str = "pallaskit-tier-up") -> concurrent.futures.F
 def wait_compiles(timeout: float | None = None) -> None:
     """Wait until the background choices and compiles started so far are done,
     the early PTX assemblies they queued included (exceptions there were
-    logged; they never reach the caller)."""
+    logged; they never reach the caller), and XLA's autotuning ahead
+    ([Note: autotuning ahead] in runtime/xla_warm.py)."""
     import time
 
-    from pallaskit.runtime import triton_call
+    from pallaskit.runtime import triton_call, xla_warm
 
     deadline = None if timeout is None else time.monotonic() + timeout
     with _lock:
         pending = list(_pending)
     concurrent.futures.wait(pending, timeout=timeout)
     triton_call.wait_assembly(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    xla_warm.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
 
 # [Note: eager program cache]
