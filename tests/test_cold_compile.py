@@ -462,3 +462,23 @@ def test_autotuning_ahead_runs_before_xlas_compile_of_the_program(aot, rng, monk
         with pallaskit.config.override(autotune_ahead=False):
             pallaskit.jit(lambda *a: _scores_and_conv(*a)[:2])(*args)
         assert len(started) == 1
+
+
+def test_autotuning_ahead_leaves_a_call_under_a_thread_local_context(rng, monkeypatch, tmp_path, caplog):
+    """A call under ``jax.enable_x64`` (thread-local in jax): the thread, which
+    would trace another program (float32 for float64), compiles nothing."""
+    import logging
+
+    from pallaskit import orchestrator
+
+    monkeypatch.setattr(orchestrator, "_autotunes", lambda: True)
+    with jax.enable_x64(True):
+        args = [jnp.asarray(rng.standard_normal(s), jnp.float64) for s in _SHAPES]
+        with caplog.at_level(logging.DEBUG, logger="pallaskit"), pallaskit.config.override(cache_dir=str(tmp_path)):
+            got = pallaskit.jit(_scores_and_conv)(*args)
+            pallaskit.wait_compiles()
+        for g, w in zip(got, jax.jit(_scores_and_conv)(*args)):
+            assert g.dtype == w.dtype == jnp.float64
+            assert_close(g, w)
+    assert any("the call's jax context is thread-local" in r.getMessage() for r in caplog.records)
+    assert not any("autotuned ahead in" in r.getMessage() for r in caplog.records)

@@ -14,6 +14,7 @@ from jax.extend import core as jex_core
 
 from lowering import ir
 from lowering.scheduler import Kernel
+from pallaskit import signature
 
 log = logging.getLogger("pallaskit")
 
@@ -32,7 +33,9 @@ log = logging.getLogger("pallaskit")
 # caller read of it, so that XLA fuses it as in the program. It tunes them
 # while Triton compiles; the program's own compile, which joins it first, finds
 # them tuned. Its executable is dropped. Static single-device programs on a GPU;
-# externs holding jaxprs (loops, calls), effects and attention are left out.
+# externs holding jaxprs (loops, calls), effects and attention are left out; a
+# call under a thread-local jax context (``with jax.enable_x64(True)``) tunes
+# in its own compile, as the thread could not trace the same program.
 AUTOTUNED = frozenset({"dot_general", "conv_general_dilated"})
 
 _threads: list[threading.Thread] = []
@@ -114,8 +117,12 @@ def start(schedule) -> threading.Thread | None:
     if made is None:
         return None
     fn, structs = made
+    context = signature.context()
 
     def compile_():
+        if signature.context() != context:  # a thread-local jax context (enable_x64, ...) this thread lacks
+            log.debug("pallaskit: no autotuning ahead (the call's jax context is thread-local)")
+            return
         t = time.perf_counter()
         try:
             with _no_persistent_cache():  # the executable is dropped: not one for the user's persistent cache
