@@ -482,3 +482,25 @@ def test_autotuning_ahead_leaves_a_call_under_a_thread_local_context(rng, monkey
             assert_close(g, w)
     assert any("the call's jax context is thread-local" in r.getMessage() for r in caplog.records)
     assert not any("autotuned ahead in" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("n_other", [5, 7])
+def test_autotuning_ahead_leaves_a_matmul_amid_other_xla_work(n_other):
+    """A dot whose group is mostly other XLA work (a chain of sorts and
+    cumulative sums feeding it) is left to the program's compile, which would
+    otherwise compile that work twice; with fewer such ops, it is tuned ahead."""
+    from pallaskit.runtime import xla_warm
+
+    def f(x, k):
+        for i in range(n_other):
+            x = jnp.sort(x, axis=-1) if i % 2 == 0 else jnp.cumsum(x, axis=-1)
+        return jnp.einsum("bqd,bkd->bqk", x, k)
+
+    args = [jax.ShapeDtypeStruct((2, 5, 8), jnp.float32), jax.ShapeDtypeStruct((2, 7, 8), jnp.float32)]
+    made = xla_warm.extern_program(_gpu_schedule(f, args))
+    if n_other == 7:
+        assert made is None
+    else:
+        fn, structs = made
+        assert [s.shape for s in structs] == [(2, 5, 8), (2, 7, 8)]
+        assert sum(e.primitive.name in ("sort", "cumsum") for e in jax.make_jaxpr(fn)(*structs).eqns) == n_other

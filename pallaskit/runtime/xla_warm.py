@@ -2,6 +2,7 @@
 raw-Triton kernels compile ([Note: autotuning ahead])."""
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
@@ -28,7 +29,8 @@ log = logging.getLogger("pallaskit")
 # XLA keeps its tuning results for the process (keyed by the device and the
 # fused instruction), so the program's XLA part is compiled on a thread as soon
 # as the schedule is known: each group of externs joined by their own edges
-# (a reshape feeding a dot) that holds a matmul or a convolution, on parameters
+# (a reshape feeding a dot) that holds a matmul or a convolution (and not mostly
+# other work, which would then compile twice), on parameters
 # for what kernels and the caller give it, returning what the kernels and the
 # caller read of it, so that XLA fuses it as in the program. It tunes them
 # while Triton compiles; the program's own compile, which joins it first, finds
@@ -68,8 +70,11 @@ def extern_program(schedule):
         for x in s.inputs:
             if isinstance(x, str) and x in made_by:
                 group[root(s.name)] = root(made_by[x].name)
-    tuned = {root(s.name) for s in plain if s.primitive.name in AUTOTUNED}
-    steps = [s for s in plain if root(s.name) in tuned]
+    tuned, other = collections.Counter(), collections.Counter()
+    for s in plain:
+        (tuned if s.primitive.name in AUTOTUNED else other)[root(s.name)] += 1
+    # A group mostly of other XLA work (sorts, gathers around one dot) would compile twice: left to the program
+    steps = [s for s in plain if root(s.name) in tuned and other[root(s.name)] <= 2 * tuned[root(s.name)] + 4]
     if not steps:
         return None
     kept = {s.name for s in steps}
