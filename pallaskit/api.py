@@ -132,6 +132,11 @@ class JitFunction:
             self._xla_instead = (checked, f"{'/'.join(given)} given: jax.jit runs the function")
         self.static_argnums, self.static_argnames = _infer_argnums(self._sig, static_argnums, static_argnames)
         self.donate_argnums, self.donate_argnames = _infer_argnums(self._sig, donate_argnums, donate_argnames)
+        # A negative static argnum counts from the end of the call's positional arguments, as
+        # jax.jit resolves it per call (``i % len(args)``): a call leaving a defaulted parameter
+        # out, or a ``*args`` function, moves it. ``static_argnums`` is its resolution at the
+        # signature's positional parameters; ``_static_at(n_args)`` a call's.
+        self._static_raw = tuple(self.static_argnums)
         self.static_argnums = tuple(sorted({i if i >= 0 or self._sig is None else i + _n_positional(self._sig)
                                             for i in self.static_argnums}))
         self.donate_argnums = tuple(sorted({i if i >= 0 or self._sig is None else i + _n_positional(self._sig)
@@ -140,7 +145,7 @@ class JitFunction:
         # Traces the function: jax.jit keeps its signature and argument names
         # (debug info), so errors raised while tracing name the user's function
         # and arguments, not pallaskit's flat wrapper.
-        self._tracer = jax.jit(fn, static_argnums=self.static_argnums, static_argnames=self.static_argnames)
+        self._tracer = jax.jit(fn, static_argnums=self._static_raw, static_argnames=self.static_argnames)
         self.dynamic = dynamic_dims.resolve(self._sig, dynamic, self.static_argnums, self.static_argnames)
         self._sym: dict = {}  # symbolic signature -> Compiled, or None: compiled per size instead
         self._seen: dict = {}  # automatic dynamic: signature skeleton -> the distinct shapes seen
@@ -193,26 +198,33 @@ class JitFunction:
         if self._cpp is not None:
             self._cpp = fastpath.cpp_function(self._title(), self.fn, self._cache_miss)
 
+    def _static_at(self, n_args: int) -> tuple[int, ...]:
+        """The static positions of a call of ``n_args`` positional arguments (jax.jit's resolution)."""
+        if not any(i < 0 for i in self._static_raw):
+            return self.static_argnums
+        return tuple(sorted({i % n_args if i < 0 else i for i in self._static_raw})) if n_args else ()
+
     def _xla_args(self, treedef, n_args) -> xla_args.XlaArgs:
         """Donation and shardings of a call signature ([Note: XLA arguments])."""
         k = (treedef, n_args)
         out = self._xla.get(k)
         if out is None:
             out = self._xla[k] = xla_args.resolve(
-                treedef, n_args, self.static_argnums, self.donate_argnums, self.donate_argnames, self.in_shardings,
+                treedef, n_args, self._static_at(n_args), self.donate_argnums, self.donate_argnames, self.in_shardings,
                 self.out_shardings, self.keep_unused, self._title())
         return out
 
     # -- signature --------------------------------------------------------------
     def _split(self, args, kwargs):
         """Separate static from dynamic arguments; checks every dynamic leaf."""
-        static_pos = tuple((i, signature.hashable(args[i])) for i in self.static_argnums if i < len(args))
+        static_argnums = self._static_at(len(args))
+        static_pos = tuple((i, signature.hashable(args[i])) for i in static_argnums if i < len(args))
         static_kw = tuple(sorted((k, signature.hashable(v)) for k, v in kwargs.items() if k in self.static_argnames))
-        dyn_args = [a for i, a in enumerate(args) if i not in self.static_argnums]
+        dyn_args = [a for i, a in enumerate(args) if i not in static_argnums]
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_argnames}
         leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs))
         leaves, avals = [], []
-        dyn_positions = [i for i in range(len(args)) if i not in self.static_argnums]
+        dyn_positions = [i for i in range(len(args)) if i not in static_argnums]
         for path, leaf in leaves_with_path:
             avals.append(signature.abstractify(leaf, signature.describe(path, dyn_positions, self._sig)))
             leaves.append(leaf)
@@ -324,11 +336,14 @@ class JitFunction:
         xla = self._xla_args(treedef, n_args)
         if committed:
             xla = dataclasses.replace(xla, committed=True)
-        if placement is None:
+        # A sharded signature compiles per size ([Note: sharding]): arrays placed off the default
+        # device, or the user's in_shardings / out_shardings, which a symbolic program does not take.
+        sharded = placement is not None or xla.names_shardings()
+        if not sharded:
             entry = dynamic_dims.entry(self, leaves, avals, treedef, static_pos, static_kw, n_args)
         if entry is None:
             speculate = (dynamic_dims.speculation(self, avals, treedef, static_pos, static_kw, n_args)
-                         if placement is None else None)
+                         if not sharded else None)
             entry = self._compile(avals, treedef, static_pos, static_kw, n_args,
                                   xla=xla, placement=placement, while_compiling=speculate)
         self._cache[key] = entry

@@ -353,7 +353,12 @@ def _backward_fn(entry: GradEntry, mask):
         return run(*saved, *cts)
 
     backward.__qualname__ = backward.__name__ = f"{_title(entry.sig.jf)}.backward"
-    return _jit(entry.sig.jf, backward)
+    jf = _jit(entry.sig.jf, backward)
+    # jax.grad(jax.jit(f)) transposes with f's closed-over arrays as they are: the input cotangents
+    # of a closure over an array committed elsewhere (or sharded) are placed with it
+    # (executable.uncommitted, which every other pallaskit program applies to its constants).
+    jf._constants_placed = True
+    return jf
 
 
 @dataclasses.dataclass

@@ -165,6 +165,26 @@ def on_device(constants, where=None) -> list:
     return [jax.device_put(c if is_key(c) else np.asarray(c), where) for c in constants]
 
 
+_TRACER = getattr(jax.core, "Tracer", ())
+
+
+def uncommitted(constants) -> list:
+    """Hoisted constants as jax.jit takes a function's closed-over arrays: they
+    place nothing. An array committed to another device, or sharded over a mesh,
+    would otherwise move the program there (its outputs committed to that
+    device), and its executable would name devices that a cache entry cannot
+    load in the next process. A constant already uncommitted stays as it is."""
+    out = []
+    for c in constants:
+        if isinstance(c, jax.Array) and not isinstance(c, _TRACER) and getattr(c, "committed", False):
+            if is_key(c):
+                c = jax.random.wrap_key_data(np.asarray(jax.random.key_data(c)), impl=jax.random.key_impl(c))
+            else:
+                c = jax.device_put(np.asarray(c))
+        out.append(c)
+    return out
+
+
 def is_key(c) -> bool:
     """A typed PRNG key array (``jax.random.key``), which has no NumPy form."""
     dtype = getattr(c, "dtype", None)

@@ -11,6 +11,7 @@ always compile the call's concrete shapes (no ``dynamic=`` axes).
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import jax
@@ -114,6 +115,21 @@ class Traced(_Stage):
         """The closed jaxpr of the dynamic leaves (what pallaskit compiles)."""
         return self._s.jaxpr
 
+    @property
+    def out_avals(self):
+        """The outputs' avals as a pytree (jax's ``Traced.out_avals``)."""
+        return jax.tree_util.tree_unflatten(self._s.out_tree, self._s.jaxpr.out_avals)
+
+    def __call__(self, *args, **kwargs):
+        """The traced jaxpr evaluated on the dynamic arguments (jax's ``Traced`` is callable so)."""
+        leaves = jax.tree_util.tree_leaves((args, kwargs))
+        tree = jax.tree_util.tree_structure((args, kwargs))
+        if tree != self._s.in_tree:
+            raise TypeError(_pytree_mismatch(tree, self._s.in_tree))
+        from jax.extend import core as jex_core
+
+        return jax.tree_util.tree_unflatten(self._s.out_tree, jex_core.jaxpr_as_fun(self._s.jaxpr)(*leaves))
+
     def lower(self, *, lowering_platforms: tuple[str, ...] | None = None, _private_parameters=None):
         """pallaskit's program lowered for this device (a ``Lowered``). With
         ``lowering_platforms`` (``jax.export``, cross-platform lowering), whose
@@ -191,7 +207,15 @@ class Compiled(_Stage):
             raise TypeError("Argument types differ from the types for which this computation was compiled. Perhaps "
                             "you are calling the compiled executable with a different enable_x64 mode than when it "
                             f"was AOT compiled? {head} mismatches are:\n" + "\n".join(errors[:5]))
-        outs = self._compiled(*leaves, *self._constants)
+        try:
+            outs = self._compiled(*leaves, *self._constants)
+        except ValueError as e:  # jax's sharding mismatch names the flat call's arguments: name the user's
+            if "Argument args[" not in str(e):
+                raise
+            text = re.sub(r"Argument args\[(\d+)\]",
+                          lambda m: f"Argument {names[int(m.group(1))][1:-1]}" if int(m.group(1)) < len(names)
+                          else m.group(0), str(e))
+            raise ValueError(text) from None
         return jax.tree_util.tree_unflatten(self._s.out_tree, outs)
 
     @property

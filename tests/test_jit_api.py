@@ -72,6 +72,25 @@ def test_static_arguments_resolve_as_jax_resolves_them(rng):
         assert_close(call(pallaskit.jit(f, **kwargs)), call(jax.jit(f, **kwargs)))
 
 
+def test_negative_static_argnums_count_from_the_calls_arguments(rng):
+    """jax.jit resolves a negative static argnum per call, from the end of the
+    positional arguments given (``i % len(args)``): a call that leaves a
+    defaulted parameter out, or a ``*args`` function, makes another argument static."""
+    def defaulted(x, n, training=False):
+        return sum(x * i for i in range(n)) if not training else x
+
+    def varargs(*xs):
+        return sum(xs[:-1]) * xs[-1]
+
+    x = jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
+    y = jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
+    for fn, argnums, call in [(defaulted, -1, lambda g: g(x, 3)), (defaulted, -1, lambda g: g(x, 2)),
+                              (varargs, -1, lambda g: g(x, y, 3)), (varargs, -2, lambda g: g(x, 2, y))]:
+        if fn is varargs and argnums == -2:
+            fn = lambda *xs: xs[0] * xs[1] + xs[2]  # noqa: E731
+        assert_close(call(pallaskit.jit(fn, static_argnums=argnums)), call(jax.jit(fn, static_argnums=argnums)))
+
+
 # --------------------------------------------------------------------------- #
 # donation
 # --------------------------------------------------------------------------- #
@@ -219,6 +238,9 @@ def test_trace_lower_compile_match_jax(rng):
     assert str(traced.jaxpr) == str(jtraced.jaxpr)
     assert traced.out_info == jtraced.out_info
     assert traced.in_tree == jtraced.in_tree and traced.fun_name == "_model"
+    assert traced.out_avals == jtraced.out_avals
+    for a, b in zip(jax.tree_util.tree_leaves(traced(x, w=w)), jax.tree_util.tree_leaves(jtraced(x, w=w))):
+        assert_close(a, b)  # a Traced is callable, as jax's: its jaxpr on the dynamic arguments
     lowered = jf.lower(x, 3, w=w)
     assert lowered.in_tree == jj.lower(x, 3, w=w).in_tree
     assert lowered.out_info == jtraced.out_info

@@ -133,6 +133,40 @@ def test_array_on_device_3(rng):
 
 
 @needs8
+def test_closed_over_arrays_on_other_devices_place_nothing(rng, tmp_path):
+    """A function closing over an array committed to device 3, sharded over a
+    mesh, or a key on device 3: jax.jit's outputs stay on the default device,
+    uncommitted (a committed argument still places them); the graph cache's
+    entry of such a program loads in a later call (``clear_cache``)."""
+    mesh = _mesh((2, 4), ("a", "b"))
+    w3 = jax.device_put(rng.standard_normal((3, 4)).astype(np.float32), jax.devices()[3])
+    wsh = jax.device_put(rng.standard_normal((3, 4)).astype(np.float32), NamedSharding(mesh, P(None, "b")))
+    key3 = jax.device_put(jax.random.key(7), jax.devices()[3])
+    fns = [lambda x: jnp.tanh(x @ w3) + 1, lambda x: jnp.tanh(x @ wsh) + 1,
+           lambda x: x + jax.random.normal(key3, x.shape)]
+    x = jnp.asarray(rng.standard_normal((5, 3)), jnp.float32)
+    y = jax.device_put(np.asarray(x), jax.devices()[5])
+    with pallaskit.config.override(cache_dir=str(tmp_path)):
+        for g in fns:
+            f = pallaskit.jit(g)
+            for _ in range(2):  # compiled, then loaded from the graph cache
+                for arg in (x, y):
+                    out, ref = f(arg), jax.jit(g)(arg)
+                    _check(out, ref)
+                    assert out.committed == ref.committed
+                f.clear_cache()
+            # transformed: jax.vmap's outputs stay on the default device; jax.grad's cotangents are placed
+            # with the closed-over array, where it is on one device (jax.jit's transpose runs it as it is)
+            xs = jnp.stack([x, -x])
+            _check(jax.vmap(pallaskit.jit(g))(xs), jax.vmap(jax.jit(g))(xs))
+            if g is not fns[1]:
+                loss, ref_loss = pallaskit.jit(lambda x: g(x).sum()), jax.jit(lambda x: g(x).sum())
+                out, ref = jax.grad(loss)(x), jax.grad(ref_loss)(x)
+                _check(out, ref)
+                assert out.committed == ref.committed
+
+
+@needs8
 def test_nested_pallaskit_function_keeps_the_split(rng):
     """A pallaskit function called inside another is traced into it
     ([Note: nested pallaskit functions] in pallaskit/signature.py): compiled
@@ -375,6 +409,24 @@ def test_donated_sharded_argument(rng):
 
 
 @needs8
+def test_user_shardings_hold_for_every_size(rng):
+    """in_shardings / out_shardings on unplaced arguments whose sizes change
+    (automatic dynamic, dynamic=): every size is sharded as jax.jit shards it
+    (a symbolic program takes no shardings: such a signature compiles per size)."""
+    mesh = _mesh((2, 4), ("a", "b"))
+    g = lambda x: jnp.tanh(x).sum(0) * 2  # noqa: E731
+    for kw in (dict(in_shardings=NamedSharding(mesh, P("a"))), dict(out_shardings=NamedSharding(mesh, P())),
+               dict(in_shardings=NamedSharding(mesh, P("a")), dynamic={"x": {0: "n"}})):
+        f = pallaskit.jit(g, **kw)
+        ref = jax.jit(g, **{k: v for k, v in kw.items() if k != "dynamic"})
+        for n in (4, 6, 2, 6):
+            x = jnp.asarray(rng.standard_normal((n, 3)), jnp.float32)
+            out, expected = f(x), ref(x)
+            _check(out, expected)
+            assert out.committed == expected.committed
+
+
+@needs8
 def test_in_shardings_with_sharded_argument(rng):
     """The user's in_shardings with a sharded argument: the matching sharding
     compiles for the array's, an uncommitted argument takes the given one, a
@@ -607,6 +659,14 @@ def test_ahead_of_time_stages_of_sharded_arguments(explicit, rng):
         assert ours.input_shardings == theirs.input_shardings
         assert all(a.is_equivalent_to(b, 2 - i) for i, (a, b) in
                    enumerate(zip(ours.output_shardings, theirs.output_shardings)))
+    # called with another sharding: jax's ValueError, naming the user's argument (not the flat call's)
+    other = jax.device_put(np.asarray(y), NamedSharding(mesh, P("b", "a")))
+    errors = []
+    for compiled in (pallaskit.jit(f).lower(x, y).compile(), jax.jit(f).lower(x, y).compile()):
+        with pytest.raises(ValueError) as info:
+            compiled(x, other)
+        errors.append([line for line in str(info.value).splitlines() if line.startswith("Argument")])
+    assert errors[0] == errors[1] and errors[0][0].startswith("Argument y ")
 
 
 @needs8

@@ -202,7 +202,9 @@ def lower(call: Callable, structs, constants, xla: XlaArgs | None):
     else:  # the user's, with jax.jit's propagation where they say None
         kw["out_shardings"] = placed.out_shardings()
     replicated = placed.replicated()
-    const_structs = [jax.ShapeDtypeStruct(np.shape(c), np.asarray(c).dtype, sharding=replicated) for c in constants]
+    # c.dtype: a typed PRNG key (a closed-over jax.random.key) has no NumPy form
+    const_structs = [jax.ShapeDtypeStruct(np.shape(c), c.dtype if hasattr(c, "dtype") else np.asarray(c).dtype,
+                                          sharding=replicated) for c in constants]
     with placed.context():
         return jax.jit(call, **kw).lower(*structs, *const_structs)
 
