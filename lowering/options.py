@@ -17,7 +17,7 @@ class CompileOptions:
     num_warps: int = 0  # 0: from the heuristics
     mix_order_reduction: bool = True  # row and column reductions of one input in one kernel
     split_reductions: bool = True  # long reductions with few outputs run in two stages
-    allow_excess_precision: bool = True  # 16-bit float chains round once, at the store (as XLA's flag)
+    allow_excess_precision: bool = True  # bfloat16 chains round once, at the store (as XLA's flag); float16 rounds every op
     num_sms: int = 132  # streaming multiprocessors of the target GPU (grid sizing)
     # dot_general: "auto" (template + epilogues where heuristics.matmul_template_wins, else XLA),
     # "fused" (template + epilogues wherever supported), "unfused" (template alone), "off" (XLA)

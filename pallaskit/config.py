@@ -239,8 +239,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            _parse_bool, _check_bool, "true, false"),
     Option("split_reductions", True, "Run a long reduction with few outputs in two stages so it fills the GPU.",
            _parse_bool, _check_bool, "true, false"),
-    Option("allow_excess_precision", True, "Keep float32 between fused 16-bit float ops and round once at the "
-           "store, as XLA's xla_allow_excess_precision does; false rounds after every op like jax's semantics.",
+    Option("allow_excess_precision", True, "Keep float32 between fused bfloat16 ops and round once at the "
+           "store, as XLA's xla_allow_excess_precision does (float16 ops round every step, as XLA's do); false "
+           "rounds after every op like jax's semantics.",
            _parse_bool, _check_bool, "true, false"),
     Option("num_sms", 0, "Streaming multiprocessors to size grids for (0: the default device's count; "
            "4 on the CPU).", int, _check_nonneg_int, "an int >= 0"),

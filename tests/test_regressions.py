@@ -630,6 +630,26 @@ def test_one_hot_times_infinite_values_is_a_select(kernel_backend):
     _same(got, jax.jit(fn)(labels, x))
 
 
+@pytest.mark.parametrize("kernel_backend", ["pallas", "triton"])
+@pytest.mark.parametrize("dtype", [jnp.float16, BF16], ids=["f16", "bf16"])
+def test_one_hot_times_infinite_16bit_values(kernel_backend, dtype):
+    """float16 is a type XLA:CPU computes in, so jax.jit rewrites its one-hot
+    products as selects there too (0 where the one-hot is 0); bfloat16 it computes
+    in float32 behind converts the rewrite does not see through (NaN). Interpret
+    mode left every 16-bit product as written: NaN for float16 where jax.jit gives 0."""
+    if kernel_backend == "triton":
+        pytest.importorskip("triton")
+        if jax.default_backend() == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("Triton's interpreter is not on")
+    x = jnp.asarray([[np.inf, -np.inf, np.nan, 1.0], [2.0, np.inf, 3.0, np.nan]], dtype)
+    labels = jnp.asarray([3, 0])
+    fn = lambda l, x: (jax.nn.one_hot(l, 4, dtype=x.dtype) * x,  # noqa: E731
+                       x * (l[:, None] == 1).astype(x.dtype), jax.nn.one_hot(l, 4, dtype=x.dtype) * x * 2 + 1)
+    with pallaskit.config.override(kernel_backend=kernel_backend, cache=False):
+        got = pallaskit.jit(fn)(labels, x)
+    _same(got, jax.jit(fn)(labels, x))
+
+
 # --------------------------------------------------------------------------- #
 # 9. An iota or random bits read at a run-time position
 # --------------------------------------------------------------------------- #
@@ -647,3 +667,32 @@ def test_index_values_at_run_time_positions(rng):
     with pallaskit.config.override(cache=False):
         got = pallaskit.jit(f)(*args)
     _same(got, jax.jit(f)(*args))
+
+
+# --------------------------------------------------------------------------- #
+# 10. float16 chains round every op, as jax.jit's do
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("kernel_backend", ["pallas", "triton"])
+def test_float16_chains_round_every_op(kernel_backend, rng):
+    """XLA keeps bfloat16 chains in float32 (allow_excess_precision), but float16
+    is a type its backends compute in: jax.jit's x * x / x of 300 is inf, and an
+    optimizer's float16 second moment g * g overflows or underflows to inf / 0
+    (a loss-scaled float16 step's update is then inf). pallaskit kept float16
+    chains in float32 as bfloat16's, so it gave 300 and finite updates."""
+    if kernel_backend == "triton":
+        pytest.importorskip("triton")
+        if jax.default_backend() == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("Triton's interpreter is not on")
+    g = np.concatenate([rng.standard_normal(30) * 400, rng.standard_normal(30) * 1e-4, rng.standard_normal(30)])
+    g = jnp.asarray(g, jnp.float16)
+    y = jnp.asarray(rng.standard_normal(g.shape) + 3, jnp.float16)
+
+    def fn(g, y):
+        nu = 0.999 * y + 0.001 * (g * g)
+        return (g * g) / y, g * g * y - g, g / (jnp.sqrt(nu) + jnp.float16(1e-3)), (g * y) * g
+
+    with pallaskit.config.override(kernel_backend=kernel_backend, cache=False):
+        got = pallaskit.jit(fn)(g, y)
+    want = jax.jit(fn)(g, y)
+    assert any(np.isinf(np.asarray(w, np.float32)).any() for w in want)
+    _same(got, want)

@@ -150,12 +150,13 @@ def mul_by_converted_bool(e, interpret: bool):
     """``convert(pred) * x`` (a one-hot times values) as ``select(pred, x, 0)``, as
     XLA's algebraic simplifier rewrites it: the one-hot's zeros then hide x's
     NaN and infinities instead of making NaN of them (0 * inf). XLA:CPU computes
-    16-bit floats in float32 and the rewrite does not see through that (jax.jit
-    there gives NaN for bf16), XLA:GPU multiplies them natively and rewrites: in
-    interpret mode only 32- and 64-bit products are rewritten. None otherwise."""
+    bfloat16 in float32 and the rewrite does not see through that (jax.jit there
+    gives NaN for bf16), XLA:GPU multiplies them natively and rewrites; float16 is
+    native on both and rewritten: in interpret mode bfloat16 products are left as
+    written. None otherwise."""
     if not (isinstance(e, ir.Op) and e.op == "mul" and is_float(e.dtype)):
         return None
-    if interpret and is_16bit_float(e.dtype):
+    if interpret and np.dtype(e.dtype).name == "bfloat16":
         return None
     for i, a in enumerate(e.args):
         if (isinstance(a, ir.Op) and a.op == "convert_element_type" and is_one_hot(a.args[0])
@@ -494,7 +495,11 @@ class KernelEmitter:
             if not is_16bit_float(e.dtype):
                 return var, ext
             narrow = self.bind(("narrow", var, e.dtype), self.cast_text(var, e.dtype), ext)
-            self.wide_of[narrow[0]] = var
+            if np.dtype(e.dtype).name == "bfloat16":
+                # XLA keeps bf16 chains in float32 (allow_excess_precision); float16 is a type its
+                # backends compute in, rounding every op (jax.jit's x * x / x of 300 is inf), so a
+                # float16 result is read back rounded, as the matmul template's is.
+                self.wide_of[narrow[0]] = var
             return narrow
         return self._op(e, names, extent)
 
