@@ -11,11 +11,9 @@ import time
 import jax
 import numpy as np
 from jax._src import config as jax_config
-from jax.extend import core as jex_core
 
-from lowering import ir
-from lowering.scheduler import Kernel
 from pallaskit import signature
+from pallaskit.runtime import preload
 
 log = logging.getLogger("pallaskit")
 
@@ -43,12 +41,13 @@ AUTOTUNED = frozenset({"dot_general", "conv_general_dilated"})
 _threads: list[threading.Thread] = []
 
 
-def _plain(step) -> bool:
+def _plain(step, extern, jaxprs) -> bool:
     """An extern this program can replay on its own: a jax primitive of arrays
-    (not a loop or an attention, the subclasses pallaskit renders)."""
-    if type(step) is not ir.Extern:
+    (not a loop or an attention, the subclasses pallaskit renders; no jaxpr in
+    its parameters)."""
+    if type(step) is not extern:
         return False
-    if step.effectful or any(isinstance(v, (jex_core.Jaxpr, jex_core.ClosedJaxpr)) for v in step.params.values()):
+    if step.effectful or any(isinstance(v, jaxprs) for v in step.params.values()):
         return False
     return not any(jax.dtypes.issubdtype(a.dtype, jax.dtypes.extended) for a in step.out_avals)
 
@@ -56,8 +55,14 @@ def _plain(step) -> bool:
 def extern_program(schedule):
     """(function, argument structs) of ``schedule``'s XLA part around its
     matmuls and convolutions, or None where it has none (or a symbolic size)."""
+    preload.wait()  # the compiler's modules: imported already by the compile that made ``schedule``
+    from jax.extend import core as jex_core
+
+    from lowering import ir
+    from lowering.scheduler import Kernel
+
     graph = schedule.graph
-    plain = [s for s in schedule.steps if _plain(s)]
+    plain = [s for s in schedule.steps if _plain(s, ir.Extern, (jex_core.Jaxpr, jex_core.ClosedJaxpr))]
     made_by = {o: s for s in plain for o in s.outputs}
     group = {s.name: s.name for s in plain}  # union-find over extern-to-extern edges
 
