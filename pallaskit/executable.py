@@ -176,7 +176,8 @@ def uncommitted(constants) -> list:
     load in the next process. A constant already uncommitted stays as it is."""
     out = []
     for c in constants:
-        if isinstance(c, jax.Array) and not isinstance(c, _TRACER) and getattr(c, "committed", False):
+        if isinstance(c, jax.Array) and not isinstance(c, _TRACER) and getattr(c, "committed", False) \
+                and getattr(c, "is_fully_addressable", True):  # another host's shards stay where they are
             if is_key(c):
                 c = jax.random.wrap_key_data(np.asarray(jax.random.key_data(c)), impl=jax.random.key_impl(c))
             else:

@@ -39,6 +39,7 @@ log = logging.getLogger("pallaskit")
 AUTOTUNED = frozenset({"dot_general", "conv_general_dilated"})
 
 _threads: list[threading.Thread] = []
+_threads_lock = threading.Lock()
 
 
 def _plain(step, extern, jaxprs) -> bool:
@@ -145,7 +146,8 @@ def start(schedule) -> threading.Thread | None:
 
     thread = threading.Thread(target=compile_, name="pallaskit-autotune-ahead", daemon=True)
     thread.start()
-    _threads[:] = [t for t in _threads if t.is_alive()] + [thread]
+    with _threads_lock:
+        _threads[:] = [t for t in _threads if t.is_alive()] + [thread]
     return thread
 
 
@@ -156,5 +158,8 @@ def _no_persistent_cache():
 
 def wait(timeout: float | None = None) -> None:
     """Wait for the compiles started so far (``pallaskit.wait_compiles``)."""
-    for t in list(_threads):
-        t.join(timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with _threads_lock:
+        threads = list(_threads)
+    for t in threads:
+        t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
