@@ -38,6 +38,7 @@ import numpy as np
 from jax.extend import core as jex_core
 
 from lowering import ir, sizes, symbolic
+from lowering.rules import prng
 from lowering.trace import scan_counts
 
 log = logging.getLogger("pallaskit")
@@ -134,6 +135,8 @@ def lower_loop(ctx, eqn, invals, fallbacks):
         return in_xla("an operand a kernel cannot hold")
     if kind == "scan" and symbolic.is_jax_dim(eqn.params["length"]):
         return in_xla("a dynamic length")
+    # keys a rule holds as their data go in as keys: the loop is XLA's, its bodies take key values
+    invals = [prng.key_value(ctx, x, v.aval) for x, v in zip(invals, eqn.invars)]
     label = ctx.new_name(kind)
     body_fallbacks: list[str] = []
     n_inputs = len(ctx.inputs)
@@ -181,7 +184,8 @@ def lower_loop(ctx, eqn, invals, fallbacks):
         closure += [c for c in b.closure if c not in closure and c not in invals]
     names = [ctx.new_name() for _ in eqn.outvars]
     out_avals = tuple(symbolic.aval_view(v.aval) for v in eqn.outvars)
-    node = Loop(names[0], tuple(out_avals[0].shape), np.dtype(out_avals[0].dtype), (ctx.current_eqn,),
+    first = np.dtype("V") if prng.is_threefry_key(out_avals[0]) else np.dtype(out_avals[0].dtype)  # a key: extern-only
+    node = Loop(names[0], tuple(out_avals[0].shape), first, (ctx.current_eqn,),
                 primitive=eqn.primitive, params=dict(eqn.params), inputs=tuple(invals) + tuple(closure),
                 outputs=tuple(names), out_avals=out_avals, label=label, bodies=tuple(bodies),
                 operands=tuple(invals), params_text=params_text)
@@ -194,6 +198,8 @@ def _takes(aval) -> bool:
     arrays of such a dtype (an optimizer's (0,)-shaped leaf in a training loop's
     carry): the bodies pass those through XLA, no work and no fallback
     (``lower._empty``), where refusing them sent the whole loop through XLA."""
+    if prng.is_threefry_key(aval):  # a key: the body holds it as a key value ([Note: key values])
+        return True
     shape = tuple(getattr(aval, "shape", ()))
     if any(isinstance(d, int) and d == 0 for d in shape):
         return symbolic.is_plain(symbolic.SymAval((1,) * len(shape), aval.dtype))
@@ -243,7 +249,9 @@ def _body(ctx, name, closed, bound, fallbacks, carries: int = 0) -> Body:
             nm = sub.input(symbolic.aval_view(v.aval))
             params.append(nm)
             args.append(nm)
-    outs = _distinct_outputs(sub, sub.lower_jaxpr(jaxpr, const_vals, args, fallbacks))
+    outs = sub.lower_jaxpr(jaxpr, const_vals, args, fallbacks)
+    outs = [prng.key_value(sub, o, v.aval) for o, v in zip(outs, jaxpr.outvars)]  # [Note: key values]
+    outs = _distinct_outputs(sub, outs)
     ctx._count = sub._count
     # Outer constants a nested ``_const_input`` made live in ``sub``: hoist them.
     for cname, c in sub.constants.items():

@@ -181,6 +181,33 @@ def test_bits_in_a_loop_body(backend):
     assert ex.fallbacks == [], str(ex)
 
 
+@pytest.mark.parametrize("style", ["new", "legacy"])
+def test_keys_as_loop_operands(backend, style):
+    """Typed keys as a scan's xs, a carry, a loop constant, a cond operand and a
+    scanned output: the bodies are compiled (they ran through XLA whole, a
+    key being no array a kernel holds), the streams jax's."""
+    def sample(c, k):  # a sampling step over split keys, as a decoding loop writes it
+        return c + jax.random.normal(k, c.shape), jax.random.categorical(k, c)
+
+    def carried(c, _):
+        k1, k2 = jax.random.split(c[0])
+        return (k1, c[1] * jax.random.bernoulli(k2, 0.8, c[1].shape)), k2
+
+    def f(x, k, p):
+        a = jax.lax.scan(sample, x, jax.random.split(k, 4))
+        b = jax.lax.scan(carried, (k, x), length=3)
+        c = jax.lax.fori_loop(0, 3, lambda i, c: c + jax.random.uniform(jax.random.fold_in(k, i), c.shape), x)
+        d = jax.lax.cond(p > 0, lambda k: jax.random.normal(k, x.shape), lambda k: jax.random.uniform(k, x.shape), k)
+        return a, b, c, d
+
+    x = jnp.asarray(np.random.default_rng(3).standard_normal((2, 7)), jnp.float32)
+    with pallaskit.config.override(loop_bodies="on"):
+        want, got, ex = _run(f, x, _keys()[style], jnp.float32(1))
+    jax.tree.map(lambda w, g: np.testing.assert_allclose(_data(g), _data(w), rtol=1e-6, atol=1e-6), want, got)
+    assert ex.fallbacks == [], str(ex)
+    assert any(k.scope for k in ex.kernels), "no kernel in a loop body"
+
+
 def test_unsupported_configurations_keep_xla_stream():
     # Another implementation, and the non-partitionable counter layout: XLA runs
     # random_bits (never a different stream).

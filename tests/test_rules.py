@@ -257,6 +257,32 @@ op("is_finite", "is_finite", jnp.isfinite, args(with_nonfinite(normal(2.0))), to
 # -- comparisons and selection ----------------------------------------------
 for _name, _fn in (("eq", lax.eq), ("ne", lax.ne), ("lt", lax.lt), ("le", lax.le), ("gt", lax.gt), ("ge", lax.ge)):
     op(_name, _name, _fn, tied_pair(normal(2.0, -5, 5), nan=True), NUM)
+
+
+def total_order_pair(rng, shape, dtype):
+    """A tied pair with the values total order separates: NaNs of both signs, signed zeros, infinities."""
+    x, y = tied_pair(normal(2.0, -5, 5))(rng, shape, dtype)
+    if _isfloat(dtype):
+        special = np.array([np.nan, -np.nan, 0.0, -0.0, np.inf, -np.inf], np.float32)
+        for a in (x, y):
+            hit = rng.random(shape) < 0.4
+            a[hit] = special[rng.integers(0, len(special), size=shape)][hit].astype(dtype)
+    return [x, y]
+
+
+# eq_to / le_to / lt_to: XLA's TOTALORDER comparisons (jnp.searchsorted's, sort comparators')
+for _name in ("eq_to", "le_to", "lt_to"):
+    op(_name, _name, getattr(lax, f"{_name}_p").bind, total_order_pair, NUM + (np.dtype(np.float16), np.dtype(np.uint32)),
+       tol="exact")
+
+
+def _sorted_and_queries(rng, shape, dtype):
+    a, v = total_order_pair(rng, shape, dtype)
+    return [np.sort(a.ravel()), v]  # numpy sorts NaNs last, as jnp.sort does
+
+
+op("searchsorted", "lt_to", lambda a, v: (jnp.searchsorted(a, v), jnp.searchsorted(a, v, side="right")),
+   _sorted_and_queries, NUM, tol="exact")
 op("where", "select_n", jnp.where,
    lambda rng, s, d: [bools()(rng, s), normal(2.0)(rng, s, d), normal(2.0)(rng, s, d)], NUM + (BOOL,),
    shapes=WITH_SCALAR, tol="exact")
