@@ -269,7 +269,9 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
                     break
         if not lazy:
             eager_program = _eager_program(title, built, options, first_sizes or {})
-        elif eager_program is not None and eager_key is not None:
+        elif eager_program is not None and eager_key is not None and not eager_program[1]:
+            # Not a program with constants (a nested jit's closed-over arrays are not in
+            # ``closed.consts``): a hit passes none, and its launch would miss them.
             eager_program[0].guards = list(dict.fromkeys(
                 g for b in built.values() for g in b[0].program.guard_source))
             eager.store_cached(eager_key, eager_program[0])

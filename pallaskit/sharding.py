@@ -106,6 +106,25 @@ def _assignment(s) -> list:
     return list(da) if da is not None else sorted(s.device_set, key=lambda d: d.id)
 
 
+def devices_text(v) -> str:
+    """The devices, in order, of each concrete mesh or sharding in ``v`` (a
+    tuple or list is searched), as text for the graph cache's key; "" for
+    anything else. Their reprs name axes, sizes and specs, not the devices: two
+    meshes over the same devices in another order had one key, and the second
+    process was served an executable for the first one's devices (an abort in
+    XLA's runtime)."""
+    if isinstance(v, (tuple, list)):
+        return "".join(devices_text(x) for x in v)
+    if isinstance(v, jax.sharding.Mesh):
+        return "" if getattr(v, "empty", False) else f"@{[getattr(d, 'id', None) for d in v.devices.flat]}"
+    if isinstance(v, jax.sharding.Sharding):
+        try:
+            return f"@{[d.id for d in _assignment(v)]}"
+        except Exception:  # noqa: BLE001 - over an abstract mesh: no devices yet
+            return ""
+    return ""
+
+
 def _explicit(mesh) -> bool:
     """Whether a mesh (concrete or abstract) has ``Explicit`` axes."""
     explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)

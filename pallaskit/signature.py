@@ -64,7 +64,12 @@ def context() -> tuple:
     keep = len(later)
     while keep and later[keep - 1] == _FIRST_SEEN.later[keep - 1]:
         keep -= 1
-    return ctx[:_FIRST_SEEN.length + keep]
+    ctx = ctx[:_FIRST_SEEN.length + keep]
+    # ``jax.set_mesh``'s concrete mesh is no trace-context option (its abstract twin is), yet a
+    # PartitionSpec in out_shardings or with_sharding_constraint names its devices, in its order.
+    device_context = getattr(jax_config, "device_context", None)
+    mesh = device_context.value if device_context is not None else None
+    return ctx if mesh is None else ctx + (mesh,)
 
 
 class _FirstContext:

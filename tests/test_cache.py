@@ -272,8 +272,8 @@ def test_version_option_and_constant_changes_miss(tmp_path, rng, monkeypatch):
 
 def test_jaxpr_key_text_tells_programs_apart():
     """[Note: the jaxpr's key text]: a function traced again has the same text;
-    programs that differ in a parameter, a literal (its sign, a non-scalar
-    one's values), which variable an equation reads, a binder's type
+    programs that differ in a parameter, a literal (its sign, a NaN's sign and
+    payload, a non-scalar one's values), which variable an equation reads, a binder's type
     or a nested jaxpr have different texts, as jax's own printer tells them apart
     and beyond it (it writes ``[...]`` for every non-scalar literal)."""
     x = jax.ShapeDtypeStruct((4, 3), jnp.float32)
@@ -285,6 +285,8 @@ def test_jaxpr_key_text_tells_programs_apart():
     programs = [
         lambda a: jnp.sum(a, 0), lambda a: jnp.sum(a, 1),  # a parameter
         lambda a: a * 2.0, lambda a: a * -2.0, lambda a: a * 0.0, lambda a: a * -0.0,  # literal values, signs
+        lambda a: a + np.nan, lambda a: a + -np.nan,  # a NaN's sign (repr writes both as nan)
+        lambda a: a + np.float32(np.frombuffer(np.uint32(0x7FC00001).tobytes(), np.float32)[0]),  # its payload
         lambda a: jnp.sin(a) + jnp.cos(a), lambda a: jnp.sin(a) + jnp.sin(a),  # which variable is read
         lambda a: a.astype(jnp.bfloat16), lambda a: a.astype(jnp.float16),  # a binder's type
         lambda a: scan(a, 2.0), lambda a: scan(a, 3.0),  # a nested jaxpr
@@ -315,6 +317,72 @@ def test_jax_context_that_the_jaxpr_text_hides_is_in_the_key(tmp_path):
         with jax.threefry_partitionable(partitionable):
             np.testing.assert_array_equal(np.asarray(pallaskit.jit(bits)(key)), np.asarray(jax.jit(bits)(key)))
     assert pallaskit.metrics.counters["cache_misses"] == 2
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices")
+def test_devices_of_a_mesh_in_another_order_are_in_the_key(tmp_path):
+    """Meshes and shardings print their axes and specs, not their devices: a
+    ``with_sharding_constraint`` or ``out_shardings`` over the same devices in
+    another order had one key, and the second process was served the first
+    one's executable (XLA's runtime aborted: "PjRtBuffer's memory space is
+    addressed by device cpu:0 vs sharding is on device cpu:7")."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    pallaskit.config.update(cache_dir=str(tmp_path))
+    x = np.arange(16, dtype=np.float32)
+
+    def ids(a):
+        return [d.id for d in a.sharding._device_assignment]
+
+    for order in (1, -1, 1):
+        sharding = NamedSharding(Mesh(np.array(jax.devices()[:8][::order]), ("d",)), P("d"))
+
+        def constrained(a):
+            return jax.lax.with_sharding_constraint(a * 2, sharding) + 1
+
+        def double(a):
+            return a * 2
+
+        for fn, kw in ((constrained, {}), (double, {"out_shardings": sharding})):
+            got, want = pallaskit.jit(fn, **kw)(x), jax.jit(fn, **kw)(x)
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+            assert ids(got) == ids(want)
+    c = pallaskit.metrics.counters
+    assert c["cache_misses"] == 4 and c["cache_hits"] == 2
+
+
+@pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 devices")
+def test_partition_specs_under_set_mesh_name_its_devices(tmp_path):
+    """Under ``jax.set_mesh`` a PartitionSpec (in ``out_shardings``, in
+    ``with_sharding_constraint``) names the concrete mesh's devices, which no
+    trace-context option holds: a hit deserialized the 8-device executable on
+    the default device alone (XLA aborted: "sharding's tile count and device
+    count does not match"), a mesh over the same devices in another order had
+    the first one's key (an abort too), and one pallaskit function called under
+    both meshes ran the first mesh's program (outputs on the wrong devices)."""
+    from jax.sharding import Mesh, PartitionSpec as P
+
+    pallaskit.config.update(cache_dir=str(tmp_path))
+    x = np.arange(16, dtype=np.float32)
+
+    def double(a):
+        return a * 2 + 1
+
+    def constrained(a):
+        return jax.lax.with_sharding_constraint(a, P("d")) * 2
+
+    same = pallaskit.jit(double, out_shardings=P("d"))
+    for order in (1, -1, 1):
+        with jax.set_mesh(Mesh(np.array(jax.devices()[:8][::order]), ("d",))):
+            for fn, kw in ((double, {"out_shardings": P("d")}), (constrained, {})):
+                for got in (pallaskit.jit(fn, **kw)(x), same(x) if fn is double else None):
+                    if got is None:
+                        continue
+                    want = jax.jit(fn, **kw)(x)
+                    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+                    assert [d.id for d in got.sharding._device_assignment] == \
+                        [d.id for d in want.sharding._device_assignment]
+    assert pallaskit.metrics.counters["cache_hits"] >= 2
 
 
 def test_command_buffers_are_a_gpu_compiler_option_in_the_key(tmp_path, rng, monkeypatch):
@@ -406,6 +474,24 @@ def test_eviction_caps_eager_programs_and_compiled_kernels_in_one_pool(tmp_path)
     assert cache.evict(max_bytes=0) == 2 and not any(os.path.exists(p) for p in paths.values())
 
 
+def test_eviction_skips_what_it_cannot_delete_and_never_fails_the_call(tmp_path, rng):
+    """A file eviction cannot delete (another user's, in a shared cache; here a
+    folder named like an eager program) raised out of ``store`` into the
+    user's call (IsADirectoryError / PermissionError from ``os.unlink``): it is
+    skipped, and the files after it are evicted."""
+    pallaskit.config.update(cache_dir=str(tmp_path))
+    stuck = tmp_path / "eager" / ("e" * 64 + ".json")
+    stuck.mkdir(parents=True)
+    os.utime(stuck, (1e9, 1e9))  # the least recently used
+    old = tmp_path / "eager" / ("f" * 64 + ".json")
+    old.write_bytes(bytes(1000))
+    os.utime(old, (1e9 + 1, 1e9 + 1))
+    pallaskit.config.update(cache_max_bytes=1)
+    args = _args(rng)
+    np.testing.assert_allclose(_run(_fn, *args), np.asarray(jax.jit(_fn)(*args)), rtol=1e-6)
+    assert stuck.is_dir() and not old.exists()
+
+
 @pytest.mark.pallas_source
 def test_unserializable_executable_caches_the_source(tmp_path, rng, monkeypatch, caplog):
     pallaskit.config.update(cache_dir=str(tmp_path))
@@ -443,6 +529,11 @@ def test_stats_and_clear_commands(tmp_path, rng, capsys):
     assert main(["clear", "--dir", str(tmp_path)]) == 0
     assert "removed 1 entries" in capsys.readouterr().out
     assert _entries(tmp_path) == []
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    for command in ("stats", "clear"):  # one line, not a traceback
+        assert main([command, "--dir", str(not_a_folder)]) == 1
+        assert "Not a directory" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- #

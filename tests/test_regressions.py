@@ -696,3 +696,25 @@ def test_float16_chains_round_every_op(kernel_backend, rng):
     want = jax.jit(fn)(g, y)
     assert any(np.isinf(np.asarray(w, np.float32)).any() for w in want)
     _same(got, want)
+
+
+# --------------------------------------------------------------------------- #
+# 11. A NaN literal keeps its sign
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("kernel_backend", ["pallas", "triton"])
+def test_a_negative_nan_literal_keeps_its_sign(kernel_backend, rng):
+    """-NaN in the program (a literal) was written ``float('nan')``: copysign and
+    signbit of it, and a select passing it through, read a positive NaN."""
+    if kernel_backend == "triton":
+        pytest.importorskip("triton")
+        if jax.default_backend() == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("Triton's interpreter is not on")
+    neg_nan = np.copysign(np.float32(np.nan), np.float32(-1))
+    x = jnp.asarray(rng.standard_normal((4, 5)), jnp.float32)
+    fn = lambda x: (jnp.copysign(jnp.float32(2), jnp.where(x > 0, neg_nan, x)),  # noqa: E731
+                    jnp.signbit(jnp.where(x > 0, neg_nan, -x)), jnp.where(x > 0, neg_nan, x) * 3)
+    with pallaskit.config.override(kernel_backend=kernel_backend, cache=False):
+        got = pallaskit.jit(fn)(x)
+    want = jax.jit(fn)(x)
+    _same(got, want)
+    np.testing.assert_array_equal(np.signbit(np.asarray(got[2])), np.signbit(np.asarray(want[2])))

@@ -336,6 +336,27 @@ def test_eager_program_cache_serves_a_new_function_object_without_the_compiler(r
     assert open(path, "rb").read() == data  # rewritten whole
 
 
+def test_eager_program_with_constants_is_not_kept(rng, tmp_path, caplog):
+    """A nested jax.jit's closed-over array is none of the traced graph's
+    ``consts``, yet a constant of its program: its eager program was kept, and
+    a second process's hit launched it without that constant ("launch() missing
+    1 required positional argument: 'const2'"), then ran through XLA."""
+    pallaskit.config.update(dynamic_launch="on")
+    scale = jax.jit(lambda x: x * np.linspace(0.5, 2.0, 100).astype(np.float32))
+
+    def fn(x, w):
+        return jax.nn.softmax(scale(x) * w, axis=-1)
+
+    args = {n: (_normal(rng, (n, 100), jnp.float32), _normal(rng, (100,), jnp.float32)) for n in (4, 33)}
+    with caplog.at_level(logging.WARNING, logger="pallaskit"):
+        for _ in range(2):  # the second: a new process's function, were its program kept
+            f = pallaskit.jit(fn, dynamic={"x": {0: "n"}})
+            for n in (4, 33):
+                assert_close(f(*args[n]), fn(*args[n]))
+    assert not os.path.isdir(os.path.join(pallaskit.cache.cache_dir(), "eager"))
+    assert metrics.counters["eager_cache_hits"] == 0 and "eager launch failed" not in caplog.text
+
+
 def test_a_warm_process_serves_new_sizes_without_importing_the_compiler(tmp_path):
     script = textwrap.dedent("""
         import sys

@@ -107,8 +107,8 @@ def const_source(value, dt) -> str:
         return f"complex({const_source(v.real, np.float64)}, {const_source(v.imag, np.float64)})"
     if is_float(dt):
         v = float(value)
-        if np.isnan(v):
-            return "float('nan')"
+        if np.isnan(v):  # the sign kept (copysign, signbit and bitcasts read it), as jax.jit keeps the literal's
+            return "-float('nan')" if np.signbit(v) else "float('nan')"
         if np.isinf(v):
             return "float('inf')" if v > 0 else "float('-inf')"
         return repr(v)

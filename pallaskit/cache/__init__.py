@@ -449,7 +449,10 @@ def jaxpr_text(closed_jaxpr) -> str:
             v = np.asarray(x.val)
             if v.shape:
                 return f"lit[{hashlib.sha256(np.ascontiguousarray(v).tobytes()).hexdigest()}]:{typed(x.aval)}"
-            return f"{v.item()!r}:{typed(x.aval)}"
+            item = v.item()
+            if isinstance(item, (float, complex)):  # repr writes every NaN as nan: sign and payload are in the bits
+                return f"{item!r}/{v.tobytes().hex()}:{typed(x.aval)}"
+            return f"{item!r}:{typed(x.aval)}"
         n = names.get(x)
         return "?" if n is None else n  # a free variable: jax's own check rejects such a jaxpr
 
@@ -478,7 +481,7 @@ def jaxpr_text(closed_jaxpr) -> str:
             if t is None:
                 s = (f"frozenset({{{', '.join(repr(e) for e in sorted(v))}}})" if isinstance(v, frozenset)
                      else str(v))
-                t = params_text[id(v)] = _ADDRESS.sub(" at 0x", s)
+                t = params_text[id(v)] = _ADDRESS.sub(" at 0x", s) + sharding.devices_text(v)
             write(t)
 
     def sub(jaxpr) -> None:
@@ -544,7 +547,12 @@ def context_text() -> str:
         names = jax_config.trace_context_names()
     except NotImplementedError:  # an older jaxlib: the values alone
         names = [str(i) for i in range(len(values))]
-    return repr([(n, _ADDRESS.sub("", repr(getattr(v, "axis_sizes", v)))) for n, v in zip(names, values)])
+    # A mesh context is written by its axis sizes, and its devices in order (a PartitionSpec
+    # resolved against a mesh over the same devices in another order is another program).
+    device_context = getattr(jax_config, "device_context", None)  # jax.set_mesh's concrete mesh
+    mesh = device_context.value if device_context is not None else None
+    return repr([(n, _ADDRESS.sub("", repr(getattr(v, "axis_sizes", v))) + sharding.devices_text(v))
+                 for n, v in zip(names, values)] + ([sharding.devices_text(mesh)] if mesh is not None else []))
 
 
 def key_of(parts: dict) -> str:
@@ -580,10 +588,14 @@ class BadEntry(Exception):
 _reported: set = set()  # (path, reason) already logged
 
 
-def report(path: str, reason: str):
+def report(path: str, reason: str, consequence: str = "ignoring %s (%s); recompiling and overwriting it"):
+    """Log once per (path, reason); ``consequence``: the message, formatted with both."""
     if (path, reason) not in _reported:
         _reported.add((path, reason))
-        log.warning("pallaskit cache: ignoring %s (%s); recompiling and overwriting it", path, reason)
+        log.warning("pallaskit cache: " + consequence, path, reason)
+
+
+_NOT_KEPT = "cannot write in %s (%s); the program runs, its entry is not kept"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -684,9 +696,12 @@ def store(entry: Entry, path: str | None = None) -> bool:
     try:
         _write_atomic(path, encode(entry))
     except Exception as e:  # noqa: BLE001 - a cache that cannot write must not fail the user's call
-        report(folder, f"cannot write an entry: {type(e).__name__}: {e}")
+        report(folder, f"{type(e).__name__}: {e}", _NOT_KEPT)
         return False
-    evict()
+    try:
+        evict()
+    except Exception as e:  # noqa: BLE001 - the entry is written; an eviction that fails must not fail the call
+        report(cache_dir(), f"{type(e).__name__}: {e}", "cannot evict in %s (%s); the cache may stay over its size cap")
     return True
 
 
@@ -734,7 +749,7 @@ def write_behind(key: str, write: Callable[[], None], lock=None) -> None:
         try:
             write()
         except Exception as e:  # noqa: BLE001 - a cache that cannot write must not fail the user's call
-            report(graphs_dir(), f"cannot write an entry: {type(e).__name__}: {e}")
+            report(graphs_dir(), f"{type(e).__name__}: {e}", _NOT_KEPT)
         finally:
             if lock is not None:
                 lock.release()
@@ -813,6 +828,9 @@ def evict(max_bytes: int | None = None) -> int:
                 removed += 1
             except FileNotFoundError:
                 pass
+            except OSError as e:  # another user's file in a shared cache, a folder: kept, the next one goes
+                log.debug("pallaskit cache: cannot evict %s (%s)", path, e)
+                continue
             total -= size
     if removed:
         log.info("pallaskit cache: evicted %d files to stay under %d bytes", removed, cap)
@@ -836,7 +854,7 @@ def _remove_old_files(tmp_age_s: float = 3600.0):
             try:
                 if limit is not None and now - e.stat().st_mtime > limit:
                     os.unlink(e.path)
-            except FileNotFoundError:
+            except OSError:  # gone already, or not ours to delete
                 pass
 
 

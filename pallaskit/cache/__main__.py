@@ -18,11 +18,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.dir:
         config.update(cache_dir=args.dir)
-    if args.command == "clear":
-        n = cache.clear()
-        print(f"removed {n} entries from {cache.graphs_dir()}")
-        return 0
-    s = cache.stats()
+    try:
+        if args.command == "clear":
+            n = cache.clear()
+            print(f"removed {n} entries from {cache.graphs_dir()}")
+            return 0
+        s = cache.stats()
+    except OSError as e:  # not a directory, no permission: one line, not a traceback
+        print(f"pallaskit cache: cannot {args.command} {cache.cache_dir()}: {e}", file=sys.stderr)
+        return 1
     print(f"directory:        {s['dir']}")
     print(f"entries:          {s['entries']} ({s['with_executable']} with executable, "
           f"{s['source_only']} source only, {s['bad']} unreadable)")

@@ -91,7 +91,8 @@ class XlaArgs:
     def names_shardings(self) -> bool:
         """Whether the user's ``in_shardings`` / ``out_shardings`` name a sharding
         (then jax.jit's output shardings are wanted: [Note: sharding])."""
-        return any(isinstance(s, jax.sharding.Sharding)
+        # A PartitionSpec names the devices of jax.set_mesh's mesh.
+        return any(isinstance(s, (jax.sharding.Sharding, jax.sharding.PartitionSpec))
                    for spec in (self.in_shardings, self.out_shardings) if spec is not None
                    for s in jax.tree_util.tree_leaves(spec, is_leaf=_is_sharding_leaf))
 
@@ -118,8 +119,10 @@ class XlaArgs:
 
 
 def _shardings_text(shardings) -> str:
-    return "" if shardings is None else repr(tuple(map(repr, jax.tree_util.tree_leaves(
-        shardings, is_leaf=lambda s: s is None))))
+    from pallaskit import sharding
+
+    return "" if shardings is None else repr(tuple(repr(s) + sharding.devices_text(s) for s in jax.tree_util.tree_leaves(
+        shardings, is_leaf=lambda s: s is None)))
 
 
 def _is_sharding_leaf(s) -> bool:
