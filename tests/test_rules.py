@@ -272,8 +272,8 @@ def total_order_pair(rng, shape, dtype):
 
 # eq_to / le_to / lt_to: XLA's TOTALORDER comparisons (jnp.searchsorted's, sort comparators')
 for _name in ("eq_to", "le_to", "lt_to"):
-    op(_name, _name, getattr(lax, f"{_name}_p").bind, total_order_pair, NUM + (np.dtype(np.float16), np.dtype(np.uint32)),
-       tol="exact")
+    op(_name, _name, getattr(lax, f"{_name}_p").bind, total_order_pair, (F32,) + INT + (np.dtype(np.uint32),),
+       tol="exact")  # 16-bit floats run through XLA (lowering/rules/pointwise.py, _total_order)
 
 
 def _sorted_and_queries(rng, shape, dtype):
@@ -282,7 +282,7 @@ def _sorted_and_queries(rng, shape, dtype):
 
 
 op("searchsorted", "lt_to", lambda a, v: (jnp.searchsorted(a, v), jnp.searchsorted(a, v, side="right")),
-   _sorted_and_queries, NUM, tol="exact")
+   _sorted_and_queries, (F32,) + INT, tol="exact")
 op("where", "select_n", jnp.where,
    lambda rng, s, d: [bools()(rng, s), normal(2.0)(rng, s, d), normal(2.0)(rng, s, d)], NUM + (BOOL,),
    shapes=WITH_SCALAR, tol="exact")
@@ -643,3 +643,20 @@ def test_table_is_well_formed():
     for info in TABLE:
         for shape in info.shapes:
             assert int(np.prod(shape)) < 4000, f"{info.name}: {shape} too large for interpret mode"
+
+
+@pytest.mark.parametrize("dtype", [np.float16, jnp.bfloat16], ids=["f16", "bf16"])
+def test_total_order_of_16bit_floats_runs_through_xla(dtype):
+    """16-bit total-order comparisons run through XLA (a GPU's widening to float32
+    made NaNs of different bits one NaN: eq_to of two NaNs true where XLA says
+    false); values as jax.jit's, NaNs of both signs and payloads included."""
+    bits = np.array([0x7E00, 0x7E01, 0xFE00, 0x7C00, 0xFC00, 0x0000, 0x8000, 0x3C00], np.uint16)
+    if dtype == jnp.bfloat16:
+        bits = np.array([0x7FC0, 0x7FC1, 0xFFC0, 0x7F80, 0xFF80, 0x0000, 0x8000, 0x3F80], np.uint16)
+    x = jax.lax.bitcast_convert_type(jnp.asarray(bits), dtype)
+    a, b = jnp.repeat(x, len(bits)), jnp.tile(x, len(bits))
+    fn = lambda a, b: (lax.eq_to_p.bind(a, b), lax.le_to_p.bind(a, b), lax.lt_to_p.bind(a, b))  # noqa: E731
+    jf = pallaskit.jit(fn)
+    for g, w in zip(jf(a, b), jax.jit(fn)(a, b)):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    assert sorted(pallaskit.explain(jf, a, b).fallbacks) == ["eq_to", "le_to", "lt_to"]

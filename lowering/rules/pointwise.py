@@ -145,32 +145,31 @@ def _bitcast(ctx, eqn, x):
 
 
 @register_lowering("eq_to", "le_to", "lt_to", kind="pointwise",
-                   note="total order (jnp.searchsorted, sort comparators): integers as eq / le / lt, floats "
-                        "compared as sign-magnitude-flipped int32 bits")
+                   note="total order (jnp.searchsorted, sort comparators): integers as eq / le / lt, float32 "
+                        "compared as sign-magnitude-flipped int32 bits (16-bit and 64-bit floats: XLA)")
 def _total_order(ctx, eqn, x, y):
     """XLA's TOTALORDER comparison: -NaN < -inf < ... < -0.0 < +0.0 < ... < +inf < +NaN,
     NaNs ordered by their bits. Integers and bools compare as they do in ``eq`` / ``le`` /
     ``lt``. A float becomes its int32 bits with the magnitude bits flipped where the sign
     bit is set, ``b ^ ((b >> 31) & 0x7FFFFFFF)``, which orders as a signed int in total
-    order; 16-bit floats widen to float32 first (exact, the order kept)."""
+    order. Other floats run through XLA: a GPU widens every 16-bit NaN to one canonical
+    NaN, whose order against another NaN is then lost."""
     aval = eqn.outvars[0].aval
     dt = np.dtype(eqn.invars[0].aval.dtype)
     op = {"eq_to": "eq", "le_to": "le", "lt_to": "lt"}[eqn.primitive.name]
+    is_float = dt.kind == "f" or dt.name == "bfloat16"
+    if (is_float and dt != np.float32) or (not is_float and dt.kind not in "iub"):
+        # 16-bit: a GPU's widening to float32 makes every NaN one canonical NaN (their order lost)
+        raise NotImplementedError(f"a total-order comparison of {dt.name}")
     idx = ctx.symbols(len(aval.shape))
     a, b = ctx.load(x, idx), ctx.load(y, idx)
-    if dt.kind in "f" or dt.name == "bfloat16":
-        if dt.itemsize > 4:
-            raise NotImplementedError(f"a total-order comparison of {dt.name}")
-        f32, i32 = np.dtype(np.float32), np.dtype(np.int32)
+    if is_float:
+        i32 = np.dtype(np.int32)
 
         def key(v):
-            if dt != f32:
-                v = ir.Op("convert_element_type", (v,), f32, (("new_dtype", f32),))
             bits = ir.Op("bitcast_convert_type", (v,), i32, (("new_dtype", i32),))
             sign = ir.Op("shift_right_arithmetic", (bits, ir.Const(31, i32)), i32)
             return ir.Op("xor", (bits, ir.Op("and", (sign, ir.Const(0x7FFFFFFF, i32)), i32)), i32)
 
         a, b = key(a), key(b)
-    elif dt.kind not in "iub":
-        raise NotImplementedError(f"a total-order comparison of {dt.name}")
     return [ctx.pointwise(aval, ir.Op(op, (a, b), np.dtype(aval.dtype)))]
