@@ -28,9 +28,9 @@ log = logging.getLogger("pallaskit")
 # fused instruction), so the program's XLA part is compiled on a thread as soon
 # as the schedule is known: each group of externs joined by their own edges
 # (a reshape feeding a dot) that holds a matmul or a convolution (and not mostly
-# other work, which would then compile twice), on parameters
-# for what kernels and the caller give it, returning what the kernels and the
-# caller read of it, so that XLA fuses it as in the program. It tunes them
+# other work, which would then compile twice), on parameters for what kernels
+# and the caller give it, returning what the kernels and the caller read of it,
+# so that XLA fuses it as in the program. It tunes them
 # while Triton compiles; the program's own compile, which joins it first, finds
 # them tuned. Its executable is dropped. Static single-device programs on a GPU;
 # externs holding jaxprs (loops, calls), effects and attention are left out; a
