@@ -204,6 +204,11 @@ class JitFunction:
             return self.static_argnums
         return tuple(sorted({i % n_args if i < 0 else i for i in self._static_raw})) if n_args else ()
 
+    def _dynamic_positions(self, n_args: int) -> list[int]:
+        """The positional arguments of a call of ``n_args`` that are not static."""
+        static = self._static_at(n_args)
+        return [i for i in range(n_args) if i not in static]
+
     def _xla_args(self, treedef, n_args) -> xla_args.XlaArgs:
         """Donation and shardings of a call signature ([Note: XLA arguments])."""
         k = (treedef, n_args)
@@ -224,7 +229,7 @@ class JitFunction:
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self.static_argnames}
         leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs))
         leaves, avals = [], []
-        dyn_positions = [i for i in range(len(args)) if i not in static_argnums]
+        dyn_positions = self._dynamic_positions(len(args))
         for path, leaf in leaves_with_path:
             avals.append(signature.abstractify(leaf, signature.describe(path, dyn_positions, self._sig)))
             leaves.append(leaf)

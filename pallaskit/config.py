@@ -298,9 +298,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in [
            "programs under 5 kernels as separate launches): one graph launch per call, less host time "
            "([Note: command buffers] in pallaskit/cache). XLA_FLAGS that turn command buffers off still do.",
            _parse_bool, _check_bool, "true, false"),
-    Option("autotune_ahead", True, "On a GPU, a new program's matmuls and convolutions that XLA runs are "
-           "compiled alone on a thread as soon as the compiler has scheduled the program, so that XLA autotunes "
-           "them while the raw-Triton kernels compile; the program's own compile then finds them tuned "
+    Option("autotune_ahead", True, "On a GPU, the part of a new program that XLA runs around its matmuls and "
+           "convolutions is compiled on a thread as soon as the compiler has scheduled the program, so that XLA "
+           "autotunes them while the raw-Triton kernels compile; the program's own compile then finds them tuned "
            "([Note: autotuning ahead] in pallaskit/runtime/xla_warm.py).", _parse_bool, _check_bool,
            "true, false"),
     Option("preload_compiler", True, "pallaskit.jit(f) of a function the cache has not run before starts "

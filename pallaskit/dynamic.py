@@ -148,7 +148,7 @@ def compile_static(jf, treedef, static_pos, static_kw, n_args, context, leaves):
 
 def _leaf_name(jf, leaf, treedef, n_args, static_pos) -> str:
     paths = _leaf_paths(treedef)
-    dyn_positions = [i for i in range(n_args) if i not in jf._static_at(n_args)]
+    dyn_positions = jf._dynamic_positions(n_args)
     return signature.describe(paths[leaf], dyn_positions, jf._sig)
 
 def _leaf_paths(treedef):
@@ -161,7 +161,7 @@ def _axes(jf, leaves, avals, treedef, static_pos, static_kw, n_args) -> tuple[di
     of this call: the ``dynamic=`` axes, plus automatic ones (an axis seen
     with a second distinct size; option ``automatic_dynamic``)."""
     paths = _leaf_paths(treedef)
-    dyn_positions = [i for i in range(n_args) if i not in jf._static_at(n_args)]
+    dyn_positions = jf._dynamic_positions(n_args)
     axes = {}
     if jf.dynamic:
         names = list(jf._sig.parameters) if jf._sig is not None else []
@@ -276,7 +276,7 @@ def speculation(jf, avals, treedef, static_pos, static_kw, n_args):
     if not guessed:
         return None
     paths = _leaf_paths(treedef)
-    dyn_positions = [i for i in range(n_args) if i not in jf._static_at(n_args)]
+    dyn_positions = jf._dynamic_positions(n_args)
     shape = tuple(tuple(int(d) for d in a.shape) for a in avals)
     other = tuple(tuple(d + 1 if (i, k) in guessed else d for k, d in enumerate(s)) for i, s in enumerate(shape))
     # The axes and symbol names a second size changing exactly the guessed axes gets (``_automatic_axes``)

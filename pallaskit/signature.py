@@ -65,11 +65,18 @@ def context() -> tuple:
     while keep and later[keep - 1] == _FIRST_SEEN.later[keep - 1]:
         keep -= 1
     ctx = ctx[:_FIRST_SEEN.length + keep]
-    # ``jax.set_mesh``'s concrete mesh is no trace-context option (its abstract twin is), yet a
-    # PartitionSpec in out_shardings or with_sharding_constraint names its devices, in its order.
-    device_context = getattr(jax_config, "device_context", None)
-    mesh = device_context.value if device_context is not None else None
+    mesh = concrete_mesh()
     return ctx if mesh is None else ctx + (mesh,)
+
+
+def concrete_mesh():
+    """``jax.set_mesh``'s concrete mesh, or None: no trace-context option (its
+    abstract twin is), yet a PartitionSpec in out_shardings or
+    with_sharding_constraint names its devices, in its order."""
+    from jax._src import config as jax_config
+
+    device_context = getattr(jax_config, "device_context", None)
+    return device_context.value if device_context is not None else None
 
 
 class _FirstContext:

@@ -122,8 +122,7 @@ class Traced(_Stage):
 
     def __call__(self, *args, **kwargs):
         """The traced jaxpr evaluated on the dynamic arguments (jax's ``Traced`` is callable so)."""
-        leaves = jax.tree_util.tree_leaves((args, kwargs))
-        tree = jax.tree_util.tree_structure((args, kwargs))
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
         if tree != self._s.in_tree:
             raise TypeError(_pytree_mismatch(tree, self._s.in_tree))
         from jax.extend import core as jex_core

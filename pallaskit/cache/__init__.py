@@ -75,7 +75,7 @@ import filelock
 import jax
 import numpy as np
 
-from pallaskit import executable, sharding
+from pallaskit import executable, sharding, signature
 from pallaskit.config import config
 
 log = logging.getLogger("pallaskit")
@@ -549,8 +549,7 @@ def context_text() -> str:
         names = [str(i) for i in range(len(values))]
     # A mesh context is written by its axis sizes, and its devices in order (a PartitionSpec
     # resolved against a mesh over the same devices in another order is another program).
-    device_context = getattr(jax_config, "device_context", None)  # jax.set_mesh's concrete mesh
-    mesh = device_context.value if device_context is not None else None
+    mesh = signature.concrete_mesh()
     return repr([(n, _ADDRESS.sub("", repr(getattr(v, "axis_sizes", v))) + sharding.devices_text(v))
                  for n, v in zip(names, values)] + ([sharding.devices_text(mesh)] if mesh is not None else []))
 

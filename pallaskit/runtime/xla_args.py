@@ -33,6 +33,8 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from pallaskit import sharding
+
 UNSET = object()  # an option the user did not give (jax.jit's UNSPECIFIED)
 
 
@@ -119,8 +121,6 @@ class XlaArgs:
 
 
 def _shardings_text(shardings) -> str:
-    from pallaskit import sharding
-
     return "" if shardings is None else repr(tuple(repr(s) + sharding.devices_text(s) for s in jax.tree_util.tree_leaves(
         shardings, is_leaf=lambda s: s is None)))
 
