@@ -19,7 +19,9 @@ def _cfg(tmp_path, workloads, backends, dtypes=("bfloat16",)):
                              plots=False, seed=11, progress=False)
 
 
-@pytest.mark.parametrize("name", MODELS)
+# The 12-layer step is the GPT-2 block's layers stacked (XLA's CPU compile of it: 20 s);
+# tests/test_shared_triton.py runs it at its smoke size under pallaskit against jax.jit.
+@pytest.mark.parametrize("name", [m for m in MODELS if m != "gpt2_12layer_train"])
 def test_models_family_runs_under_xla_and_agrees(tmp_path, name):
     """jax.jit of each workload against the float32 reference (one test each, so the
     suite's workers share them); the optimizer, float32 only, runs in float32 in a

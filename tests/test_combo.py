@@ -425,20 +425,20 @@ def _schedule(fn, *args):
 
 
 def test_clip_scale_is_stored_once_not_summed_in_every_update(rng):
-    """[Note: broadcast tables]: the clip's norm sums 28 arrays' sums of squares; the
-    updates load it stored once instead of each summing the 28 again (a part
-    function of 28+ arguments per member before). Values as jax.jit."""
+    """[Note: broadcast tables]: the clip's norm sums 20 arrays' sums of squares; the
+    updates load it stored once instead of each summing the 20 again (a part
+    function of 20+ arguments per member before). Values as jax.jit."""
     from lowering import heuristics
     from lowering.combo import ComboKernel
 
-    shapes = [(3 + i % 5, 2 + i % 3) for i in range(28)]
+    shapes = [(3 + i % 5, 2 + i % 3) for i in range(20)]
     args = (_tree(rng, shapes), _tree(rng, shapes), _tree(rng, shapes), _tree(rng, shapes, True),
             jnp.asarray(3, jnp.int32))
     sched = _schedule(clipped_adamw, *args)
     steps = [p for k in sched.kernels if hasattr(k, "members")
              for p in (k.parts if isinstance(k, ComboKernel) else [k])]
     assert heuristics.MAX_INLINED_READS <= 16
-    wide = [s for s in steps if len(s.reads) > 24]
+    wide = [s for s in steps if len(s.reads) > 17]
     assert len(wide) <= 1, [(s.name, len(s.reads)) for s in wide]  # the one summing the norm
     got, want = pallaskit.jit(clipped_adamw)(*args), jax.jit(clipped_adamw)(*args)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):

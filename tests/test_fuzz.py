@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from benchmarks.fuzz import oracle, programs
 
 FIXED_SEED = 20261125
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "30"))  # per test: ~16 s on one CPU core (the suite keeps to 15 min on CI)
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "20"))  # per test: ~11 s on one CPU core (the suite keeps to 15 min on CI)
 EXCLUDED = frozenset(f for f in os.environ.get("FUZZ_EXCLUDE", "").split(",") if f)
 
 
