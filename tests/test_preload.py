@@ -12,6 +12,7 @@ import sys
 import textwrap
 
 import jax
+import pytest
 
 from pallaskit.runtime import preload
 
@@ -130,3 +131,47 @@ def test_every_compiler_import_in_pallaskit_waits_for_the_preload():
                     if any(_preloaded(m) for m in _imported(node)) and not _waits_first(function, node.lineno):
                         missing.append(f"{os.path.relpath(path, REPO)}:{node.lineno}")
     assert not missing, f"imports of the compiler without preload.wait() first: {missing}"
+
+
+_MOSAIC_CHILD = textwrap.dedent("""
+    import json, sys
+    import jax, jax.numpy as jnp
+    import pallaskit
+    MOSAIC = ("jax._src.pallas.mosaic.interpret.interpret_pallas_call",
+              "jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call")
+    if sys.argv[1] == "before":  # the user's own import first: it stays as it is
+        import jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call  # noqa: F401
+    with jax.ensure_compile_time_eval():
+        x = jax.random.normal(jax.random.key(0), (33, 5))
+    got = pallaskit.jit(lambda x: jnp.tanh(x) * 2 + 1)(x)
+    want = jax.jit(lambda x: jnp.tanh(x) * 2 + 1)(x)
+    out = {"equal": bool(jnp.allclose(got, want, rtol=1e-6, atol=1e-6)),
+           "kernels": pallaskit.metrics.counters["kernels_compiled"],
+           "loaded": [m for m in MOSAIC if sys.modules.get(m) is not None],
+           "hidden_left": [m for m in MOSAIC if m in sys.modules and sys.modules[m] is None]}
+    import jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call as later  # a later import loads it
+    out["later"] = later.__name__
+    print("RESULT " + json.dumps(out))
+""")
+
+
+@pytest.mark.parametrize("user_import", ["none", "before"])
+def test_interpret_lowering_leaves_the_mosaic_interpreters_unimported(user_import):
+    """[Note: Pallas's interpreters left unimported]: a CPU first call lowers its
+    interpret-mode kernels without importing jax's Mosaic TPU / GPU interpreters
+    (most of that call's time); nothing is left hidden in sys.modules, a later
+    import loads them, and one the user made before is untouched."""
+    environment = {**os.environ, "PALLASKIT_CACHE": "0", "JAX_PLATFORMS": "cpu", "PALLASKIT_INTERPRET": "auto",
+                   "PALLASKIT_KERNEL_BACKEND": "pallas"}
+    environment["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, environment.get("PYTHONPATH")) if p)
+    proc = subprocess.run([sys.executable, "-c", _MOSAIC_CHILD, user_import], capture_output=True, text=True,
+                          env=environment, timeout=300, cwd=REPO)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    out = json.loads(lines[-1][len("RESULT "):])
+    assert out["equal"] and out["kernels"] >= 1 and out["hidden_left"] == []
+    assert out["later"] == "jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call"
+    if user_import == "none":
+        assert out["loaded"] == []
+    else:
+        assert out["loaded"] == ["jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call"]

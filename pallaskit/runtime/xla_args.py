@@ -27,7 +27,10 @@ error otherwise) and shards the leaves that have none; the user's
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import sys
+import threading
 from typing import Any, Callable
 
 import jax
@@ -189,6 +192,53 @@ def lower(call: Callable, structs, constants, xla: XlaArgs | None):
     """``call(*leaves, *constants)`` lowered for ``structs`` (ShapeDtypeStructs
     of the leaves: a sharded signature's carry its shardings) with the
     signature's XLA arguments."""
+    with _without_mosaic_interpreters():
+        return _lower(call, structs, constants, xla)
+
+
+# [Note: Pallas's interpreters left unimported]
+# On the CPU every kernel is a ``pallas_call(..., interpret=True)``. jax's lowering
+# of one (jax/_src/pallas/pallas_call.py, ``_pallas_call_lowering``) imports the
+# Mosaic TPU and Mosaic GPU interpreters on each use, only to ask whether
+# ``interpret`` is one of their parameter classes; pallaskit passes ``True``, so
+# neither is used. The Mosaic GPU one imports Mosaic GPU and MLIR's LLVM dialect:
+# about as long as the compiler's own import, and most of a small function's
+# first call on the CPU (benchmarks/RESULTS.md, "Session 35"). While pallaskit
+# lowers a program, each of the two modules that no one has imported yet reads
+# as missing in ``sys.modules``: jax's lowering catches the ImportError and runs
+# its plain interpreter, as where they are not installed. (Their packages'
+# ``params`` modules, which Pallas's core imports, are left alone.) After, the
+# entries are removed, so a later import anywhere loads the modules as usual;
+# one already imported stays as it is. Nested and concurrent lowerings share one
+# window (a count under a lock).
+_MOSAIC_INTERPRETERS = ("jax._src.pallas.mosaic.interpret.interpret_pallas_call",
+                        "jax._src.pallas.mosaic_gpu.interpret.interpret_pallas_call")
+_hidden: list = []
+_hiding = [0]
+_hiding_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _without_mosaic_interpreters():
+    with _hiding_lock:
+        if _hiding[0] == 0:
+            _hidden[:] = [n for n in _MOSAIC_INTERPRETERS if n not in sys.modules]
+            for n in _hidden:
+                sys.modules[n] = None
+        _hiding[0] += 1
+    try:
+        yield
+    finally:
+        with _hiding_lock:
+            _hiding[0] -= 1
+            if _hiding[0] == 0:
+                for n in _hidden:
+                    if n in sys.modules and sys.modules[n] is None:
+                        del sys.modules[n]
+                _hidden.clear()
+
+
+def _lower(call: Callable, structs, constants, xla: XlaArgs | None):
     placed = xla.placed if xla else None
     if placed is None:
         if xla and xla.committed:  # jax.jit's outputs of committed arguments are committed
