@@ -718,3 +718,25 @@ def test_a_negative_nan_literal_keeps_its_sign(kernel_backend, rng):
     want = jax.jit(fn)(x)
     _same(got, want)
     np.testing.assert_array_equal(np.signbit(np.asarray(got[2])), np.signbit(np.asarray(want[2])))
+
+
+# --------------------------------------------------------------------------- #
+# 12. Odd programs: float64 special functions, ...
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("kernel_backend", ["pallas", "triton"])
+def test_float64_erf_keeps_double_precision(kernel_backend, rng):
+    """erf / erfc / erf_inv of float64 ran the kernels' float32 polynomials (7
+    digits) where jax.jit computes them in double precision."""
+    if kernel_backend == "triton":
+        pytest.importorskip("triton")
+        if jax.default_backend() == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("Triton's interpreter is not on")
+    with _x64():
+        x = jnp.asarray(rng.standard_normal((4, 9)) * 2, jnp.float64)
+        fn = lambda x: (jax.lax.erf(x) * 3.0, jax.lax.erfc(x) + 1.0, jax.lax.erf_inv(jnp.tanh(x)))  # noqa: E731
+        with pallaskit.config.override(kernel_backend=kernel_backend, cache=False):
+            got = pallaskit.jit(fn)(x)
+        want = jax.jit(fn)(x)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype == jnp.float64
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-12, atol=1e-14)

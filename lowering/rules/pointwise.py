@@ -54,6 +54,10 @@ def op_params(eqn) -> tuple:
     return tuple(out)
 
 
+# Written for float32 only (codegen/pallas.py's and codegen/triton.py's helpers).
+_FLOAT32_ONLY = ("erf", "erfc", "erf_inv")
+
+
 def _elementwise(ctx, eqn, *args):
     aval = eqn.outvars[0].aval
     if (eqn.primitive.name == "nextafter" and not ctx.options.interpret
@@ -61,6 +65,10 @@ def _elementwise(ctx, eqn, *args):
         # Pallas' Triton lowering has nextafter for float32/float64 only, and a
         # 16-bit step cannot be taken in float32.
         raise NotImplementedError("16-bit nextafter on the GPU")
+    if eqn.primitive.name in _FLOAT32_ONLY and np.dtype(aval.dtype) == np.float64:
+        # The renderers' erf / erfc / erf_inv are XLA's float32 polynomials (7 digits); XLA
+        # computes float64 with its double-precision expansions.
+        raise NotImplementedError(f"float64 {eqn.primitive.name}")
     folded = _plus_literal_zero(ctx, eqn, args)
     if folded is not None:
         return [folded]
