@@ -650,6 +650,32 @@ def test_one_hot_times_infinite_16bit_values(kernel_backend, dtype):
     _same(got, jax.jit(fn)(labels, x))
 
 
+@pytest.mark.parametrize("kernel_backend", ["pallas", "triton"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16, BF16], ids=["f32", "f16", "bf16"])
+def test_mask_product_is_a_select(kernel_backend, dtype):
+    """XLA rewrites any ``convert(pred) * x`` with the predicate at the product's
+    shape, not only a one-hot's: ``x * (y > 0)``, ``loss * mask`` give 0 (+0.0)
+    where the mask is False, whatever x holds. The kernels multiplied: NaN for
+    inf / NaN under a False (on the GPU; float16 also in interpret mode), -0.0
+    for a negative x."""
+    if kernel_backend == "triton":
+        pytest.importorskip("triton")
+        if jax.default_backend() == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("Triton's interpreter is not on")
+    x = jnp.asarray([[np.inf, -np.inf, np.nan, 1.0, -2.0], [2.0, np.inf, -3.0, np.nan, -0.5]], dtype)
+    y = jnp.asarray([[-1.0, 1.0, -2.0, 3.0, -1.0], [1.0, -1.0, -1.0, -1.0, 2.0]], jnp.float32)
+    mask = jnp.asarray([[False, False, True, False, False], [True, False, False, False, True]])
+    fn = lambda x, y, m: (x * (y > 0), (y < 0).astype(x.dtype) * x, x * m * 2, jnp.sum(x * m, axis=1),  # noqa: E731
+                          x[:1] * (y[1] > 0))  # the mask's convert, then a reshape to (1, 5)
+    with pallaskit.config.override(kernel_backend=kernel_backend, cache=False):
+        got = pallaskit.jit(fn)(x, y, mask)
+    want = jax.jit(fn)(x, y, mask)
+    _same(got, want)
+    for g, w in zip(got, want):  # the signs of zeros (a NaN's is no value's)
+        g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
+        np.testing.assert_array_equal(np.signbit(g) & ~np.isnan(w), np.signbit(w) & ~np.isnan(w))
+
+
 # --------------------------------------------------------------------------- #
 # 9. An iota or random bits read at a run-time position
 # --------------------------------------------------------------------------- #
@@ -718,3 +744,25 @@ def test_a_negative_nan_literal_keeps_its_sign(kernel_backend, rng):
     want = jax.jit(fn)(x)
     _same(got, want)
     np.testing.assert_array_equal(np.signbit(np.asarray(got[2])), np.signbit(np.asarray(want[2])))
+
+
+# --------------------------------------------------------------------------- #
+# 12. Odd programs: float64 special functions, ...
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("kernel_backend", ["pallas", "triton"])
+def test_float64_erf_keeps_double_precision(kernel_backend, rng):
+    """erf / erfc / erf_inv of float64 ran the kernels' float32 polynomials (7
+    digits) where jax.jit computes them in double precision."""
+    if kernel_backend == "triton":
+        pytest.importorskip("triton")
+        if jax.default_backend() == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("Triton's interpreter is not on")
+    with _x64():
+        x = jnp.asarray(rng.standard_normal((4, 9)) * 2, jnp.float64)
+        fn = lambda x: (jax.lax.erf(x) * 3.0, jax.lax.erfc(x) + 1.0, jax.lax.erf_inv(jnp.tanh(x)))  # noqa: E731
+        with pallaskit.config.override(kernel_backend=kernel_backend, cache=False):
+            got = pallaskit.jit(fn)(x)
+        want = jax.jit(fn)(x)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype == jnp.float64
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-12, atol=1e-14)

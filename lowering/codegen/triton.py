@@ -333,6 +333,15 @@ def _acos64(x):
 def _atan64(x):
     return _atan2_64(x, tl.full(x.shape, 1.0, x.dtype))
 """,
+    "_tanh64": """
+@triton.jit
+def _tanh64(x):
+    \"\"\"tanh (float64 in the interpreter) from expm1 (no cancellation near 0):
+    -s / (2 + s) with s = e^-2|x| - 1 and the sign of x; tanh(-0) is -0.\"\"\"
+    s = _expm1_64(-2.0 * tl.abs(x))
+    r = (s * -1.0) / (2.0 + s)
+    return tl.where(x < 0.0, r * -1.0, tl.where(x == 0.0, x, r))
+""",
     "_sinh64": """
 @triton.jit
 def _sinh64(x):
@@ -708,6 +717,8 @@ class TritonEmitter(KernelEmitter):
             return "tl.sqrt({0})" if e.op == "sqrt" else "(1.0 / tl.sqrt({0}))"  # float64's is sqrt.rn.f64
         if e.op == "tanh" and not self.interpret:  # libdevice's tanhf, as Pallas's Triton lowering
             return "libdevice.tanh({0})"
+        if e.op == "tanh" and np.dtype(e.dtype) == np.float64:  # _tanh's series is float32's (1e-10 relative)
+            return "_tanh64({0})"
         if e.op == "rem" and float_op and not self.interpret:  # the interpreter's % is np.fmod
             # libdevice's fmod is exact; Triton's float % (LLVM frem) divides approximately on
             # the GPU and can be one divisor off (bf16 rem gave -1.086 where XLA gives -0.0).

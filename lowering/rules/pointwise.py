@@ -54,6 +54,10 @@ def op_params(eqn) -> tuple:
     return tuple(out)
 
 
+# Written for float32 only (codegen/pallas.py's and codegen/triton.py's helpers).
+_FLOAT32_ONLY = ("erf", "erfc", "erf_inv")
+
+
 def _elementwise(ctx, eqn, *args):
     aval = eqn.outvars[0].aval
     if (eqn.primitive.name == "nextafter" and not ctx.options.interpret
@@ -61,16 +65,73 @@ def _elementwise(ctx, eqn, *args):
         # Pallas' Triton lowering has nextafter for float32/float64 only, and a
         # 16-bit step cannot be taken in float32.
         raise NotImplementedError("16-bit nextafter on the GPU")
+    if eqn.primitive.name in _FLOAT32_ONLY and np.dtype(aval.dtype) == np.float64:
+        # The renderers' erf / erfc / erf_inv are XLA's float32 polynomials (7 digits); XLA
+        # computes float64 with its double-precision expansions.
+        raise NotImplementedError(f"float64 {eqn.primitive.name}")
     folded = _plus_literal_zero(ctx, eqn, args)
     if folded is not None:
         return [folded]
     idx = ctx.symbols(len(aval.shape))
+    masked = _mul_by_converted_predicate(ctx, eqn, args, idx)
+    if masked is not None:
+        return [ctx.pointwise(aval, masked)]
     operands = tuple(ctx.load(a, idx) for a in args)
     body = ir.Op(eqn.primitive.name, operands, np.dtype(aval.dtype), op_params(eqn))
     return [ctx.pointwise(aval, body)]
 
 
 register_lowering(*ELEMENTWISE, kind="pointwise")(_elementwise)
+
+
+def _mul_by_converted_predicate(ctx, eqn, args, idx):
+    """``x * convert(pred)`` as ``select(pred, x, 0)``, as XLA's simplifier rewrites
+    it where the convert of a predicate at the product's own shape feeds the multiply
+    (a mask: ``x * (y > 0)``, ``loss * mask``), also through reshapes and transposes
+    of the converted mask: the False entries are +0.0 whatever x holds (inf, NaN,
+    negative). A predicate broadcast before or after its convert
+    (``x * (y[:, :1] > 0)``, a scalar) keeps its multiply, as in XLA. bfloat16 in
+    interpret mode too: XLA:CPU multiplies it in float32 behind converts the rewrite
+    does not see through (``emitter.mul_by_converted_bool``, which also takes the
+    one-hots this leaves). None where it is no such product."""
+    aval = eqn.outvars[0].aval
+    dtype = np.dtype(aval.dtype)
+    if eqn.primitive.name != "mul" or not (dtype.kind == "f" or dtype.name == "bfloat16"):
+        return None
+    if ctx.options.interpret and dtype.name == "bfloat16":
+        return None
+    for k, value in enumerate(args):
+        if ctx.aval_of(args[1 - k])[1] != dtype:
+            continue
+        if isinstance(value, ir.Const):
+            continue
+        read = ctx.load(value, idx)  # the operand's element, followed back to the convert's
+        node = ctx.nodes.get(value)
+        for _ in range(4):  # through reshapes and transposes of the converted mask (XLA moves them)
+            if not (isinstance(node, ir.Pointwise) and isinstance(node.body, ir.Load) and node.body.mask is None
+                    and not _is_broadcast(ctx, node.name)):
+                break
+            read = ir.substitute_index(node.body, dict(zip(node.symbols, read.index)))
+            node = ctx.nodes.get(read.buffer)
+        if not (isinstance(node, ir.Pointwise) and isinstance(node.body, ir.Op)
+                and node.body.op == "convert_element_type" and np.dtype(node.body.args[0].dtype) == np.bool_
+                and int(np.prod(node.shape, dtype=np.int64)) == int(np.prod(aval.shape, dtype=np.int64))):
+            continue
+        pred = node.body.args[0]
+        if isinstance(pred, ir.Load) and _is_broadcast(ctx, pred.buffer):
+            continue
+        pred = ir.substitute_index(pred, dict(zip(node.symbols, read.index)))
+        return ir.Op("select_n", (pred, ir.Const(0.0, dtype), ctx.load(args[1 - k], idx)), dtype)
+    return None
+
+
+def _is_broadcast(ctx, value) -> bool:
+    """``value`` reads fewer elements than it holds: a broadcast (XLA moves a
+    convert before it, and the broadcast then blocks the select rewrite)."""
+    node = ctx.nodes.get(value)
+    if not (isinstance(node, ir.Pointwise) and isinstance(node.body, ir.Load)):
+        return False
+    return int(np.prod(ctx.aval_of(node.body.buffer)[0], dtype=np.int64)) < int(np.prod(node.shape, dtype=np.int64))
 
 
 def _plus_literal_zero(ctx, eqn, args):
