@@ -766,3 +766,25 @@ def test_float64_erf_keeps_double_precision(kernel_backend, rng):
         for g, w in zip(got, want):
             assert g.dtype == w.dtype == jnp.float64
             np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("kernel_backend", ["pallas", "triton"])
+def test_mask_product_over_a_dynamic_dim_is_a_select(kernel_backend):
+    """The mask product's select (test_mask_product_is_a_select) under a symbolic
+    size: the rule compares element counts without converting a symbol to an int
+    (it raised, and every size compiled on its own)."""
+    if kernel_backend == "triton":
+        pytest.importorskip("triton")
+        if jax.default_backend() == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("Triton's interpreter is not on")
+    fn = lambda x, y: (x * (y > 0), (x.T * (y.T < 0)).sum(0))  # noqa: E731
+    f = pallaskit.jit(fn, dynamic={"x": {0: "n"}, "y": {0: "n"}})
+    before = pallaskit.metrics.counters["dynamic_fallbacks"]
+    with pallaskit.config.override(kernel_backend=kernel_backend, cache=False):
+        for n in (3, 7):
+            x = jnp.asarray(np.where(np.arange(n * 5).reshape(n, 5) % 3 == 0, np.inf, -1.5), jnp.float32)
+            y = jnp.asarray(np.linspace(-1, 1, n * 5).reshape(n, 5), jnp.float32)
+            got, want = f(x, y), jax.jit(fn)(x, y)
+            _same(got, want)
+            np.testing.assert_array_equal(np.signbit(np.asarray(got[0])), np.signbit(np.asarray(want[0])))
+    assert pallaskit.metrics.counters["dynamic_fallbacks"] == before

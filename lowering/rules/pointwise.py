@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import numpy as np
+import sympy
 
-from lowering import ir
+from lowering import ir, sizes
 from lowering.rules.registry import register_lowering
 
 # Primitives whose body is ``Op(name, loaded operands)``. The renderer has one
@@ -115,7 +116,7 @@ def _mul_by_converted_predicate(ctx, eqn, args, idx):
             node = ctx.nodes.get(read.buffer)
         if not (isinstance(node, ir.Pointwise) and isinstance(node.body, ir.Op)
                 and node.body.op == "convert_element_type" and np.dtype(node.body.args[0].dtype) == np.bool_
-                and int(np.prod(node.shape, dtype=np.int64)) == int(np.prod(aval.shape, dtype=np.int64))):
+                and _same_numel(node.shape, aval.shape)):
             continue
         pred = node.body.args[0]
         if isinstance(pred, ir.Load) and _is_broadcast(ctx, pred.buffer):
@@ -127,11 +128,18 @@ def _mul_by_converted_predicate(ctx, eqn, args, idx):
 
 def _is_broadcast(ctx, value) -> bool:
     """``value`` reads fewer elements than it holds: a broadcast (XLA moves a
-    convert before it, and the broadcast then blocks the select rewrite)."""
+    convert before it, and the broadcast then blocks the select rewrite). With
+    symbolic sizes, any load not provably of as many elements counts as one."""
     node = ctx.nodes.get(value)
     if not (isinstance(node, ir.Pointwise) and isinstance(node.body, ir.Load)):
         return False
-    return int(np.prod(ctx.aval_of(node.body.buffer)[0], dtype=np.int64)) < int(np.prod(node.shape, dtype=np.int64))
+    return not _same_numel(ctx.aval_of(node.body.buffer)[0], node.shape)
+
+
+def _same_numel(a, b) -> bool:
+    """Do shapes ``a`` and ``b`` hold as many elements? Symbolic sizes ([Note:
+    symbolic dims] in lowering/symbolic.py) only where provably so."""
+    return sizes.simplify(sympy.sympify(sizes.numel(a) - sizes.numel(b))) == 0
 
 
 def _plus_literal_zero(ctx, eqn, args):
