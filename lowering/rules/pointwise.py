@@ -91,15 +91,15 @@ def _mul_by_converted_predicate(ctx, eqn, args, idx):
     (a mask: ``x * (y > 0)``, ``loss * mask``), also through reshapes and transposes
     of the converted mask: the False entries are +0.0 whatever x holds (inf, NaN,
     negative). A predicate broadcast before or after its convert
-    (``x * (y[:, :1] > 0)``, a scalar) keeps its multiply, as in XLA. bfloat16 in
-    interpret mode too: XLA:CPU multiplies it in float32 behind converts the rewrite
-    does not see through (``emitter.mul_by_converted_bool``, which also takes the
-    one-hots this leaves). None where it is no such product."""
+    (``x * (y[:, :1] > 0)``, a scalar) keeps its multiply, as in XLA, and so does
+    bfloat16 in interpret mode (``emitter.rewrites_mask_products``; the renderers'
+    ``emitter.mul_by_converted_bool`` takes the one-hots this leaves). None where it
+    is no such product."""
+    from lowering.codegen.emitter import mask_select, rewrites_mask_products
+
     aval = eqn.outvars[0].aval
     dtype = np.dtype(aval.dtype)
-    if eqn.primitive.name != "mul" or not (dtype.kind == "f" or dtype.name == "bfloat16"):
-        return None
-    if ctx.options.interpret and dtype.name == "bfloat16":
+    if eqn.primitive.name != "mul" or not rewrites_mask_products(dtype, ctx.options.interpret):
         return None
     for k, value in enumerate(args):
         if ctx.aval_of(args[1 - k])[1] != dtype:
@@ -122,7 +122,7 @@ def _mul_by_converted_predicate(ctx, eqn, args, idx):
         if isinstance(pred, ir.Load) and _is_broadcast(ctx, pred.buffer):
             continue
         pred = ir.substitute_index(pred, dict(zip(node.symbols, read.index)))
-        return ir.Op("select_n", (pred, ir.Const(0.0, dtype), ctx.load(args[1 - k], idx)), dtype)
+        return mask_select(pred, ctx.load(args[1 - k], idx))
     return None
 
 
