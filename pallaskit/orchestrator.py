@@ -470,7 +470,8 @@ def _compile_new(build, structs, title, started, how: str, key=None, parts=None,
                 key=key, parts=parts, title=title, source=result.program.source,
                 num_kernels=len(result.program.kernels), has_externs=bool(result.program.externs),
                 constants=list(constants), executable=payload, in_tree=in_tree, out_tree=out_tree,
-                executable_error=error, metric_deltas=deltas, kernels=kernels, created=time.time()), path)
+                executable_error=error, metric_deltas=deltas, kernels=kernels, created=time.time(),
+                devices=executable.device_ids(compiled) if payload is not None else None), path)
         if len(structs) >= WRITE_BEHIND_MIN_ARGS:
             cache.write_behind(key, write, lock)
         else:

@@ -482,6 +482,23 @@ def test_out_shardings_prefix_and_in_shardings_of_unplaced_arguments(rng):
         pallaskit.jit(f, out_shardings=(rows, rows))(x0, y0)
 
 
+@needs8
+def test_set_mesh_with_plain_arguments(rng):
+    """Under ``jax.set_mesh``, arrays on no mesh: jax.jit's outputs over the
+    whole mesh; a second function's program loads from the graph cache on the
+    mesh's devices (it was loaded on the default device alone: every process
+    compiled it again, one warning each)."""
+    mesh = Mesh(np.array(jax.devices()[::-1]).reshape(4, 2), ("a", "b"))  # loaded on these devices, in this order
+    g = lambda x: (jnp.tanh(x) * 2, x.sum(0))  # noqa: E731
+    x = jnp.asarray(_special(rng, (8, 6), np.float32))
+    with jax.set_mesh(mesh):
+        ref = jax.jit(g)(x)
+        for _ in range(2):
+            pallaskit.metrics.reset()
+            _check(pallaskit.jit(g)(x), ref)
+        assert pallaskit.metrics.counters["cache_hits"] == 1 and pallaskit.metrics.counters["cache_misses"] == 0
+
+
 # --------------------------------------------------------------------------- #
 # kernels per shard ([Note: per-shard kernels] in pallaskit/per_shard.py)
 # --------------------------------------------------------------------------- #

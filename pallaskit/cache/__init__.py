@@ -578,6 +578,10 @@ class Entry:
     kernels: list = dataclasses.field(default_factory=list)  # kernel_metadata rows
     multi_kernel_choices: dict = dataclasses.field(default_factory=dict)  # filled by the dispatcher, later
     created: float = 0.0
+    # The executable's device ids in its assignment order (None: an older entry). A program
+    # whose devices neither the default device nor the arguments name (jax.set_mesh's mesh,
+    # a backward taking a sharded closure) loads on them, not on the default device.
+    devices: list | None = None
 
 
 class BadEntry(Exception):
