@@ -285,10 +285,12 @@ class GradEntry:
 
     partition: partition_mod.Partition
     forward: Any  # JitFunction: primals -> outputs + saved
-    backwards: dict  # nonzero-cotangent mask -> JitFunction: saved + nonzero cotangents -> input cotangents
+    backwards: dict  # nonzero-cotangent mask -> (JitFunction: lifted + saved + nonzero cotangents -> input
+    # cotangents, lifted: the closed-over arrays it takes first, [Note: placed residuals])
     sig: Signature
 
     def backward(self, mask: tuple[bool, ...]):
+        """(JitFunction, the arrays passed first): [Note: placed residuals]."""
         jf = self.backwards.get(mask)
         if jf is None:
             jf = self.backwards[mask] = _backward_fn(self, mask)
@@ -340,25 +342,42 @@ def _fuse_attention(joint):
 
 
 def _backward_fn(entry: GradEntry, mask):
+    """The backward half for the nonzero cotangents ``mask``, a pallaskit
+    function of ``(*lifted, *saved, *given cotangents)``, and ``lifted``: the
+    backward's closed-over arrays that are committed (to a device or sharded
+    over a mesh), passed as arguments."""
     from jax.extend import core as jex_core
 
     part = entry.partition
     n_saved = len(part.saved)
     ct_avals = [entry.sig.out_avals[j] for j in part.ct_outputs]
-    run = jex_core.jaxpr_as_fun(part.backward)
+    # [Note: placed residuals]
+    # jax.grad(jax.jit(f)) transposes f's jit with its closed-over arrays among
+    # the residuals, i.e. as arguments of the backward jit: one committed to a
+    # device or sharded over a mesh places that computation, and jax.jit's
+    # propagation decides the cotangents' shardings (a closure over an array
+    # split along 'd' gives a cotangent split along 'd'). Every other pallaskit
+    # program takes its closed-over arrays as jax.jit does a closure's, placing
+    # nothing (executable.uncommitted); the backward takes such arrays as
+    # arguments instead, so that its call is a placed signature of its own
+    # ([Note: sharding]: jax.jit's output shardings, the devices in its keys).
+    consts = list(part.backward.consts)
+    placed = [i for i, c in enumerate(consts) if isinstance(c, jax.Array) and not isinstance(c, _Tracer)
+              and getattr(c, "committed", False)]
+    lifted = [consts[i] for i in placed]
+    jaxpr = part.backward.jaxpr
 
     def backward(*xs):
+        given_consts = list(consts)
+        for i, c in zip(placed, xs[:len(placed)]):
+            given_consts[i] = c
+        xs = xs[len(placed):]
         saved, given = list(xs[:n_saved]), iter(xs[n_saved:])
         cts = [next(given) if m else jnp.zeros(a.shape, a.dtype) for m, a in zip(mask, ct_avals)]
-        return run(*saved, *cts)
+        return jex_core.jaxpr_as_fun(jex_core.ClosedJaxpr(jaxpr, given_consts))(*saved, *cts)
 
     backward.__qualname__ = backward.__name__ = f"{_title(entry.sig.jf)}.backward"
-    jf = _jit(entry.sig.jf, backward)
-    # jax.grad(jax.jit(f)) transposes with f's closed-over arrays as they are: the input cotangents
-    # of a closure over an array committed elsewhere (or sharded) are placed with it
-    # (executable.uncommitted, which every other pallaskit program applies to its constants).
-    jf._constants_placed = True
-    return jf
+    return _jit(entry.sig.jf, backward), lifted
 
 
 @dataclasses.dataclass
@@ -431,7 +450,8 @@ def _call_vjp(sig: Signature, leaves, primal: Callable | None = None):
         part = entry.partition
         mask = tuple(not isinstance(cts[j], SymbolicZero) for j in part.ct_outputs)
         given = [cts[j] for j, m in zip(part.ct_outputs, mask) if m]
-        in_cts = entry.backward(mask)(*saved, *given)
+        backward, lifted = entry.backward(mask)
+        in_cts = backward(*lifted, *saved, *given)
         out = [None] * len(sig.avals)
         for i, c in zip(part.diff_inputs, in_cts):
             out[i] = c

@@ -209,8 +209,7 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
         call = loader.load_lazily(result.program)
         constants = [result.schedule.graph.constants[n] for n in result.schedule.graph.inputs
                      if n in result.schedule.graph.constants]
-        if not getattr(jf, "_constants_placed", False):  # as jax.jit's closed-over arrays: they place nothing
-            constants = executable.uncommitted(constants)
+        constants = executable.uncommitted(constants)  # as jax.jit's closed-over arrays: they place nothing
         _log_fallbacks(result.fallbacks)
         if config.debug_dir:  # multi-kernel variants: a folder each, named by the hint
             hint = "_".join(f"{k}{v}" for k, v in options.size_hints) if variants and len(variants) > 1 else ""
