@@ -491,7 +491,9 @@ def test_set_mesh_with_plain_arguments(rng):
     """Under ``jax.set_mesh``, arrays on no mesh: jax.jit's outputs over the
     whole mesh; a second function's program loads from the graph cache on the
     mesh's devices (it was loaded on the default device alone: every process
-    compiled it again, one warning each)."""
+    compiled it again, one warning each); a PartitionSpec in in_shardings names
+    the mesh (it was ignored: outputs replicated where jax.jit's are split), and
+    without a mesh raises jax.jit's error."""
     mesh = Mesh(np.array(jax.devices()[::-1]).reshape(4, 2), ("a", "b"))  # loaded on these devices, in this order
     g = lambda x: (jnp.tanh(x) * 2, x.sum(0))  # noqa: E731
     x = jnp.asarray(_special(rng, (8, 6), np.float32))
@@ -501,6 +503,16 @@ def test_set_mesh_with_plain_arguments(rng):
             pallaskit.metrics.reset()
             _check(pallaskit.jit(g)(x), ref)
         assert pallaskit.metrics.counters["cache_hits"] == 1 and pallaskit.metrics.counters["cache_misses"] == 0
+        for kw in (dict(in_shardings=P("a")), dict(in_shardings=P(("a", "b"))), dict(out_shardings=(P(None, "b"), P()))):
+            ref = jax.jit(g, **kw)(x)
+            _check(pallaskit.jit(g, **kw)(x), ref)
+        assert ref[0].sharding.spec == P(None, "b")
+        with pytest.raises(ValueError, match="does not match the sharding"):  # jax.jit's too
+            pallaskit.jit(g, in_shardings=P("a"))(jax.device_put(x, NamedSharding(mesh, P("b"))))
+    with pytest.raises(RuntimeError, match="non-empty mesh in context"):
+        jax.jit(g, in_shardings=P("a"))(x)
+    with pytest.raises(RuntimeError, match="non-empty mesh in context"):
+        pallaskit.jit(g, in_shardings=P("a"))(x)
 
 
 # --------------------------------------------------------------------------- #

@@ -36,7 +36,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from pallaskit import sharding
+from pallaskit import sharding, signature
 
 UNSET = object()  # an option the user did not give (jax.jit's UNSPECIFIED)
 
@@ -64,9 +64,19 @@ class XlaArgs:
         from pallaskit import sharding
 
         merged = list(placement)
+        mesh = None
         for i, user in enumerate(self.in_shardings or ()):
+            if isinstance(user, jax.sharding.PartitionSpec):  # as jax.jit: over jax.set_mesh's mesh
+                mesh = mesh or signature.concrete_mesh()
+                if mesh is None or getattr(mesh, "empty", False):  # jax.jit's error, word for word
+                    raise RuntimeError(
+                        "jit requires a non-empty mesh in context if you are passing `PartitionSpec`s to "
+                        "in_shardings. You can define a context mesh via `jax.set_mesh(mesh)`. Alternatively, "
+                        "provide `Sharding`s to in_shardings and then the mesh context manager is not required.")
+                user = jax.sharding.NamedSharding(mesh, user)
             if not isinstance(user, jax.sharding.Sharding):
-                continue  # unspecified, or a PartitionSpec: the array's own sharding decides
+                continue  # unspecified: the array's own sharding decides
+            user.shard_shape(avals[i].shape)  # jax.jit's IndivisibleError first
             have = merged[i]
             if have is None:
                 merged[i] = user
