@@ -139,8 +139,9 @@ class JitFunction:
         self._static_raw = tuple(self.static_argnums)
         self.static_argnums = tuple(sorted({i if i >= 0 or self._sig is None else i + _n_positional(self._sig)
                                             for i in self.static_argnums}))
-        self.donate_argnums = tuple(sorted({i if i >= 0 or self._sig is None else i + _n_positional(self._sig)
-                                            for i in self.donate_argnums}))
+        # A negative donate argnum donates nothing: jax.jit checks its range (above) and then
+        # matches only a call's non-negative positions against it (jax's ``donation_vector``).
+        self.donate_argnums = tuple(sorted(i for i in set(self.donate_argnums) if i >= 0))
         self.keep_unused, self.in_shardings, self.out_shardings = bool(keep_unused), in_shardings, out_shardings
         # Traces the function: jax.jit keeps its signature and argument names
         # (debug info), so errors raised while tracing name the user's function
@@ -202,6 +203,11 @@ class JitFunction:
         """The static positions of a call of ``n_args`` positional arguments (jax.jit's resolution)."""
         if not any(i < 0 for i in self._static_raw):
             return self.static_argnums
+        for i in self._static_raw:
+            if i < -n_args:  # jax.jit's error, word for word (a call of fewer arguments than the argnum counts back)
+                raise ValueError("Positional argument indices, e.g. for `static_argnums`, must have value greater "
+                                 "than or equal to -len(args) and less than len(args), but got value "
+                                 f"{i} for len(args) == {n_args}.")
         return tuple(sorted({i % n_args if i < 0 else i for i in self._static_raw})) if n_args else ()
 
     def _dynamic_positions(self, n_args: int) -> list[int]:

@@ -189,6 +189,32 @@ def test_unusable_donation_warns_as_jax_does(rng):
     assert not x.is_deleted()  # as jax.jit: an unusable donation keeps the array
 
 
+def test_negative_donate_argnums_donate_nothing_as_in_jax(rng):
+    """jax.jit checks a negative donate argnum's range and then donates nothing
+    for it (its ``donation_vector`` matches a call's positions, never negative);
+    pallaskit counted it from the end and deleted the argument. A negative
+    static argnum beyond a call's arguments raises jax.jit's error (it wrapped
+    around to another argument)."""
+    def varargs(x, *rest):
+        return x + sum(rest)
+
+    for fn, kw, n in [(_two, dict(donate_argnums=-1), 2), (_two, dict(donate_argnums=(-1, 0)), 2),
+                      (varargs, dict(donate_argnums=-1), 3)]:
+        seen = []
+        for jit in (jax.jit, pallaskit.jit):
+            args = [jnp.asarray(rng.standard_normal((4, 3)), jnp.float32) for _ in range(n)]
+            expected = fn(*args)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # jax.jit's unusable-donation warning, where both donate
+                assert_close(jit(fn, **kw)(*args), expected)
+            seen.append([a.is_deleted() for a in args])
+        assert seen[0] == seen[1], (kw, seen)
+    x, y = jnp.ones(3), jnp.ones(3)
+    expected = _outcome(lambda: jax.jit(_two, static_argnums=-3)(x, y=y))
+    assert expected is not None and expected[0] is ValueError
+    assert _outcome(lambda: pallaskit.jit(_two, static_argnums=-3)(x, y=y)) == expected
+
+
 def test_no_donation_keeps_inputs(rng):
     params, grads = _params(rng), _params(rng)
     with warnings.catch_warnings():
