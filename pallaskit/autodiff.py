@@ -524,6 +524,9 @@ def _batched_outputs(sig: Signature, in_batched) -> list[bool]:
 
 
 def _call_vmap(sig: Signature, leaves):
+    placed = _donated_in_place(sig, leaves)
+    if placed is not None:
+        return _call_vmap_in_place(sig, leaves, *placed)
     f = custom_vmap(lambda *xs: sig.flat(*xs))  # the body only gives shapes
 
     @f.def_vmap
@@ -539,6 +542,53 @@ def _call_vmap(sig: Signature, leaves):
         return list(outs), out_batched
 
     return f(*leaves)
+
+
+# [Note: donation under vmap]
+# jax.vmap of a jax.jit function batches the jit where its arguments are: jax's
+# rule (``batch_jaxpr2``, pjit.py's ``_pjit_batcher``) keeps each argument's batch
+# axis, the outputs' axes are what its equations give, and the donated arguments
+# stay donated, so XLA reuses a donated array's own buffer for an output of its
+# shape, and deletes it then. ``custom_vmap`` moves every batch axis to the front
+# first: an argument batched along another axis arrives as a moved copy, whose
+# donation deleted the copy and left the caller's array (jax.jit deletes it). A
+# signature that donates an argument batched along an axis other than 0 is
+# batched as jax's rule batches it instead: the compiled program of the batched
+# jaxpr takes the arrays as they are (its outputs on jax's axes), with the same
+# donation; other calls keep ``custom_vmap``.
+def _donated_in_place(sig: Signature, leaves):
+    """(trace, the leaves' batch axes) of a vmapped call that donates a leaf
+    batched along an axis other than 0, its batched leaves all of one vmap;
+    None otherwise ([Note: donation under vmap])."""
+    if not sig.donate:
+        return None
+    traces = {id(x._trace): x._trace for x in leaves if isinstance(x, _BATCH)}
+    if len(traces) != 1 or any(isinstance(x, _Tracer) and not isinstance(x, _BATCH) for x in leaves):
+        return None
+    trace = next(iter(traces.values()))
+    dims = tuple(trace.to_batch_info(x)[1] for x in leaves)
+    if any(d is not None and type(d) is not int for d in dims):  # a ragged axis: custom_vmap's
+        return None
+    if not any(dims[i] not in (None, 0) for i in sig.donate):
+        return None
+    return trace, dims
+
+
+def _call_vmap_in_place(sig: Signature, leaves, trace, dims):
+    """The vmapped call batched as jax batches a jax.jit call ([Note: donation under vmap])."""
+    from jax._src import core as jax_core
+    from jax.extend import core as jex_core
+
+    axis_data = trace.axis_data
+    batched, out_dims = _batching.batch_jaxpr2(sig.jaxpr(), axis_data, dims)
+
+    def make():
+        return jex_core.jaxpr_as_fun(batched)
+
+    jf = _compiled(sig, ("vmap_in_place", dims, axis_data.size), make, "vmap", sig.donate)
+    with jax_core.set_current_trace(trace.parent_trace):
+        outs = jf(*[trace.to_batch_info(x)[0] for x in leaves])
+    return [_batching.BatchTracer(trace, o, d) if d is not None else o for o, d in zip(outs, out_dims)]
 
 
 # --------------------------------------------------------------------------- #
