@@ -390,7 +390,8 @@ class JitFunction:
         return self.trace(*args, **kwargs).lower()
 
     def eval_shape(self, *args, **kwargs):
-        """The outputs' shapes and dtypes (``jax.ShapeDtypeStruct``s), nothing compiled."""
+        """The outputs' shapes and dtypes (``jax.ShapeDtypeStruct``s), nothing compiled: jax.jit's
+        ``eval_shape``, static arguments included (what ``jax.eval_shape(f, ...)`` cannot take)."""
         return self._tracer.eval_shape(*args, **kwargs)
 
     def lower_to_result(self, *args, **kwargs) -> Compiled:
@@ -438,7 +439,10 @@ def jit(fn: Callable | None = None, *, in_shardings=xla_args.UNSET, out_sharding
     ``inline`` is accepted; with ``device``, ``backend`` or
     ``compiler_options``, jax.jit runs the function (a log line says so).
     The result has jax.jit's ``trace``, ``lower`` (then ``compile``) and
-    ``eval_shape``.
+    ``eval_shape``. ``jax.eval_shape(f, ...)`` traces ``f`` under a jax.jit
+    of its own, where every argument is an array: with static arguments, use
+    ``f.eval_shape(...)`` ([Note: eval_shape of static arguments] in
+    pallaskit/signature.py).
 
     ``dynamic``: axes whose size may change between calls without a new
     compilation, ``{argument: {axis: "symbol"}}`` (argument by name or

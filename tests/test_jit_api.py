@@ -1,5 +1,6 @@
 """pallaskit.jit as a drop-in for jax.jit: its arguments checked as jax.jit checks
 them, donation, the ahead-of-time stages, errors that name the user's function."""
+import functools
 import warnings
 
 import jax
@@ -295,6 +296,24 @@ def test_trace_lower_compile_match_jax(rng):
     platform = {"gpu": "cuda"}.get(jax.default_backend(), jax.default_backend())  # where ``call`` runs it
     exported = jax.export.export(jf, platforms=(platform,))(shapes, 3, w=w)
     assert_close(exported.call(x, w=w)["y"], ref["y"])
+
+
+def test_jax_eval_shape_of_a_pallaskit_function():
+    """jax.eval_shape special-cases its own jit functions (an exact type check)
+    and traces any other callable under a jax.jit of its own, every argument an
+    array: a pallaskit function without static arguments gives jax.jit's
+    shapes; with static ones, the error a jax.jit function nested in another
+    raises, and a pointer to ``f.eval_shape`` (jax.jit's, static arguments
+    included), which gives the shapes ([Note: eval_shape of static arguments])."""
+    shapes = jax.ShapeDtypeStruct((7, 5), jnp.float32)
+    w = jax.ShapeDtypeStruct((5,), jnp.float32)
+    g = functools.partial(_model, n=3)
+    assert jax.eval_shape(pallaskit.jit(g), shapes, w=w) == jax.eval_shape(jax.jit(g), shapes, w=w)
+    jf, jj = pallaskit.jit(_model, static_argnums=1), jax.jit(_model, static_argnums=1)
+    assert jax.eval_shape(jj, shapes, 3, w=w) == jf.eval_shape(shapes, 3, w=w)
+    nested = _outcome(lambda: jax.jit(jj).trace(shapes, 3, w=w))
+    with pytest.raises(nested[0], match=r"(?s)Non-hashable static arguments.*use f\.eval_shape"):
+        jax.eval_shape(jf, shapes, 3, w=w)
 
 
 def test_compiled_shardings_and_formats_follow_the_users_pytrees(rng):
