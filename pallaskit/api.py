@@ -326,6 +326,13 @@ class JitFunction:
                 except signature.JaxOnly as e:  # jax.jit runs it (traced into an enclosing trace, if any)
                     autodiff.fallback_log(self, f"{e}; running it with jax.jit")
                     return self._jax(*args, **kwargs), None, None
+                except ValueError as e:
+                    if not str(e).startswith("Received incompatible devices for jitted computation"):
+                        raise
+                    # Met by JAX lowering the flat program (an array committed to one device under
+                    # jax.set_mesh's mesh): jax.jit's own error names the function and its arguments.
+                    self._jax.lower(*args, **kwargs)
+                    raise
                 outs = _execute(entry, leaves)
         else:
             outs = _execute(entry, leaves)

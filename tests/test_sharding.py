@@ -509,6 +509,9 @@ def test_set_mesh_with_plain_arguments(rng):
         assert ref[0].sharding.spec == P(None, "b")
         with pytest.raises(ValueError, match="does not match the sharding"):  # jax.jit's too
             pallaskit.jit(g, in_shardings=P("a"))(jax.device_put(x, NamedSharding(mesh, P("b"))))
+        # an array committed to one device: jax.jit's error, naming the function's argument (not the program's)
+        with pytest.raises(ValueError, match="incompatible devices.*argument x of <lambda>"):
+            pallaskit.jit(g)(jax.device_put(x, jax.devices()[0]))
     with pytest.raises(RuntimeError, match="non-empty mesh in context"):
         jax.jit(g, in_shardings=P("a"))(x)
     with pytest.raises(RuntimeError, match="non-empty mesh in context"):
