@@ -313,7 +313,10 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
                         delete_after=xla.donate if xla else (), shape_guards=eq_guards)
     if aot:
         if placement is None and (sharding.mentions_mesh(closed)  # e.g. with_sharding_constraint
-                                  or (xla is not None and xla.names_shardings())):
+                                  or (xla is not None and xla.names_shardings())
+                                  # outputs typed on the mesh, as jax.jit's (arrays committed to a device keep
+                                  # the unplaced path, whose lowering raises jax.jit's incompatible-devices error)
+                                  or (sharding.explicit_context() and not (xla is not None and xla.committed))):
             placement = (None,) * len(avals)
         if placement is not None:
             xla = (xla or xla_args.XlaArgs()).with_placement(

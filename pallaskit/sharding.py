@@ -18,7 +18,10 @@ a concrete call's program is traced over the same mesh with ``Auto`` axes (the
 same HLO shardings) and its outputs keep the explicit shardings; a traced call
 over explicit axes (under ``jax.jit`` or a transformation, arguments typed on
 an explicit mesh or a ``jax.set_mesh`` of one) runs the original function
-through XLA, with one log line.
+through XLA, with one log line. Plain arrays under ``jax.set_mesh`` of an
+explicit mesh are a placed signature too (every leaf unplaced): jax.jit's
+outputs are typed on that mesh, and its output shardings are taken
+(``explicit_context``).
 
 Kernels under the partitioner: in interpret mode (the CPU) a Pallas kernel is
 ordinary HLO, which SPMD partitions like any other; on the GPU a Triton custom
@@ -129,6 +132,17 @@ def _explicit(mesh) -> bool:
     """Whether a mesh (concrete or abstract) has ``Explicit`` axes."""
     explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
     return explicit is not None and any(t == explicit for t in getattr(mesh, "axis_types", None) or ())
+
+
+def explicit_context() -> bool:
+    """Whether ``jax.set_mesh``'s mesh has ``Explicit`` axes: jax.jit's outputs
+    are then typed on it, so a call of plain arrays under it takes jax.jit's
+    output shardings ([Note: sharding]) rather than its program's (a reduction's
+    spec came out ``P(None,)`` where jax.jit's is ``P()``)."""
+    from pallaskit import signature
+
+    mesh = signature.concrete_mesh()
+    return mesh is not None and _explicit(mesh)
 
 
 def _auto_mesh(mesh):

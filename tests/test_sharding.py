@@ -491,7 +491,9 @@ def test_set_mesh_with_plain_arguments(rng):
     """Under ``jax.set_mesh``, arrays on no mesh: jax.jit's outputs over the
     whole mesh; a second function's program loads from the graph cache on the
     mesh's devices (it was loaded on the default device alone: every process
-    compiled it again, one warning each); a PartitionSpec in in_shardings names
+    compiled it again, one warning each), not for an Explicit mesh over the same
+    devices (its axis types are in the key), whose outputs are typed as jax.jit
+    types them; a PartitionSpec in in_shardings names
     the mesh (it was ignored: outputs replicated where jax.jit's are split), and
     without a mesh raises jax.jit's error."""
     mesh = Mesh(np.array(jax.devices()[::-1]).reshape(4, 2), ("a", "b"))  # loaded on these devices, in this order
@@ -503,6 +505,14 @@ def test_set_mesh_with_plain_arguments(rng):
             pallaskit.metrics.reset()
             _check(pallaskit.jit(g)(x), ref)
         assert pallaskit.metrics.counters["cache_hits"] == 1 and pallaskit.metrics.counters["cache_misses"] == 0
+    explicit = Mesh(mesh.devices, ("a", "b"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    with jax.set_mesh(explicit):  # the same devices, Explicit axes: another program, not the entry above
+        out, ref = pallaskit.jit(g)(x), jax.jit(g)(x)
+        _check(out, ref)
+        assert [o.sharding for o in out] == [r.sharding for r in ref]  # the sum's spec was P(None,), jax.jit's P()
+        with pytest.raises(ValueError, match="should match the aval mesh"):  # an Auto mesh's array: jax.jit's error
+            pallaskit.jit(g)(jax.device_put(x, NamedSharding(mesh, P("a"))))
+    with jax.set_mesh(mesh):
         for kw in (dict(in_shardings=P("a")), dict(in_shardings=P(("a", "b"))), dict(out_shardings=(P(None, "b"), P()))):
             ref = jax.jit(g, **kw)(x)
             _check(pallaskit.jit(g, **kw)(x), ref)

@@ -547,10 +547,14 @@ def context_text() -> str:
         names = jax_config.trace_context_names()
     except NotImplementedError:  # an older jaxlib: the values alone
         names = [str(i) for i in range(len(values))]
-    # A mesh context is written by its axis sizes, and its devices in order (a PartitionSpec
-    # resolved against a mesh over the same devices in another order is another program).
+    # A mesh context is written by its names, sizes and axis types (an Explicit mesh's program
+    # returns explicit shardings: a program of the Auto mesh over the same devices, served for
+    # it, returned Auto ones), and its devices in order (a PartitionSpec resolved against a
+    # mesh over the same devices in another order is another program); the axis environment
+    # by its sizes.
     mesh = signature.concrete_mesh()
-    return repr([(n, _ADDRESS.sub("", repr(getattr(v, "axis_sizes", v))) + sharding.devices_text(v))
+    return repr([(n, _ADDRESS.sub("", repr(v if hasattr(v, "axis_types") else getattr(v, "axis_sizes", v)))
+                  + sharding.devices_text(v))
                  for n, v in zip(names, values)] + ([sharding.devices_text(mesh)] if mesh is not None else []))
 
 
