@@ -312,12 +312,7 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
         return Compiled(result, closed, dispatcher, constants, out_tree_box[-1], ran=True, guards=guards,
                         delete_after=xla.donate if xla else (), shape_guards=eq_guards)
     if aot:
-        if placement is None and (sharding.mentions_mesh(closed)  # e.g. with_sharding_constraint
-                                  or (xla is not None and xla.names_shardings())
-                                  # outputs typed on the mesh, as jax.jit's (arrays committed to a device keep
-                                  # the unplaced path, whose lowering raises jax.jit's incompatible-devices error)
-                                  or (sharding.explicit_context() and not (xla is not None and xla.committed))):
-            placement = (None,) * len(avals)
+        placement = placed(placement, closed, xla, len(avals))
         if placement is not None:
             xla = (xla or xla_args.XlaArgs()).with_placement(
                 placement, signature.flat_function(jf.fn, treedef, static_pos, static_kw, n_args), avals)
@@ -338,6 +333,22 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
     result, call, constants = build()
     metrics.apply_deltas(metrics.graph_deltas(result))
     return Compiled(result, closed, executable.jit(call, xla, len(constants)), constants, out_tree_box[-1])
+
+
+def placed(placement, closed, xla, n_leaves: int) -> tuple | None:
+    """The placement a static signature is compiled for ([Note: sharding]):
+    the arguments' (``placement``), or, where none is placed, every leaf
+    unplaced when jax.jit's output shardings are still wanted: the jaxpr
+    places values itself (``with_sharding_constraint``), the user's
+    in_shardings / out_shardings name shardings, or jax.set_mesh's mesh has
+    explicit axes (outputs typed on it; arrays committed to a device keep the
+    unplaced path, whose lowering raises jax.jit's incompatible-devices error).
+    None: the unplaced path."""
+    if placement is None and (sharding.mentions_mesh(closed)
+                              or (xla is not None and xla.names_shardings())
+                              or (sharding.explicit_context() and not (xla is not None and xla.committed))):
+        placement = (None,) * n_leaves
+    return placement
 
 
 # --------------------------------------------------------------------------- #

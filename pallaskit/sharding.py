@@ -241,19 +241,25 @@ class Placed:
     (``placement``, None per leaf that has none) and, computed on first use,
     jax.jit's output shardings for them."""
 
-    def __init__(self, placement_: Sequence, flat_fn, avals, user_out=None):
+    def __init__(self, placement_: Sequence, flat_fn, avals, user_out=None, user_in=()):
         self.placement = tuple(placement_)
         self._flat_fn, self._avals = flat_fn, avals
         self._user_out = user_out  # the user's out_shardings: one, or one per flat output (None: unspecified)
+        self._user_in = frozenset(user_in)  # leaves placed by the user's in_shardings, not by their arrays
         self._reference = None
         self.per_shard = None  # a per_shard.Plan when the program runs per shard ([Note: per-shard kernels])
 
     def _compiled(self):
         if self._reference is None:
-            structs_ = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=s)
-                        for a, s in zip(self._avals, self.placement)]
+            # An array's sharding is in its type (an explicit mesh's outputs typed by it); a
+            # sharding the user's in_shardings gives an array on no mesh is jax.jit's in_shardings.
+            structs_ = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type,
+                                             sharding=None if i in self._user_in else s)
+                        for i, (a, s) in enumerate(zip(self._avals, self.placement))]
             out = self._user_out
             kw = {} if out is None else {"out_shardings": list(out) if isinstance(out, tuple) else out}
+            if self._user_in:
+                kw["in_shardings"] = [s if i in self._user_in else None for i, s in enumerate(self.placement)]
             from pallaskit import signature
 
             with signature.tracing():  # nested pallaskit functions as the program has them
@@ -279,6 +285,13 @@ class Placed:
         first = next((s for s in self.placement if s is not None), None)
         if isinstance(first, jax.sharding.NamedSharding):
             return traceable(jax.sharding.NamedSharding(first.mesh, jax.sharding.PartitionSpec()))
+        from pallaskit import signature
+
+        mesh = signature.concrete_mesh()
+        if first is None and mesh is not None and not getattr(mesh, "empty", False):
+            # No argument placed: jax.set_mesh's mesh is the program's (with explicit axes, the
+            # one a constant may be typed on inside it; a mesh of its own clashed with it)
+            return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
         devs = self.devices()
         if len(devs) == 1:
             return jax.sharding.SingleDeviceSharding(devs[0])

@@ -11,6 +11,7 @@ always compile the call's concrete shapes (no ``dynamic=`` axes).
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -33,9 +34,13 @@ class _Signature:
         self.n_args = len(args)
         self.xla = jf._xla_args(self.treedef, self.n_args)
         self.placement = _placement(leaves)
+        if self.placement is None and sharding.committed(leaves):  # outputs committed, as a call's
+            self.xla = dataclasses.replace(self.xla, committed=True)
         with sharding.trace_context(self.placement):
             self.jaxpr, self.out_tree = jf._trace(_structs(self.avals), self.treedef, self.static_pos,
                                                   self.static_kw, self.n_args)
+        # placed as a call of these arguments would be (jax.jit's output shardings)
+        self.placement = orchestrator.placed(self.placement, self.jaxpr, self.xla, len(self.avals))
         dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(self.treedef, list(range(len(self.avals))))
         self.in_tree = jax.tree_util.tree_structure((tuple(dyn_args), dyn_kwargs))
 
@@ -154,8 +159,12 @@ class Lowered(_Stage):
     def __init__(self, signature: _Signature, entry, ahead=None):
         self._s, self._entry, self._ahead = signature, entry, ahead  # ahead: [Note: autotuning ahead]
         jitted = getattr(entry.executable, "top", entry.executable)  # executable._TopLevelJit: the options' jit
+        structs = _structs(signature.avals)
+        if signature.xla.committed and signature.placement is None:  # committed outputs, as a call's
+            on = jax.sharding.SingleDeviceSharding(sharding.default_device())
+            structs = [jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=s.weak_type, sharding=on) for s in structs]
         with gc_pause.paused():  # [Note: no collections while compiling]
-            self._lowered = jitted.lower(*_structs(signature.avals), *entry.constants)
+            self._lowered = jitted.lower(*structs, *entry.constants)
 
     @property
     def result(self):

@@ -528,6 +528,33 @@ def test_set_mesh_with_plain_arguments(rng):
         pallaskit.jit(g, in_shardings=P("a"))(x)
 
 
+@needs8
+def test_set_mesh_explicit_axes_and_stages(rng):
+    """Under jax.set_mesh: ahead of time as a call (``lower(x).compile()``
+    gave replicated outputs where in_shardings split them; outputs of an
+    array committed to the default device came out uncommitted); with
+    Explicit axes a hoisted constant (it was typed on a mesh of pallaskit's:
+    a ValueError) and in_shardings on an array on no mesh (jax.jit types the
+    outputs by the arrays, not by in_shardings)."""
+    auto = _mesh((2, 4), ("a", "b"))
+    explicit = _mesh((2, 4), ("a", "b"), explicit=True)
+    c = rng.standard_normal(6).astype(np.float32)
+    g = lambda x: (jnp.tanh(x) * c, x.sum(0))  # noqa: E731  (c: a hoisted constant)
+    x = jnp.asarray(_special(rng, (8, 6), np.float32))
+    committed = jax.device_put(x, jax.devices()[0])
+    out, ref = pallaskit.jit(g).lower(committed).compile()(committed), jax.jit(g)(committed)
+    _check(out, ref)
+    assert [o.committed for o in out] == [r.committed for r in ref] == [True, True]
+    for mesh, kw, stage in [(auto, dict(in_shardings=P("a")), True), (explicit, {}, False),
+                            (explicit, dict(in_shardings=P("a")), True)]:
+        with jax.set_mesh(mesh):
+            ref = jax.jit(g, **kw)(x)
+            f = pallaskit.jit(g, **kw)
+            out = f.lower(x).compile()(x) if stage else f(x)
+            _check(out, ref)
+            assert [o.sharding for o in out] == [r.sharding for r in ref], kw
+
+
 # --------------------------------------------------------------------------- #
 # kernels per shard ([Note: per-shard kernels] in pallaskit/per_shard.py)
 # --------------------------------------------------------------------------- #

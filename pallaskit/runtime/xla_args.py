@@ -63,7 +63,7 @@ class XlaArgs:
         jax.jit's output shardings."""
         from pallaskit import sharding
 
-        merged = list(placement)
+        merged, by_user = list(placement), []
         mesh = None
         for i, user in enumerate(self.in_shardings or ()):
             if isinstance(user, jax.sharding.PartitionSpec):  # as jax.jit: over jax.set_mesh's mesh
@@ -80,11 +80,12 @@ class XlaArgs:
             have = merged[i]
             if have is None:
                 merged[i] = user
+                by_user.append(i)
             elif not have.is_equivalent_to(user, len(avals[i].shape)):
                 raise ValueError(f"Sharding passed to jit does not match the sharding on the respective arg. "
                                  f"Got jit sharding: {user},\narg sharding: {have} for arg type: {avals[i]}")
         return dataclasses.replace(self, in_shardings=None,
-                                   placed=sharding.Placed(merged, flat_fn, avals, self.out_shardings))
+                                   placed=sharding.Placed(merged, flat_fn, avals, self.out_shardings, by_user))
 
     def for_outputs(self, out_tree, title: str = "") -> XlaArgs:
         """These arguments with the user's ``out_shardings`` (a pytree prefix of
