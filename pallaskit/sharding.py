@@ -163,6 +163,21 @@ def traceable(s):
     return s
 
 
+def untraceable(s, placement_):
+    """``s`` on the explicit mesh whose ``Auto`` twin it names (``traceable``'s
+    inverse), the explicit meshes taken from ``placement_`` and jax.set_mesh's
+    mesh; ``s`` itself otherwise."""
+    if not isinstance(s, jax.sharding.NamedSharding):
+        return s
+    from pallaskit import signature
+
+    meshes = [p.mesh for p in placement_ if isinstance(p, jax.sharding.NamedSharding)] + [signature.concrete_mesh()]
+    for mesh in meshes:
+        if isinstance(mesh, jax.sharding.Mesh) and _auto_mesh(mesh) == s.mesh:
+            return jax.sharding.NamedSharding(mesh, s.spec, memory_kind=s.memory_kind)
+    return s
+
+
 _MESH_PRIMITIVES = frozenset({"sharding_constraint", "shard_map", "reshard", "mesh_cast"})
 
 

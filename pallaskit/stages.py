@@ -259,8 +259,10 @@ class Compiled(_Stage):
         """Per dynamic argument, as ``in_tree`` (the hoisted constants left out)."""
         flat = jax.tree_util.tree_leaves(self._compiled.input_shardings, is_leaf=lambda x: x is None)
         flat = flat[:len(self._s.avals)]
-        if self._s.placement is not None:  # an explicit mesh's, not the Auto twin the program was lowered over
-            flat = [p if p is not None else s for p, s in zip(self._s.placement, flat)]
+        placed = getattr(getattr(self._entry.executable, "xla", None), "placed", None)
+        if placed is not None:  # an explicit mesh's, not the Auto twin the program was lowered over
+            flat = [p if p is not None else sharding.untraceable(s, placed.placement)
+                    for p, s in zip(placed.placement, flat)]
         return jax.tree_util.tree_unflatten(self._s.in_tree, flat)
 
     @property
