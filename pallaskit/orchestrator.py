@@ -192,7 +192,8 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
             # mesh itself (a shard_map over it) refuses that context. Traced as
             # jax.jit traces it, it runs under JAX; an error there is the user's own.
             trace(jf, [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=p)
-                       for a, p in zip(avals, placement)], treedef, static_pos, static_kw, n_args)
+                       for a, p in zip(avals, placement or (None,) * len(avals))], treedef, static_pos, static_kw,
+                  n_args)
             raise signature.JaxOnly(f"cannot be traced over the Auto twin of an explicit mesh "
                                     f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
     out_tree_box = [out_tree]

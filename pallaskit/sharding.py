@@ -242,8 +242,13 @@ def trace_context(placement_):
     """The mesh context a sharded signature is traced and its program lowered
     in: the ``Auto`` twin of an explicit mesh (under the caller's explicit
     ``jax.set_mesh``, the jaxpr's equations would carry explicit shardings that
-    clash with the program's), else none."""
-    for mesh in [s.mesh for s in placement_ or () if isinstance(s, jax.sharding.NamedSharding)]:
+    clash with the program's), else none. With no argument on a mesh, the
+    twin of jax.set_mesh's explicit mesh (kernels met values typed on it: a
+    ``reshard`` inside crashed Pallas's interpreter)."""
+    from pallaskit import signature
+
+    meshes = [s.mesh for s in placement_ or () if isinstance(s, jax.sharding.NamedSharding)]
+    for mesh in meshes or [signature.concrete_mesh()]:
         auto = _auto_mesh(mesh) if isinstance(mesh, jax.sharding.Mesh) else None
         if auto is not None:
             set_mesh = getattr(jax, "set_mesh", None) or jax.sharding.use_mesh
@@ -304,9 +309,9 @@ class Placed:
 
         mesh = signature.concrete_mesh()
         if first is None and mesh is not None and not getattr(mesh, "empty", False):
-            # No argument placed: jax.set_mesh's mesh is the program's (with explicit axes, the
-            # one a constant may be typed on inside it; a mesh of its own clashed with it)
-            return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+            # No argument placed: jax.set_mesh's mesh is the program's (with explicit axes, its
+            # Auto twin, where the program is lowered; a mesh of pallaskit's own clashed with it)
+            return traceable(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
         devs = self.devices()
         if len(devs) == 1:
             return jax.sharding.SingleDeviceSharding(devs[0])

@@ -534,8 +534,8 @@ def test_set_mesh_explicit_axes_and_stages(rng):
     gave replicated outputs where in_shardings split them; outputs of an
     array committed to the default device came out uncommitted); with
     Explicit axes a hoisted constant (it was typed on a mesh of pallaskit's:
-    a ValueError) and in_shardings on an array on no mesh (jax.jit types the
-    outputs by the arrays, not by in_shardings)."""
+    a ValueError), in_shardings on an array on no mesh (jax.jit types the
+    outputs by the arrays, not by in_shardings) and a reshard inside."""
     auto = _mesh((2, 4), ("a", "b"))
     explicit = _mesh((2, 4), ("a", "b"), explicit=True)
     c = rng.standard_normal(6).astype(np.float32)
@@ -553,6 +553,14 @@ def test_set_mesh_explicit_axes_and_stages(rng):
             out = f.lower(x).compile()(x) if stage else f(x)
             _check(out, ref)
             assert [o.sharding for o in out] == [r.sharding for r in ref], kw
+    # a reshard onto the Explicit mesh inside: traced over its Auto twin, it refuses; jax.jit runs it (a kernel
+    # met a value typed on the mesh: TypeError from Pallas's interpreter; ahead of time too)
+    h = lambda x: jax.sharding.reshard(jnp.exp(x), P("b")) * 2  # noqa: E731
+    with jax.set_mesh(explicit):
+        ref = jax.jit(h)(x)
+        for out in (pallaskit.jit(h)(x), pallaskit.jit(h).lower(x).compile()(x)):
+            _check(out, ref)
+            assert out.sharding == ref.sharding
 
 
 # --------------------------------------------------------------------------- #
