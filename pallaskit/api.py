@@ -139,8 +139,9 @@ class JitFunction:
         self._static_raw = tuple(self.static_argnums)
         self.static_argnums = tuple(sorted({i if i >= 0 or self._sig is None else i + _n_positional(self._sig)
                                             for i in self.static_argnums}))
-        self.donate_argnums = tuple(sorted({i if i >= 0 or self._sig is None else i + _n_positional(self._sig)
-                                            for i in self.donate_argnums}))
+        # A negative donate argnum donates nothing: jax.jit checks its range (above) and then
+        # matches only a call's non-negative positions against it (jax's ``donation_vector``).
+        self.donate_argnums = tuple(sorted(i for i in set(self.donate_argnums) if i >= 0))
         self.keep_unused, self.in_shardings, self.out_shardings = bool(keep_unused), in_shardings, out_shardings
         # Traces the function: jax.jit keeps its signature and argument names
         # (debug info), so errors raised while tracing name the user's function
@@ -202,6 +203,11 @@ class JitFunction:
         """The static positions of a call of ``n_args`` positional arguments (jax.jit's resolution)."""
         if not any(i < 0 for i in self._static_raw):
             return self.static_argnums
+        for i in self._static_raw:
+            if i < -n_args:  # jax.jit's error, word for word (a call of fewer arguments than the argnum counts back)
+                raise ValueError("Positional argument indices, e.g. for `static_argnums`, must have value greater "
+                                 "than or equal to -len(args) and less than len(args), but got value "
+                                 f"{i} for len(args) == {n_args}.")
         return tuple(sorted({i % n_args if i < 0 else i for i in self._static_raw})) if n_args else ()
 
     def _dynamic_positions(self, n_args: int) -> list[int]:
@@ -320,6 +326,13 @@ class JitFunction:
                 except signature.JaxOnly as e:  # jax.jit runs it (traced into an enclosing trace, if any)
                     autodiff.fallback_log(self, f"{e}; running it with jax.jit")
                     return self._jax(*args, **kwargs), None, None
+                except ValueError as e:
+                    if not str(e).startswith("Received incompatible devices for jitted computation"):
+                        raise
+                    # Met by JAX lowering the flat program (an array committed to one device under
+                    # jax.set_mesh's mesh): jax.jit's own error names the function and its arguments.
+                    self._jax.lower(*args, **kwargs)
+                    raise
                 outs = _execute(entry, leaves)
         else:
             outs = _execute(entry, leaves)
@@ -384,7 +397,8 @@ class JitFunction:
         return self.trace(*args, **kwargs).lower()
 
     def eval_shape(self, *args, **kwargs):
-        """The outputs' shapes and dtypes (``jax.ShapeDtypeStruct``s), nothing compiled."""
+        """The outputs' shapes and dtypes (``jax.ShapeDtypeStruct``s), nothing compiled: jax.jit's
+        ``eval_shape``, static arguments included (what ``jax.eval_shape(f, ...)`` cannot take)."""
         return self._tracer.eval_shape(*args, **kwargs)
 
     def lower_to_result(self, *args, **kwargs) -> Compiled:
@@ -432,7 +446,10 @@ def jit(fn: Callable | None = None, *, in_shardings=xla_args.UNSET, out_sharding
     ``inline`` is accepted; with ``device``, ``backend`` or
     ``compiler_options``, jax.jit runs the function (a log line says so).
     The result has jax.jit's ``trace``, ``lower`` (then ``compile``) and
-    ``eval_shape``.
+    ``eval_shape``. ``jax.eval_shape(f, ...)`` traces ``f`` under a jax.jit
+    of its own, where every argument is an array: with static arguments, use
+    ``f.eval_shape(...)`` ([Note: eval_shape of static arguments] in
+    pallaskit/signature.py).
 
     ``dynamic``: axes whose size may change between calls without a new
     compilation, ``{argument: {axis: "symbol"}}`` (argument by name or

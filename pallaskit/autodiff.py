@@ -285,10 +285,12 @@ class GradEntry:
 
     partition: partition_mod.Partition
     forward: Any  # JitFunction: primals -> outputs + saved
-    backwards: dict  # nonzero-cotangent mask -> JitFunction: saved + nonzero cotangents -> input cotangents
+    backwards: dict  # nonzero-cotangent mask -> (JitFunction: lifted + saved + nonzero cotangents -> input
+    # cotangents, lifted: the closed-over arrays it takes first, [Note: placed residuals])
     sig: Signature
 
     def backward(self, mask: tuple[bool, ...]):
+        """(JitFunction, the arrays passed first): [Note: placed residuals]."""
         jf = self.backwards.get(mask)
         if jf is None:
             jf = self.backwards[mask] = _backward_fn(self, mask)
@@ -340,25 +342,42 @@ def _fuse_attention(joint):
 
 
 def _backward_fn(entry: GradEntry, mask):
+    """The backward half for the nonzero cotangents ``mask``, a pallaskit
+    function of ``(*lifted, *saved, *given cotangents)``, and ``lifted``: the
+    backward's closed-over arrays that are committed (to a device or sharded
+    over a mesh), passed as arguments."""
     from jax.extend import core as jex_core
 
     part = entry.partition
     n_saved = len(part.saved)
     ct_avals = [entry.sig.out_avals[j] for j in part.ct_outputs]
-    run = jex_core.jaxpr_as_fun(part.backward)
+    # [Note: placed residuals]
+    # jax.grad(jax.jit(f)) transposes f's jit with its closed-over arrays among
+    # the residuals, i.e. as arguments of the backward jit: one committed to a
+    # device or sharded over a mesh places that computation, and jax.jit's
+    # propagation decides the cotangents' shardings (a closure over an array
+    # split along 'd' gives a cotangent split along 'd'). Every other pallaskit
+    # program takes its closed-over arrays as jax.jit does a closure's, placing
+    # nothing (executable.uncommitted); the backward takes such arrays as
+    # arguments instead, so that its call is a placed signature of its own
+    # ([Note: sharding]: jax.jit's output shardings, the devices in its keys).
+    consts = list(part.backward.consts)
+    placed = [i for i, c in enumerate(consts) if isinstance(c, jax.Array) and not isinstance(c, _Tracer)
+              and getattr(c, "committed", False)]
+    lifted = [consts[i] for i in placed]
+    jaxpr = part.backward.jaxpr
 
     def backward(*xs):
+        given_consts = list(consts)
+        for i, c in zip(placed, xs[:len(placed)]):
+            given_consts[i] = c
+        xs = xs[len(placed):]
         saved, given = list(xs[:n_saved]), iter(xs[n_saved:])
         cts = [next(given) if m else jnp.zeros(a.shape, a.dtype) for m, a in zip(mask, ct_avals)]
-        return run(*saved, *cts)
+        return jex_core.jaxpr_as_fun(jex_core.ClosedJaxpr(jaxpr, given_consts))(*saved, *cts)
 
     backward.__qualname__ = backward.__name__ = f"{_title(entry.sig.jf)}.backward"
-    jf = _jit(entry.sig.jf, backward)
-    # jax.grad(jax.jit(f)) transposes with f's closed-over arrays as they are: the input cotangents
-    # of a closure over an array committed elsewhere (or sharded) are placed with it
-    # (executable.uncommitted, which every other pallaskit program applies to its constants).
-    jf._constants_placed = True
-    return jf
+    return _jit(entry.sig.jf, backward), lifted
 
 
 @dataclasses.dataclass
@@ -431,7 +450,8 @@ def _call_vjp(sig: Signature, leaves, primal: Callable | None = None):
         part = entry.partition
         mask = tuple(not isinstance(cts[j], SymbolicZero) for j in part.ct_outputs)
         given = [cts[j] for j, m in zip(part.ct_outputs, mask) if m]
-        in_cts = entry.backward(mask)(*saved, *given)
+        backward, lifted = entry.backward(mask)
+        in_cts = backward(*lifted, *saved, *given)
         out = [None] * len(sig.avals)
         for i, c in zip(part.diff_inputs, in_cts):
             out[i] = c
@@ -504,6 +524,9 @@ def _batched_outputs(sig: Signature, in_batched) -> list[bool]:
 
 
 def _call_vmap(sig: Signature, leaves):
+    placed = _donated_in_place(sig, leaves)
+    if placed is not None:
+        return _call_vmap_in_place(sig, leaves, *placed)
     f = custom_vmap(lambda *xs: sig.flat(*xs))  # the body only gives shapes
 
     @f.def_vmap
@@ -519,6 +542,53 @@ def _call_vmap(sig: Signature, leaves):
         return list(outs), out_batched
 
     return f(*leaves)
+
+
+# [Note: donation under vmap]
+# jax.vmap of a jax.jit function batches the jit where its arguments are: jax's
+# rule (``batch_jaxpr2``, pjit.py's ``_pjit_batcher``) keeps each argument's batch
+# axis, the outputs' axes are what its equations give, and the donated arguments
+# stay donated, so XLA reuses a donated array's own buffer for an output of its
+# shape, and deletes it then. ``custom_vmap`` moves every batch axis to the front
+# first: an argument batched along another axis arrives as a moved copy, whose
+# donation deleted the copy and left the caller's array (jax.jit deletes it). A
+# signature that donates an argument batched along an axis other than 0 is
+# batched as jax's rule batches it instead: the compiled program of the batched
+# jaxpr takes the arrays as they are (its outputs on jax's axes), with the same
+# donation; other calls keep ``custom_vmap``.
+def _donated_in_place(sig: Signature, leaves):
+    """(trace, the leaves' batch axes) of a vmapped call that donates a leaf
+    batched along an axis other than 0, its batched leaves all of one vmap;
+    None otherwise ([Note: donation under vmap])."""
+    if not sig.donate:
+        return None
+    traces = {id(x._trace): x._trace for x in leaves if isinstance(x, _BATCH)}
+    if len(traces) != 1 or any(isinstance(x, _Tracer) and not isinstance(x, _BATCH) for x in leaves):
+        return None
+    trace = next(iter(traces.values()))
+    dims = tuple(trace.to_batch_info(x)[1] for x in leaves)
+    if any(d is not None and type(d) is not int for d in dims):  # a ragged axis: custom_vmap's
+        return None
+    if not any(dims[i] not in (None, 0) for i in sig.donate):
+        return None
+    return trace, dims
+
+
+def _call_vmap_in_place(sig: Signature, leaves, trace, dims):
+    """The vmapped call batched as jax batches a jax.jit call ([Note: donation under vmap])."""
+    from jax._src import core as jax_core
+    from jax.extend import core as jex_core
+
+    axis_data = trace.axis_data
+    batched, out_dims = _batching.batch_jaxpr2(sig.jaxpr(), axis_data, dims)
+
+    def make():
+        return jex_core.jaxpr_as_fun(batched)
+
+    jf = _compiled(sig, ("vmap_in_place", dims, axis_data.size), make, "vmap", sig.donate)
+    with jax_core.set_current_trace(trace.parent_trace):
+        outs = jf(*[trace.to_batch_info(x)[0] for x in leaves])
+    return [_batching.BatchTracer(trace, o, d) if d is not None else o for o, d in zip(outs, out_dims)]
 
 
 # --------------------------------------------------------------------------- #

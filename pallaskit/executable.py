@@ -202,6 +202,20 @@ def serialize(compiled) -> tuple[bytes | None, Any, Any, str]:
         return None, None, None, f"{type(e).__name__}: {e}"
 
 
+def device_ids(compiled) -> list | None:
+    """The ids of a ``jax.stages.Compiled``'s devices, in its assignment order (None where unknown)."""
+    try:
+        return [d.id for d in compiled.runtime_executable().local_devices()]
+    except Exception:  # noqa: BLE001  (another jax's executable: loaded as before, on the known devices)
+        return None
+
+
+def _devices_of(ids) -> list:
+    """The devices of these ids on the default device's platform (KeyError: an id it lacks)."""
+    by_id = {d.id: d for d in sharding.default_device().client.devices()}
+    return [by_id[i] for i in ids]
+
+
 def deserialize(payload: bytes, in_tree, out_tree, devices=None):
     devices = devices or [sharding.default_device()]
     if devices[0].platform == "gpu":  # the executable may name pallaskit's Triton target
@@ -226,7 +240,10 @@ def from_entry(entry, structs, xla=None, load_program: Callable | None = None):
     placed = xla.placed if xla else None
     where = placed.replicated() if placed is not None else None
     if entry.executable is not None:
-        devices = placed.devices() if placed is not None else None
+        if getattr(entry, "devices", None):
+            devices = _devices_of(entry.devices)
+        else:
+            devices = placed.devices() if placed is not None else None
         return deserialize(entry.executable, entry.in_tree, entry.out_tree, devices), on_device(entry.constants, where)
     if entry.has_externs or load_program is None:
         return None  # extern callables are rebuilt by the compiler: recompile

@@ -180,7 +180,8 @@ def explain_grad(fn, *args, partitioner: str | None = None, **kwargs) -> GradExp
     mask = (True,) * len(part.ct_outputs)
     stand_ins = [np.empty(s.aval.shape, s.aval.dtype) for s in part.saved]
     stand_ins += [np.empty(entry.sig.out_avals[j].shape, entry.sig.out_avals[j].dtype) for j in part.ct_outputs]
-    backward = _describe(entry.backward(mask).lower_to_result(*stand_ins))
+    backward_fn, lifted = entry.backward(mask)
+    backward = _describe(backward_fn.lower_to_result(*lifted, *stand_ins))
     saved = [SavedValue(tuple(s.aval.shape), str(s.aval.dtype), s.nbytes, s.origin) for s in part.saved]
     return GradExplanation(part.method, saved, part.saved_bytes, default.partition.saved_bytes,
                            list(part.recomputed), forward, backward)

@@ -192,7 +192,8 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
             # mesh itself (a shard_map over it) refuses that context. Traced as
             # jax.jit traces it, it runs under JAX; an error there is the user's own.
             trace(jf, [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=p)
-                       for a, p in zip(avals, placement)], treedef, static_pos, static_kw, n_args)
+                       for a, p in zip(avals, placement or (None,) * len(avals))], treedef, static_pos, static_kw,
+                  n_args)
             raise signature.JaxOnly(f"cannot be traced over the Auto twin of an explicit mesh "
                                     f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
     out_tree_box = [out_tree]
@@ -209,8 +210,7 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
         call = loader.load_lazily(result.program)
         constants = [result.schedule.graph.constants[n] for n in result.schedule.graph.inputs
                      if n in result.schedule.graph.constants]
-        if not getattr(jf, "_constants_placed", False):  # as jax.jit's closed-over arrays: they place nothing
-            constants = executable.uncommitted(constants)
+        constants = executable.uncommitted(constants)  # as jax.jit's closed-over arrays: they place nothing
         _log_fallbacks(result.fallbacks)
         if config.debug_dir:  # multi-kernel variants: a folder each, named by the hint
             hint = "_".join(f"{k}{v}" for k, v in options.size_hints) if variants and len(variants) > 1 else ""
@@ -313,9 +313,7 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
         return Compiled(result, closed, dispatcher, constants, out_tree_box[-1], ran=True, guards=guards,
                         delete_after=xla.donate if xla else (), shape_guards=eq_guards)
     if aot:
-        if placement is None and (sharding.mentions_mesh(closed)  # e.g. with_sharding_constraint
-                                  or (xla is not None and xla.names_shardings())):
-            placement = (None,) * len(avals)
+        placement = placed(placement, closed, xla, len(avals))
         if placement is not None:
             xla = (xla or xla_args.XlaArgs()).with_placement(
                 placement, signature.flat_function(jf.fn, treedef, static_pos, static_kw, n_args), avals)
@@ -336,6 +334,22 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
     result, call, constants = build()
     metrics.apply_deltas(metrics.graph_deltas(result))
     return Compiled(result, closed, executable.jit(call, xla, len(constants)), constants, out_tree_box[-1])
+
+
+def placed(placement, closed, xla, n_leaves: int) -> tuple | None:
+    """The placement a static signature is compiled for ([Note: sharding]):
+    the arguments' (``placement``), or, where none is placed, every leaf
+    unplaced when jax.jit's output shardings are still wanted: the jaxpr
+    places values itself (``with_sharding_constraint``), the user's
+    in_shardings / out_shardings name shardings, or jax.set_mesh's mesh has
+    explicit axes (outputs typed on it; arrays committed to a device keep the
+    unplaced path, whose lowering raises jax.jit's incompatible-devices error).
+    None: the unplaced path."""
+    if placement is None and (sharding.mentions_mesh(closed)
+                              or (xla is not None and xla.names_shardings())
+                              or (sharding.explicit_context() and not (xla is not None and xla.committed))):
+        placement = (None,) * n_leaves
+    return placement
 
 
 # --------------------------------------------------------------------------- #
@@ -470,7 +484,8 @@ def _compile_new(build, structs, title, started, how: str, key=None, parts=None,
                 key=key, parts=parts, title=title, source=result.program.source,
                 num_kernels=len(result.program.kernels), has_externs=bool(result.program.externs),
                 constants=list(constants), executable=payload, in_tree=in_tree, out_tree=out_tree,
-                executable_error=error, metric_deltas=deltas, kernels=kernels, created=time.time()), path)
+                executable_error=error, metric_deltas=deltas, kernels=kernels, created=time.time(),
+                devices=executable.device_ids(compiled) if payload is not None else None), path)
         if len(structs) >= WRITE_BEHIND_MIN_ARGS:
             cache.write_behind(key, write, lock)
         else:

@@ -18,7 +18,10 @@ a concrete call's program is traced over the same mesh with ``Auto`` axes (the
 same HLO shardings) and its outputs keep the explicit shardings; a traced call
 over explicit axes (under ``jax.jit`` or a transformation, arguments typed on
 an explicit mesh or a ``jax.set_mesh`` of one) runs the original function
-through XLA, with one log line.
+through XLA, with one log line. Plain arrays under ``jax.set_mesh`` of an
+explicit mesh are a placed signature too (every leaf unplaced): jax.jit's
+outputs are typed on that mesh, and its output shardings are taken
+(``explicit_context``).
 
 Kernels under the partitioner: in interpret mode (the CPU) a Pallas kernel is
 ordinary HLO, which SPMD partitions like any other; on the GPU a Triton custom
@@ -131,6 +134,17 @@ def _explicit(mesh) -> bool:
     return explicit is not None and any(t == explicit for t in getattr(mesh, "axis_types", None) or ())
 
 
+def explicit_context() -> bool:
+    """Whether ``jax.set_mesh``'s mesh has ``Explicit`` axes: jax.jit's outputs
+    are then typed on it, so a call of plain arrays under it takes jax.jit's
+    output shardings ([Note: sharding]) rather than its program's (a reduction's
+    spec came out ``P(None,)`` where jax.jit's is ``P()``)."""
+    from pallaskit import signature
+
+    mesh = signature.concrete_mesh()
+    return mesh is not None and _explicit(mesh)
+
+
 def _auto_mesh(mesh):
     """A concrete ``mesh`` with every axis ``Auto`` (None when it has no explicit axis)."""
     if not _explicit(mesh):
@@ -146,6 +160,21 @@ def traceable(s):
         auto = _auto_mesh(s.mesh)
         if auto is not None:
             return jax.sharding.NamedSharding(auto, s.spec, memory_kind=s.memory_kind)
+    return s
+
+
+def untraceable(s, placement_):
+    """``s`` on the explicit mesh whose ``Auto`` twin it names (``traceable``'s
+    inverse), the explicit meshes taken from ``placement_`` and jax.set_mesh's
+    mesh; ``s`` itself otherwise."""
+    if not isinstance(s, jax.sharding.NamedSharding):
+        return s
+    from pallaskit import signature
+
+    meshes = [p.mesh for p in placement_ if isinstance(p, jax.sharding.NamedSharding)] + [signature.concrete_mesh()]
+    for mesh in meshes:
+        if isinstance(mesh, jax.sharding.Mesh) and _auto_mesh(mesh) == s.mesh:
+            return jax.sharding.NamedSharding(mesh, s.spec, memory_kind=s.memory_kind)
     return s
 
 
@@ -213,8 +242,13 @@ def trace_context(placement_):
     """The mesh context a sharded signature is traced and its program lowered
     in: the ``Auto`` twin of an explicit mesh (under the caller's explicit
     ``jax.set_mesh``, the jaxpr's equations would carry explicit shardings that
-    clash with the program's), else none."""
-    for mesh in [s.mesh for s in placement_ or () if isinstance(s, jax.sharding.NamedSharding)]:
+    clash with the program's), else none. With no argument on a mesh, the
+    twin of jax.set_mesh's explicit mesh (kernels met values typed on it: a
+    ``reshard`` inside crashed Pallas's interpreter)."""
+    from pallaskit import signature
+
+    meshes = [s.mesh for s in placement_ or () if isinstance(s, jax.sharding.NamedSharding)]
+    for mesh in meshes or [signature.concrete_mesh()]:
         auto = _auto_mesh(mesh) if isinstance(mesh, jax.sharding.Mesh) else None
         if auto is not None:
             set_mesh = getattr(jax, "set_mesh", None) or jax.sharding.use_mesh
@@ -227,19 +261,25 @@ class Placed:
     (``placement``, None per leaf that has none) and, computed on first use,
     jax.jit's output shardings for them."""
 
-    def __init__(self, placement_: Sequence, flat_fn, avals, user_out=None):
+    def __init__(self, placement_: Sequence, flat_fn, avals, user_out=None, user_in=()):
         self.placement = tuple(placement_)
         self._flat_fn, self._avals = flat_fn, avals
         self._user_out = user_out  # the user's out_shardings: one, or one per flat output (None: unspecified)
+        self._user_in = frozenset(user_in)  # leaves placed by the user's in_shardings, not by their arrays
         self._reference = None
         self.per_shard = None  # a per_shard.Plan when the program runs per shard ([Note: per-shard kernels])
 
     def _compiled(self):
         if self._reference is None:
-            structs_ = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=s)
-                        for a, s in zip(self._avals, self.placement)]
+            # An array's sharding is in its type (an explicit mesh's outputs typed by it); a
+            # sharding the user's in_shardings gives an array on no mesh is jax.jit's in_shardings.
+            structs_ = [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type,
+                                             sharding=None if i in self._user_in else s)
+                        for i, (a, s) in enumerate(zip(self._avals, self.placement))]
             out = self._user_out
             kw = {} if out is None else {"out_shardings": list(out) if isinstance(out, tuple) else out}
+            if self._user_in:
+                kw["in_shardings"] = [s if i in self._user_in else None for i, s in enumerate(self.placement)]
             from pallaskit import signature
 
             with signature.tracing():  # nested pallaskit functions as the program has them
@@ -265,6 +305,13 @@ class Placed:
         first = next((s for s in self.placement if s is not None), None)
         if isinstance(first, jax.sharding.NamedSharding):
             return traceable(jax.sharding.NamedSharding(first.mesh, jax.sharding.PartitionSpec()))
+        from pallaskit import signature
+
+        mesh = signature.concrete_mesh()
+        if first is None and mesh is not None and not getattr(mesh, "empty", False):
+            # No argument placed: jax.set_mesh's mesh is the program's (with explicit axes, its
+            # Auto twin, where the program is lowered; a mesh of pallaskit's own clashed with it)
+            return traceable(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
         devs = self.devices()
         if len(devs) == 1:
             return jax.sharding.SingleDeviceSharding(devs[0])

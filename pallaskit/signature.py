@@ -133,8 +133,21 @@ def hashable(v) -> Static:
     try:
         hash(v)
     except TypeError as e:  # jax.jit's error, word for word
+        hint = ""
+        if isinstance(v, jax.core.Tracer):
+            # [Note: eval_shape of static arguments]
+            # jax.eval_shape(f, *args) special-cases its own jit functions only (an exact
+            # type check, jax/_src/api.py), and traces any other callable under a jax.jit
+            # of its own, where every argument is an array: a static argument's value is
+            # gone before pallaskit sees it (a jax.jit function inside another jax.jit
+            # fails the same way). ``f.eval_shape(*args)`` is jax.jit's ``eval_shape``
+            # with f's static arguments.
+            hint = ("(pallaskit: a static argument was traced as an array, as jax.eval_shape and jax.jit "
+                    "pass every argument of a pallaskit function; use f.eval_shape(*args) or "
+                    "f.trace(*args).out_info, or close over the static arguments with functools.partial)\n")
         raise ValueError(f"Non-hashable static arguments are not supported. An error occurred while trying to "
-                         f"hash an object of type {type(v)}, {v}. The error was:\n{type(e).__name__}: {e}\n") from None
+                         f"hash an object of type {type(v)}, {v}. The error was:\n{type(e).__name__}: {e}\n"
+                         + hint) from None
     return Static(v)
 
 

@@ -11,6 +11,8 @@ always compile the call's concrete shapes (no ``dynamic=`` axes).
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import re
 from typing import Any
 
@@ -33,13 +35,33 @@ class _Signature:
         self.n_args = len(args)
         self.xla = jf._xla_args(self.treedef, self.n_args)
         self.placement = _placement(leaves)
-        with sharding.trace_context(self.placement):
-            self.jaxpr, self.out_tree = jf._trace(_structs(self.avals), self.treedef, self.static_pos,
-                                                  self.static_kw, self.n_args)
+        if self.placement is None and sharding.committed(leaves):  # outputs committed, as a call's
+            self.xla = dataclasses.replace(self.xla, committed=True)
+        self.args, self.kwargs = args, kwargs
+        self.jax_only = ""  # why jax.jit lowers the function instead (a call would run it with jax.jit)
+        context = sharding.trace_context(self.placement)
+        try:
+            with context:
+                self.jaxpr, self.out_tree = jf._trace(_structs(self.avals), self.treedef, self.static_pos,
+                                                      self.static_kw, self.n_args)
+        except Exception as e:
+            if isinstance(context, contextlib.nullcontext):
+                raise
+            # As a call (orchestrator.compile_signature): code naming an explicit mesh itself (a
+            # reshard) refuses its Auto twin; traced as jax.jit traces it (an error there is the
+            # user's own), jax.jit lowers it.
+            self.jax_traced = jf._jax.trace(*args, **kwargs)
+            self.jaxpr, self.out_tree = self.jax_traced.jaxpr, self.jax_traced.out_tree
+            self.jax_only = (f"cannot be traced over the Auto twin of an explicit mesh ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''}); jax.jit lowers the function")
+        # placed as a call of these arguments would be (jax.jit's output shardings)
+        self.placement = orchestrator.placed(self.placement, self.jaxpr, self.xla, len(self.avals))
         dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(self.treedef, list(range(len(self.avals))))
         self.in_tree = jax.tree_util.tree_structure((tuple(dyn_args), dyn_kwargs))
 
     def out_info(self):
+        if self.jax_only:
+            return self.jax_traced.out_info
         return jax.tree_util.tree_unflatten(self.out_tree, _structs(self.jaxpr.out_avals))
 
     def args_info(self):
@@ -135,6 +157,11 @@ class Traced(_Stage):
         kernels pallaskit does not render, jax.jit's own lowering of the
         function (a ``jax.stages.Lowered``), with one log line."""
         s = self._s
+        if s.jax_only:
+            from pallaskit import autodiff
+
+            autodiff.fallback_log(s.jf, s.jax_only)
+            return s.jax_traced.lower(lowering_platforms=lowering_platforms, _private_parameters=_private_parameters)
         if lowering_platforms is not None or _private_parameters is not None:
             from pallaskit import autodiff, signature
 
@@ -154,8 +181,12 @@ class Lowered(_Stage):
     def __init__(self, signature: _Signature, entry, ahead=None):
         self._s, self._entry, self._ahead = signature, entry, ahead  # ahead: [Note: autotuning ahead]
         jitted = getattr(entry.executable, "top", entry.executable)  # executable._TopLevelJit: the options' jit
+        structs = _structs(signature.avals)
+        if signature.xla.committed and signature.placement is None:  # committed outputs, as a call's
+            on = jax.sharding.SingleDeviceSharding(sharding.default_device())
+            structs = [jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=s.weak_type, sharding=on) for s in structs]
         with gc_pause.paused():  # [Note: no collections while compiling]
-            self._lowered = jitted.lower(*_structs(signature.avals), *entry.constants)
+            self._lowered = jitted.lower(*structs, *entry.constants)
 
     @property
     def result(self):
@@ -250,8 +281,10 @@ class Compiled(_Stage):
         """Per dynamic argument, as ``in_tree`` (the hoisted constants left out)."""
         flat = jax.tree_util.tree_leaves(self._compiled.input_shardings, is_leaf=lambda x: x is None)
         flat = flat[:len(self._s.avals)]
-        if self._s.placement is not None:  # an explicit mesh's, not the Auto twin the program was lowered over
-            flat = [p if p is not None else s for p, s in zip(self._s.placement, flat)]
+        placed = getattr(getattr(self._entry.executable, "xla", None), "placed", None)
+        if placed is not None:  # an explicit mesh's, not the Auto twin the program was lowered over
+            flat = [p if p is not None else sharding.untraceable(s, placed.placement)
+                    for p, s in zip(placed.placement, flat)]
         return jax.tree_util.tree_unflatten(self._s.in_tree, flat)
 
     @property

@@ -1,5 +1,6 @@
 """pallaskit.jit as a drop-in for jax.jit: its arguments checked as jax.jit checks
 them, donation, the ahead-of-time stages, errors that name the user's function."""
+import functools
 import warnings
 
 import jax
@@ -189,6 +190,32 @@ def test_unusable_donation_warns_as_jax_does(rng):
     assert not x.is_deleted()  # as jax.jit: an unusable donation keeps the array
 
 
+def test_negative_donate_argnums_donate_nothing_as_in_jax(rng):
+    """jax.jit checks a negative donate argnum's range and then donates nothing
+    for it (its ``donation_vector`` matches a call's positions, never negative);
+    pallaskit counted it from the end and deleted the argument. A negative
+    static argnum beyond a call's arguments raises jax.jit's error (it wrapped
+    around to another argument)."""
+    def varargs(x, *rest):
+        return x + sum(rest)
+
+    for fn, kw, n in [(_two, dict(donate_argnums=-1), 2), (_two, dict(donate_argnums=(-1, 0)), 2),
+                      (varargs, dict(donate_argnums=-1), 3)]:
+        seen = []
+        for jit in (jax.jit, pallaskit.jit):
+            args = [jnp.asarray(rng.standard_normal((4, 3)), jnp.float32) for _ in range(n)]
+            expected = fn(*args)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # jax.jit's unusable-donation warning, where both donate
+                assert_close(jit(fn, **kw)(*args), expected)
+            seen.append([a.is_deleted() for a in args])
+        assert seen[0] == seen[1], (kw, seen)
+    x, y = jnp.ones(3), jnp.ones(3)
+    expected = _outcome(lambda: jax.jit(_two, static_argnums=-3)(x, y=y))
+    assert expected is not None and expected[0] is ValueError
+    assert _outcome(lambda: pallaskit.jit(_two, static_argnums=-3)(x, y=y)) == expected
+
+
 def test_no_donation_keeps_inputs(rng):
     params, grads = _params(rng), _params(rng)
     with warnings.catch_warnings():
@@ -269,6 +296,24 @@ def test_trace_lower_compile_match_jax(rng):
     platform = {"gpu": "cuda"}.get(jax.default_backend(), jax.default_backend())  # where ``call`` runs it
     exported = jax.export.export(jf, platforms=(platform,))(shapes, 3, w=w)
     assert_close(exported.call(x, w=w)["y"], ref["y"])
+
+
+def test_jax_eval_shape_of_a_pallaskit_function():
+    """jax.eval_shape special-cases its own jit functions (an exact type check)
+    and traces any other callable under a jax.jit of its own, every argument an
+    array: a pallaskit function without static arguments gives jax.jit's
+    shapes; with static ones, the error a jax.jit function nested in another
+    raises, and a pointer to ``f.eval_shape`` (jax.jit's, static arguments
+    included), which gives the shapes ([Note: eval_shape of static arguments])."""
+    shapes = jax.ShapeDtypeStruct((7, 5), jnp.float32)
+    w = jax.ShapeDtypeStruct((5,), jnp.float32)
+    g = functools.partial(_model, n=3)
+    assert jax.eval_shape(pallaskit.jit(g), shapes, w=w) == jax.eval_shape(jax.jit(g), shapes, w=w)
+    jf, jj = pallaskit.jit(_model, static_argnums=1), jax.jit(_model, static_argnums=1)
+    assert jax.eval_shape(jj, shapes, 3, w=w) == jf.eval_shape(shapes, 3, w=w)
+    nested = _outcome(lambda: jax.jit(jj).trace(shapes, 3, w=w))
+    with pytest.raises(nested[0], match=r"(?s)Non-hashable static arguments.*use f\.eval_shape"):
+        jax.eval_shape(jf, shapes, 3, w=w)
 
 
 def test_compiled_shardings_and_formats_follow_the_users_pytrees(rng):

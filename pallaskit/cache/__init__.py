@@ -547,10 +547,14 @@ def context_text() -> str:
         names = jax_config.trace_context_names()
     except NotImplementedError:  # an older jaxlib: the values alone
         names = [str(i) for i in range(len(values))]
-    # A mesh context is written by its axis sizes, and its devices in order (a PartitionSpec
-    # resolved against a mesh over the same devices in another order is another program).
+    # A mesh context is written by its names, sizes and axis types (an Explicit mesh's program
+    # returns explicit shardings: a program of the Auto mesh over the same devices, served for
+    # it, returned Auto ones), and its devices in order (a PartitionSpec resolved against a
+    # mesh over the same devices in another order is another program); the axis environment
+    # by its sizes.
     mesh = signature.concrete_mesh()
-    return repr([(n, _ADDRESS.sub("", repr(getattr(v, "axis_sizes", v))) + sharding.devices_text(v))
+    return repr([(n, _ADDRESS.sub("", repr(v if hasattr(v, "axis_types") else getattr(v, "axis_sizes", v)))
+                  + sharding.devices_text(v))
                  for n, v in zip(names, values)] + ([sharding.devices_text(mesh)] if mesh is not None else []))
 
 
@@ -578,6 +582,10 @@ class Entry:
     kernels: list = dataclasses.field(default_factory=list)  # kernel_metadata rows
     multi_kernel_choices: dict = dataclasses.field(default_factory=dict)  # filled by the dispatcher, later
     created: float = 0.0
+    # The executable's device ids in its assignment order (None: an older entry). A program
+    # whose devices neither the default device nor the arguments name (jax.set_mesh's mesh,
+    # a backward taking a sharded closure) loads on them, not on the default device.
+    devices: list | None = None
 
 
 class BadEntry(Exception):

@@ -36,7 +36,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from pallaskit import sharding
+from pallaskit import sharding, signature
 
 UNSET = object()  # an option the user did not give (jax.jit's UNSPECIFIED)
 
@@ -63,18 +63,29 @@ class XlaArgs:
         jax.jit's output shardings."""
         from pallaskit import sharding
 
-        merged = list(placement)
+        merged, by_user = list(placement), []
+        mesh = None
         for i, user in enumerate(self.in_shardings or ()):
+            if isinstance(user, jax.sharding.PartitionSpec):  # as jax.jit: over jax.set_mesh's mesh
+                mesh = mesh or signature.concrete_mesh()
+                if mesh is None or getattr(mesh, "empty", False):  # jax.jit's error, word for word
+                    raise RuntimeError(
+                        "jit requires a non-empty mesh in context if you are passing `PartitionSpec`s to "
+                        "in_shardings. You can define a context mesh via `jax.set_mesh(mesh)`. Alternatively, "
+                        "provide `Sharding`s to in_shardings and then the mesh context manager is not required.")
+                user = jax.sharding.NamedSharding(mesh, user)
             if not isinstance(user, jax.sharding.Sharding):
-                continue  # unspecified, or a PartitionSpec: the array's own sharding decides
+                continue  # unspecified: the array's own sharding decides
+            user.shard_shape(avals[i].shape)  # jax.jit's IndivisibleError first
             have = merged[i]
             if have is None:
                 merged[i] = user
+                by_user.append(i)
             elif not have.is_equivalent_to(user, len(avals[i].shape)):
                 raise ValueError(f"Sharding passed to jit does not match the sharding on the respective arg. "
                                  f"Got jit sharding: {user},\narg sharding: {have} for arg type: {avals[i]}")
         return dataclasses.replace(self, in_shardings=None,
-                                   placed=sharding.Placed(merged, flat_fn, avals, self.out_shardings))
+                                   placed=sharding.Placed(merged, flat_fn, avals, self.out_shardings, by_user))
 
     def for_outputs(self, out_tree, title: str = "") -> XlaArgs:
         """These arguments with the user's ``out_shardings`` (a pytree prefix of
