@@ -248,9 +248,10 @@ def _mul(a, b):
 # a correctly rounded float32, as accurate as jax.jit's XLA:CPU or more.
 # Two Triton traps: unary minus is ``0 - x`` (+0.0 for +0.0: float neg is
 # written ``x * -1.0``), and the interpreter's bfloat16 is not IEEE (its
-# float32 -> bfloat16 cast truncates, its compares miss NaN): pallaskit patches
-# its cast to round (pallaskit/runtime/triton_launch.py ``_rounding_cast``), and
-# 16-bit compares are made in float32.
+# float32 -> bfloat16 cast truncates, its float64 one reads the value as bits,
+# its compares miss NaN): pallaskit patches its casts to round
+# (pallaskit/runtime/triton_launch.py ``_rounding_cast``), and 16-bit compares
+# are made in float32.
 HELPERS.update({
     "_log1p64": """
 @triton.jit
