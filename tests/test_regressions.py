@@ -11,6 +11,7 @@
    lowers them to maxnum / minnum), and clz of 8-bit ints failed to compile.
 9. An iota or random bits read at a run-time position (a gather, a dynamic
    slice) crashed the renderer: the position's load was no kernel input.
+13. reduce_and / reduce_or of ints (bitwise) ran as min / max.
 
 Every case compares with jax.jit on seeded data with special values; the
 Triton renderer's cases run in Triton's interpreter."""
@@ -788,3 +789,30 @@ def test_mask_product_over_a_dynamic_dim_is_a_select(kernel_backend):
             _same(got, want)
             np.testing.assert_array_equal(np.signbit(np.asarray(got[0])), np.signbit(np.asarray(want[0])))
     assert pallaskit.metrics.counters["dynamic_fallbacks"] == before
+
+
+# --------------------------------------------------------------------------- #
+# 13. Integer and bit-level programs
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("kernel_backend", ["pallas", "triton"])
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint8], ids=["int32", "uint8"])
+def test_int_reduce_and_or_are_bitwise(kernel_backend, dtype, rng):
+    """reduce_and / reduce_or of ints are bitwise (jnp.bitwise_and.reduce, lax.reduce_and
+    of an int array); the kernels' and / or reductions are min / max over bools, so a
+    row's AND came out as its minimum. Ints run through XLA; bools keep their kernel."""
+    if kernel_backend == "triton":
+        pytest.importorskip("triton")
+        if jax.default_backend() == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("Triton's interpreter is not on")
+    info = np.iinfo(dtype)
+    x = jnp.asarray(rng.integers(info.min, info.max, size=(5, 7), endpoint=True), dtype)
+
+    def fn(x):
+        return (jnp.bitwise_and.reduce(x, axis=1), jnp.bitwise_or.reduce(x, axis=0),
+                jax.lax.reduce_or_p.bind(x, axes=(0, 1)), jnp.all(x > 3, axis=1), jnp.any(x > 3, axis=0))
+
+    with pallaskit.config.override(kernel_backend=kernel_backend, cache=False):
+        jf = pallaskit.jit(fn)
+        got = jf(x)
+        assert sorted(pallaskit.explain(jf, x).fallbacks) == ["reduce_and", "reduce_or"]
+    _same(got, jax.jit(fn)(x))

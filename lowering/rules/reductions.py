@@ -12,7 +12,8 @@ _OPS = {
 }
 
 
-@register_lowering(*_OPS, kind="reduction")
+@register_lowering(*(p for p in _OPS if p not in ("reduce_and", "reduce_or")), kind="reduction")
+@register_lowering("reduce_and", "reduce_or", kind="reduction", note="bools (bitwise, of ints: XLA)")
 def _reduce(ctx, eqn, x):
     out_aval = eqn.outvars[0].aval
     in_shape = tuple(eqn.invars[0].aval.shape)
@@ -26,6 +27,10 @@ def _reduce(ctx, eqn, x):
     it_i, it_r = iter(i_syms), iter(r_syms)
     domain_index = tuple(next(it_r) if k in axes else next(it_i) for k in range(len(in_shape)))
     op = _OPS[eqn.primitive.name]
+    if op in ("and", "or") and np.dtype(eqn.invars[0].aval.dtype) != np.bool_:
+        # reduce_and / reduce_or of an int are bitwise (jnp.bitwise_and.reduce); the kernels'
+        # and / or reductions are min / max over 0 / 1 (bools only)
+        raise NotImplementedError(f"bitwise {eqn.primitive.name} of {np.dtype(eqn.invars[0].aval.dtype).name}")
     if sizes.numel(reduced) == 1:
         # Reducing extent-1 axes (what autodiff's broadcast transposes produce)
         # is a pointwise copy, so it fuses like one.
