@@ -816,3 +816,26 @@ def test_int_reduce_and_or_are_bitwise(kernel_backend, dtype, rng):
         got = jf(x)
         assert sorted(pallaskit.explain(jf, x).fallbacks) == ["reduce_and", "reduce_or"]
     _same(got, jax.jit(fn)(x))
+
+
+@pytest.mark.parametrize("kernel_backend", ["pallas", "triton"])
+def test_gather_fill_value_cast_as_jax_casts_it(kernel_backend):
+    """A gather's fill_value is a Python scalar that jax casts with NumPy (full_like):
+    -7 is 249 as a uint8, 300 is 44 as an int8, 2.7 is 2, 1e10 NumPy's int32 of it. The
+    rule kept the raw value: Triton's tl.full refused -7 as a uint8, Pallas wrote
+    int(1e10) into an int32 (and int(nan) raised)."""
+    if kernel_backend == "triton":
+        pytest.importorskip("triton")
+        if jax.default_backend() == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("Triton's interpreter is not on")
+    i = jnp.asarray([0, 9, -1, 3, 100], jnp.int32)
+
+    def fn(x, i):
+        return tuple(jnp.take(x.astype(dt), i, mode="fill", fill_value=v)
+                     for dt, v in ((jnp.uint8, -7), (jnp.int8, 300), (jnp.int32, 2.7), (jnp.int32, 1e10)))
+
+    x = jnp.arange(5, dtype=jnp.int32)
+    with pallaskit.config.override(kernel_backend=kernel_backend, cache=False), np.errstate(invalid="ignore"):
+        got = pallaskit.jit(fn)(x, i)
+        want = jax.jit(fn)(x, i)
+    _same(got, want)
