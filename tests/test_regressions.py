@@ -11,7 +11,8 @@
    lowers them to maxnum / minnum), and clz of 8-bit ints failed to compile.
 9. An iota or random bits read at a run-time position (a gather, a dynamic
    slice) crashed the renderer: the position's load was no kernel input.
-13. reduce_and / reduce_or of ints (bitwise) ran as min / max.
+13. reduce_and / reduce_or of ints (bitwise) ran as min / max; a gather's fill_value and
+    argmax's wrapping narrow indices were not jax's.
 
 Every case compares with jax.jit on seeded data with special values; the
 Triton renderer's cases run in Triton's interpreter."""
@@ -839,3 +840,27 @@ def test_gather_fill_value_cast_as_jax_casts_it(kernel_backend):
         got = pallaskit.jit(fn)(x, i)
         want = jax.jit(fn)(x, i)
     _same(got, want)
+
+
+@pytest.mark.parametrize("kernel_backend", ["pallas", "triton"])
+def test_argmax_with_indices_that_wrap(kernel_backend):
+    """lax.argmax with an index dtype too narrow for the axis (int8 over 130
+    columns): XLA's reducer compares the wrapped indices, so of the tied maxima at
+    1 and 129 it returns 129's (-127); the kernels picked 1. Those run through XLA;
+    an int16 index over the same axis keeps its kernel."""
+    if kernel_backend == "triton":
+        pytest.importorskip("triton")
+        if jax.default_backend() == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("Triton's interpreter is not on")
+    x = np.zeros((2, 130), np.float32)
+    x[0, 128], x[1, 1], x[1, 129] = 5, 3, 3
+    x = jnp.asarray(x)
+
+    def fn(x):
+        return jax.lax.argmax(x, 1, jnp.int8), jax.lax.argmin(-x, 1, jnp.int8), jax.lax.argmax(x, 1, jnp.int16)
+
+    with pallaskit.config.override(kernel_backend=kernel_backend, cache=False):
+        jf = pallaskit.jit(fn)
+        got = jf(x)
+        assert sorted(pallaskit.explain(jf, x).fallbacks) == ["argmax", "argmin"]
+    _same(got, jax.jit(fn)(x))
