@@ -11,6 +11,8 @@
    lowers them to maxnum / minnum), and clz of 8-bit ints failed to compile.
 9. An iota or random bits read at a run-time position (a gather, a dynamic
    slice) crashed the renderer: the position's load was no kernel input.
+13. reduce_and / reduce_or of ints (bitwise) ran as min / max; a gather's fill_value and
+    argmax's wrapping narrow indices were not jax's.
 
 Every case compares with jax.jit on seeded data with special values; the
 Triton renderer's cases run in Triton's interpreter."""
@@ -788,3 +790,77 @@ def test_mask_product_over_a_dynamic_dim_is_a_select(kernel_backend):
             _same(got, want)
             np.testing.assert_array_equal(np.signbit(np.asarray(got[0])), np.signbit(np.asarray(want[0])))
     assert pallaskit.metrics.counters["dynamic_fallbacks"] == before
+
+
+# --------------------------------------------------------------------------- #
+# 13. Integer and bit-level programs
+# --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("kernel_backend", ["pallas", "triton"])
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint8], ids=["int32", "uint8"])
+def test_int_reduce_and_or_are_bitwise(kernel_backend, dtype, rng):
+    """reduce_and / reduce_or of ints are bitwise (jnp.bitwise_and.reduce, lax.reduce_and
+    of an int array); the kernels' and / or reductions are min / max over bools, so a
+    row's AND came out as its minimum. Ints run through XLA; bools keep their kernel."""
+    if kernel_backend == "triton":
+        pytest.importorskip("triton")
+        if jax.default_backend() == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("Triton's interpreter is not on")
+    info = np.iinfo(dtype)
+    x = jnp.asarray(rng.integers(info.min, info.max, size=(5, 7), endpoint=True), dtype)
+
+    def fn(x):
+        return (jnp.bitwise_and.reduce(x, axis=1), jnp.bitwise_or.reduce(x, axis=0),
+                jax.lax.reduce_or_p.bind(x, axes=(0, 1)), jnp.all(x > 3, axis=1), jnp.any(x > 3, axis=0))
+
+    with pallaskit.config.override(kernel_backend=kernel_backend, cache=False):
+        jf = pallaskit.jit(fn)
+        got = jf(x)
+        assert sorted(pallaskit.explain(jf, x).fallbacks) == ["reduce_and", "reduce_or"]
+    _same(got, jax.jit(fn)(x))
+
+
+@pytest.mark.parametrize("kernel_backend", ["pallas", "triton"])
+def test_gather_fill_value_cast_as_jax_casts_it(kernel_backend):
+    """A gather's fill_value is a Python scalar that jax casts with NumPy (full_like):
+    -7 is 249 as a uint8, 300 is 44 as an int8, 2.7 is 2, 1e10 NumPy's int32 of it. The
+    rule kept the raw value: Triton's tl.full refused -7 as a uint8, Pallas wrote
+    int(1e10) into an int32 (and int(nan) raised)."""
+    if kernel_backend == "triton":
+        pytest.importorskip("triton")
+        if jax.default_backend() == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("Triton's interpreter is not on")
+    i = jnp.asarray([0, 9, -1, 3, 100], jnp.int32)
+
+    def fn(x, i):
+        return tuple(jnp.take(x.astype(dt), i, mode="fill", fill_value=v)
+                     for dt, v in ((jnp.uint8, -7), (jnp.int8, 300), (jnp.int32, 2.7), (jnp.int32, 1e10)))
+
+    x = jnp.arange(5, dtype=jnp.int32)
+    with pallaskit.config.override(kernel_backend=kernel_backend, cache=False), np.errstate(invalid="ignore"):
+        got = pallaskit.jit(fn)(x, i)
+        want = jax.jit(fn)(x, i)
+    _same(got, want)
+
+
+@pytest.mark.parametrize("kernel_backend", ["pallas", "triton"])
+def test_argmax_with_indices_that_wrap(kernel_backend):
+    """lax.argmax with an index dtype too narrow for the axis (int8 over 130
+    columns): XLA's reducer compares the wrapped indices, so of the tied maxima at
+    1 and 129 it returns 129's (-127); the kernels picked 1. Those run through XLA;
+    an int16 index over the same axis keeps its kernel."""
+    if kernel_backend == "triton":
+        pytest.importorskip("triton")
+        if jax.default_backend() == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("Triton's interpreter is not on")
+    x = np.zeros((2, 130), np.float32)
+    x[0, 128], x[1, 1], x[1, 129] = 5, 3, 3
+    x = jnp.asarray(x)
+
+    def fn(x):
+        return jax.lax.argmax(x, 1, jnp.int8), jax.lax.argmin(-x, 1, jnp.int8), jax.lax.argmax(x, 1, jnp.int16)
+
+    with pallaskit.config.override(kernel_backend=kernel_backend, cache=False):
+        jf = pallaskit.jit(fn)
+        got = jf(x)
+        assert sorted(pallaskit.explain(jf, x).fallbacks) == ["argmax", "argmin"]
+    _same(got, jax.jit(fn)(x))

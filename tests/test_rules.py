@@ -506,6 +506,13 @@ for _aname, _axis in _AXES:
        shapes=RED_SHAPES)
 
 
+# Column sums kept in an 8- / 16-bit int over enough rows to split into a partial mix kernel
+# and its finisher (lowering/split.py): the mix kernel's jnp.sum / jnp.prod of such a tile is
+# int32 / uint32, which Pallas's store refused.
+op("reduce_sum_narrow_int_columns", "reduce_sum", lambda x: jnp.sum(x, 0, dtype=x.dtype), args(normal(2.0, -100, 100)),
+   (np.int8, np.uint16), shapes=((1030, 3),), tol="exact")
+
+
 # -- matmul (the template; tests/test_matmul.py has the forms and epilogues) ----------
 def _matmul_args(rhs_shape):
     """x of the case's shape and a second operand of ``rhs_shape(shape)``, scaled

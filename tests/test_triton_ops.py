@@ -222,6 +222,37 @@ def test_sign_not_and_float_to_int_every_width(dtype, rng, triton_only):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, BF16, jnp.float16], ids=lambda d: np.dtype(d).name)
+def test_neg_flips_the_sign_of_nan(dtype, triton_only):
+    """Float neg is a flip of the sign bit, NaN included, as XLA:CPU's (jnp.signbit(-x)
+    of a NaN x is True): written x * -1.0 it kept the NaN's sign in the interpreter
+    ([Note: float neg flips the sign bit]). XLA:GPU makes every NaN the canonical +NaN,
+    so the reference is the CPU's; compared are the sign bits and NaN positions."""
+    x = jnp.asarray(np.array([np.nan, -np.nan, 0.0, -0.0, np.inf, -np.inf, 1.5, -2.5] * 3, np.float32), dtype)
+    g, w = np.asarray(pallaskit.jit(lambda x: -x)(x), np.float32), np.asarray(cpu_reference(lambda x: -x, x), np.float32)
+    np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+    np.testing.assert_array_equal(np.signbit(g), np.signbit(w))
+    np.testing.assert_array_equal(g[~np.isnan(g)], w[~np.isnan(w)])
+
+
+def test_float64_to_bfloat16(triton_only):
+    """float64 -> bfloat16 rounds once to nearest even. Triton 3.6's interpreter read the
+    float64 as the integer of bfloat16's bits (65519.99 gave a NaN, -1.004 a subnormal);
+    pallaskit/runtime/triton_launch.py patches it. The last values are checked against
+    their bits: subnormal results (XLA:CPU flushes them) and a double-rounding case,
+    which a GPU's Triton and XLA:GPU round once (to 1.0078125) and XLA:CPU through
+    float32 (to 1.0)."""
+    exact = {1e-39: 0x000B, 2.0 ** -133: 0x0001, -(2.0 ** -135): 0x8000, 1 + 2 ** -8 + 2 ** -30: 0x3F81}
+    with jax.enable_x64(True):
+        v = np.array([65519.99, -1.0041, 3.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -1e-30, 3.4e38, 0.1] + list(exact),
+                     np.float64)
+        x = jnp.asarray(v)
+        got = np.asarray(pallaskit.jit(lambda x: x.astype(BF16))(x)).view(np.uint16)
+        want = np.asarray(cpu_reference(lambda x: x.astype(BF16), x[:-len(exact)])).view(np.uint16)
+    np.testing.assert_array_equal(got[:-len(exact)], want)
+    np.testing.assert_array_equal(got[-len(exact):], list(exact.values()))
+
+
 # --------------------------------------------------------------------------- #
 # Reductions: prod, argmax, argmin (persistent and looped)
 # --------------------------------------------------------------------------- #

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from lowering import ir, sizes
 from lowering.codegen.emitter import reduction_identity, whole_rows
 from lowering.codegen.rows import FULL, render_rows, zero_where_masked
@@ -123,7 +125,8 @@ def write_mix(em, kernel: Kernel, bodies, cfg, *, split_full: bool = False, skip
         off = em.bind(("partial_offset",), f"program * {int(kernel.cols)} + xc", frozenset("c"), "idx")[0]
         off = em.masked_store_offset(off, "cmask", m.node.numel, frozenset("c"))
         total = em.reduce_text(m.node.op, name, acc_dt, 0)
-        if acc_dt != m.node.dtype:
+        # jnp.sum / jnp.prod of 8- and 16-bit ints return int32 / uint32, which Pallas's store refuses
+        if acc_dt != m.node.dtype or (np.dtype(acc_dt).kind in "iu" and np.dtype(acc_dt).itemsize < 4):
             total = em.cast_text(f"({total})", m.node.dtype)
         w.line(em.store_text(em.out_refs[m.name], off, total, ", mask=cmask"))
 

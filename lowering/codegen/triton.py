@@ -246,11 +246,12 @@ def _mul(a, b):
 # has no libdevice (extern calls raise), so there the helpers below compute in
 # float64 with numpy's exp / log / sin / cos and round once: within an ULP of
 # a correctly rounded float32, as accurate as jax.jit's XLA:CPU or more.
-# Two Triton traps: unary minus is ``0 - x`` (+0.0 for +0.0: float neg is
-# written ``x * -1.0``), and the interpreter's bfloat16 is not IEEE (its
-# float32 -> bfloat16 cast truncates, its compares miss NaN): pallaskit patches
-# its cast to round (pallaskit/runtime/triton_launch.py ``_rounding_cast``), and
-# 16-bit compares are made in float32.
+# Two Triton traps: unary minus is ``0 - x`` (+0.0 for +0.0: float neg flips
+# the sign bit, [Note: float neg flips the sign bit]), and the interpreter's
+# bfloat16 is not IEEE (its float32 -> bfloat16 cast truncates, its float64 one
+# reads the value as bits, its compares miss NaN): pallaskit patches its casts
+# to round (pallaskit/runtime/triton_launch.py ``_rounding_cast``), and 16-bit
+# compares are made in float32.
 HELPERS.update({
     "_log1p64": """
 @triton.jit
@@ -742,8 +743,18 @@ class TritonEmitter(KernelEmitter):
         if e.op == "clamp":
             return ("tl.minimum(tl.maximum({1}, {0}, propagate_nan=tl.PropagateNan.ALL), {2}, "
                     "propagate_nan=tl.PropagateNan.ALL)" if float_op else "tl.minimum(tl.maximum({1}, {0}), {2})")
-        if e.op == "neg" and float_op:  # Triton's unary minus is 0 - x: +0.0 for +0.0, where XLA gives -0.0
-            return "({0} * -1.0)"
+        if e.op == "neg" and float_op:
+            # [Note: float neg flips the sign bit]
+            # XLA:CPU's neg flips the sign bit of every value, NaN included (eager and
+            # jax.jit agree: jnp.signbit(-x) of a NaN x is True; XLA:GPU returns the
+            # canonical +NaN, and a NaN's sign after arithmetic follows LLVM's folds on
+            # either). Triton's unary minus is 0 - x (+0.0 for +0.0), and x * -1.0 kept a
+            # NaN's sign in the interpreter's numpy (LLVM makes it an fneg on a GPU): the
+            # sign bit is flipped on the bits instead, exact on both. 16-bit floats arrive
+            # as float32 (emitter.UPCAST_16BIT).
+            bits = 8 * np.dtype(e.dtype).itemsize
+            return (f"({{0}}.to(tl.int{bits}, bitcast=True) ^ {-(1 << (bits - 1))})"
+                    f".to({self.dtype_text(e.dtype)}, bitcast=True)")
         if e.op == "is_finite":  # x - x is 0 for finite x, NaN for +-inf and NaN
             if is_16bit_float(e.args[0].dtype):  # in float32 (exact): the interpreter's 16-bit math is not
                 return "(({0}.to(tl.float32) - {0}.to(tl.float32)) == 0)"

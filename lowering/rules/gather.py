@@ -154,7 +154,9 @@ def _gather(ctx, eqn, operand, indices):
     body = ctx.load(operand, tuple(index))
     if oks:
         fill = eqn.params.get("fill_value")
-        fill = _default_fill(body.dtype) if fill is None else fill
+        # jax's fill is full_like(out, fill_value): NumPy's cast of the Python value (-7 is 249 as
+        # a uint8, 300 is 44 as an int8, 2.7 is 2)
+        fill = _default_fill(body.dtype) if fill is None else np.asarray(fill).astype(body.dtype).item()
         fill = ir.Const(bool(fill) if body.dtype == BOOL else fill, body.dtype)
         body = ir.Op("select_n", (_all(oks), fill, body), body.dtype)
     return [ctx.pointwise(aval, body)]

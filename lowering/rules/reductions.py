@@ -12,7 +12,8 @@ _OPS = {
 }
 
 
-@register_lowering(*_OPS, kind="reduction")
+@register_lowering(*(p for p in _OPS if p not in ("reduce_and", "reduce_or")), kind="reduction")
+@register_lowering("reduce_and", "reduce_or", kind="reduction", note="bools (bitwise, of ints: XLA)")
 def _reduce(ctx, eqn, x):
     out_aval = eqn.outvars[0].aval
     in_shape = tuple(eqn.invars[0].aval.shape)
@@ -26,6 +27,18 @@ def _reduce(ctx, eqn, x):
     it_i, it_r = iter(i_syms), iter(r_syms)
     domain_index = tuple(next(it_r) if k in axes else next(it_i) for k in range(len(in_shape)))
     op = _OPS[eqn.primitive.name]
+    if op in ("and", "or") and np.dtype(eqn.invars[0].aval.dtype) != np.bool_:
+        # reduce_and / reduce_or of an int are bitwise (jnp.bitwise_and.reduce); the kernels'
+        # and / or reductions are min / max over 0 / 1 (bools only)
+        raise NotImplementedError(f"bitwise {eqn.primitive.name} of {np.dtype(eqn.invars[0].aval.dtype).name}")
+    if op in ("argmax", "argmin"):
+        # An index dtype too narrow for the axis (lax.argmax(x, 1, jnp.uint8) over 300 columns):
+        # XLA's reducer compares the wrapped indices, so of tied values at 5 and 260 it returns
+        # 260's (4); the kernels pick the first position and wrap it after (5)
+        index = np.dtype(out_aval.dtype)
+        if index.itemsize < 4 and any(sizes.is_symbolic(in_shape[a]) or int(in_shape[a]) > np.iinfo(index).max + 1
+                                      for a in axes):
+            raise NotImplementedError(f"{eqn.primitive.name} with {np.dtype(out_aval.dtype).name} indices that wrap")
     if sizes.numel(reduced) == 1:
         # Reducing extent-1 axes (what autodiff's broadcast transposes produce)
         # is a pointwise copy, so it fuses like one.

@@ -170,13 +170,32 @@ def _contiguous_atomics(atomic, interpreter):
 
 
 def _rounding_cast(cast_impl, interpreter):
-    """The interpreter's casts, float32 (and integers, through float32) ->
-    bfloat16 rounded to nearest even as on the GPU (Triton 3.6's interpreter
-    drops the low bits: one bf16 ulp off for about half the values)."""
+    """The interpreter's casts, float32 (and integers, through float32) and
+    float64 -> bfloat16 rounded to nearest even as on the GPU (Triton 3.6's
+    interpreter drops float32's low bits: one bf16 ulp off for about half the
+    values; it reads a float64 as the bits' integer)."""
     import triton.language as tl
 
     def cast(self, src, dst_type):
         scalar = src.dtype.scalar
+        if dst_type.scalar == tl.bfloat16 and scalar == tl.float64:
+            # The interpreter's float64 -> bfloat16 cast converts the value to the bits' uint16
+            # (65519.99 became a NaN, 1.004 a subnormal): rounded once to bfloat16's 8 bits, as
+            # a GPU's Triton and XLA:GPU do (XLA:CPU rounds through float32, twice). In float64
+            # and integers: the host callback's thread flushes float32 subnormals.
+            x = np.ascontiguousarray(src.data, np.float64)
+            a = np.abs(x)
+            with np.errstate(all="ignore"):
+                finite = np.isfinite(a) & (a != 0)
+                ulp = np.ldexp(1.0, np.maximum(np.frexp(np.where(finite, a, 1.0))[1] - 8, -133))
+                r = np.where(finite, np.rint(a / ulp), 0.0)  # the 8 bits (fewer below 2^-126)
+                y = np.ascontiguousarray(r * ulp).view(np.uint64)  # exact
+            exp = ((y >> np.uint64(52)) & np.uint64(0x7FF)).astype(np.int64) - 1023 + 127
+            normal = (exp << 7) | ((y >> np.uint64(45)) & np.uint64(0x7F)).astype(np.int64)
+            mag = np.where(exp >= 255, 0x7F80, np.where(exp >= 1, normal, r.astype(np.int64)))
+            mag = np.where(np.isinf(a), 0x7F80, np.where(np.isnan(a), 0x7FC0, mag))
+            sign = (np.ascontiguousarray(x).view(np.uint64) >> np.uint64(63)).astype(np.int64) << 15
+            return interpreter.TensorHandle((sign | mag).astype(np.uint16), dst_type.scalar)
         if dst_type.scalar == tl.bfloat16 and (scalar == tl.float32 or scalar.is_int()):
             x = np.ascontiguousarray(src.data.astype(np.float32) if scalar.is_int() else src.data, np.float32)
             bits = x.view(np.uint32)
