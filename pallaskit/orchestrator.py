@@ -194,8 +194,7 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
             trace(jf, [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=p)
                        for a, p in zip(avals, placement or (None,) * len(avals))], treedef, static_pos, static_kw,
                   n_args)
-            raise signature.JaxOnly(f"cannot be traced over the Auto twin of an explicit mesh "
-                                    f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
+            raise signature.JaxOnly(sharding.twin_refusal(e)) from e
     out_tree_box = [out_tree]
     if xla is not None:
         xla = xla.for_outputs(out_tree, jf._title())

@@ -178,6 +178,14 @@ def untraceable(s, placement_):
     return s
 
 
+def twin_refusal(e: Exception) -> str:
+    """Why a function runs with jax.jit: its trace over an explicit mesh's
+    ``Auto`` twin (``trace_context``) raised ``e`` (code naming the explicit
+    mesh itself, a ``shard_map`` or a ``reshard`` over it, refuses the twin)."""
+    first = str(e).splitlines()[0] if str(e) else ""
+    return f"cannot be traced over the Auto twin of an explicit mesh ({type(e).__name__}: {first})"
+
+
 _MESH_PRIMITIVES = frozenset({"sharding_constraint", "shard_map", "reshard", "mesh_cast"})
 
 

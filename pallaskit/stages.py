@@ -39,6 +39,7 @@ class _Signature:
             self.xla = dataclasses.replace(self.xla, committed=True)
         self.args, self.kwargs = args, kwargs
         self.jax_only = ""  # why jax.jit lowers the function instead (a call would run it with jax.jit)
+        self.jax_traced = None  # jax.jit's trace, where it does
         context = sharding.trace_context(self.placement)
         try:
             with context:
@@ -52,8 +53,7 @@ class _Signature:
             # user's own), jax.jit lowers it.
             self.jax_traced = jf._jax.trace(*args, **kwargs)
             self.jaxpr, self.out_tree = self.jax_traced.jaxpr, self.jax_traced.out_tree
-            self.jax_only = (f"cannot be traced over the Auto twin of an explicit mesh ({type(e).__name__}: "
-                             f"{str(e).splitlines()[0] if str(e) else ''}); jax.jit lowers the function")
+            self.jax_only = f"{sharding.twin_refusal(e)}; jax.jit lowers the function"
         # placed as a call of these arguments would be (jax.jit's output shardings)
         self.placement = orchestrator.placed(self.placement, self.jaxpr, self.xla, len(self.avals))
         dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(self.treedef, list(range(len(self.avals))))
