@@ -8,6 +8,23 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if os.environ["JAX_PLATFORMS"] == "cpu" and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     # 8 CPU devices for tests/test_sharding.py (set before jax starts); single-device programs are unaffected
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+# [Note: the suite's XLA:CPU compiles]
+# XLA:CPU's compiles are most of the suite's time (a test's pallaskit program and
+# its jax.jit reference: 54% of tests/test_rules.py in one profile). Without
+# LLVM's optimizations and with XLA:CPU's loop emitters in place of its fusion
+# emitters they take a third of the time, and the suite 864 s from 1300 s
+# (benchmarks/RESULTS.md, "Session 37"). Both sides of a comparison compile
+# alike. Where a test's bounds are XLA:CPU's default accuracy (under these
+# options jax.jit's own cbrt is 11-15 ULP off near the float32 range's ends),
+# fixture ``xla_defaults`` compiles pallaskit's programs with XLA's defaults and
+# ``xla_default_jit`` the reference. GPU runs and pallaskit's options are untouched.
+FAST_XLA = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+XLA_DEFAULTS = {"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True}
+_FAST_XLA_FLAGS = [f"--{k}={str(v).lower()}" for k, v in FAST_XLA.items()]
+if os.environ["JAX_PLATFORMS"] == "cpu" and not any(k in os.environ.get("XLA_FLAGS", "") for k in FAST_XLA):
+    os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *_FAST_XLA_FLAGS]).strip()
+FAST_XLA_ON = os.environ["JAX_PLATFORMS"] == "cpu" and any(f in os.environ.get("XLA_FLAGS", "").split()
+                                                          for f in _FAST_XLA_FLAGS)
 if os.environ["JAX_PLATFORMS"] == "cpu":  # raw Triton kernels run in Triton's interpreter, chosen
     os.environ.setdefault("TRITON_INTERPRET", "1")  # when triton is first imported
 # TEST_DISABLE_PALLAS_TRITON=1: kernel_backend defaults to 'triton', so every
@@ -114,6 +131,31 @@ def _fresh_state(request):
     yield
     pallaskit.wait_compiles()  # background tier-up compiles (runtime/eager.py) end with their test
     pallaskit.config.reset()
+
+
+@pytest.fixture
+def xla_defaults(monkeypatch):
+    """pallaskit's CPU programs compiled with XLA's default options, not the
+    suite's ([Note: the suite's XLA:CPU compiles]); the test compiles its
+    reference with ``xla_default_jit``."""
+    if FAST_XLA_ON:
+        from pallaskit import executable
+
+        suite = executable.compiler_options
+
+        def with_defaults(platform=None):
+            on_cpu = (platform or jax.devices()[0].platform) == "cpu"
+            return {**suite(platform), **XLA_DEFAULTS} if on_cpu else suite(platform)
+
+        monkeypatch.setattr(executable, "compiler_options", with_defaults)
+
+
+def xla_default_jit(fn):
+    """``jax.jit(fn)`` compiled with XLA's default options on the CPU, where the
+    suite changes them ([Note: the suite's XLA:CPU compiles])."""
+    if not FAST_XLA_ON:
+        return jax.jit(fn)
+    return lambda *args: jax.jit(fn).lower(*args).compile(compiler_options=XLA_DEFAULTS)(*args)
 
 
 @pytest.fixture

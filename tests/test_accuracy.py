@@ -27,11 +27,13 @@ from jax.scipy import stats as jst
 import pallaskit
 from benchmarks import accuracy
 from pallaskit import metrics
+from conftest import xla_default_jit
 
 F32, BF16 = "float32", "bfloat16"
 
-# Triton's interpreter computes with numpy, which warns on inf and NaN inputs
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
+# Triton's interpreter computes with numpy, which warns on inf and NaN inputs. The bounds are
+# against XLA:CPU's default compiles ([Note: the suite's XLA:CPU compiles] in tests/conftest.py).
+pytestmark = [pytest.mark.filterwarnings("ignore::RuntimeWarning"), pytest.mark.usefixtures("xla_defaults")]
 
 # name -> (fn, {(dtype, path): max ULP against jax.jit}). A missing (dtype, path)
 # is not run on that path. Bounds: the sweep's figure on the CPU (interpret mode)
@@ -106,7 +108,7 @@ def test_ulp_bounds(dtype, path):
     x_np = _grid(dtype)
     x = jnp.asarray(x_np)
     got = _run(fns, x, path)
-    want = jax.jit(lambda x: tuple(fn(x) for fn in fns))(x)
+    want = xla_default_jit(lambda x: tuple(fn(x) for fn in fns))(x)
     subnormal = (x_np != 0) & (np.abs(x_np.astype(np.float32)) < accuracy._min_normal(dtype))
     failures = []
     for name, g, w in zip(names, got, want):
@@ -144,7 +146,7 @@ def test_tails(name, path):
     fn, xs = TAILS[name]
     x = jnp.asarray(xs, jnp.float32)
     (got,) = _run([fn], x, path)
-    want = jax.jit(fn)(x)
+    want = xla_default_jit(fn)(x)
     assert np.all(np.isfinite(np.asarray(got))), f"{name}({xs}) = {got}"
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4 if GPU else 2e-6, atol=0)
 

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import EAGER_FIXTURE, run_python_on_cpu
+from conftest import EAGER_FIXTURE, run_python_on_cpu
 
 pytest.importorskip("triton")
 
