@@ -14,10 +14,12 @@ if os.environ["JAX_PLATFORMS"] == "cpu" and "xla_force_host_platform_device_coun
 # LLVM's optimizations and with XLA:CPU's loop emitters in place of its fusion
 # emitters they take a third of the time, and the suite 864 s from 1300 s
 # (benchmarks/RESULTS.md, "Session 37"). Both sides of a comparison compile
-# alike. Where a test's bounds are XLA:CPU's default accuracy (under these
-# options jax.jit's own cbrt is 11-15 ULP off near the float32 range's ends),
-# fixture ``xla_defaults`` compiles pallaskit's programs with XLA's defaults and
-# ``xla_default_jit`` the reference. GPU runs and pallaskit's options are untouched.
+# alike. Fixture ``xla_defaults`` compiles pallaskit's programs with XLA's
+# defaults where that is better: a test whose bounds are XLA:CPU's default
+# accuracy (under these options jax.jit's own cbrt is 11-15 ULP off near the
+# float32 range's ends; it compiles its reference with ``xla_default_jit``), and
+# one whose kernels' loops run long in Pallas's interpreter (unoptimized, a mix
+# kernel's test takes 51 s from 16). GPU runs and pallaskit's options are untouched.
 FAST_XLA = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
 XLA_DEFAULTS = {"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True}
 _FAST_XLA_FLAGS = [f"--{k}={str(v).lower()}" for k, v in FAST_XLA.items()]
@@ -27,6 +29,12 @@ FAST_XLA_ON = os.environ["JAX_PLATFORMS"] == "cpu" and any(f in os.environ.get("
                                                           for f in _FAST_XLA_FLAGS)
 if os.environ["JAX_PLATFORMS"] == "cpu":  # raw Triton kernels run in Triton's interpreter, chosen
     os.environ.setdefault("TRITON_INTERPRET", "1")  # when triton is first imported
+    try:
+        import fast_interpreter  # noqa: E402  (pytest puts tests/ on the path)
+    except ImportError:  # this file imported as tests.conftest (a test module run in a script)
+        from tests import fast_interpreter  # noqa: E402
+
+    fast_interpreter.install()  # [Note: the interpreter's reductions by halves]
 # TEST_DISABLE_PALLAS_TRITON=1: kernel_backend defaults to 'triton', so every
 # kernel must run as raw Triton inside XLA (lowering/executors.py; on the CPU in
 # Triton's interpreter); a kernel the Triton renderer refuses (the one place that

@@ -473,6 +473,7 @@ def test_dynamic_m_template_lowers_to_triton_ir_for_each_size():
         assert exported.mlir_module().count("__gpu$xla.gpu.triton") == 1
 
 
+@pytest.mark.usefixtures("xla_defaults")  # the template's loops run long in Pallas's interpreter
 def test_dynamic_m_multi_kernel_variants_are_template_and_xla(rng):
     """With multi-kernel hints, 'auto' gives a dynamic-M product two variants:
     the template (tiles at hint 64) and XLA's dot (hint 4096, many rows). On

@@ -10,6 +10,10 @@ import pytest
 import pallaskit
 from pallaskit import metrics
 
+# The mix kernels' loops run long in Pallas's interpreter: compiled as XLA:CPU compiles by default
+# ([Note: the suite's XLA:CPU compiles] in tests/conftest.py; 51 s from 16 s for one case without)
+pytestmark = pytest.mark.usefixtures("xla_defaults")
+
 EPS = 1e-6
 M = 1100  # rows: above heuristics.MIN_SPLIT_ROWS, not a multiple of any block
 
