@@ -30,6 +30,7 @@ import operator
 import threading
 from typing import Callable, Sequence
 
+import jax.numpy as jnp
 import numpy as np
 import sympy
 
@@ -566,6 +567,20 @@ def indirect_definitions(exprs) -> list[str]:
                         formals = ", ".join(str(_formal(k)) for k in range(cls.nargs_))
                         lines.append(f"{cls.__name__}({formals}) = {format_expr(cls.value)}")
     return sorted(lines)
+
+
+def rewrites_mask_products(dtype, interpret: bool) -> bool:
+    """Does XLA make ``convert(pred) * x`` of this dtype a select? Floats, but not
+    bfloat16 on XLA:CPU (interpret mode), which multiplies it in float32 behind
+    converts the rewrite does not see through."""
+    dtype = np.dtype(dtype)
+    return bool(jnp.issubdtype(dtype, jnp.floating)) and not (interpret and dtype.name == "bfloat16")
+
+
+def mask_select(pred: Expr, x: Expr) -> Expr:
+    """``select(pred, x, 0)``: XLA's form of ``convert(pred) * x`` (+0.0 where pred is
+    False, whatever x holds)."""
+    return Op("select_n", (pred, Const(0.0, np.dtype(x.dtype)), x), np.dtype(x.dtype))
 
 
 def format_expr(expr: Expr) -> str:

@@ -154,26 +154,13 @@ def mul_by_converted_bool(e, interpret: bool):
     gives NaN for bf16), XLA:GPU multiplies them natively and rewrites; float16 is
     native on both and rewritten: in interpret mode bfloat16 products are left as
     written. None otherwise."""
-    if not (isinstance(e, ir.Op) and e.op == "mul" and rewrites_mask_products(e.dtype, interpret)):
+    if not (isinstance(e, ir.Op) and e.op == "mul" and ir.rewrites_mask_products(e.dtype, interpret)):
         return None
     for i, a in enumerate(e.args):
         if (isinstance(a, ir.Op) and a.op == "convert_element_type" and is_one_hot(a.args[0])
                 and np.dtype(e.args[1 - i].dtype) == np.dtype(e.dtype)):
-            return mask_select(a.args[0], e.args[1 - i])
+            return ir.mask_select(a.args[0], e.args[1 - i])
     return None
-
-
-def rewrites_mask_products(dtype, interpret: bool) -> bool:
-    """Does XLA make ``convert(pred) * x`` of this dtype a select? Floats, but not
-    bfloat16 on XLA:CPU (interpret mode), which multiplies it in float32 behind
-    converts the rewrite does not see through."""
-    return is_float(dtype) and not (interpret and np.dtype(dtype).name == "bfloat16")
-
-
-def mask_select(pred: ir.Expr, x: ir.Expr) -> ir.Expr:
-    """``select(pred, x, 0)``: XLA's form of ``convert(pred) * x`` (+0.0 where pred is
-    False, whatever x holds)."""
-    return ir.Op("select_n", (pred, ir.Const(0.0, np.dtype(x.dtype)), x), np.dtype(x.dtype))
 
 
 def select_n_template(cases: int, where: str) -> str:

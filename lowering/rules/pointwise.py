@@ -92,14 +92,12 @@ def _mul_by_converted_predicate(ctx, eqn, args, idx):
     of the converted mask: the False entries are +0.0 whatever x holds (inf, NaN,
     negative). A predicate broadcast before or after its convert
     (``x * (y[:, :1] > 0)``, a scalar) keeps its multiply, as in XLA, and so does
-    bfloat16 in interpret mode (``emitter.rewrites_mask_products``; the renderers'
+    bfloat16 in interpret mode (``ir.rewrites_mask_products``; the renderers'
     ``emitter.mul_by_converted_bool`` takes the one-hots this leaves). None where it
     is no such product."""
-    from lowering.codegen.emitter import mask_select, rewrites_mask_products
-
     aval = eqn.outvars[0].aval
     dtype = np.dtype(aval.dtype)
-    if eqn.primitive.name != "mul" or not rewrites_mask_products(dtype, ctx.options.interpret):
+    if eqn.primitive.name != "mul" or not ir.rewrites_mask_products(dtype, ctx.options.interpret):
         return None
     for k, value in enumerate(args):
         if ctx.aval_of(args[1 - k])[1] != dtype:
@@ -122,7 +120,7 @@ def _mul_by_converted_predicate(ctx, eqn, args, idx):
         if isinstance(pred, ir.Load) and _is_broadcast(ctx, pred.buffer):
             continue
         pred = ir.substitute_index(pred, dict(zip(node.symbols, read.index)))
-        return mask_select(pred, ctx.load(args[1 - k], idx))
+        return ir.mask_select(pred, ctx.load(args[1 - k], idx))
     return None
 
 
