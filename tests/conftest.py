@@ -29,12 +29,6 @@ FAST_XLA_ON = os.environ["JAX_PLATFORMS"] == "cpu" and any(f in os.environ.get("
                                                           for f in _FAST_XLA_FLAGS)
 if os.environ["JAX_PLATFORMS"] == "cpu":  # raw Triton kernels run in Triton's interpreter, chosen
     os.environ.setdefault("TRITON_INTERPRET", "1")  # when triton is first imported
-    try:
-        import fast_interpreter  # noqa: E402  (pytest puts tests/ on the path)
-    except ImportError:  # this file imported as tests.conftest (a test module run in a script)
-        from tests import fast_interpreter  # noqa: E402
-
-    fast_interpreter.install()  # [Note: the interpreter's reductions by halves]
 # TEST_DISABLE_PALLAS_TRITON=1: kernel_backend defaults to 'triton', so every
 # kernel must run as raw Triton inside XLA (lowering/executors.py; on the CPU in
 # Triton's interpreter); a kernel the Triton renderer refuses (the one place that

@@ -485,3 +485,61 @@ def test_dlpack_capsules_survive_jax_ffi_pycapsule():
     jax.ffi.pycapsule(ctypes.CDLL(None).free)
     value = ctypes.c_int(5)
     assert "dltensor" in repr(triton_launch._capsule_new(ctypes.addressof(value), b"dltensor", None))
+
+
+@triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _mul(a, b):
+    return a * b
+
+
+@triton.jit
+def _first_max(a, ia, b, ib):  # argmax: the larger value, of equal ones the first index
+    take_b = (b > a) | ((b == a) & (ib < ia))
+    return tl.where(take_b, b, a), tl.where(take_b, ib, ia)
+
+
+@triton.jit
+def _reductions(x_ptr, rowmax_ptr, colmax_ptr, allmax_ptr, prod_ptr, arg_ptr, R: tl.constexpr, C: tl.constexpr):
+    r = tl.arange(0, R)[:, None]
+    c = tl.arange(0, C)[None, :]
+    x = tl.load(x_ptr + r * C + c)
+    tl.store(rowmax_ptr + r, tl.reduce(x, 1, _max_nan, keep_dims=True))
+    tl.store(colmax_ptr + tl.arange(0, C), tl.reduce(x, 0, _max_nan))
+    tl.store(allmax_ptr, tl.reduce(x, None, _max_nan))
+    tl.store(prod_ptr + tl.arange(0, R), tl.reduce(x, 1, _mul))
+    _, arg = tl.reduce((x, c + r * 0), 1, _first_max)
+    tl.store(arg_ptr + tl.arange(0, R), arg)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="Triton's interpreter")
+def test_the_interpreters_reductions_by_halves_fold_as_it_does(rng, monkeypatch):
+    """[Note: the interpreter's reductions by halves]: row, column and whole-block
+    reductions with the renderer's combines (NaN max, product, argmax's first of
+    ties) give what the interpreter's element-by-element fold gives."""
+    from triton.runtime import interpreter
+
+    triton_launch._triton(interpret=True)
+    halving = interpreter.ReduceOps.generic_reduce
+    assert hasattr(halving, "plain"), "the interpreter's reductions are not patched"
+    x = rng.integers(-3, 4, (8, 32)).astype(np.float32)  # small integers: ties, exact products
+    x[5] = 2.0  # a row of one value: every position ties
+    x[2, 7] = x[6, 3] = np.nan
+
+    def run():
+        outs = [np.zeros((8, 1), np.float32), np.zeros(32, np.float32), np.zeros(1, np.float32),
+                np.zeros(8, np.float32), np.zeros(8, np.int32)]
+        triton_launch.run_interpreted(_reductions, (1,), [triton_launch._HostTensor(a) for a in (x, *outs)],
+                                      dict(R=8, C=32))
+        return outs
+
+    halves = run()
+    monkeypatch.setattr(interpreter.ReduceOps, "generic_reduce", halving.plain)
+    for got, want in zip(halves, run()):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(halves[4], np.argmax(np.where(np.isnan(x), -np.inf, x), 1))
+    assert np.isnan(halves[0][[2, 6]]).all() and np.isnan(halves[2]).all() and halves[4][5] == 0

@@ -38,7 +38,7 @@ def _reduce(ctx, eqn, x):
         index = np.dtype(out_aval.dtype)
         if index.itemsize < 4 and any(sizes.is_symbolic(in_shape[a]) or int(in_shape[a]) > np.iinfo(index).max + 1
                                       for a in axes):
-            raise NotImplementedError(f"{eqn.primitive.name} with {np.dtype(out_aval.dtype).name} indices that wrap")
+            raise NotImplementedError(f"{eqn.primitive.name} with {index.name} indices that wrap")
     if sizes.numel(reduced) == 1:
         # Reducing extent-1 axes (what autodiff's broadcast transposes produce)
         # is a pointwise copy, so it fuses like one.

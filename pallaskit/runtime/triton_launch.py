@@ -122,14 +122,15 @@ _interpreter_patched = False
 
 
 def _patch_interpreter() -> None:
-    """Three fixes to Triton 3.6's interpreter (CPU tests run raw Triton there).
-    It holds a scalar kernel argument as a 1-element array and converts it with
+    """Three fixes to Triton 3.6's interpreter (CPU tests run raw Triton there)
+    and one speed-up. It holds a scalar kernel argument as a 1-element array and converts it with
     ``int(array)``, which NumPy 2.4 refuses, so a loop over a runtime trip count
     (``range(0, n)``: dynamic sizes) raises; Triton's later interpreter squeezes
     the array first, as this does. Its float32 -> bfloat16 cast truncates
     (``_rounding_cast``). Its atomics read their operands' memory as flat
-    arrays, wrong for a broadcast one (``_contiguous_atomics``). Where the
-    interpreter's internals moved, nothing is patched."""
+    arrays, wrong for a broadcast one (``_contiguous_atomics``). Its
+    ``tl.reduce`` with a combine function folds one element at a time
+    (``_reduce_by_halves``). Where the interpreter's internals moved, nothing is patched."""
     global _interpreter_patched
     if _interpreter_patched:
         return
@@ -151,6 +152,58 @@ def _patch_interpreter() -> None:
         builder.create_atomic_rmw = _contiguous_atomics(builder.create_atomic_rmw, interpreter)
     if builder is not None and hasattr(builder, "create_atomic_cas") and hasattr(interpreter, "TensorHandle"):
         builder.create_atomic_cas = _contiguous_atomics(builder.create_atomic_cas, interpreter)
+    ops = getattr(interpreter, "ReduceOps", None)
+    if ops is not None and all(hasattr(ops, a) for a in ("generic_reduce", "unravel", "to_tensor")):
+        ops.generic_reduce = _reduce_by_halves(ops.generic_reduce)
+
+
+# [Note: the interpreter's reductions by halves]
+# Triton's interpreter runs ``tl.reduce(x, axis, combine)`` one element at a
+# time: for each element it builds interpreter tensors and calls the combine
+# function, a few ``tl`` operations of a few numpy calls each. The raw-Triton
+# renderer reduces every float max and min with such a combine (``_max_nan``:
+# ``tl.max`` drops NaN on a GPU), so one softmax test over rows of 7 (a
+# 4096-wide chunk) made 74,000 combine calls, 19.7 s of its 20.6 s under a
+# profiler. Here the combine runs on the two halves of the reduced axis at once,
+# then on the halves of what it returned: log2(n) calls over arrays, the same
+# combine function on the same values, folded as a tree as a GPU folds its
+# lanes, not left to right. For max, min and the argmax / argmin picks (ties
+# broken by index) the order changes nothing; a product rounds as a tree does.
+# A block is a power of two long (tl.arange's rule); any other length folds as
+# the interpreter does.
+def _reduce_by_halves(element_by_element):
+    """``ReduceOps.generic_reduce`` with the combine on halves (``.plain``: the interpreter's own)."""
+    def generic_reduce(self, input):
+        import triton.language as tl
+
+        data = input[0].handle.data
+        n = data.size if self.axis is None else data.shape[self.axis]
+        if n == 0 or n & (n - 1):
+            return element_by_element(self, input)
+        original_axis = self.axis
+        input, axis = self.unravel(input, self.axis)
+        datas = [np.moveaxis(arg.handle.data, axis, 0) for arg in input]
+        dtypes = [arg.dtype for arg in input]
+        while datas[0].shape[0] > 1:
+            half = datas[0].shape[0] // 2
+            out = self.combine_fn.fn(*[self.to_tensor(d[:half], dt) for d, dt in zip(datas, dtypes)],
+                                     *[self.to_tensor(d[half:], dt) for d, dt in zip(datas, dtypes)])
+            out = out if isinstance(out, tuple) else (out,)
+            datas = [np.broadcast_to(o.handle.data if isinstance(o, tl.core.tensor) else np.asarray(o),
+                                     d[:half].shape).astype(d.dtype) for d, o in zip(datas, out)]
+        ret = []
+        for d, arg in zip(datas, input):
+            value = d[0]
+            if self.keep_dims:  # as the interpreter keeps them (after ``unravel``)
+                value = value.reshape((1,) * arg.handle.data.ndim) if original_axis is None \
+                    else np.expand_dims(value, axis)
+            elif original_axis is None:
+                value = value.item()
+            ret.append(self.to_tensor(value, arg.dtype))
+        return ret
+
+    generic_reduce.plain = element_by_element
+    return generic_reduce
 
 
 def _contiguous_atomics(atomic, interpreter):
