@@ -521,7 +521,13 @@ def matmul_config(m: int, n: int, k: int, dtype, *, batch: int = 1, num_sms: int
     if one_wave and wide and bm <= 64:
         bk = max(MIN_MATMUL_BLOCK, min(next_power_of_2(k), 128))
     area = bm * bn
-    warps = 8 if area >= 128 * 256 else 4 if area >= 64 * 64 or (one_wave and bm >= 64) else 2
+    # Row blocks of 128 run 8 warps from 64 columns on: with 4, a pointwise epilogue
+    # over the float32 accumulator (a GELU's tanh) needed 174-255 registers and
+    # spilled at 128 x 128; with 8 GELU-epilogue products ran 7-27% faster, plain
+    # ones within 1% (one 9% faster), and ptxas took about half as long
+    # (RESULTS.md, "Session 38"). 64 x 128 was not measured.
+    wide_tile = area >= 128 * 256 or (bm >= 128 and bn >= 64)
+    warps = 8 if wide_tile else 4 if area >= 64 * 64 or (one_wave and bm >= 64) else 2
     per_stage = (bm + bn) * bk * itemsize
     most = MATMUL_ONE_WAVE_STAGES if one_wave else 4 if area < 128 * 256 else 3
     stages = max(1, min(most, MATMUL_SMEM_BYTES // per_stage, ceil_div(k, bk)))

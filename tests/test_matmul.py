@@ -371,6 +371,16 @@ def test_small_m_fills_the_gpu():
     assert -(-64 // cfg.block_m) * -(-4096 // cfg.block_n) >= 128  # ~one program per SM
 
 
+
+def test_row_blocks_of_128_run_eight_warps():
+    """A 128-row tile from 64 columns on runs 8 warps (a GELU epilogue over its
+    accumulator spilled with 4: heuristics.matmul_config); smaller tiles keep 4."""
+    for m, n, k in ((256, 4096, 4096), (512, 4096, 1024), (256, 8192, 8192)):
+        cfg = heuristics.matmul_config(m, n, k, BF16, num_sms=132)
+        assert cfg.block_m == 128 and cfg.block_n >= 64 and cfg.num_warps == 8, (m, n, k, cfg)
+    cfg = heuristics.matmul_config(100, 4096, 1024, BF16, num_sms=132)
+    assert (cfg.block_m, cfg.block_n, cfg.num_warps) == (64, 64, 4), cfg
+
 # --------------------------------------------------------------------------- #
 # the GPU lowering, on the CPU
 # --------------------------------------------------------------------------- #

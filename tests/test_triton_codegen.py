@@ -152,6 +152,36 @@ def test_eager_matmul_template_with_epilogue(name, rng):
     _check(name, jnp.float32, rng, sizes=(5, 70))
 
 
+
+def test_the_templates_k_loop_takes_its_trip_count_at_launch(rng):
+    """[Note: the K loop's trip count at run time]: the raw-Triton template's K
+    loop runs to a launch argument, not a literal ptxas would unroll; values
+    match jax.jit inside the XLA program (a static M, and the K tail masked) and
+    in eager launches of a dynamic M; one K step keeps its literal."""
+    def mlp(x, w1, w2):
+        return jax.nn.gelu(x @ w1, approximate=True) @ w2
+
+    x, w1, w2 = _normal(rng, (40, 300), BF16), _normal(rng, (300, 72), BF16, 0.1), _normal(rng, (72, 24), BF16, 0.2)
+    with pallaskit.config.override(kernel_backend="triton"):
+        sources = [k.source for k in pallaskit.explain(mlp, x, w1, w2).kernels]
+        assert len(sources) == 2, sources
+        loops = sorted(line.strip() for src in sources for line in src.splitlines() if "for step in" in line)
+        assert loops == ["for step in range(0, K_STEPS):", "for step in range(0, K_STEPS):"] or \
+            loops == ["for step in range(0, 1):", "for step in range(0, K_STEPS):"], loops
+        params = [line for src in sources for line in src.splitlines() if line.startswith("def ")]
+        assert any("K_STEPS," in line for line in params), params  # a kernel parameter
+        np.testing.assert_allclose(np.asarray(pallaskit.jit(mlp)(x, w1, w2), np.float32),
+                                   np.asarray(jax.jit(mlp)(x, w1, w2), np.float32), **MATMUL_TOL[np.dtype(BF16)])
+    pallaskit.config.update(dynamic_launch="on")
+    f = pallaskit.jit(mlp, dynamic={"x": {0: "n"}})
+    for n in (3, 70):
+        xn = _normal(rng, (n, 300), BF16)
+        before = metrics.counters["eager_launches"]
+        got = f(xn, w1, w2)
+        assert metrics.counters["eager_launches"] == before + 1
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(jax.jit(mlp)(xn, w1, w2), np.float32),
+                                   **MATMUL_TOL[np.dtype(BF16)])
+
 @pytest.mark.parametrize("tier_up", ["static", "variant"])
 def test_one_kernel_compile_serves_every_size_and_a_recurring_size_tiers_up(tier_up, rng):
     pallaskit.config.update(dynamic_launch="on", dynamic_tier_up=tier_up)

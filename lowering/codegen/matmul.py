@@ -101,8 +101,8 @@ def write_k_loop(em, mm, cfg, dims, k_blocks, dynamic_m: bool) -> None:
     """The K loop into the float32 tile ``acc`` (both dialects, ``em``'s): per
     step an A and a B tile, gathered at their operands' offsets (rows past M and
     columns past N read a valid row / column, the K tail masked to 0), and
-    ``em.dot_text()`` added in. ``k_blocks``: the step count (a number or a
-    kernel constant's name)."""
+    ``em.dot_text()`` added in. ``k_blocks``: the step count (a number, or the
+    name of a kernel constant or argument)."""
     m, n, k = dims
     node: ir.Matmul = mm.node
     w = em.w

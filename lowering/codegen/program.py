@@ -334,9 +334,10 @@ def _render_triton_xla(kernel: Kernel, schedule: Schedule, options: CompileOptio
     args = [f"in{i}" for i in range(len(r.reads))]
     constexprs = ", ".join(f"{c}={v}" for c, v in r.constexprs.items())
     # Dynamic sizes: the launcher takes the program's dims array first and the
-    # symbols as keyword ints (as the Pallas launcher); the kernel takes the ints.
+    # symbols as keyword ints (as the Pallas launcher); the kernel takes the ints,
+    # then the renderer's launch ints (``Rendered.scalars``).
     params = (["dims"] if r.dims else []) + args + (["*"] + list(r.dims) if r.dims else [])
-    scalars = f"scalars=({', '.join(r.dims)}{',' if len(r.dims) == 1 else ''}), " if r.dims else ""
+    scalars = f"scalars=({', '.join(r.scalars)}{',' if len(r.scalars) == 1 else ''}), " if r.scalars else ""
     w.line(f"def {kernel.name}({', '.join(params)}):")
     with w.indent():
         operands = "".join(f"{a}, " for a in args)  # none for a kernel of constants

@@ -1151,7 +1151,17 @@ def render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
     if dynamic_m:
         w.line("M_BLOCKS = (M + BLOCK_M - 1) // BLOCK_M")
     matmul.write_tile(em, b, m_blocks, n_blocks, cfg.group_m, dynamic_m)
-    matmul.write_k_loop(em, mm, cfg, (m, n, k), k_blocks, dynamic_m)
+    # [Note: the K loop's trip count at run time]
+    # ptxas unrolls a loop whose trip count it sees, and on the template's K
+    # loop (wgmma steps, the tile's accumulator live across them) that took
+    # seconds: 4.6 s against 0.24 s for a 128 x 128 tile with 8 warps over 32
+    # K steps, 3.8 / 3.4 s against 1.1 / 0.4 s at 512 rows (benchmarks/RESULTS.md,
+    # "Session 38"), on the critical path of a cold first call (jaxlib runs it
+    # before XLA's compile). So the launch passes the step count as an int
+    # argument, as Triton's own matmul takes K: the loop stays rolled, and the
+    # kernels ran as fast on the H100 (within 1%, some faster).
+    k_steps = {"K_STEPS": k_blocks} if k_blocks > 1 else {}
+    matmul.write_k_loop(em, mm, cfg, (m, n, k), "K_STEPS" if k_steps else k_blocks, dynamic_m)
     matmul.write_epilogue(em, kernel, mm)
     own = _origins(em.graph, mm, em.schedule.stored)
     header = (f"# kernel {kernel.name}: matmul {'%d x ' % b if b > 1 else ''}({m} x {k}) @ ({k} x {n}), {cfg}\n"
@@ -1163,7 +1173,7 @@ def render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
     grid = f"{b * n_blocks} * {_grid_cdiv(m, cfg.block_m)}" if dynamic_m else str(b * (-(-m // cfg.block_m)) * n_blocks)
     blocks = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "GROUP_M": cfg.group_m,
               "BLOCK_R": cfg.block_m, "BLOCK_C": cfg.block_n}
-    return _wrap(kernel, schedule, em, header, extents, blocks, grid, cfg.num_warps, cfg.num_stages)
+    return _wrap(kernel, schedule, em, header, extents, blocks, grid, cfg.num_warps, cfg.num_stages, k_steps)
 
 
 _ATOMIC_RMW = {"add": "tl.atomic_add", "max": "tl.atomic_max", "min": "tl.atomic_min"}
@@ -1263,16 +1273,26 @@ class Rendered:
     guards: list = dataclasses.field(default_factory=list)  # symbolic kernels: what the int32 indices assume
     aliases: tuple = ()  # (read, output) pairs: that output starts as that read (an atomic scatter's operand)
     staged: bool = False  # a Gluon kernel, its rows staged in shared memory ([Note: staged rows] in codegen/rows.py)
+    # Ints the launch passes after the dims, though known when rendering: values the
+    # kernel must not see as constants ([Note: the K loop's trip count at run time])
+    launch_ints: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def scalars(self) -> list:
+        """The launch's scalar arguments, in the kernel's order: the dims' names, then the launch ints' values."""
+        return [*self.dims, *(str(v) for v in self.launch_ints.values())]
 
 
-def _wrap(kernel, schedule, em, header, extents, constexprs, grid, num_warps, num_stages) -> Rendered:
+def _wrap(kernel, schedule, em, header, extents, constexprs, grid, num_warps, num_stages,
+          launch_ints=None) -> Rendered:
     body = em.w.source()
     dims = used_dims(schedule, "\n".join(extents) + "\n" + body)
     ins, outs = list(em.in_refs.values()), list(em.out_refs.values())
+    launch_ints = dict(launch_ints or {})
     w = SourceWriter()
     w.lines.extend(header.splitlines())
     w.line(em.DECORATOR)
-    params = ins + outs + dims + [f"{c}: tl.constexpr" for c in constexprs]
+    params = ins + outs + dims + list(launch_ints) + [f"{c}: tl.constexpr" for c in constexprs]
     w.line(f"def {kernel.name}_kernel({', '.join(params)}):")
     staged = bool(em.staged_vec)
     with w.indent():
@@ -1282,7 +1302,7 @@ def _wrap(kernel, schedule, em, header, extents, constexprs, grid, num_warps, nu
             w.line(em.layout_line())
     w.lines.append(body.rstrip("\n"))
     return Rendered(kernel.name, w.source(), list(kernel.reads), dims, grid, constexprs, num_warps, num_stages,
-                     set(em.helpers), guards=list(em.guards), staged=staged)
+                     set(em.helpers), guards=list(em.guards), staged=staged, launch_ints=launch_ints)
 
 
 # Kernel kinds whose renderer lives in a module built on this one, registered
@@ -1357,7 +1377,7 @@ def render(schedule: Schedule, options: CompileOptions, title: str = "") -> Trit
                            f"np.dtype({np.dtype(m.node.dtype).name!r}))")
             outs = [m.name for m in step.members if m.store]
             ce = ", ".join(f"{c}={v}" for c, v in r.constexprs.items())
-            w.line(f"run(kernels[{r.name!r}], ({r.grid},), {', '.join(r.reads + outs + r.dims)}, {ce})")
+            w.line(f"run(kernels[{r.name!r}], ({r.grid},), {', '.join(r.reads + outs + r.scalars)}, {ce})")
         outs = []
         for o in graph.outputs:
             if isinstance(o, ir.Const):
