@@ -182,6 +182,34 @@ def test_donation_with_automatic_dynamic(rng):
     assert pallaskit.metrics.counters["graphs_compiled"] == 2
 
 
+def test_automatic_dynamic_deletes_what_jax_jit_deletes(rng):
+    """After the rows turn dynamic (a dispatcher of variants, no XLA donation of
+    its own), a donated argument no output can take stays alive and is named
+    in jax.jit's warning, as jax.jit keeps it; one an output takes is deleted.
+    pallaskit deleted every donated argument."""
+    def f(x, y, s):
+        h = jnp.tanh(x @ s)  # (n, 4): takes y's buffer; x (n, 3) has no output of its shape or size
+        return h + y, (h * y).sum()
+
+    jf, ref = pallaskit.jit(f, donate_argnums=(0, 1)), jax.jit(f, donate_argnums=(0, 1))
+    s = jnp.asarray(rng.standard_normal((3, 4)), jnp.float32)
+    for n in (5, 9, 5, 13):
+        x, y = jnp.asarray(rng.standard_normal((n, 3)), jnp.float32), jnp.asarray(rng.standard_normal((n, 4)), jnp.float32)
+        x2, y2 = jnp.copy(x), jnp.copy(y)
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            out = jf(x, y, s)
+        with warnings.catch_warnings(record=True) as want:
+            warnings.simplefilter("always")
+            expected = ref(x2, y2, s)
+        for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(expected)):
+            assert_close(a, b)
+        assert (x.is_deleted(), y.is_deleted()) == (x2.is_deleted(), y2.is_deleted()) == (False, True), n
+        assert [str(w.message) for w in got] == [str(w.message) for w in want], n
+        np.asarray(x)  # still readable
+    assert pallaskit.metrics.counters["graphs_compiled"] == 2
+
+
 def test_unusable_donation_warns_as_jax_does(rng):
     x = jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
     with pytest.warns(UserWarning, match="Some donated buffers were not usable"):

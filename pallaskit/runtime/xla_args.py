@@ -273,12 +273,73 @@ def _lower(call: Callable, structs, constants, xla: XlaArgs | None):
         return jax.jit(call, **kw).lower(*structs, *const_structs)
 
 
-def delete_donated(leaves, donate: tuple[int, ...], outs) -> None:
+# [Note: donation without XLA's aliasing]
+# A dispatcher of variants or an eager launch runs the program with no XLA
+# donation of its own, so pallaskit deletes the donated arrays itself. jax.jit
+# deletes only what its lowering gave XLA (``mlir._set_up_aliases``): a donated
+# argument aliased to an output of its shape and dtype (first donated argument
+# first, outputs in order), else one donated to XLA for an unmatched output of
+# as many elements; the rest stays alive and is named in jax.jit's warning
+# "Some donated buffers were not usable", once per compile. A program over
+# several devices donates every donated argument (jax.jit's partitioned case);
+# a call with dynamic dims runs on one device. ``donation_plan`` is that rule
+# for one call's concrete avals; the entry keeps each plan by those avals
+# (``Compiled.donation``), so a size warns once, as jax.jit's compile of it does.
+def donation_plan(leaves, donate: tuple[int, ...], outs) -> tuple[int, ...]:
+    """The donated leaves jax.jit would delete for a call of these leaves with
+    these flat outputs; warns, as jax.jit does, naming the ones it keeps."""
+    import collections
+    import warnings
+
+    def aval(x):
+        return (tuple(np.shape(x)), np.dtype(x.dtype)) if hasattr(x, "dtype") else None
+
+    donate = [i for i in donate if isinstance(leaves[i], jax.Array)]
+    if any(len(getattr(leaves[i], "sharding", None).device_set) > 1 for i in donate
+           if getattr(leaves[i], "sharding", None) is not None):
+        return tuple(donate)
+    pending = collections.defaultdict(collections.deque)
+    for i in donate:
+        pending[aval(leaves[i])].append(i)
+    used, unmatched = set(), collections.defaultdict(int)
+    for o in outs:
+        key = aval(o)
+        if key is None:
+            continue
+        if pending.get(key):
+            used.add(pending[key].popleft())
+        else:
+            unmatched[int(np.prod(key[0], dtype=np.int64))] += 1
+    for i in donate:  # donated to XLA where an unmatched output has as many elements
+        if i not in used:
+            size = int(np.size(leaves[i]))
+            if unmatched.get(size):
+                unmatched[size] -= 1
+                used.add(i)
+    unused = [i for i in donate if i not in used]
+    if unused:
+        text = ", ".join(str(jax.core.ShapedArray(np.shape(leaves[i]), leaves[i].dtype)) for i in unused)
+        warnings.warn(f"Some donated buffers were not usable: {text}.\n"
+                      "See an explanation at https://docs.jax.dev/en/latest/faq.html#buffer-donation.",
+                      stacklevel=5)
+    return tuple(i for i in donate if i in used)
+
+
+def delete_donated(leaves, donate: tuple[int, ...], outs, plans: dict | None = None) -> None:
     """Invalidate donated arrays after a call that did not go through one
     executable with XLA's donation (eager launches, multi-kernel dispatch), as
-    jax.jit's donation does; an output that is the argument itself stays."""
+    jax.jit's donation does ([Note: donation without XLA's aliasing]); an output
+    that is the argument itself stays. ``plans``: the entry's plans by the call's
+    avals (each warns once)."""
+    key = tuple((np.shape(leaves[i]), getattr(leaves[i], "dtype", None)) for i in donate)
+    key += tuple((np.shape(o), getattr(o, "dtype", None)) for o in outs)
+    plan = plans.get(key) if plans is not None else None
+    if plan is None:
+        plan = donation_plan(leaves, donate, outs)
+        if plans is not None:
+            plans[key] = plan
     keep = {id(o) for o in outs}
-    for i in donate:
+    for i in plan:
         x = leaves[i]
         if id(x) not in keep and isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
             if not x.is_deleted():
