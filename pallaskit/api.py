@@ -237,7 +237,7 @@ class JitFunction:
         leaves, avals = [], []
         dyn_positions = self._dynamic_positions(len(args))
         for path, leaf in leaves_with_path:
-            avals.append(signature.abstractify(leaf, signature.describe(path, dyn_positions, self._sig)))
+            avals.append(signature.abstractify(leaf, signature.describe(path, dyn_positions, self._sig), self.fn))
             leaves.append(leaf)
         key = signature.call_key(treedef, avals, static_pos, static_kw, len(args))
         return key, leaves, avals, treedef, static_pos, static_kw

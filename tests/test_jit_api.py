@@ -402,6 +402,23 @@ def test_errors_raised_while_tracing_read_as_jax_jits(fn, args):
         assert "function _branchy" in got[1] and "params['w']" in got[1]
 
 
+def _add(x, batch):
+    return x + batch["ys"]
+
+
+@pytest.mark.parametrize("bad", ["abc", object()], ids=["str", "object"])
+def test_a_non_array_argument_names_the_function_as_jax_jit_does(bad):
+    """A leaf that is no array: jax.jit's TypeError names the function and the
+    argument's path; pallaskit's named the argument only."""
+    args = (jnp.ones(3), {"ys": bad})
+    expected = _outcome(lambda: jax.jit(_add)(*args))
+    got = _outcome(lambda: pallaskit.jit(_add)(*args))
+    assert expected[0] is got[0] is TypeError
+    for text in ("Error interpreting argument to <function _add", "as an abstract array", str(type(bad))):
+        assert text in expected[1] and text in got[1], (text, got[1])
+    assert "argument 'batch'['ys']" in got[1]
+
+
 # --------------------------------------------------------------------------- #
 # jax.jit's other keywords; closures over tracers; jax.linearize
 # --------------------------------------------------------------------------- #
