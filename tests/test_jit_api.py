@@ -185,26 +185,29 @@ def test_donation_with_automatic_dynamic(rng):
 def test_automatic_dynamic_deletes_what_jax_jit_deletes(rng):
     """After the rows turn dynamic (a dispatcher of variants, no XLA donation of
     its own), a donated argument no output can take stays alive and is named
-    in jax.jit's warning, as jax.jit keeps it; one an output takes is deleted.
-    pallaskit deleted every donated argument."""
-    def f(x, y, s):
+    in jax.jit's warning, as jax.jit keeps it; one an output takes is deleted
+    (a typed key too). pallaskit deleted every donated argument."""
+    def f(x, y, s, key):
         h = jnp.tanh(x @ s)  # (n, 4): takes y's buffer; x (n, 3) has no output of its shape or size
-        return h + y, (h * y).sum()
+        return h + y, (h * y).sum(), jax.random.split(key)[0]
 
-    jf, ref = pallaskit.jit(f, donate_argnums=(0, 1)), jax.jit(f, donate_argnums=(0, 1))
+    jf, ref = pallaskit.jit(f, donate_argnums=(0, 1, 3)), jax.jit(f, donate_argnums=(0, 1, 3))
     s = jnp.asarray(rng.standard_normal((3, 4)), jnp.float32)
     for n in (5, 9, 5, 13):
         x, y = jnp.asarray(rng.standard_normal((n, 3)), jnp.float32), jnp.asarray(rng.standard_normal((n, 4)), jnp.float32)
         x2, y2 = jnp.copy(x), jnp.copy(y)
+        k, k2 = jax.random.key(n), jax.random.key(n)
         with warnings.catch_warnings(record=True) as got:
             warnings.simplefilter("always")
-            out = jf(x, y, s)
+            out = jf(x, y, s, k)
         with warnings.catch_warnings(record=True) as want:
             warnings.simplefilter("always")
-            expected = ref(x2, y2, s)
-        for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(expected)):
+            expected = ref(x2, y2, s, k2)
+        for a, b in zip(out[:2], expected[:2]):
             assert_close(a, b)
-        assert (x.is_deleted(), y.is_deleted()) == (x2.is_deleted(), y2.is_deleted()) == (False, True), n
+        np.testing.assert_array_equal(jax.random.key_data(out[2]), jax.random.key_data(expected[2]))
+        deleted = (x.is_deleted(), y.is_deleted(), k.is_deleted())
+        assert deleted == (x2.is_deleted(), y2.is_deleted(), k2.is_deleted()) == (False, True, True), n
         assert [str(w.message) for w in got] == [str(w.message) for w in want], n
         np.asarray(x)  # still readable
     assert pallaskit.metrics.counters["graphs_compiled"] == 2

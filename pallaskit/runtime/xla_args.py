@@ -292,7 +292,7 @@ def donation_plan(leaves, donate: tuple[int, ...], outs) -> tuple[int, ...]:
     import warnings
 
     def aval(x):
-        return (tuple(np.shape(x)), np.dtype(x.dtype)) if hasattr(x, "dtype") else None
+        return (tuple(np.shape(x)), x.dtype) if hasattr(x, "dtype") else None  # x.dtype: key<fry> too
 
     donate = [i for i in donate if isinstance(leaves[i], jax.Array)]
     if any(len(getattr(leaves[i], "sharding", None).device_set) > 1 for i in donate
