@@ -297,6 +297,31 @@ def test_explicit_mesh(rng):
     assert pallaskit.metrics.counters["autodiff_fallbacks"] == 2
 
 
+@needs8
+@pytest.mark.parametrize("stage", ["call", "compiled"])
+def test_code_reading_explicit_sharding_types(stage, rng):
+    """A function that reads its arguments' types on an explicit mesh
+    (``jax.typeof(x).sharding.spec``) was traced over the mesh's Auto twin,
+    whose types name no axis, and returned another value than jax.jit's; it
+    now runs through XLA. A function that reads nothing stays pallaskit's."""
+    mesh = _mesh((2, 4), ("a", "b"), explicit=True)
+    x = jax.device_put(jnp.asarray(rng.standard_normal((8, 12)), jnp.float32), NamedSharding(mesh, P("a")))
+
+    def reads(x):
+        scale = 2.0 if jax.typeof(x).sharding.spec[0] == "a" else 3.0
+        return jnp.tanh(x) * scale, x.sum(0)
+
+    def plain(x):
+        return jnp.tanh(x) * 2.0, x.sum(0)
+
+    for fn, falls_back in ((reads, 1), (plain, 0)):
+        before = pallaskit.metrics.counters["autodiff_fallbacks"]
+        jf = pallaskit.jit(fn)
+        out = jf(x) if stage == "call" else jf.lower(x).compile()(x)
+        _check(out, jax.jit(fn)(x))
+        assert pallaskit.metrics.counters["autodiff_fallbacks"] - before == falls_back
+
+
 # --------------------------------------------------------------------------- #
 # sharding constraints, shard_map, collectives
 # --------------------------------------------------------------------------- #
