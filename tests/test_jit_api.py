@@ -213,6 +213,44 @@ def test_automatic_dynamic_deletes_what_jax_jit_deletes(rng):
     assert pallaskit.metrics.counters["graphs_compiled"] == 2
 
 
+def _donation_cases():
+    """Fresh functions (jax.jit warns once per compile, and caches compiles by function)."""
+    def cast_out(x, y):  # no output of x's or y's dtype: XLA reuses x for the int32 output (its bytes) only
+        return (x + y).astype(jnp.bfloat16), x.astype(jnp.int32)
+
+    def reads_x_only(x, y):  # y unread: jax.jit prunes it, neither donated nor named in the warning
+        return jnp.tanh(x) * 2.0
+
+    def flat_out(x, y):  # x's element count: XLA takes x; y is named in the warning
+        return (x + y).reshape(-1)
+
+    return {f.__name__: f for f in (cast_out, reads_x_only, flat_out)}
+
+
+@pytest.mark.parametrize("name", ["cast_out", "reads_x_only", "flat_out"])
+@pytest.mark.parametrize("keep_unused", [False, True])
+def test_dynamic_donation_matches_jax_jit_per_output(name, keep_unused, rng):
+    """The dispatcher's donation as jax.jit's with XLA's: aliases by shape and
+    dtype, donors by element count taken where an output has their bytes,
+    unread arguments pruned (unless keep_unused), one warning per size."""
+    fn = _donation_cases()[name]
+    jf = pallaskit.jit(fn, donate_argnums=(0, 1), keep_unused=keep_unused)
+    ref = jax.jit(fn, donate_argnums=(0, 1), keep_unused=keep_unused)
+    for n in (4, 6, 8, 6):
+        x, y = (jnp.asarray(rng.standard_normal((n, 3)), jnp.float32) for _ in range(2))
+        x2, y2 = jnp.copy(x), jnp.copy(y)
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            out = jf(x, y)
+        with warnings.catch_warnings(record=True) as want:
+            warnings.simplefilter("always")
+            expected = ref(x2, y2)
+        for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(expected)):
+            assert_close(a, b, b.dtype)
+        assert (x.is_deleted(), y.is_deleted()) == (x2.is_deleted(), y2.is_deleted()), n
+        assert [str(w.message) for w in got] == [str(w.message) for w in want], n
+
+
 def test_unusable_donation_warns_as_jax_does(rng):
     x = jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
     with pytest.warns(UserWarning, match="Some donated buffers were not usable"):

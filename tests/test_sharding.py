@@ -1,6 +1,8 @@
 """Sharded arguments ([Note: sharding] in pallaskit/sharding.py): values and
 output shardings against jax.jit on 8 simulated CPU devices (tests/conftest.py
 sets ``--xla_force_host_platform_device_count=8``)."""
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -435,6 +437,36 @@ def test_donated_sharded_argument(rng):
     out = pallaskit.jit(f, donate_argnums=0)(x, y)
     _check(out, ref)
     assert x.is_deleted() and not y.is_deleted()
+
+
+@needs8
+@pytest.mark.parametrize("user_out", [False, True])
+def test_sharded_donation_warns_as_jax_jit_does(user_out, rng):
+    """A donated sharded argument no output can take: jax.jit of a program over
+    several devices whose output shardings it propagates gives every donated
+    argument to XLA and warns of none; pallaskit lowers its program with those
+    shardings given and warned of it (with its shard's shape). With the user's
+    out_shardings jax.jit warns too."""
+    s = NamedSharding(_mesh((2, 4), ("a", "b")), P("a", "b"))
+    kw = dict(donate_argnums=(0, 1), out_shardings=NamedSharding(s.mesh, P()) if user_out else None)
+    kw = {k: v for k, v in kw.items() if v is not None}
+
+    def f(x, y):
+        return (x * y).sum(), jnp.tanh(y)
+
+    x0, y0 = (rng.standard_normal((6, 12)).astype(np.float32) for _ in range(2))
+    messages = []
+    for jit in (jax.jit, pallaskit.jit):
+        x, y = jax.device_put(x0, s), jax.device_put(y0, s)
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            out = jit(f, **kw)(x, y)
+        messages.append([str(w.message) for w in got if "donated" in str(w.message)])
+        if jit is jax.jit:
+            ref, deleted = out, (x.is_deleted(), y.is_deleted())
+    _check(out, ref)
+    assert (x.is_deleted(), y.is_deleted()) == deleted
+    assert messages[1] == messages[0] and bool(messages[0]) == user_out
 
 
 @needs8
