@@ -1,6 +1,7 @@
 """Sharded arguments ([Note: sharding] in pallaskit/sharding.py): values and
 output shardings against jax.jit on 8 simulated CPU devices (tests/conftest.py
 sets ``--xla_force_host_platform_device_count=8``)."""
+import functools
 import warnings
 
 import jax
@@ -730,6 +731,37 @@ def test_per_shard_constraint_and_shard_map(rng, per_shard):
     g = jax.shard_map(lambda x: jax.lax.psum(jnp.tanh(x), "a") * 2, mesh=mesh, in_specs=P("a", "b"),
                       out_specs=P(None, "b"))
     _check(pallaskit.jit(g)(x), jax.jit(g)(x))
+    assert pallaskit.metrics.counters["per_shard_graphs"] == 1
+
+
+@needs8
+def test_per_shard_constraint_in_a_loop_body(rng, per_shard):
+    """A sharding constraint inside a scan / cond body (a flax ``nn.scan`` of
+    layers): the body runs whole inside shard_map, where the constraint names
+    manual axes, and jax refused to lower the program (a crash, the default on
+    a GPU). Such a program takes the SPMD path; a loop without one stays per shard."""
+    mesh = _mesh((2, 4), ("a", "b"))
+
+    def layers(x, ws, constrain=True):
+        def body(h, w):
+            h = jnp.tanh(h @ w)
+            if constrain:
+                h = jax.lax.with_sharding_constraint(h, NamedSharding(mesh, P("a", "b")))
+            return h, jnp.sum(h)
+        return jax.lax.scan(body, x, ws)
+
+    def branch(x, flag):
+        return jax.lax.cond(flag, lambda v: jax.lax.with_sharding_constraint(v * 2, NamedSharding(mesh, P("a"))),
+                            lambda v: v - 1.0, x)
+
+    x = jax.device_put(rng.standard_normal((8, 16)).astype(np.float32), NamedSharding(mesh, P("a")))
+    ws = jax.device_put((rng.standard_normal((3, 16, 16)) * 0.3).astype(np.float32),
+                        NamedSharding(mesh, P(None, None, "b")))
+    _check(pallaskit.jit(layers)(x, ws), jax.jit(layers)(x, ws))
+    _check(pallaskit.jit(branch)(x, True), jax.jit(branch)(x, True))
+    assert pallaskit.metrics.counters["per_shard_graphs"] == 0
+    plain = functools.partial(layers, constrain=False)
+    _check(pallaskit.jit(plain)(x, ws), jax.jit(plain)(x, ws))
     assert pallaskit.metrics.counters["per_shard_graphs"] == 1
 
 
