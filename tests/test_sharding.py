@@ -489,6 +489,34 @@ def test_user_shardings_hold_for_every_size(rng):
 
 
 @needs8
+@pytest.mark.parametrize("spec", ["other_key", "list_for_tuple", "prefix"])
+def test_in_shardings_must_be_a_pytree_prefix(spec, rng):
+    """in_shardings whose structure is not a prefix of the argument's (a dict
+    key that differs, a list for a tuple): jax.jit's ValueError. pallaskit
+    compared leaf counts only and ran the call unsharded. A true prefix
+    shards every leaf under it, as in jax.jit."""
+    mesh = _mesh((2, 4), ("a", "b"))
+    rows, whole = NamedSharding(mesh, P("a")), NamedSharding(mesh, P())
+    state = {"w": jnp.asarray(rng.standard_normal((8, 4)), jnp.float32),
+             "t": (jnp.ones((8,), jnp.float32), jnp.zeros((4,), jnp.float32))}
+    x = jnp.asarray(rng.standard_normal((8, 4)), jnp.float32)
+    given = {"other_key": {"v": rows, "t": whole}, "list_for_tuple": {"w": rows, "t": [rows, whole]},
+             "prefix": {"w": rows, "t": whole}}[spec]
+
+    def f(state, x):
+        return state["w"] * x + state["t"][0][:, None], state["t"][1] + 1.0
+
+    kw = dict(in_shardings=(given, rows))
+    if spec == "prefix":
+        _check(pallaskit.jit(f, **kw)(state, x), jax.jit(f, **kw)(state, x))
+        return
+    with pytest.raises(ValueError):
+        jax.jit(f, **kw)(state, x)
+    with pytest.raises(ValueError, match="not a pytree prefix"):
+        pallaskit.jit(f, **kw)(state, x)
+
+
+@needs8
 def test_in_shardings_with_sharded_argument(rng):
     """The user's in_shardings with a sharded argument: the matching sharding
     compiles for the array's, an uncommitted argument takes the given one, a

@@ -189,10 +189,16 @@ def _broadcast(spec, subtree, what) -> list:
     pytree prefix of it whose leaves are shardings or None."""
     if _is_sharding_leaf(spec):
         return [spec] * subtree.num_leaves
-    leaves, tree = jax.tree_util.tree_flatten(spec, is_leaf=_is_sharding_leaf)
-    if tree.num_leaves != subtree.num_leaves or len(leaves) != subtree.num_leaves:
-        raise ValueError(f"pallaskit.jit: {what}: {spec!r} does not match the argument's pytree {subtree}")
-    return leaves
+    # A pytree prefix, as jax.jit takes it: its structure (dict keys, node types), not only its
+    # leaf count, must match (``{'v': s}`` for an argument ``{'w': x}`` ran unsharded).
+    spec_tree = jax.tree_util.tree_structure(spec, is_leaf=_is_sharding_leaf)
+    try:
+        subtrees = spec_tree.flatten_up_to(subtree.unflatten(range(subtree.num_leaves)))
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"pallaskit.jit: {what}: {spec!r} is not a pytree prefix of the argument's pytree "
+                         f"{subtree}: {e}") from None
+    return [s for s, sub in zip(jax.tree_util.tree_leaves(spec, is_leaf=_is_sharding_leaf), subtrees)
+            for _ in jax.tree_util.tree_leaves(sub)]
 
 
 def jit(call: Callable, xla: XlaArgs | None, n_constants: int, **kwargs):
