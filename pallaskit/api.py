@@ -237,7 +237,7 @@ class JitFunction:
         leaves, avals = [], []
         dyn_positions = self._dynamic_positions(len(args))
         for path, leaf in leaves_with_path:
-            avals.append(signature.abstractify(leaf, signature.describe(path, dyn_positions, self._sig)))
+            avals.append(signature.abstractify(leaf, signature.describe(path, dyn_positions, self._sig), self.fn))
             leaves.append(leaf)
         key = signature.call_key(treedef, avals, static_pos, static_kw, len(args))
         return key, leaves, avals, treedef, static_pos, static_kw
@@ -291,7 +291,8 @@ class JitFunction:
             if entry is not None:  # a signature seen before, concrete arrays
                 outs = _execute(entry, fast[1])
                 if entry.delete_after:
-                    xla_args.delete_donated(fast[1], entry.delete_after, outs)
+                    xla_args.delete_donated(fast[1], entry.delete_after, outs, entry.donation, entry.jaxpr,
+                                             self.keep_unused)
                 return jax.tree_util.tree_unflatten(entry.out_tree, outs), entry, outs
         key, leaves, avals, treedef, static_pos, static_kw = self._split(args, kwargs)
         why = sharding.xla_only(leaves, autodiff.transformed(leaves), compile_options)
@@ -337,7 +338,7 @@ class JitFunction:
         else:
             outs = _execute(entry, leaves)
         if entry.delete_after:
-            xla_args.delete_donated(leaves, entry.delete_after, outs)
+            xla_args.delete_donated(leaves, entry.delete_after, outs, entry.donation, entry.jaxpr, self.keep_unused)
         if not entry.ran:
             entry.ran = True
             metrics.counters["kernels_compiled"] += len(entry.result.program.kernels)

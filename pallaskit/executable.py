@@ -58,6 +58,8 @@ class Compiled:
     # Donated leaves the executable does not donate itself (a dispatcher of
     # variants, eager launches): deleted after each call, as jax.jit's donation does.
     delete_after: tuple = ()
+    # Which of them a call deletes, by the call's avals ([Note: donation without XLA's aliasing]).
+    donation: dict = dataclasses.field(default_factory=dict)
     # A symbolic graph: the differences of the symbolic sizes the trace took as
     # unequal; each must be nonzero at a call's sizes ([Note: shape equality guards]).
     shape_guards: list = dataclasses.field(default_factory=list)

@@ -180,6 +180,11 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
         closed, out_tree, eq_guards = trace_symbolic(jf, structs, treedef, static_pos, static_kw, n_args)
     else:
         context = sharding.trace_context(placement)
+
+        def as_jax_traces():
+            return trace(jf, [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=p)
+                              for a, p in zip(avals, placement or (None,) * len(avals))], treedef, static_pos,
+                         static_kw, n_args)[0]
         try:
             with context:
                 closed, out_tree = trace(jf, structs, treedef, static_pos, static_kw, n_args)
@@ -191,10 +196,10 @@ def compile_signature(jf, avals, treedef, static_pos, static_kw, n_args, aot=Tru
             # Traced over the Auto twin of an explicit mesh: code naming the explicit
             # mesh itself (a shard_map over it) refuses that context. Traced as
             # jax.jit traces it, it runs under JAX; an error there is the user's own.
-            trace(jf, [jax.ShapeDtypeStruct(a.shape, a.dtype, weak_type=a.weak_type, sharding=p)
-                       for a, p in zip(avals, placement or (None,) * len(avals))], treedef, static_pos, static_kw,
-                  n_args)
+            as_jax_traces()
             raise signature.JaxOnly(sharding.twin_refusal(e)) from e
+        if not isinstance(context, contextlib.nullcontext) and sharding.twin_differs(closed, as_jax_traces()):
+            raise signature.JaxOnly(sharding.twin_mismatch())  # [Note: the Auto twin's trace checked]
     out_tree_box = [out_tree]
     if xla is not None:
         xla = xla.for_outputs(out_tree, jf._title())

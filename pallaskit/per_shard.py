@@ -271,6 +271,13 @@ class _Interpreter:
 
     def whole(self, eqn, ins):
         """The equation on whole operands: outputs whole (the opaque-op fallback)."""
+        for inner in _sub_eqns(eqn):
+            # A loop / branch body is bound as it is, inside shard_map: a sharding
+            # constraint there names the mesh's axes, manual in the body, which jax
+            # refuses when the program is lowered (a flax nn.scan of layers with
+            # with_sharding_constraint crashed). The SPMD path keeps it.
+            if inner.primitive.name in _LAYOUT:
+                raise NoPlan(f"a {eqn.primitive.name} body holds {inner.primitive.name}")
         vals = [self.gather(v).x for v in ins]
         bind_params = eqn.primitive.get_bind_params(dict(eqn.params))
         subfuns = ()
@@ -532,11 +539,16 @@ def plan(closed, placement, avals) -> Plan:
 def _all_eqns(jaxpr):
     for eqn in jaxpr.eqns:
         yield eqn
-        for v in eqn.params.values():
-            for sub in (v if isinstance(v, (tuple, list)) else (v,)):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    yield from _all_eqns(inner)
+        yield from _sub_eqns(eqn)
+
+
+def _sub_eqns(eqn):
+    """The equations of ``eqn``'s sub-jaxprs (loop and branch bodies...), nested ones too."""
+    for v in eqn.params.values():
+        for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+            inner = getattr(sub, "jaxpr", sub)
+            if hasattr(inner, "eqns"):
+                yield from _all_eqns(inner)
 
 
 def attach(placed, closed, avals, build, options, mode: str, title: str):

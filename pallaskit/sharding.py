@@ -189,6 +189,96 @@ def twin_refusal(e: Exception) -> str:
 _MESH_PRIMITIVES = frozenset({"sharding_constraint", "shard_map", "reshard", "mesh_cast"})
 
 
+# [Note: the Auto twin's trace checked]
+# A function traced over an explicit mesh's Auto twin sees other types than
+# jax.jit gives it: ``jax.typeof(x).sharding.spec`` is empty where jax.jit's
+# names the explicit axes. Code that reads them (``if spec[0] == 'data'``)
+# traced to another program, and its call returned another value than
+# jax.jit's. So the function is also traced as jax.jit traces it, and the two
+# jaxprs are compared with their shardings left out (avals' shardings,
+# sharding and mesh parameters; values through a reshard / mesh_cast /
+# sharding_constraint, which move no value, count as their operands); where
+# they differ, the call runs through XLA (``twin_differs``).
+_PLACING_ONLY = frozenset({"reshard", "mesh_cast", "sharding_constraint"})
+_SHARDING_PARAMS = frozenset({"sharding", "out_sharding", "in_shardings", "out_shardings", "ctx_mesh", "mesh",
+                              "dst_sharding", "src_sharding", "in_layouts", "out_layouts", "abstract_mesh"})
+
+
+def _shape_only(aval) -> tuple:
+    return (tuple(str(d) for d in getattr(aval, "shape", ())), str(getattr(aval, "dtype", type(aval).__name__)),
+            bool(getattr(aval, "weak_type", False)))
+
+
+def _param_fingerprint(value):
+    import re
+
+    inner = getattr(value, "jaxpr", None)
+    if hasattr(value, "eqns"):
+        return ("jaxpr", _jaxpr_fingerprint(value, ()))
+    if inner is not None and hasattr(inner, "eqns"):  # a ClosedJaxpr
+        return ("closed", _jaxpr_fingerprint(inner, getattr(value, "consts", ())))
+    if isinstance(value, (tuple, list)):
+        return tuple(_param_fingerprint(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), _param_fingerprint(v)) for k, v in value.items()))
+    if isinstance(value, (jax.sharding.Sharding, jax.sharding.PartitionSpec, jax.sharding.Mesh,
+                          getattr(jax.sharding, "AbstractMesh", jax.sharding.Mesh))):
+        return "<sharding>"
+    if callable(value) and not isinstance(value, type):
+        return ("callable", type(value).__name__)
+    return re.sub(r" at 0x[0-9a-fA-F]+|0x[0-9a-fA-F]+", "", repr(value))
+
+
+def _const_fingerprint(c) -> tuple:
+    try:
+        a = np.asarray(c)
+        return (a.shape, str(a.dtype), a.tobytes() if a.size <= 4096 else hash(a.tobytes()))
+    except Exception:  # noqa: BLE001 - a key array, a token: its type
+        return (_shape_only(getattr(c, "aval", c)),)
+
+
+def _jaxpr_fingerprint(jaxpr, consts) -> tuple:
+    ids: dict = {}
+    fresh = iter(range(1 << 62))
+
+    def name(v):
+        if type(v).__name__ == "Literal":
+            return ("lit", repr(v.val), _shape_only(v.aval))
+        if v not in ids:
+            ids[v] = next(fresh)
+        return ids[v]
+
+    out = [tuple(_shape_only(v.aval) for v in jaxpr.invars), tuple(_const_fingerprint(c) for c in consts)]
+    for v in list(jaxpr.constvars) + list(jaxpr.invars):
+        name(v)
+    for eqn in jaxpr.eqns:
+        prim = eqn.primitive.name
+        if prim in _PLACING_ONLY and len(eqn.invars) == len(eqn.outvars):
+            for i, o in zip(eqn.invars, eqn.outvars):
+                ids[o] = name(i)
+            continue
+        params = tuple(sorted((k, _param_fingerprint(v)) for k, v in eqn.params.items() if k not in _SHARDING_PARAMS))
+        out.append((prim, params, tuple(name(v) for v in eqn.invars),
+                    tuple((name(v), _shape_only(v.aval)) for v in eqn.outvars)))
+    out.append(tuple(name(v) for v in jaxpr.outvars))
+    return tuple(out)
+
+
+def twin_differs(twin, traced) -> bool:
+    """Whether two closed jaxprs of one function (over an explicit mesh's Auto
+    twin, and as jax.jit traces it) differ in more than their shardings
+    ([Note: the Auto twin's trace checked])."""
+    try:
+        return (_jaxpr_fingerprint(twin.jaxpr, twin.consts) != _jaxpr_fingerprint(traced.jaxpr, traced.consts))
+    except Exception:  # noqa: BLE001 - a jaxpr this walk does not know: not proven alike
+        return True
+
+
+def twin_mismatch() -> str:
+    return ("its trace over the Auto twin of an explicit mesh differs from jax.jit's over the explicit mesh "
+            "(code reading the arrays' sharding types)")
+
+
 def mentions_mesh(closed) -> bool:
     """Whether a jaxpr places values on devices itself (a sharding
     constraint, a shard_map...): jax.jit then runs it over those devices."""

@@ -234,7 +234,7 @@ def array_type(leaves) -> type | None:
     return _ARRAY_TYPE[0]
 
 
-def abstractify(leaf, where: str):
+def abstractify(leaf, where: str, fn=None):
     # ShapeDtypeStruct: explain / lower_to_result need shapes only
     if isinstance(leaf, (jax.Array, np.ndarray, jax.ShapeDtypeStruct)) or isinstance(leaf, SCALARS):
         try:
@@ -244,8 +244,13 @@ def abstractify(leaf, where: str):
                                 f"whose argument path is {where}. Got {type(leaf)} with value {leaf}") from None
     if hasattr(leaf, "__jax_array__"):
         return jax.typeof(leaf.__jax_array__())
-    raise TypeError(f"pallaskit.jit: {where} is a {type(leaf).__name__}, not an array or scalar; "
-                    f"mark it static (static_argnums/static_argnames) or pass an array")
+    # jax.jit's error, naming the function as it does
+    name = repr(fn) if fn is not None else "the function"
+    raise TypeError(f"Error interpreting argument to {name} as an abstract "
+                    f"array. The problematic value is of type {type(leaf)} and was passed to the function at path "
+                    f"{where}.\nThis typically means that a jit-wrapped function was called with a non-array "
+                    f"argument, and this argument was not marked as static using the static_argnums or "
+                    f"static_argnames parameters of pallaskit.jit.")
 
 
 # [Note: nested pallaskit functions]

@@ -54,6 +54,13 @@ class _Signature:
             self.jax_traced = jf._jax.trace(*args, **kwargs)
             self.jaxpr, self.out_tree = self.jax_traced.jaxpr, self.jax_traced.out_tree
             self.jax_only = f"{sharding.twin_refusal(e)}; jax.jit lowers the function"
+        else:
+            if not isinstance(context, contextlib.nullcontext):  # [Note: the Auto twin's trace checked]
+                traced = jf._jax.trace(*args, **kwargs)
+                if sharding.twin_differs(self.jaxpr, traced.jaxpr):
+                    self.jax_traced = traced
+                    self.jaxpr, self.out_tree = traced.jaxpr, traced.out_tree
+                    self.jax_only = f"{sharding.twin_mismatch()}; jax.jit lowers the function"
         # placed as a call of these arguments would be (jax.jit's output shardings)
         self.placement = orchestrator.placed(self.placement, self.jaxpr, self.xla, len(self.avals))
         dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(self.treedef, list(range(len(self.avals))))

@@ -182,6 +182,75 @@ def test_donation_with_automatic_dynamic(rng):
     assert pallaskit.metrics.counters["graphs_compiled"] == 2
 
 
+def test_automatic_dynamic_deletes_what_jax_jit_deletes(rng):
+    """After the rows turn dynamic (a dispatcher of variants, no XLA donation of
+    its own), a donated argument no output can take stays alive and is named
+    in jax.jit's warning, as jax.jit keeps it; one an output takes is deleted
+    (a typed key too). pallaskit deleted every donated argument."""
+    def f(x, y, s, key):
+        h = jnp.tanh(x @ s)  # (n, 4): takes y's buffer; x (n, 3) has no output of its shape or size
+        return h + y, (h * y).sum(), jax.random.split(key)[0]
+
+    jf, ref = pallaskit.jit(f, donate_argnums=(0, 1, 3)), jax.jit(f, donate_argnums=(0, 1, 3))
+    s = jnp.asarray(rng.standard_normal((3, 4)), jnp.float32)
+    for n in (5, 9, 5, 13):
+        x, y = jnp.asarray(rng.standard_normal((n, 3)), jnp.float32), jnp.asarray(rng.standard_normal((n, 4)), jnp.float32)
+        x2, y2 = jnp.copy(x), jnp.copy(y)
+        k, k2 = jax.random.key(n), jax.random.key(n)
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            out = jf(x, y, s, k)
+        with warnings.catch_warnings(record=True) as want:
+            warnings.simplefilter("always")
+            expected = ref(x2, y2, s, k2)
+        for a, b in zip(out[:2], expected[:2]):
+            assert_close(a, b)
+        np.testing.assert_array_equal(jax.random.key_data(out[2]), jax.random.key_data(expected[2]))
+        deleted = (x.is_deleted(), y.is_deleted(), k.is_deleted())
+        assert deleted == (x2.is_deleted(), y2.is_deleted(), k2.is_deleted()) == (False, True, True), n
+        assert [str(w.message) for w in got] == [str(w.message) for w in want], n
+        np.asarray(x)  # still readable
+    assert pallaskit.metrics.counters["graphs_compiled"] == 2
+
+
+def _donation_cases():
+    """Fresh functions (jax.jit warns once per compile, and caches compiles by function)."""
+    def cast_out(x, y):  # no output of x's or y's dtype: XLA reuses x for the int32 output (its bytes) only
+        return (x + y).astype(jnp.bfloat16), x.astype(jnp.int32)
+
+    def reads_x_only(x, y):  # y unread: jax.jit prunes it, neither donated nor named in the warning
+        return jnp.tanh(x) * 2.0
+
+    def flat_out(x, y):  # x's element count: XLA takes x; y is named in the warning
+        return (x + y).reshape(-1)
+
+    return {f.__name__: f for f in (cast_out, reads_x_only, flat_out)}
+
+
+@pytest.mark.parametrize("name", ["cast_out", "reads_x_only", "flat_out"])
+@pytest.mark.parametrize("keep_unused", [False, True])
+def test_dynamic_donation_matches_jax_jit_per_output(name, keep_unused, rng):
+    """The dispatcher's donation as jax.jit's with XLA's: aliases by shape and
+    dtype, donors by element count taken where an output has their bytes,
+    unread arguments pruned (unless keep_unused), one warning per size."""
+    fn = _donation_cases()[name]
+    jf = pallaskit.jit(fn, donate_argnums=(0, 1), keep_unused=keep_unused)
+    ref = jax.jit(fn, donate_argnums=(0, 1), keep_unused=keep_unused)
+    for n in (4, 6, 8, 6):
+        x, y = (jnp.asarray(rng.standard_normal((n, 3)), jnp.float32) for _ in range(2))
+        x2, y2 = jnp.copy(x), jnp.copy(y)
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            out = jf(x, y)
+        with warnings.catch_warnings(record=True) as want:
+            warnings.simplefilter("always")
+            expected = ref(x2, y2)
+        for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(expected)):
+            assert_close(a, b, b.dtype)
+        assert (x.is_deleted(), y.is_deleted()) == (x2.is_deleted(), y2.is_deleted()), n
+        assert [str(w.message) for w in got] == [str(w.message) for w in want], n
+
+
 def test_unusable_donation_warns_as_jax_does(rng):
     x = jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
     with pytest.warns(UserWarning, match="Some donated buffers were not usable"):
@@ -372,6 +441,23 @@ def test_errors_raised_while_tracing_read_as_jax_jits(fn, args):
     assert "flat_fn" not in got[1] and "leaves[" not in got[1]
     if fn is _branchy:
         assert "function _branchy" in got[1] and "params['w']" in got[1]
+
+
+def _add(x, batch):
+    return x + batch["ys"]
+
+
+@pytest.mark.parametrize("bad", ["abc", object()], ids=["str", "object"])
+def test_a_non_array_argument_names_the_function_as_jax_jit_does(bad):
+    """A leaf that is no array: jax.jit's TypeError names the function and the
+    argument's path; pallaskit's named the argument only."""
+    args = (jnp.ones(3), {"ys": bad})
+    expected = _outcome(lambda: jax.jit(_add)(*args))
+    got = _outcome(lambda: pallaskit.jit(_add)(*args))
+    assert expected[0] is got[0] is TypeError
+    for text in ("Error interpreting argument to <function _add", "as an abstract array", str(type(bad))):
+        assert text in expected[1] and text in got[1], (text, got[1])
+    assert "argument 'batch'['ys']" in got[1]
 
 
 # --------------------------------------------------------------------------- #

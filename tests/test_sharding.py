@@ -1,6 +1,9 @@
 """Sharded arguments ([Note: sharding] in pallaskit/sharding.py): values and
 output shardings against jax.jit on 8 simulated CPU devices (tests/conftest.py
 sets ``--xla_force_host_platform_device_count=8``)."""
+import functools
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -297,6 +300,31 @@ def test_explicit_mesh(rng):
     assert pallaskit.metrics.counters["autodiff_fallbacks"] == 2
 
 
+@needs8
+@pytest.mark.parametrize("stage", ["call", "compiled"])
+def test_code_reading_explicit_sharding_types(stage, rng):
+    """A function that reads its arguments' types on an explicit mesh
+    (``jax.typeof(x).sharding.spec``) was traced over the mesh's Auto twin,
+    whose types name no axis, and returned another value than jax.jit's; it
+    now runs through XLA. A function that reads nothing stays pallaskit's."""
+    mesh = _mesh((2, 4), ("a", "b"), explicit=True)
+    x = jax.device_put(jnp.asarray(rng.standard_normal((8, 12)), jnp.float32), NamedSharding(mesh, P("a")))
+
+    def reads(x):
+        scale = 2.0 if jax.typeof(x).sharding.spec[0] == "a" else 3.0
+        return jnp.tanh(x) * scale, x.sum(0)
+
+    def plain(x):
+        return jnp.tanh(x) * 2.0, x.sum(0)
+
+    for fn, falls_back in ((reads, 1), (plain, 0)):
+        before = pallaskit.metrics.counters["autodiff_fallbacks"]
+        jf = pallaskit.jit(fn)
+        out = jf(x) if stage == "call" else jf.lower(x).compile()(x)
+        _check(out, jax.jit(fn)(x))
+        assert pallaskit.metrics.counters["autodiff_fallbacks"] - before == falls_back
+
+
 # --------------------------------------------------------------------------- #
 # sharding constraints, shard_map, collectives
 # --------------------------------------------------------------------------- #
@@ -413,6 +441,36 @@ def test_donated_sharded_argument(rng):
 
 
 @needs8
+@pytest.mark.parametrize("user_out", [False, True])
+def test_sharded_donation_warns_as_jax_jit_does(user_out, rng):
+    """A donated sharded argument no output can take: jax.jit of a program over
+    several devices whose output shardings it propagates gives every donated
+    argument to XLA and warns of none; pallaskit lowers its program with those
+    shardings given and warned of it (with its shard's shape). With the user's
+    out_shardings jax.jit warns too."""
+    s = NamedSharding(_mesh((2, 4), ("a", "b")), P("a", "b"))
+    kw = dict(donate_argnums=(0, 1), out_shardings=NamedSharding(s.mesh, P()) if user_out else None)
+    kw = {k: v for k, v in kw.items() if v is not None}
+
+    def f(x, y):
+        return (x * y).sum(), jnp.tanh(y)
+
+    x0, y0 = (rng.standard_normal((6, 12)).astype(np.float32) for _ in range(2))
+    messages = []
+    for jit in (jax.jit, pallaskit.jit):
+        x, y = jax.device_put(x0, s), jax.device_put(y0, s)
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            out = jit(f, **kw)(x, y)
+        messages.append([str(w.message) for w in got if "donated" in str(w.message)])
+        if jit is jax.jit:
+            ref, deleted = out, (x.is_deleted(), y.is_deleted())
+    _check(out, ref)
+    assert (x.is_deleted(), y.is_deleted()) == deleted
+    assert messages[1] == messages[0] and bool(messages[0]) == user_out
+
+
+@needs8
 def test_user_shardings_hold_for_every_size(rng):
     """in_shardings / out_shardings on unplaced arguments whose sizes change
     (automatic dynamic, dynamic=): every size is sharded as jax.jit shards it
@@ -428,6 +486,34 @@ def test_user_shardings_hold_for_every_size(rng):
             out, expected = f(x), ref(x)
             _check(out, expected)
             assert out.committed == expected.committed
+
+
+@needs8
+@pytest.mark.parametrize("spec", ["other_key", "list_for_tuple", "prefix"])
+def test_in_shardings_must_be_a_pytree_prefix(spec, rng):
+    """in_shardings whose structure is not a prefix of the argument's (a dict
+    key that differs, a list for a tuple): jax.jit's ValueError. pallaskit
+    compared leaf counts only and ran the call unsharded. A true prefix
+    shards every leaf under it, as in jax.jit."""
+    mesh = _mesh((2, 4), ("a", "b"))
+    rows, whole = NamedSharding(mesh, P("a")), NamedSharding(mesh, P())
+    state = {"w": jnp.asarray(rng.standard_normal((8, 4)), jnp.float32),
+             "t": (jnp.ones((8,), jnp.float32), jnp.zeros((4,), jnp.float32))}
+    x = jnp.asarray(rng.standard_normal((8, 4)), jnp.float32)
+    given = {"other_key": {"v": rows, "t": whole}, "list_for_tuple": {"w": rows, "t": [rows, whole]},
+             "prefix": {"w": rows, "t": whole}}[spec]
+
+    def f(state, x):
+        return state["w"] * x + state["t"][0][:, None], state["t"][1] + 1.0
+
+    kw = dict(in_shardings=(given, rows))
+    if spec == "prefix":
+        _check(pallaskit.jit(f, **kw)(state, x), jax.jit(f, **kw)(state, x))
+        return
+    with pytest.raises(ValueError):
+        jax.jit(f, **kw)(state, x)
+    with pytest.raises(ValueError, match="not a pytree prefix"):
+        pallaskit.jit(f, **kw)(state, x)
 
 
 @needs8
@@ -673,6 +759,37 @@ def test_per_shard_constraint_and_shard_map(rng, per_shard):
     g = jax.shard_map(lambda x: jax.lax.psum(jnp.tanh(x), "a") * 2, mesh=mesh, in_specs=P("a", "b"),
                       out_specs=P(None, "b"))
     _check(pallaskit.jit(g)(x), jax.jit(g)(x))
+    assert pallaskit.metrics.counters["per_shard_graphs"] == 1
+
+
+@needs8
+def test_per_shard_constraint_in_a_loop_body(rng, per_shard):
+    """A sharding constraint inside a scan / cond body (a flax ``nn.scan`` of
+    layers): the body runs whole inside shard_map, where the constraint names
+    manual axes, and jax refused to lower the program (a crash, the default on
+    a GPU). Such a program takes the SPMD path; a loop without one stays per shard."""
+    mesh = _mesh((2, 4), ("a", "b"))
+
+    def layers(x, ws, constrain=True):
+        def body(h, w):
+            h = jnp.tanh(h @ w)
+            if constrain:
+                h = jax.lax.with_sharding_constraint(h, NamedSharding(mesh, P("a", "b")))
+            return h, jnp.sum(h)
+        return jax.lax.scan(body, x, ws)
+
+    def branch(x, flag):
+        return jax.lax.cond(flag, lambda v: jax.lax.with_sharding_constraint(v * 2, NamedSharding(mesh, P("a"))),
+                            lambda v: v - 1.0, x)
+
+    x = jax.device_put(rng.standard_normal((8, 16)).astype(np.float32), NamedSharding(mesh, P("a")))
+    ws = jax.device_put((rng.standard_normal((3, 16, 16)) * 0.3).astype(np.float32),
+                        NamedSharding(mesh, P(None, None, "b")))
+    _check(pallaskit.jit(layers)(x, ws), jax.jit(layers)(x, ws))
+    _check(pallaskit.jit(branch)(x, True), jax.jit(branch)(x, True))
+    assert pallaskit.metrics.counters["per_shard_graphs"] == 0
+    plain = functools.partial(layers, constrain=False)
+    _check(pallaskit.jit(plain)(x, ws), jax.jit(plain)(x, ws))
     assert pallaskit.metrics.counters["per_shard_graphs"] == 1
 
 

@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import sys
 import threading
+import warnings
 from typing import Any, Callable
 
 import jax
@@ -188,10 +189,16 @@ def _broadcast(spec, subtree, what) -> list:
     pytree prefix of it whose leaves are shardings or None."""
     if _is_sharding_leaf(spec):
         return [spec] * subtree.num_leaves
-    leaves, tree = jax.tree_util.tree_flatten(spec, is_leaf=_is_sharding_leaf)
-    if tree.num_leaves != subtree.num_leaves or len(leaves) != subtree.num_leaves:
-        raise ValueError(f"pallaskit.jit: {what}: {spec!r} does not match the argument's pytree {subtree}")
-    return leaves
+    # A pytree prefix, as jax.jit takes it: its structure (dict keys, node types), not only its
+    # leaf count, must match (``{'v': s}`` for an argument ``{'w': x}`` ran unsharded).
+    spec_tree = jax.tree_util.tree_structure(spec, is_leaf=_is_sharding_leaf)
+    try:
+        subtrees = spec_tree.flatten_up_to(subtree.unflatten(range(subtree.num_leaves)))
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"pallaskit.jit: {what}: {spec!r} is not a pytree prefix of the argument's pytree "
+                         f"{subtree}: {e}") from None
+    return [s for s, sub in zip(jax.tree_util.tree_leaves(spec, is_leaf=_is_sharding_leaf), subtrees)
+            for _ in jax.tree_util.tree_leaves(sub)]
 
 
 def jit(call: Callable, xla: XlaArgs | None, n_constants: int, **kwargs):
@@ -269,16 +276,113 @@ def _lower(call: Callable, structs, constants, xla: XlaArgs | None):
     # c.dtype: a typed PRNG key (a closed-over jax.random.key) has no NumPy form
     const_structs = [jax.ShapeDtypeStruct(np.shape(c), c.dtype if hasattr(c, "dtype") else np.asarray(c).dtype,
                                           sharding=replicated) for c in constants]
-    with placed.context():
+    with placed.context(), warnings.catch_warnings():
+        if xla.donate and _donates_all(xla, placed):
+            warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
         return jax.jit(call, **kw).lower(*structs, *const_structs)
 
 
-def delete_donated(leaves, donate: tuple[int, ...], outs) -> None:
+def _donates_all(xla: XlaArgs, placed) -> bool:
+    """Whether jax.jit of the function donates every donated argument to XLA,
+    warning of none: a program over several devices whose output shardings it
+    propagates, some or all (``mlir.lower_jaxpr_to_module``). pallaskit lowers
+    its program with those shardings given, for which jax warns of the
+    arguments it cannot alias."""
+    user = xla.out_shardings
+    unset = user is None or (isinstance(user, (tuple, list)) and any(s is None for s in user))
+    return unset and len(placed.devices()) > 1
+
+
+# [Note: donation without XLA's aliasing]
+# A dispatcher of variants or an eager launch runs the program with no XLA
+# donation of its own, so pallaskit deletes the donated arrays itself. jax.jit
+# deletes only the donated arguments XLA took (``mlir._set_up_aliases``, then
+# XLA): an argument the program does not read is pruned, never donated; one of
+# an output's shape and dtype is aliased to it (first donated argument first,
+# outputs in order); one whose element count an unaliased output has is given
+# to XLA as a donor, and XLA takes it where an unaliased output has its bytes
+# (a float32[n, 2] for an int32[n, 2], not for a bfloat16 one); the others stay
+# alive. jax.jit's warning "Some donated buffers were not usable" names the
+# arguments with neither an alias nor a donor's match, once per compile. A
+# call with dynamic dims runs on one device. ``donation_plan`` is that rule for
+# one call's concrete avals; the entry keeps each plan by those avals
+# (``Compiled.donation``), so a size warns once, as jax.jit's compile of it does.
+def _used_inputs(jaxpr, n: int) -> list:
+    """Which of the ``n`` inputs of a closed jaxpr jax.jit's DCE keeps (all
+    where unknown)."""
+    try:
+        from jax._src.interpreters import partial_eval as pe
+
+        inner = jaxpr.jaxpr
+        _, used = pe.dce_jaxpr(inner, [True] * len(inner.outvars))
+        return list(used)[:n] if len(used) >= n else [True] * n
+    except Exception:  # noqa: BLE001 - another jax: every input counts as read
+        return [True] * n
+
+
+def donation_plan(leaves, donate: tuple[int, ...], outs, jaxpr=None, keep_unused: bool = False) -> tuple[int, ...]:
+    """The donated leaves jax.jit would delete for a call of these leaves with
+    these flat outputs; warns, as jax.jit does, naming the ones it cannot use."""
+    import collections
+    import warnings
+
+    def aval(x):
+        return (tuple(np.shape(x)), x.dtype) if hasattr(x, "dtype") else None  # x.dtype: key<fry> too
+
+    def nbytes(x):
+        return int(np.size(x)) * getattr(x.dtype, "itemsize", 0)
+
+    used_inputs = [True] * len(leaves) if keep_unused or jaxpr is None else _used_inputs(jaxpr, len(leaves))
+    donate = [i for i in donate if isinstance(leaves[i], jax.Array) and used_inputs[i]]
+    pending = collections.defaultdict(collections.deque)
+    for i in donate:
+        pending[aval(leaves[i])].append(i)
+    aliased, unmatched = set(), []
+    for o in outs:
+        key = aval(o)
+        if key is None:
+            continue
+        if pending.get(key):
+            aliased.add(pending[key].popleft())
+        else:
+            unmatched.append(o)
+    by_count = collections.Counter(int(np.size(o)) for o in unmatched)
+    by_bytes = collections.Counter(nbytes(o) for o in unmatched)
+    taken, unusable = set(aliased), []
+    for i in donate:  # the rest: XLA's donors where an unaliased output has as many elements
+        if i in aliased:
+            continue
+        if by_count[int(np.size(leaves[i]))] > 0:
+            by_count[int(np.size(leaves[i]))] -= 1
+            if by_bytes[nbytes(leaves[i])] > 0:  # XLA reuses a donor for an output of its bytes
+                by_bytes[nbytes(leaves[i])] -= 1
+                taken.add(i)
+        else:
+            unusable.append(i)
+    if unusable:
+        text = ", ".join(str(jax.core.ShapedArray(np.shape(leaves[i]), leaves[i].dtype)) for i in unusable)
+        warnings.warn(f"Some donated buffers were not usable: {text}.\n"
+                      "See an explanation at https://docs.jax.dev/en/latest/faq.html#buffer-donation.",
+                      stacklevel=5)
+    return tuple(i for i in donate if i in taken)
+
+
+def delete_donated(leaves, donate: tuple[int, ...], outs, plans: dict | None = None, jaxpr=None,
+                   keep_unused: bool = False) -> None:
     """Invalidate donated arrays after a call that did not go through one
     executable with XLA's donation (eager launches, multi-kernel dispatch), as
-    jax.jit's donation does; an output that is the argument itself stays."""
+    jax.jit's donation does ([Note: donation without XLA's aliasing]); an output
+    that is the argument itself stays. ``plans``: the entry's plans by the call's
+    avals (each warns once)."""
+    key = tuple((np.shape(leaves[i]), getattr(leaves[i], "dtype", None)) for i in donate)
+    key += tuple((np.shape(o), getattr(o, "dtype", None)) for o in outs)
+    plan = plans.get(key) if plans is not None else None
+    if plan is None:
+        plan = donation_plan(leaves, donate, outs, jaxpr, keep_unused)
+        if plans is not None:
+            plans[key] = plan
     keep = {id(o) for o in outs}
-    for i in donate:
+    for i in plan:
         x = leaves[i]
         if id(x) not in keep and isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer):
             if not x.is_deleted():
