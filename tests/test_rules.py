@@ -506,6 +506,20 @@ for _aname, _axis in _AXES:
        shapes=RED_SHAPES)
 
 
+# [Note: positional collectives]: a collective over a vmapped axis name is a reduction over
+# that (positional) axis; its transpose (psum over no axis) an identity.
+def _centered_by_collective(collective):
+    def fn(x):
+        return jax.vmap(lambda r: r - collective(r, "batch"), axis_name="batch")(x)
+    return fn
+
+
+op("psum_vmapped_axis", "psum", _centered_by_collective(lax.psum), _X, NUM, shapes=SHAPES, tol="sum")
+op("psum_vmapped_axis_grad", "psum", jax.grad(lambda x: jnp.sum(jnp.sin(_centered_by_collective(lax.psum)(x)))),
+   _X, (F32,), shapes=SHAPES, tol="sum")
+op("pmax_vmapped_axis", "pmax", _centered_by_collective(lax.pmax), _X, NUM, shapes=SHAPES, tol="exact")
+op("pmin_vmapped_axis", "pmin", _centered_by_collective(lax.pmin), _X, NUM, shapes=SHAPES, tol="exact")
+
 # Column sums kept in an 8- / 16-bit int over enough rows to split into a partial mix kernel
 # and its finisher (lowering/split.py): the mix kernel's jnp.sum / jnp.prod of such a tile is
 # int32 / uint32, which Pallas's store refused.
