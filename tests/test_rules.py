@@ -579,6 +579,10 @@ for _pname, _pool in POOLS.items():
         # the sum's transpose pads the cotangent and sums it again
         op(f"reduce_window_sum_vjp_{_pname}", "reduce_window_sum", _pool_vjp(lax.add, 0, *_pool),
            args(normal(2.0), _quarters), (F32,), shapes=POOL_SHAPES, tol="sum")
+# a dynamic batch (dims the window leaves alone may be symbolic: automatic dynamic's batch axis)
+op("select_and_scatter_add_max_dynamic_batch", "select_and_scatter_add",
+   _pool_vjp(lax.max, -np.inf, *POOLS["3x3_s2_same"]), args(normal(2.0), _quarters), (F32,), shapes=POOL_SHAPES,
+   tol="sum", dynamic={0: {0: "batch"}, 1: {0: "batch"}})
 op("reduce_window_min_3x2_s13_pad", "reduce_window_min", _window(lax.min, np.inf, *POOLS["3x2_s13_pad"]), _X, NUM,
    shapes=POOL_SHAPES, tol="exact")
 op("select_and_scatter_add_min_3x3_s2_same", "select_and_scatter_add", _pool_vjp(lax.min, np.inf, *POOLS["3x3_s2_same"]),

@@ -7,7 +7,10 @@ element, a fold over the window's elements: the reduction's identity where the
 window reads padding or a base dilation's hole, the operand elsewhere. A window
 of at most ``MAX_WINDOW`` elements is a pointwise node whose body folds its
 loads in row-major window order from the identity, as XLA's reduce-window
-emitter does; a larger one (global pooling) stays with XLA.
+emitter does; a larger one (global pooling) stays with XLA. A dim the window
+leaves alone (extent 1, stride 1, no padding or dilation: batch and channels)
+is read at the output's own index, so it may be symbolic (a dynamic batch);
+a window over a symbolic extent stays with XLA.
 
 ``select_and_scatter_add`` (max pooling's gradient) runs on the CPU and the
 GPU as jax lowers it there: the operand padded with the select's identity
@@ -50,9 +53,19 @@ def _identity(op: str, dt: np.dtype):
     return int(info.min if lowest else info.max)
 
 
-def _static(*shapes) -> None:
-    if any(sizes.is_symbolic(d) for s in shapes for d in s):
-        raise NotImplementedError("windows of symbolic extents")
+def _trivial(window, strides, padding, base_dilation=None, window_dilation=None):
+    """Per dim: does the window leave it alone (extent 1, stride 1, no padding or dilation)?
+    Such a dim (a batch or channel axis) is read at the output's own index, any size."""
+    base_dilation = base_dilation or (1,) * len(window)
+    window_dilation = window_dilation or (1,) * len(window)
+    return tuple(w == 1 and s == 1 and tuple(pd) == (0, 0) and b == 1 and wd == 1
+                 for w, s, pd, b, wd in zip(window, strides, padding, base_dilation, window_dilation))
+
+
+def _static(trivial, *shapes) -> None:
+    """Symbolic extents (dynamic dims) only along dims the window leaves alone."""
+    if any(sizes.is_symbolic(d) and not t for s in shapes for d, t in zip(s, trivial)):
+        raise NotImplementedError("a window over a symbolic extent")
 
 
 def _offsets(window):
@@ -66,7 +79,10 @@ def _window_load(ctx, x, in_shape, out_syms, k, strides, padding, base_dilation,
     """The operand element that window offset ``k`` of output ``out_syms`` reads:
     (load, sympy condition that it is no padding or hole)."""
     idx, conds = [], []
-    for o, kk, n, s, (lo, _hi), b, wd in zip(out_syms, k, in_shape, strides, padding, base_dilation, window_dilation):
+    for o, kk, n, s, (lo, hi), b, wd in zip(out_syms, k, in_shape, strides, padding, base_dilation, window_dilation):
+        if (s, lo, hi, b) == (1, 0, 0, 1) and kk == 0:
+            idx.append(o)  # the window's first row along an unpadded, unstrided dim: never out of range (any size)
+            continue
         pos = o * s + (int(kk) if isinstance(kk, (int, np.integer)) else kk) * wd - lo  # base-dilated, unpadded
         conds += [sympy.Ge(pos, 0), sympy.Le(pos, (n - 1) * b)]
         if b != 1:
@@ -93,11 +109,12 @@ def _reduce_window(ctx, eqn, x):
     op = {"reduce_window_sum": "add", "reduce_window_max": "max", "reduce_window_min": "min"}[eqn.primitive.name]
     aval = eqn.outvars[0].aval
     in_shape = tuple(eqn.invars[0].aval.shape)
-    _static(in_shape, aval.shape)
+    p = eqn.params
+    _static(_trivial(p["window_dimensions"], p["window_strides"], p["padding"], p["base_dilation"],
+                     p["window_dilation"]), in_shape, aval.shape)
     dt = np.dtype(aval.dtype)
     if op == "add" and dt == BOOL:
         raise NotImplementedError("reduce_window_sum of bools")
-    p = eqn.params
     ident = ir.Const(_identity(op, dt), dt)
     out = ctx.symbols(len(aval.shape))
     body = ident
@@ -120,7 +137,8 @@ def _select_and_scatter_add(ctx, eqn, source, operand):
     window, strides, padding = tuple(p["window_dimensions"]), tuple(p["window_strides"]), tuple(p["padding"])
     in_shape = tuple(eqn.invars[1].aval.shape)
     grid = tuple(eqn.invars[0].aval.shape)
-    _static(in_shape, grid)
+    trivial = _trivial(window, strides, padding)
+    _static(trivial, in_shape, grid)
     dt = np.dtype(eqn.invars[1].aval.dtype)
     src_dt = np.dtype(eqn.invars[0].aval.dtype)
     if dt == BOOL or src_dt == BOOL:
@@ -173,7 +191,10 @@ def _select_and_scatter_add(ctx, eqn, source, operand):
     body = zero
     for n, k in reversed(list(enumerate(np.ndindex(*window)))):
         idx, conds = [], []
-        for q, kk, s_, (lo, _hi), g in zip(pos, k, strides, padding, grid):
+        for q, kk, s_, (lo, _hi), g, alone in zip(pos, k, strides, padding, grid, trivial):
+            if alone:
+                idx.append(q)  # a dim the window leaves alone: the window at this position's own index
+                continue
             start = q + lo - int(kk)  # where the window holding this position at offset kk starts
             conds += [sympy.Ge(start, 0), sympy.Le(start, (g - 1) * s_)]
             if s_ != 1:
