@@ -506,6 +506,97 @@ for _aname, _axis in _AXES:
        shapes=RED_SHAPES)
 
 
+# [Note: positional collectives]: a collective over a vmapped axis name is a reduction over
+# that (positional) axis; its transpose (psum over no axis) an identity.
+def _centered_by_collective(collective):
+    def fn(x):
+        return jax.vmap(lambda r: r - collective(r, "batch"), axis_name="batch")(x)
+    return fn
+
+
+op("psum_vmapped_axis", "psum", _centered_by_collective(lax.psum), _X, NUM, shapes=SHAPES, tol="sum")
+op("psum_vmapped_axis_grad", "psum", jax.grad(lambda x: jnp.sum(jnp.sin(_centered_by_collective(lax.psum)(x)))),
+   _X, (F32,), shapes=SHAPES, tol="sum")
+op("pmax_vmapped_axis", "pmax", _centered_by_collective(lax.pmax), _X, NUM, shapes=SHAPES, tol="exact")
+op("pmin_vmapped_axis", "pmin", _centered_by_collective(lax.pmin), _X, NUM, shapes=SHAPES, tol="exact")
+
+# -- pooling windows ([Note: pooling windows] in lowering/rules/windows.py) ----------------
+POOL_SHAPES = ((2, 9, 11, 3),)
+
+
+def _window(reducer, init, window, strides, padding, **dil):
+    def fn(x):
+        fill = np.array(init, x.dtype) if not jnp.issubdtype(x.dtype, jnp.integer) else np.array(
+            jnp.iinfo(x.dtype).min if init == -np.inf else jnp.iinfo(x.dtype).max if init == np.inf else init, x.dtype)
+        pads = ((0, 0), *padding, (0, 0)) if not isinstance(padding, str) and len(padding) == len(window) else padding
+        return lax.reduce_window(x, fill, reducer, (1, *window, 1), (1, *strides, 1), pads, **dil)
+    return fn
+
+
+def _pool_vjp(reducer, init, window, strides, padding):
+    """The pooling's vjp at a random cotangent (the second argument, as wide as the operand:
+    its top-left corner is used)."""
+    pool = _window(reducer, init, window, strides, padding)
+
+    def fn(x, c):
+        y, back = jax.vjp(pool, x)
+        return back(c[tuple(slice(0, n) for n in y.shape)].astype(y.dtype))[0]
+    return fn
+
+
+def _quarters(rng, s, d):
+    """Multiples of 1/4 in [-2, 2] (ints: -8..8): a window's sum of them is exact in bfloat16 too,
+    whichever order and precision it is added in (XLA rounds a bf16 window sum at every step)."""
+    k = rng.integers(-8, 9, size=s)
+    return _as(k if d.kind in "iu" else k / 4.0, d)
+
+
+def _ties_and_nans(rng, s, d):
+    """Small integers (ties in every window), NaN runs and -inf rows."""
+    x = _as(rng.integers(-2, 2, size=s), np.float64)
+    x[0, 1:4, 2, 0] = np.nan
+    x[1, 5, 5:9, 1] = np.nan
+    x[0, 7, :, 2] = -np.inf
+    x[1, 0, 0, :] = np.nan
+    return [_as(x, d), _quarters(rng, s, d)]
+
+
+POOLS = {"2x2_s2_valid": ((2, 2), (2, 2), "VALID"), "3x3_s2_same": ((3, 3), (2, 2), "SAME"),
+         "3x2_s13_pad": ((3, 2), (1, 3), ((1, 0), (0, 2)))}
+for _pname, _pool in POOLS.items():
+    op(f"reduce_window_max_{_pname}", "reduce_window_max", _window(lax.max, -np.inf, *_pool), _X, NUM,
+       shapes=POOL_SHAPES, tol="exact")
+    op(f"reduce_window_sum_{_pname}", "reduce_window_sum", _window(lax.add, 0, *_pool), args(_quarters), NUM,
+       shapes=POOL_SHAPES, tol="sum")
+    # max pooling's gradient
+    op(f"select_and_scatter_add_max_{_pname}", "select_and_scatter_add", _pool_vjp(lax.max, -np.inf, *_pool),
+       args(normal(2.0), _quarters), FLOAT if _pname == "3x3_s2_same" else (F32,), shapes=POOL_SHAPES, tol="sum")
+    if _pname != "2x2_s2_valid":
+        # which element a window selects: ties go to the first, NaN as XLA's sequential fold of ge
+        op(f"select_and_scatter_add_ties_nans_{_pname}", "select_and_scatter_add",
+           _pool_vjp(lax.max, -np.inf, *_pool), _ties_and_nans, (F32,), shapes=POOL_SHAPES, tol="sum",
+           allow_nonfinite=True)
+        # the sum's transpose pads the cotangent and sums it again
+        op(f"reduce_window_sum_vjp_{_pname}", "reduce_window_sum", _pool_vjp(lax.add, 0, *_pool),
+           args(normal(2.0), _quarters), (F32,), shapes=POOL_SHAPES, tol="sum")
+# a dynamic batch (dims the window leaves alone may be symbolic: automatic dynamic's batch axis)
+op("select_and_scatter_add_max_dynamic_batch", "select_and_scatter_add",
+   _pool_vjp(lax.max, -np.inf, *POOLS["3x3_s2_same"]), args(normal(2.0), _quarters), (F32,), shapes=POOL_SHAPES,
+   tol="sum", dynamic={0: {0: "batch"}, 1: {0: "batch"}})
+op("reduce_window_min_3x2_s13_pad", "reduce_window_min", _window(lax.min, np.inf, *POOLS["3x2_s13_pad"]), _X, NUM,
+   shapes=POOL_SHAPES, tol="exact")
+op("select_and_scatter_add_min_3x3_s2_same", "select_and_scatter_add", _pool_vjp(lax.min, np.inf, *POOLS["3x3_s2_same"]),
+   args(normal(2.0), _quarters), (F32,), shapes=POOL_SHAPES, tol="sum")
+op("reduce_window_max_ties_nans", "reduce_window_max", _window(lax.max, -np.inf, (3, 3), (2, 2), "SAME"),
+   lambda rng, s, d: _ties_and_nans(rng, s, d)[:1], (F32,), shapes=POOL_SHAPES, tol="exact", allow_nonfinite=True)
+op("reduce_window_sum_dilated", "reduce_window_sum",
+   _window(lax.add, 0, (2, 2), (1, 1), ((0, 0), (1, 2), (0, 1), (0, 0)), base_dilation=(1, 2, 1, 1),
+           window_dilation=(1, 1, 2, 1)), args(_quarters), FLOAT, shapes=POOL_SHAPES, tol="sum")
+op("reduce_window_max_dilated", "reduce_window_max",
+   _window(lax.max, -np.inf, (2, 2), (3, 1), ((0, 0), (1, 2), (0, 1), (0, 0)), base_dilation=(1, 2, 1, 1),
+           window_dilation=(1, 1, 2, 1)), _X, FLOAT, shapes=POOL_SHAPES, tol="exact",
+   allow_nonfinite=True)  # windows over holes and padding only: -inf
+
 # Column sums kept in an 8- / 16-bit int over enough rows to split into a partial mix kernel
 # and its finisher (lowering/split.py): the mix kernel's jnp.sum / jnp.prod of such a tile is
 # int32 / uint32, which Pallas's store refused.

@@ -86,6 +86,6 @@ def accuracy_markdown(runs) -> str:
     return "\n".join(lines) + "\n"
 
 
-from lowering.rules import attention, gather, matmul, pointwise, prng, reductions, views  # noqa: E402,F401  (registration)
+from lowering.rules import attention, gather, matmul, pointwise, prng, reductions, views, windows  # noqa: E402,F401  (registration)
 
 __all__ = ["RULES", "PreferXLA", "Rule", "register_lowering", "coverage_markdown", "accuracy_markdown"]

@@ -15,9 +15,28 @@ _OPS = {
 @register_lowering(*(p for p in _OPS if p not in ("reduce_and", "reduce_or")), kind="reduction")
 @register_lowering("reduce_and", "reduce_or", kind="reduction", note="bools (bitwise, of ints: XLA)")
 def _reduce(ctx, eqn, x):
+    return _reduce_axes(ctx, eqn, x, _OPS[eqn.primitive.name], eqn.params["axes"])
+
+
+# [Note: positional collectives]
+# ``jax.vmap(f, axis_name='batch')`` of a ``lax.psum(x, 'batch')`` (equinox's and
+# haiku's BatchNorm over a vmapped batch, ``axis_name=`` in flax) batches the named
+# axis into a positional one: the jaxpr holds ``psum[axes=(0,)]``, which jax lowers
+# as ``reduce_sum`` over those axes, and its transpose ``psum[axes=()]``, an identity.
+# pmax / pmin likewise reduce_max / reduce_min. A named axis left (shard_map) or
+# replica groups stay collectives, for XLA.
+@register_lowering("psum", "pmax", "pmin", kind="reduction", note="positional axes only (vmap's batched axis names)")
+def _positional_collective(ctx, eqn, x):
+    axes = eqn.params["axes"]
+    if eqn.params.get("axis_index_groups") is not None or not all(isinstance(a, int) for a in axes):
+        raise NotImplementedError(f"{eqn.primitive.name} over a named axis")
+    return _reduce_axes(ctx, eqn, x, {"psum": "sum", "pmax": "max", "pmin": "min"}[eqn.primitive.name], axes)
+
+
+def _reduce_axes(ctx, eqn, x, op: str, axes):
     out_aval = eqn.outvars[0].aval
     in_shape = tuple(eqn.invars[0].aval.shape)
-    axes = tuple(sorted(int(a) for a in eqn.params["axes"]))
+    axes = tuple(sorted(int(a) for a in axes))
     if not axes:
         return [x]
     kept = [d for k, d in enumerate(in_shape) if k not in axes]
@@ -26,7 +45,6 @@ def _reduce(ctx, eqn, x):
     r_syms = ctx.symbols(len(reduced), prefix="r")
     it_i, it_r = iter(i_syms), iter(r_syms)
     domain_index = tuple(next(it_r) if k in axes else next(it_i) for k in range(len(in_shape)))
-    op = _OPS[eqn.primitive.name]
     if op in ("and", "or") and np.dtype(eqn.invars[0].aval.dtype) != np.bool_:
         # reduce_and / reduce_or of an int are bitwise (jnp.bitwise_and.reduce); the kernels'
         # and / or reductions are min / max over 0 / 1 (bools only)
