@@ -568,25 +568,15 @@ for _pname, _pool in POOLS.items():
        shapes=POOL_SHAPES, tol="exact")
     op(f"reduce_window_sum_{_pname}", "reduce_window_sum", _window(lax.add, 0, *_pool), args(_quarters), NUM,
        shapes=POOL_SHAPES, tol="sum")
-    # max pooling's gradient
-    op(f"select_and_scatter_add_max_{_pname}", "select_and_scatter_add", _pool_vjp(lax.max, -np.inf, *_pool),
-       args(normal(2.0), _quarters), FLOAT if _pname == "3x3_s2_same" else (F32,), shapes=POOL_SHAPES, tol="sum")
     if _pname != "2x2_s2_valid":
-        # which element a window selects: ties go to the first, NaN as XLA's sequential fold of ge
-        op(f"select_and_scatter_add_ties_nans_{_pname}", "select_and_scatter_add",
-           _pool_vjp(lax.max, -np.inf, *_pool), _ties_and_nans, (F32,), shapes=POOL_SHAPES, tol="sum",
-           allow_nonfinite=True)
         # the sum's transpose pads the cotangent and sums it again
         op(f"reduce_window_sum_vjp_{_pname}", "reduce_window_sum", _pool_vjp(lax.add, 0, *_pool),
            args(normal(2.0), _quarters), (F32,), shapes=POOL_SHAPES, tol="sum")
 # a dynamic batch (dims the window leaves alone may be symbolic: automatic dynamic's batch axis)
-op("select_and_scatter_add_max_dynamic_batch", "select_and_scatter_add",
-   _pool_vjp(lax.max, -np.inf, *POOLS["3x3_s2_same"]), args(normal(2.0), _quarters), (F32,), shapes=POOL_SHAPES,
-   tol="sum", dynamic={0: {0: "batch"}, 1: {0: "batch"}})
+op("reduce_window_sum_vjp_dynamic_batch", "reduce_window_sum", _pool_vjp(lax.add, 0, *POOLS["3x3_s2_same"]),
+   args(normal(2.0), _quarters), (F32,), shapes=POOL_SHAPES, tol="sum", dynamic={0: {0: "batch"}, 1: {0: "batch"}})
 op("reduce_window_min_3x2_s13_pad", "reduce_window_min", _window(lax.min, np.inf, *POOLS["3x2_s13_pad"]), _X, NUM,
    shapes=POOL_SHAPES, tol="exact")
-op("select_and_scatter_add_min_3x3_s2_same", "select_and_scatter_add", _pool_vjp(lax.min, np.inf, *POOLS["3x3_s2_same"]),
-   args(normal(2.0), _quarters), (F32,), shapes=POOL_SHAPES, tol="sum")
 op("reduce_window_max_ties_nans", "reduce_window_max", _window(lax.max, -np.inf, (3, 3), (2, 2), "SAME"),
    lambda rng, s, d: _ties_and_nans(rng, s, d)[:1], (F32,), shapes=POOL_SHAPES, tol="exact", allow_nonfinite=True)
 op("reduce_window_sum_dilated", "reduce_window_sum",

@@ -1,4 +1,4 @@
-"""Windowed reductions (pooling) and max pooling's gradient as pointwise nodes.
+"""Windowed reductions (pooling) as pointwise nodes.
 
 [Note: pooling windows]
 ``reduce_window_sum`` / ``_max`` / ``_min`` (avg_pool's sum, max_pool, and the
@@ -12,25 +12,18 @@ leaves alone (extent 1, stride 1, no padding or dilation: batch and channels)
 is read at the output's own index, so it may be symbolic (a dynamic batch);
 a window over a symbolic extent stays with XLA.
 
-``select_and_scatter_add`` (max pooling's gradient) runs on the CPU and the
-GPU as jax lowers it there: the operand padded with the select's identity
-(``-inf`` for ``ge``), then per window a sequential fold that keeps the
-selected element while ``select(selected, next)`` holds (XLA's
-SelectAndScatter; its expander's reduce-window does the same), and each
-window's source added into the selected position, windows in row-major
-order. With NaN the fold's choice is the last NaN when it ends the window,
-else the first extreme of the elements after the last NaN (``ge(NaN, x)`` and
-``ge(x, NaN)`` are both false). Three nodes on the window grid (the last NaN,
-the extreme after it, the selected offset), then one over the operand that
-adds, for each window offset in reverse row-major order (so windows come in
-row-major order), the source of the window that starts there where that
-window selected this offset.
+``select_and_scatter_add`` (max pooling's gradient) stays with XLA. As
+kernels (per window the element XLA's sequential fold of ``ge`` selects, then
+each operand element summing the sources of the windows that selected it;
+commit da5072c) it ran 4-5x slower than XLA's on the H100: 1.81 against
+0.46 ms (float32), 2.89 against 0.57 (bfloat16) for a 3 x 3, stride-2 pool of
+64 x 112 x 112 x 64 (benchmarks/RESULTS.md, "Session 38"). A scatter from the
+window grid would do less work; not written.
 """
 from __future__ import annotations
 
 import math
 
-import jax
 import numpy as np
 import sympy
 
@@ -38,7 +31,7 @@ from lowering import ir, sizes
 from lowering.rules.registry import register_lowering
 
 MAX_WINDOW = 64  # elements folded in one body; beyond, XLA's reduce-window
-I32, BOOL = np.dtype(np.int32), np.dtype(np.bool_)
+BOOL = np.dtype(np.bool_)
 
 
 def _identity(op: str, dt: np.dtype):
@@ -123,91 +116,4 @@ def _reduce_window(ctx, eqn, x):
                                   p["window_dilation"])
         if cond is not sympy.false:  # a window offset that only ever reads padding adds the identity
             body = ir.Op(op, (body, _or_identity(load, cond, ident)), dt)
-    return [ctx.pointwise(aval, body)]
-
-
-@register_lowering("select_and_scatter_add", kind="pointwise",
-                   note="max / min pooling's gradient: windows of at most 64 elements")
-def _select_and_scatter_add(ctx, eqn, source, operand):
-    p = eqn.params
-    select = p["select_prim"].name
-    if select not in ("ge", "le"):
-        raise NotImplementedError(f"select_and_scatter_add selecting by {select}")
-    extreme = "max" if select == "ge" else "min"
-    window, strides, padding = tuple(p["window_dimensions"]), tuple(p["window_strides"]), tuple(p["padding"])
-    in_shape = tuple(eqn.invars[1].aval.shape)
-    grid = tuple(eqn.invars[0].aval.shape)
-    trivial = _trivial(window, strides, padding)
-    _static(trivial, in_shape, grid)
-    dt = np.dtype(eqn.invars[1].aval.dtype)
-    src_dt = np.dtype(eqn.invars[0].aval.dtype)
-    if dt == BOOL or src_dt == BOOL:
-        raise NotImplementedError("select_and_scatter_add of bools")
-    size = len(_offsets(window))
-    ones = (1,) * len(window)
-    ident = ir.Const(_identity(extreme, dt), dt)
-    floating = dt.kind == "f" or dt.name == "bfloat16"
-    nd = len(grid)
-
-    def i32(v):
-        return ir.Const(int(v), I32)
-
-    def over_window(out_dtype, op, make_body):
-        """A reduction over the window's elements (axis ``nd`` of the domain, row-major offset ``r``)."""
-        syms, (r,) = ctx.symbols(nd), ctx.symbols(1, prefix="r")
-        k = sizes.unravel(r, window)
-        x = _or_identity(*_window_load(ctx, operand, in_shape, syms, k, strides, padding, ones, ones), ident)
-        body = make_body(syms, r, x)
-        return ctx.reduction(jax.ShapeDtypeStruct(grid, out_dtype), body, reduced=(size,), axes=(nd,), op=op)
-
-    def after_nan(syms, r):
-        if last_nan is None:
-            return None
-        return ir.Op("lt", (ctx.load(last_nan, tuple(syms)), ir.IndexValue(r, I32)), BOOL)
-
-    def key(syms, r, x):
-        later = after_nan(syms, r)
-        return x if later is None else ir.Op("select_n", (later, ident, x), dt)
-
-    # the window's last NaN (-1: none); the first extreme after it; where that is
-    last_nan = over_window(I32, "max", lambda syms, r, x: ir.Op(
-        "select_n", (ir.Op("ne", (x, x), BOOL), i32(-1), ir.IndexValue(r, I32)), I32)) if floating else None
-    arg = over_window(I32, "arg" + extreme, key)
-    syms = ctx.symbols(nd)
-    chosen = ctx.load(arg, tuple(syms))
-    if floating:
-        # no element after the last NaN beats the identity (none there, or all of them -inf):
-        # the fold keeps the first element after the last NaN, or the NaN that ends the window
-        best = over_window(dt, extreme, key)
-        first_after = ir.Op("min", (ir.Op("add", (ctx.load(last_nan, tuple(syms)), i32(1)), I32), i32(size - 1)), I32)
-        at_identity = ir.Op("eq", (ctx.load(best, tuple(syms)), ident), BOOL)
-        chosen = ir.Op("select_n", (at_identity, chosen, first_after), I32)
-    selected = ctx.pointwise(jax.ShapeDtypeStruct(grid, I32), chosen)
-
-    # each window offset in reverse row-major order: the windows holding a position come in row-major order
-    aval = eqn.outvars[0].aval
-    pos = ctx.symbols(len(in_shape))
-    zero = ir.Const(0, src_dt)
-    body = zero
-    for n, k in reversed(list(enumerate(np.ndindex(*window)))):
-        idx, conds = [], []
-        for q, kk, s_, (lo, _hi), g, alone in zip(pos, k, strides, padding, grid, trivial):
-            if alone:
-                idx.append(q)  # a dim the window leaves alone: the window at this position's own index
-                continue
-            start = q + lo - int(kk)  # where the window holding this position at offset kk starts
-            conds += [sympy.Ge(start, 0), sympy.Le(start, (g - 1) * s_)]
-            if s_ != 1:
-                conds.append(sympy.Eq(sizes.mod(start, s_), 0))
-                start = sizes.FloorDiv(start, s_)
-            idx.append(start)
-        cond = sympy.And(*conds)
-        if cond is sympy.false:
-            continue
-        mask = None if cond is sympy.true else cond
-        hit = ir.Op("eq", (ctx.load(selected, tuple(idx), mask=mask), i32(n)), BOOL)
-        if mask is not None:
-            hit = ir.Op("and", (ir.IndexValue(cond, BOOL), hit), BOOL)
-        body = ir.Op("add", (body, ir.Op("select_n", (hit, zero, ctx.load(source, tuple(idx), mask=mask)), src_dt)),
-                     src_dt)
     return [ctx.pointwise(aval, body)]
