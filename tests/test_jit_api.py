@@ -210,7 +210,8 @@ def test_automatic_dynamic_deletes_what_jax_jit_deletes(rng):
         assert deleted == (x2.is_deleted(), y2.is_deleted(), k2.is_deleted()) == (False, True, True), n
         assert [str(w.message) for w in got] == [str(w.message) for w in want], n
         np.asarray(x)  # still readable
-    assert pallaskit.metrics.counters["graphs_compiled"] == 2
+    if jax.default_backend() == "cpu":  # a GPU also compiles recurring sizes' static programs (tier-up)
+        assert pallaskit.metrics.counters["graphs_compiled"] == 2
 
 
 def _donation_cases():

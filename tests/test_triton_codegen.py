@@ -210,6 +210,35 @@ def test_one_kernel_compile_serves_every_size_and_a_recurring_size_tiers_up(tier
     assert metrics.counters["eager_launches"] == 5  # n=3 is still eager (seen twice now: compiling)
 
 
+
+def test_a_tier_up_does_not_repeat_the_sizes_donation_warning(rng):
+    """A recurring size's static program (tier-up, in the background) lowers
+    with donation, for which jax warns of the unusable donated buffers; the
+    size's eager call warned of them already, and jax.jit warns once per size,
+    so the tier-up's lowering does not warn again (a GPU warned twice)."""
+    import warnings
+
+    def flat_out(x, y):  # x goes to the flat output (its element count); y is unusable
+        return (x + y).reshape(-1)
+
+    pallaskit.config.update(dynamic_launch="on", dynamic_tier_up="static")
+    jf = pallaskit.jit(flat_out, donate_argnums=(0, 1), dynamic={"x": {0: "n"}, "y": {0: "n"}})
+    ref = jax.jit(flat_out, donate_argnums=(0, 1))
+    for n in (6, 6, 6):
+        x, y = (_normal(rng, (n, 3), jnp.float32) for _ in range(2))
+        x2, y2 = jnp.copy(x), jnp.copy(y)
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            out = jf(x, y)
+            pallaskit.wait_compiles()  # the tier-up's compile, started by the second call
+        with warnings.catch_warnings(record=True) as want:
+            warnings.simplefilter("always")
+            expected = ref(x2, y2)
+        assert_close(out, expected)
+        assert (x.is_deleted(), y.is_deleted()) == (x2.is_deleted(), y2.is_deleted()), n
+        assert [str(w.message) for w in got if "donated" in str(w.message)] == [str(w.message) for w in want], n
+    assert (6,) in next(iter(jf._sym.values())).executable.static  # the tier-up ran
+
 def test_unrenderable_programs_keep_their_xla_path(rng, caplog):
     pallaskit.config.update(dynamic_launch="on")
 

@@ -194,9 +194,12 @@ class Dispatcher:
         """Background: compile the key's static program (``compile_static``), or
         choose the key's variant and compile it for the key's sizes and record
         the choice; later calls of the key take it."""
+        from pallaskit.runtime import xla_args
+
         try:
             if self.compile_static is not None:
-                self.static[key] = self.compile_static(leaves)  # compiled ahead of time: ready to run
+                with xla_args.donation_warned():  # the size's eager calls warned of unusable donations
+                    self.static[key] = self.compile_static(leaves)  # compiled ahead of time: ready to run
                 return
             index, method, timings = self._choose(key, leaves)
             v = self.variants[index]

@@ -256,15 +256,35 @@ def _without_mosaic_interpreters():
                 _hidden.clear()
 
 
+_warned = threading.local()
+
+
+@contextlib.contextmanager
+def donation_warned():
+    """While this thread compiles the static program of a size the dispatcher
+    served before (a tier-up): jax's warning of unusable donated buffers was
+    given for that size then ([Note: donation without XLA's aliasing]), and
+    jax.jit gives it once per size, so its lowering here does not repeat it."""
+    _warned.on = True
+    try:
+        yield
+    finally:
+        _warned.on = False
+
+
 def _lower(call: Callable, structs, constants, xla: XlaArgs | None):
     placed = xla.placed if xla else None
+    quiet = getattr(_warned, "on", False) and xla is not None and bool(xla.donate)
     if placed is None:
         if xla and xla.committed:  # jax.jit's outputs of committed arguments are committed
             from pallaskit import sharding
 
             on = jax.sharding.SingleDeviceSharding(sharding.default_device())
             structs = [jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=s.weak_type, sharding=on) for s in structs]
-        return jit(call, xla, len(constants)).lower(*structs, *constants)
+        with warnings.catch_warnings() if quiet else contextlib.nullcontext():
+            if quiet:
+                warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+            return jit(call, xla, len(constants)).lower(*structs, *constants)
     kw = xla.jit_kwargs(len(constants))
     if placed.per_shard is not None:  # [Note: per-shard kernels] in pallaskit/per_shard.py
         call = placed.per_shard.wrap(call, len(constants))
@@ -277,7 +297,7 @@ def _lower(call: Callable, structs, constants, xla: XlaArgs | None):
     const_structs = [jax.ShapeDtypeStruct(np.shape(c), c.dtype if hasattr(c, "dtype") else np.asarray(c).dtype,
                                           sharding=replicated) for c in constants]
     with placed.context(), warnings.catch_warnings():
-        if xla.donate and _donates_all(xla, placed):
+        if xla.donate and (quiet or _donates_all(xla, placed)):
             warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
         return jax.jit(call, **kw).lower(*structs, *const_structs)
 
