@@ -95,14 +95,7 @@ class XlaArgs:
         spec = self.out_shardings
         if spec is None or _is_sharding_leaf(spec):
             return self  # one sharding: jax.jit gives it to every output
-        spec_tree = jax.tree_util.tree_structure(spec, is_leaf=_is_sharding_leaf)
-        try:
-            subtrees = spec_tree.flatten_up_to(out_tree.unflatten(range(out_tree.num_leaves)))
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"pallaskit.jit: {title}: out_shardings {spec!r} is not a pytree prefix of the "
-                             f"function's outputs {out_tree}: {e}") from None
-        flat = [s for s, sub in zip(jax.tree_util.tree_leaves(spec, is_leaf=_is_sharding_leaf), subtrees)
-                for _ in jax.tree_util.tree_leaves(sub)]
+        flat = _broadcast(spec, out_tree, f"{title}: out_shardings", "the function's outputs")
         return dataclasses.replace(self, out_shardings=tuple(flat))
 
     def names_shardings(self) -> bool:
@@ -184,7 +177,7 @@ def resolve(treedef, n_args: int, static_argnums, donate_argnums, donate_argname
     return XlaArgs(tuple(donate), flat_in, flat_out, bool(keep_unused))
 
 
-def _broadcast(spec, subtree, what) -> list:
+def _broadcast(spec, subtree, what, whose: str = "the argument's pytree") -> list:
     """A sharding (or None) for each leaf of ``subtree`` from ``spec``, a
     pytree prefix of it whose leaves are shardings or None."""
     if _is_sharding_leaf(spec):
@@ -195,8 +188,8 @@ def _broadcast(spec, subtree, what) -> list:
     try:
         subtrees = spec_tree.flatten_up_to(subtree.unflatten(range(subtree.num_leaves)))
     except (ValueError, TypeError) as e:
-        raise ValueError(f"pallaskit.jit: {what}: {spec!r} is not a pytree prefix of the argument's pytree "
-                         f"{subtree}: {e}") from None
+        raise ValueError(f"pallaskit.jit: {what}: {spec!r} is not a pytree prefix of {whose} {subtree}: {e}") \
+            from None
     return [s for s, sub in zip(jax.tree_util.tree_leaves(spec, is_leaf=_is_sharding_leaf), subtrees)
             for _ in jax.tree_util.tree_leaves(sub)]
 
@@ -281,9 +274,7 @@ def _lower(call: Callable, structs, constants, xla: XlaArgs | None):
 
             on = jax.sharding.SingleDeviceSharding(sharding.default_device())
             structs = [jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=s.weak_type, sharding=on) for s in structs]
-        with warnings.catch_warnings() if quiet else contextlib.nullcontext():
-            if quiet:
-                warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        with _unusable_donations_ignored(quiet):
             return jit(call, xla, len(constants)).lower(*structs, *constants)
     kw = xla.jit_kwargs(len(constants))
     if placed.per_shard is not None:  # [Note: per-shard kernels] in pallaskit/per_shard.py
@@ -296,10 +287,19 @@ def _lower(call: Callable, structs, constants, xla: XlaArgs | None):
     # c.dtype: a typed PRNG key (a closed-over jax.random.key) has no NumPy form
     const_structs = [jax.ShapeDtypeStruct(np.shape(c), c.dtype if hasattr(c, "dtype") else np.asarray(c).dtype,
                                           sharding=replicated) for c in constants]
-    with placed.context(), warnings.catch_warnings():
-        if xla.donate and (quiet or _donates_all(xla, placed)):
-            warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+    with placed.context(), _unusable_donations_ignored(bool(xla.donate) and (quiet or _donates_all(xla, placed))):
         return jax.jit(call, **kw).lower(*structs, *const_structs)
+
+
+@contextlib.contextmanager
+def _unusable_donations_ignored(ignore: bool):
+    """jax's warning of unusable donated buffers left out while lowering, where ``ignore``."""
+    if not ignore:
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        yield
 
 
 def _donates_all(xla: XlaArgs, placed) -> bool:
