@@ -1154,8 +1154,8 @@ def render_matmul(kernel: Kernel, schedule: Schedule, options: CompileOptions):
     # [Note: the K loop's trip count at run time]
     # ptxas unrolls a loop whose trip count it sees, and on the template's K
     # loop (wgmma steps, the tile's accumulator live across them) that took
-    # seconds: 4.6 s against 0.24 s for a 128 x 128 tile with 8 warps over 32
-    # K steps, 3.8 / 3.4 s against 1.1 / 0.4 s at 512 rows (benchmarks/RESULTS.md,
+    # seconds: 4.5-6.5 s against 0.24-0.34 s with the count hidden, for a
+    # 128 x 128 tile with 8 warps over 32 K steps (benchmarks/RESULTS.md,
     # "Session 38"), on the critical path of a cold first call (jaxlib runs it
     # before XLA's compile). So the launch passes the step count as an int
     # argument, as Triton's own matmul takes K: the loop stays rolled, and the
