@@ -27,30 +27,16 @@ import math
 import numpy as np
 import sympy
 
-from lowering import ir, sizes
+from lowering import ir, sizes, split
 from lowering.rules.registry import register_lowering
 
 MAX_WINDOW = 64  # elements folded in one body; beyond, XLA's reduce-window
 BOOL = np.dtype(np.bool_)
 
 
-def _identity(op: str, dt: np.dtype):
-    if op == "add":
-        return False if dt == BOOL else 0
-    lowest = op == "max"
-    if dt.kind == "f" or dt.name == "bfloat16":
-        return float("-inf") if lowest else float("inf")
-    if dt == BOOL:
-        return not lowest
-    info = np.iinfo(dt)
-    return int(info.min if lowest else info.max)
-
-
-def _trivial(window, strides, padding, base_dilation=None, window_dilation=None):
+def _trivial(window, strides, padding, base_dilation, window_dilation):
     """Per dim: does the window leave it alone (extent 1, stride 1, no padding or dilation)?
     Such a dim (a batch or channel axis) is read at the output's own index, any size."""
-    base_dilation = base_dilation or (1,) * len(window)
-    window_dilation = window_dilation or (1,) * len(window)
     return tuple(w == 1 and s == 1 and tuple(pd) == (0, 0) and b == 1 and wd == 1
                  for w, s, pd, b, wd in zip(window, strides, padding, base_dilation, window_dilation))
 
@@ -89,8 +75,6 @@ def _window_load(ctx, x, in_shape, out_syms, k, strides, padding, base_dilation,
 
 
 def _or_identity(load, cond, ident: ir.Const):
-    if cond is sympy.false:
-        return ident
     if cond is sympy.true:
         return load
     return ir.Op("select_n", (ir.IndexValue(cond, BOOL), ident, load), load.dtype)
@@ -99,7 +83,8 @@ def _or_identity(load, cond, ident: ir.Const):
 @register_lowering("reduce_window_sum", "reduce_window_max", "reduce_window_min", kind="pointwise",
                    note="a fold over at most 64 window elements (pooling)")
 def _reduce_window(ctx, eqn, x):
-    op = {"reduce_window_sum": "add", "reduce_window_max": "max", "reduce_window_min": "min"}[eqn.primitive.name]
+    reduction = {"reduce_window_sum": "sum", "reduce_window_max": "max", "reduce_window_min": "min"}[eqn.primitive.name]
+    op = "add" if reduction == "sum" else reduction
     aval = eqn.outvars[0].aval
     in_shape = tuple(eqn.invars[0].aval.shape)
     p = eqn.params
@@ -108,7 +93,7 @@ def _reduce_window(ctx, eqn, x):
     dt = np.dtype(aval.dtype)
     if op == "add" and dt == BOOL:
         raise NotImplementedError("reduce_window_sum of bools")
-    ident = ir.Const(_identity(op, dt), dt)
+    ident = split.identity(reduction, dt)
     out = ctx.symbols(len(aval.shape))
     body = ident
     for k in _offsets(p["window_dimensions"]):

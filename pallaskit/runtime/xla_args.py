@@ -27,6 +27,7 @@ error otherwise) and shards the leaves that have none; the user's
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import sys
@@ -343,9 +344,6 @@ def _used_inputs(jaxpr, n: int) -> list:
 def donation_plan(leaves, donate: tuple[int, ...], outs, jaxpr=None, keep_unused: bool = False) -> tuple[int, ...]:
     """The donated leaves jax.jit would delete for a call of these leaves with
     these flat outputs; warns, as jax.jit does, naming the ones it cannot use."""
-    import collections
-    import warnings
-
     def aval(x):
         return (tuple(np.shape(x)), x.dtype) if hasattr(x, "dtype") else None  # x.dtype: key<fry> too
 
